@@ -1,0 +1,97 @@
+"""Configuration from the environment, with the seed's names and defaults.
+
+The worker and every CLI command read the same model, so a threshold means the same thing
+everywhere. The MiniMax key is a SecretStr: it prints as '**********' and only the activity that
+calls MiniMax ever unwraps it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import AnyHttpUrl, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+Percent = Annotated[float, Field(gt=0, le=100)]
+Seconds = Annotated[float, Field(gt=0)]
+
+
+class ConfigError(Exception):
+    """A setting or a configuration file is unusable; the message names it and says why."""
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(case_sensitive=True, extra="ignore", frozen=True)
+
+    COMFYUI_URL: AnyHttpUrl = AnyHttpUrl("http://127.0.0.1:8188")
+    # Base URL of the host that serves /api/burst/a40-guard/status; unset = source skipped.
+    A40_GUARD_URL: AnyHttpUrl | None = None
+    A40_VRAM_BUSY_PCT: Percent = 85.0
+    A40_UTIL_BUSY_PCT: Percent = 95.0
+    A40_NVML_INDEX: Annotated[int, Field(ge=0)] = 0
+    LOAD_PROBE_TIMEOUT_S: Annotated[float, Field(gt=0, le=60)] = 2.0
+    UNREACHABLE_CONFIRM_S: Seconds = 5.0
+
+    CLOUD_VIDEO_FALLBACK_ENABLED: bool = False
+    MINIMAX_API_KEY: SecretStr | None = None
+    MINIMAX_BASE_URL: AnyHttpUrl = AnyHttpUrl("https://api.minimax.io")
+    MINIMAX_POLL_INTERVAL_S: Seconds = 10.0
+
+    APPROVAL_TIMEOUT_S: Seconds = 900.0
+    APPROVAL_RECHECK_S: Seconds = 60.0
+    APPROVAL_WEBHOOK_URL: AnyHttpUrl | None = None
+
+    SPILLWAY_OUTPUT_DIR: Path = Path("outputs")
+    SPILLWAY_TASK_QUEUE: Annotated[str, Field(min_length=1)] = "spillway"
+    SPILLWAY_ROUTING_TIERS: Path = PROJECT_ROOT / "routing_tiers.json"
+
+    @field_validator("A40_GUARD_URL", "APPROVAL_WEBHOOK_URL", "MINIMAX_API_KEY", mode="before")
+    @classmethod
+    def _empty_means_unset(cls, value: object) -> object:
+        # `A40_GUARD_URL=` in a compose file or shell means "not configured", not "invalid URL".
+        if isinstance(value, str) and not value.strip():
+            return None
+        return value
+
+    @property
+    def minimax_key_present(self) -> bool:
+        return self.MINIMAX_API_KEY is not None
+
+    @property
+    def cloud_armed(self) -> bool:
+        """DESIGN.md's "armed": the switch is on AND a key is there to spend with."""
+        return self.CLOUD_VIDEO_FALLBACK_ENABLED and self.minimax_key_present
+
+    def comfyui(self, path: str) -> str:
+        return str(self.COMFYUI_URL).rstrip("/") + path
+
+    def guard_status_url(self) -> str | None:
+        if self.A40_GUARD_URL is None:
+            return None
+        return str(self.A40_GUARD_URL).rstrip("/") + "/api/burst/a40-guard/status"
+
+
+def describe_validation_error(exc: ValidationError, source: str) -> str:
+    """One line naming each bad field and what is wrong with it, never the value of a secret."""
+    parts = []
+    for err in exc.errors():
+        field = ".".join(str(p) for p in err["loc"]) or source
+        shown = ""
+        if "KEY" not in field and isinstance(err.get("input"), str | int | float):
+            shown = f" (got {_clip(repr(err['input']))})"
+        parts.append(f"{field}: {err['msg']}{shown}")
+    return f"invalid {source}: " + "; ".join(parts)
+
+
+def _clip(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def load_settings() -> Settings:
+    try:
+        return Settings()
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error(exc, "environment setting")) from None

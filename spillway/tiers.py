@@ -1,0 +1,54 @@
+"""routing_tiers.json: the video tiers (1 = local A40 via ComfyUI ... 5 = MiniMax) and the meta
+entry that documents the load signal, validated when anything starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from spillway.settings import ConfigError, describe_validation_error
+
+
+class VideoTier(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tier: Annotated[int, Field(ge=1, le=9)]
+    name: Annotated[str, Field(min_length=1)]
+    provider: Literal["comfyui", "minimax", "kling"]
+    location: Literal["local", "cloud"]
+    description: str = ""
+    enabled: bool = True
+    # Planning figure per clip, keyed "<resolution>/<duration>s", e.g. "768P/6s".
+    estimated_cost_usd: dict[str, Annotated[float, Field(ge=0)]] = {}
+
+
+class RoutingTiers(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    video_tiers: Annotated[list[VideoTier], Field(min_length=1)]
+    meta: dict[str, Any] = {}
+
+    @model_validator(mode="after")
+    def _one_local_tier_and_unique_numbers(self) -> RoutingTiers:
+        numbers = [t.tier for t in self.video_tiers]
+        if len(numbers) != len(set(numbers)):
+            raise ValueError(f"tier numbers must be unique, got {numbers}")
+        if not any(t.location == "local" and t.enabled for t in self.video_tiers):
+            raise ValueError("at least one enabled local tier (the A40 via ComfyUI) is required")
+        return self
+
+    def by_provider(self, provider: str) -> VideoTier | None:
+        return next((t for t in self.video_tiers if t.provider == provider and t.enabled), None)
+
+
+def load_tiers(path: Path) -> RoutingTiers:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read routing tiers {path}: {exc.strerror}") from None
+    try:
+        return RoutingTiers.model_validate_json(text)
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error(exc, f"routing tiers {path}")) from None
