@@ -1,0 +1,1 @@
+"""Activities: everything that touches the world (ComfyUI, NVML, the guard, MiniMax)."""

@@ -1,0 +1,190 @@
+"""The fail-open load probe: `a40_load_status` (DESIGN.md, "The load probe").
+
+The three sources run concurrently, each under LOAD_PROBE_TIMEOUT_S, so a probe takes as long as
+its slowest source, never their sum. Every failure becomes a line in `errors` and a reading of
+"not measured": no broken measurement can make the GPU look overloaded and move a job to the
+paid cloud. The CLI calls `probe` directly; the workflow goes through the activity.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Annotated, Any, TypeVar
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, model_validator
+from temporalio import activity
+
+from activities.nvml import GpuReader, GpuReadError
+from spillway.load import Readings, assess, vram_pct
+from spillway.models import LoadProbeRequest, LoadStatus, Thresholds
+from spillway.settings import Settings
+
+
+# The answers we rely on, strictly typed: a "42" string where a number belongs is a measurement
+# error, not a number.
+class _Device(BaseModel):
+    model_config = ConfigDict(strict=True)
+
+    vram_total: Annotated[int, Field(gt=0)]
+    vram_free: Annotated[int, Field(ge=0)]
+
+    @model_validator(mode="after")
+    def _free_within_total(self) -> _Device:
+        if self.vram_free > self.vram_total:
+            raise ValueError("vram_free exceeds vram_total")
+        return self
+
+
+class _SystemStats(BaseModel):
+    model_config = ConfigDict(strict=True)
+
+    # ComfyUI lists the one torch device it renders on.
+    devices: Annotated[list[_Device], Field(min_length=1)]
+
+
+class _Queue(BaseModel):
+    model_config = ConfigDict(strict=True)
+
+    queue_running: list[Any]
+    queue_pending: list[Any]
+
+
+class _Guard(BaseModel):
+    model_config = ConfigDict(strict=True)
+
+    busy: StrictBool
+    job: Any = None
+
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+@dataclass(frozen=True)
+class _Answer:
+    source: str
+    answered: bool  # an HTTP status line came back, whatever it said
+    body: Any = None
+    error: str | None = None
+
+
+class LoadStatusActivities:
+    def __init__(self, http: httpx.AsyncClient, settings: Settings, gpu: GpuReader) -> None:
+        self._http, self._settings, self._gpu = http, settings, gpu
+        self._timeout = settings.LOAD_PROBE_TIMEOUT_S
+
+    @activity.defn(name="a40_load_status")
+    async def a40_load_status(self, req: LoadProbeRequest) -> LoadStatus:
+        status = await self.probe()
+        activity.logger.info(
+            "load probe for %s: overloaded=%s reachable=%s reasons=%s errors=%s",
+            req.job_id or "-",
+            status.overloaded,
+            status.reachable,
+            status.reasons,
+            status.errors,
+        )
+        return status
+
+    async def probe(self) -> LoadStatus:
+        stats, queue, gpu_util, guard = await asyncio.gather(*(m() for m in self.measurements()))
+        errors: list[str] = []
+        vram: float | None = None
+        if (system := _parse(stats, _SystemStats, errors)) is not None:
+            vram = vram_pct(system.devices[0].vram_total, system.devices[0].vram_free)
+        pending = running = None
+        if (q := _parse(queue, _Queue, errors)) is not None:
+            pending, running = len(q.queue_pending), len(q.queue_running)
+        util, util_error = gpu_util
+        guard_busy, guard_job, guard_error = guard
+        errors += [e for e in (util_error, guard_error) if e]
+        readings = Readings(
+            comfyui_answered=stats.answered,
+            vram_pct=vram,
+            gpu_util_pct=util,
+            queue_pending=pending,
+            queue_running=running,
+            guard_busy=guard_busy,
+            guard_job=guard_job,
+            errors=errors,
+        )
+        thresholds = Thresholds(
+            vram_busy_pct=self._settings.A40_VRAM_BUSY_PCT,
+            util_busy_pct=self._settings.A40_UTIL_BUSY_PCT,
+        )
+        return assess(readings, thresholds, datetime.now(UTC))
+
+    def measurements(self) -> tuple[Callable[[], Awaitable[Any]], ...]:
+        """The independent measurements `probe` runs at once (the benchmark also runs them one
+        after another, to show what concurrency buys)."""
+        return (
+            lambda: self._get_json("system_stats", self._settings.comfyui("/system_stats")),
+            lambda: self._get_json("queue", self._settings.comfyui("/queue")),
+            self._read_gpu_util,
+            self._read_guard,
+        )
+
+    async def _read_gpu_util(self) -> tuple[float | None, str | None]:
+        index = self._settings.A40_NVML_INDEX
+        try:
+            async with asyncio.timeout(self._timeout):
+                reading = await asyncio.to_thread(self._gpu.read, index)
+        except TimeoutError:
+            return None, f"nvml: no reading within {self._timeout:g}s"
+        except GpuReadError as exc:
+            return None, f"nvml: {exc}"
+        return reading.util_pct, None
+
+    async def _read_guard(self) -> tuple[bool | None, str | None, str | None]:
+        url = self._settings.guard_status_url()
+        if url is None:
+            return None, None, None
+        errors: list[str] = []
+        guard = _parse(await self._get_json("guard", url), _Guard, errors)
+        if guard is None:
+            return None, None, errors[0]
+        return guard.busy, None if guard.job is None else str(guard.job), None
+
+    async def _get_json(self, source: str, url: str) -> _Answer:
+        try:
+            # httpx's timeout bounds each network step; this bounds the whole exchange, so a
+            # server that trickles bytes cannot stretch the probe.
+            async with asyncio.timeout(self._timeout):
+                response = await self._http.get(url, timeout=self._timeout)
+        except (TimeoutError, httpx.TimeoutException):
+            return _Answer(
+                source, False, error=f"{source}: no answer from {url} within {self._timeout:g}s"
+            )
+        except httpx.HTTPError as exc:
+            return _Answer(source, False, error=f"{source}: no answer from {url} ({_why(exc)})")
+        if not response.is_success:
+            return _Answer(source, True, error=f"{source}: HTTP {response.status_code} from {url}")
+        try:
+            return _Answer(source, True, body=response.json())
+        except ValueError:
+            snippet = response.text[:40].replace("\n", " ")
+            return _Answer(
+                source, True, error=f"{source}: answer from {url} is not JSON ({snippet!r})"
+            )
+
+
+def _parse(answer: _Answer, model: type[_M], errors: list[str]) -> _M | None:
+    if answer.error is not None:
+        errors.append(answer.error)
+        return None
+    try:
+        return model.model_validate(answer.body)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors()
+        )
+        errors.append(f"{answer.source}: unexpected answer ({problems})")
+        return None
+
+
+def _why(exc: httpx.HTTPError) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -1,0 +1,1 @@
+"""Simulators of ComfyUI, MiniMax and the A40 guard (tests and `spillway dev --simulate`)."""

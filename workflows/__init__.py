@@ -1,0 +1,1 @@
+"""Workflows: deterministic code only (models, the pure decision, activity references)."""
