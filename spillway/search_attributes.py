@@ -1,0 +1,14 @@
+"""The custom search attributes a job carries, so `spillway list --state ...` and the Temporal UI's
+filter find jobs. Registered on the namespace by `spillway init` (and the test fixtures): the
+server rejects a workflow that sets an unregistered one."""
+
+from __future__ import annotations
+
+from temporalio.common import SearchAttributeKey
+
+STATE = SearchAttributeKey.for_keyword("SpillwayState")
+ROUTE = SearchAttributeKey.for_keyword("SpillwayRoute")
+TRIGGER = SearchAttributeKey.for_keyword("SpillwayTrigger")
+OVERLOADED = SearchAttributeKey.for_bool("SpillwayOverloaded")
+
+ALL = (STATE, ROUTE, TRIGGER, OVERLOADED)

