@@ -1,0 +1,177 @@
+"""The `spillway` console script as people and scripts use it: exit codes, one-line errors,
+JSON shapes (DESIGN.md, "The command-line contract")."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from google.protobuf.duration_pb2 import Duration
+from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
+from temporalio.api.workflowservice.v1 import RegisterNamespaceRequest
+from temporalio.testing import WorkflowEnvironment
+
+from spillway import search_attributes
+
+SPILLWAY = str(Path(sys.executable).parent / "spillway")
+LOAD_KEYS = {
+    "reachable",
+    "overloaded",
+    "vram_pct",
+    "gpu_util_pct",
+    "queue_pending",
+    "queue_running",
+    "guard_busy",
+    "guard_job",
+    "reasons",
+    "errors",
+    "measured_at",
+    "thresholds",
+}
+
+
+async def spillway(*args: str, env: dict[str, str]) -> tuple[int, str, str]:
+    # Asynchronous, so the doubles in this process keep answering while the command runs.
+    proc = await asyncio.create_subprocess_exec(
+        SPILLWAY, *args, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+def one_line(stderr: str) -> str:
+    assert stderr.count("\n") == 1 and "Traceback" not in stderr, stderr
+    return stderr
+
+
+@pytest.mark.parametrize("command", [[], ["init"], ["load"], ["health"]])
+async def test_every_command_has_help(cli_env, command):
+    code, out, err = await spillway(*command, "--help", env=cli_env())
+    assert code == 0 and "usage: spillway" in out and err == ""
+
+
+@pytest.mark.parametrize("args", [[], ["lod"], ["load", "--jsn"], ["health", "extra"]])
+async def test_usage_errors_exit_2_with_one_line(cli_env, args):
+    code, out, err = await spillway(*args, env=cli_env())
+    assert code == 2 and out == ""
+    assert "--help" in one_line(err)
+
+
+async def test_load_json_shows_the_seed_guard_case(cli_env, comfyui, guard):
+    guard.hold("sim_video_job_123")
+    env = cli_env(COMFYUI_URL=comfyui.url, A40_GUARD_URL=guard.url)
+    code, out, err = await spillway("load", "--json", env=env)
+    assert code == 0, err
+    status = json.loads(out)
+    assert set(status) >= LOAD_KEYS
+    assert status["reachable"] and status["overloaded"] and status["guard_busy"]
+    assert status["vram_pct"] == 42.4
+    assert status["reasons"] == ["a40_guard_busy_job=sim_video_job_123"]
+    # No NVIDIA driver here: the probe still answers and lists that once.
+    assert [e for e in status["errors"] if e.startswith("nvml: ")] == [status["errors"][0]]
+    assert len(status["errors"]) == 1 and "Traceback" not in out + err
+
+
+async def test_load_exits_0_when_every_source_fails(cli_env, refused_url):
+    env = cli_env(COMFYUI_URL=refused_url, A40_GUARD_URL=refused_url)
+    code, out, err = await spillway("load", env=env)
+    assert code == 0 and err == ""
+    assert "not overloaded; ComfyUI UNREACHABLE" in out
+    assert out.count("  error ") == 4  # system_stats, queue, nvml, guard
+
+
+async def test_load_with_every_source_hanging_returns_within_timeout_plus_one_second(
+    cli_env, comfyui, guard
+):
+    comfyui.faults["*"] = "hang"
+    guard.faults["*"] = "hang"
+    env = cli_env(COMFYUI_URL=comfyui.url, A40_GUARD_URL=guard.url, LOAD_PROBE_TIMEOUT_S="2")
+    started = time.monotonic()
+    code, out, _ = await spillway("load", "--json", env=env)
+    elapsed = time.monotonic() - started
+    assert code == 0 and not json.loads(out)["reachable"]
+    assert elapsed < 2 + 1, f"spillway load took {elapsed:.2f}s"
+
+
+async def test_health_shows_trigger_logic_and_never_the_key(cli_env, comfyui, guard):
+    key = "mm-" + uuid.uuid4().hex
+    env = cli_env(
+        COMFYUI_URL=comfyui.url,
+        A40_GUARD_URL=guard.url,
+        CLOUD_VIDEO_FALLBACK_ENABLED="1",
+        MINIMAX_API_KEY=key,
+        APPROVAL_TIMEOUT_S="600",
+    )
+    code, out, err = await spillway("health", "--json", env=env)
+    assert code == 0, err
+    health = json.loads(out)
+    endpoints = {s["name"]: s["endpoint"] for s in health["sources"]}
+    assert endpoints["comfyui_vram"] == f"{comfyui.url}/system_stats"
+    assert endpoints["a40_guard"] == f"{guard.url}/api/burst/a40-guard/status"
+    assert [s["rule"] for s in health["sources"]][:2] == [
+        "VRAM used >= 85%",
+        "GPU util >= 95% AND queue_pending >= 1",
+    ]
+    assert health["cloud_fallback"] | {"base_url": None} == {
+        "provider": "minimax",
+        "tier": 5,
+        "base_url": None,
+        "fallback_enabled": True,
+        "key_present": True,
+        "armed": True,
+    }
+    assert health["approval"]["timeout_s"] == 600
+    assert health["load"]["vram_pct"] == 42.4
+
+    code, text, _ = await spillway("health", env=env)
+    assert code == 0 and "armed yes" in text and "waits 600s" in text
+    assert key not in out + err + text
+
+
+async def test_unparsable_threshold_exits_2_naming_the_setting(cli_env):
+    code, out, err = await spillway("load", env=cli_env(A40_VRAM_BUSY_PCT="abc"))
+    assert code == 2 and out == ""
+    assert "A40_VRAM_BUSY_PCT" in one_line(err)
+
+
+async def test_broken_routing_tiers_exit_2_naming_the_field(cli_env, tmp_path):
+    broken = tmp_path / "routing_tiers.json"
+    broken.write_text('{"video_tiers": [{"tier": 1, "name": "a40", "provider": "comfyui"}]}')
+    code, _, err = await spillway("health", env=cli_env(SPILLWAY_ROUTING_TIERS=str(broken)))
+    assert code == 2
+    assert "video_tiers.0.location" in one_line(err)
+
+
+async def test_init_registers_search_attributes_once(cli_env, dev_env: WorkflowEnvironment):
+    namespace = f"init-{uuid.uuid4().hex[:8]}"
+    await dev_env.client.workflow_service.register_namespace(
+        RegisterNamespaceRequest(
+            namespace=namespace, workflow_execution_retention_period=Duration(seconds=86400)
+        )
+    )
+    address = dev_env.client.service_client.config.target_host
+    env = cli_env(TEMPORAL_ADDRESS=address, TEMPORAL_NAMESPACE=namespace)
+
+    code, out, err = await spillway("init", env=env)
+    assert code == 0, err
+    assert "added SpillwayOverloaded, SpillwayRoute, SpillwayState, SpillwayTrigger" in out
+    code, out, _ = await spillway("init", env=env)
+    assert code == 0 and "all present already" in out
+
+    listed = await dev_env.client.operator_service.list_search_attributes(
+        ListSearchAttributesRequest(namespace=namespace)
+    )
+    assert {k.name for k in search_attributes.ALL} <= set(listed.custom_attributes)
+
+
+async def test_init_without_a_temporal_server_exits_1_with_one_line(cli_env, refused_url):
+    address = refused_url.removeprefix("http://")
+    code, _, err = await spillway("init", env=cli_env(TEMPORAL_ADDRESS=address))
+    assert code == 1
+    assert f"cannot reach Temporal at {address}" in one_line(err)

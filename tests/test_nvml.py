@@ -1,0 +1,85 @@
+"""The NVML reader, written against pynvml. No NVIDIA driver here: readings are injected by
+replacing pynvml's functions, and the real "library not found" path is exercised as it is."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pynvml
+import pytest
+
+from activities.nvml import GpuReadError, NvmlReader
+
+GIB = 1024**3
+
+
+@pytest.fixture
+def fake_nvml(monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
+    state = SimpleNamespace(inits=0, util=73, used=31 * GIB, total=48 * GIB, fail=None)
+
+    def init() -> None:
+        state.inits += 1
+
+    def handle(index: int) -> object:
+        if state.fail is not None:
+            raise state.fail
+        return ("handle", index)
+
+    monkeypatch.setattr(pynvml, "nvmlInit", init)
+    monkeypatch.setattr(pynvml, "nvmlShutdown", lambda: None)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetHandleByIndex", handle)
+    monkeypatch.setattr(
+        pynvml, "nvmlDeviceGetUtilizationRates", lambda h: SimpleNamespace(gpu=state.util, memory=5)
+    )
+    monkeypatch.setattr(
+        pynvml,
+        "nvmlDeviceGetMemoryInfo",
+        lambda h: SimpleNamespace(
+            used=state.used, total=state.total, free=state.total - state.used
+        ),
+    )
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetName", lambda h: "NVIDIA A40")
+    return state
+
+
+def test_reads_utilisation_and_memory_of_the_configured_gpu(fake_nvml):
+    reader = NvmlReader()
+    reading = reader.read(0)
+    assert reading.util_pct == 73.0 and reading.name == "NVIDIA A40"
+    assert (reading.memory_used_bytes, reading.memory_total_bytes) == (31 * GIB, 48 * GIB)
+    fake_nvml.util = 99
+    assert reader.read(0).util_pct == 99.0
+    assert fake_nvml.inits == 1  # initialised once, then kept
+
+
+def test_bytes_device_names_from_older_drivers_are_decoded(fake_nvml, monkeypatch):
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetName", lambda h: b"NVIDIA A40")
+    assert NvmlReader().read(0).name == "NVIDIA A40"
+
+
+def test_nvml_errors_become_one_line_read_errors(fake_nvml):
+    fake_nvml.fail = pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+    with pytest.raises(GpuReadError, match="NVML error on GPU 3: Invalid Argument") as raised:
+        NvmlReader().read(3)
+    assert raised.value.__cause__ is None and raised.value.__suppress_context__
+
+
+def _driver_present() -> bool:
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return False
+    pynvml.nvmlShutdown()
+    return True
+
+
+@pytest.mark.skipif(_driver_present(), reason="this host has an NVIDIA driver")
+def test_without_a_driver_the_reader_says_so_in_one_line():
+    # The real pynvml on a host without libnvidia-ml: this very machine.
+    reader = NvmlReader()
+    with pytest.raises(GpuReadError) as raised:
+        reader.read(0)
+    assert "NVML library not found" in str(raised.value)
+    with pytest.raises(GpuReadError):  # retried, not cached as broken forever
+        reader.read(0)
+    reader.close()

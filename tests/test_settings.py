@@ -1,0 +1,118 @@
+"""Settings from the environment and routing_tiers.json, validated with clear messages."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spillway.settings import PROJECT_ROOT, ConfigError, load_settings
+from spillway.tiers import load_tiers
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch, cli_env) -> pytest.MonkeyPatch:
+    import os
+
+    for name in set(os.environ) - set(cli_env()):
+        monkeypatch.delenv(name)
+    return monkeypatch
+
+
+def test_defaults_are_the_seeds(clean_env):
+    s = load_settings()
+    assert str(s.COMFYUI_URL) == "http://127.0.0.1:8188/"
+    assert (s.A40_VRAM_BUSY_PCT, s.A40_UTIL_BUSY_PCT, s.A40_NVML_INDEX) == (85, 95, 0)
+    assert s.LOAD_PROBE_TIMEOUT_S == 2 and s.UNREACHABLE_CONFIRM_S == 5
+    assert s.A40_GUARD_URL is None and s.guard_status_url() is None
+    assert not s.CLOUD_VIDEO_FALLBACK_ENABLED and not s.cloud_armed
+    assert (s.APPROVAL_TIMEOUT_S, s.APPROVAL_RECHECK_S, s.MINIMAX_POLL_INTERVAL_S) == (900, 60, 10)
+    assert s.SPILLWAY_TASK_QUEUE == "spillway"
+
+
+def test_environment_overrides_and_guard_path(clean_env):
+    clean_env.setenv("A40_GUARD_URL", "http://vm201:8080/")
+    clean_env.setenv("A40_VRAM_BUSY_PCT", "1")
+    clean_env.setenv("CLOUD_VIDEO_FALLBACK_ENABLED", "1")
+    s = load_settings()
+    assert s.guard_status_url() == "http://vm201:8080/api/burst/a40-guard/status"
+    assert s.A40_VRAM_BUSY_PCT == 1
+    assert s.CLOUD_VIDEO_FALLBACK_ENABLED and not s.cloud_armed  # no key: not armed
+
+
+def test_armed_needs_switch_and_key(clean_env):
+    clean_env.setenv("CLOUD_VIDEO_FALLBACK_ENABLED", "1")
+    clean_env.setenv("MINIMAX_API_KEY", "mm-test-key-do-not-print")
+    s = load_settings()
+    assert s.cloud_armed
+    assert "mm-test-key-do-not-print" not in repr(s) and "mm-test-key" not in str(s.model_dump())
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("A40_VRAM_BUSY_PCT", "abc"),
+        ("A40_UTIL_BUSY_PCT", "0"),
+        ("A40_VRAM_BUSY_PCT", "101"),
+        ("LOAD_PROBE_TIMEOUT_S", "-1"),
+        ("A40_NVML_INDEX", "first"),
+        ("COMFYUI_URL", "not a url"),
+        ("CLOUD_VIDEO_FALLBACK_ENABLED", "maybe"),
+    ],
+)
+def test_bad_setting_names_the_setting_in_one_line(clean_env, name, value):
+    clean_env.setenv(name, value)
+    with pytest.raises(ConfigError) as raised:
+        load_settings()
+    message = str(raised.value)
+    assert name in message and "\n" not in message
+
+
+def test_the_committed_routing_tiers_are_valid():
+    tiers = load_tiers(PROJECT_ROOT / "routing_tiers.json")
+    local, minimax = tiers.by_provider("comfyui"), tiers.by_provider("minimax")
+    assert local is not None and local.tier == 1 and local.location == "local"
+    assert minimax is not None and minimax.tier == 5 and minimax.location == "cloud"
+    assert "a40_load_signal_2026-07-24" in tiers.meta
+
+
+def _write(tmp_path: Path, content: str) -> Path:
+    path = tmp_path / "routing_tiers.json"
+    path.write_text(content)
+    return path
+
+
+def _committed() -> Any:
+    return json.loads((PROJECT_ROOT / "routing_tiers.json").read_text())
+
+
+@pytest.mark.parametrize(
+    ("mutate", "named"),
+    [
+        (lambda t: t["video_tiers"][1].update(provider="runpod"), "video_tiers.1.provider"),
+        (lambda t: t["video_tiers"][0].update(tier="one"), "video_tiers.0.tier"),
+        (lambda t: t["video_tiers"][2]["estimated_cost_usd"].update(x=-1), "estimated_cost_usd"),
+        (lambda t: t["video_tiers"][2].update(tier=1), "unique"),
+        (lambda t: t.pop("video_tiers"), "video_tiers"),
+        (lambda t: t["video_tiers"][0].update(colour="red"), "video_tiers.0.colour"),
+    ],
+)
+def test_broken_routing_tiers_name_the_field(tmp_path, mutate, named):
+    tiers = _committed()
+    mutate(tiers)
+    with pytest.raises(ConfigError) as raised:
+        load_tiers(_write(tmp_path, json.dumps(tiers)))
+    assert named in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_routing_tiers_that_are_not_json_say_so(tmp_path):
+    with pytest.raises(ConfigError) as raised:
+        load_tiers(_write(tmp_path, '{"video_tiers": [ ,'))
+    assert "routing tiers" in str(raised.value) and "JSON" in str(raised.value)
+
+
+def test_missing_routing_tiers_file_says_which(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read routing tiers"):
+        load_tiers(tmp_path / "nope.json")
