@@ -20,7 +20,7 @@ from temporalio.worker import Worker
 from activities.load_status import LoadStatusActivities
 from activities.nvml import GpuReader, NvmlReader
 from spillway.settings import ConfigError, Settings, load_settings
-from spillway.temporal import connect
+from spillway.temporal import TemporalUnreachable, connect
 from spillway.tiers import load_tiers
 
 log = logging.getLogger("spillway.worker")
@@ -64,8 +64,8 @@ async def main() -> int:
     except ConfigError as exc:
         print(f"spillway worker: {exc}", file=sys.stderr)
         return 2
-    except RuntimeError as exc:
-        print(f"spillway worker: cannot reach Temporal: {exc}", file=sys.stderr)
+    except TemporalUnreachable as exc:
+        print(f"spillway worker: {exc}", file=sys.stderr)
         return 1
     await run_worker(settings, client)
     return 0

@@ -39,10 +39,6 @@ def _config() -> tuple[Settings, RoutingTiers]:
     return settings, load_tiers(settings.SPILLWAY_ROUTING_TIERS)
 
 
-def _print_json(text: str) -> None:
-    sys.stdout.write(text + "\n")
-
-
 async def cmd_init(args: argparse.Namespace) -> int:
     from spillway.temporal import register_search_attributes
 
@@ -60,7 +56,7 @@ async def cmd_load(args: argparse.Namespace) -> int:
     settings, _ = _config()
     load = await probe_once(settings)
     # Fail-open is the answer, not an error: a probe with failed sources still exits 0.
-    _print_json(load.model_dump_json(indent=2)) if args.json else print(render_load(load))
+    print(load.model_dump_json(indent=2) if args.json else render_load(load))
     return OK
 
 
@@ -69,18 +65,17 @@ async def cmd_health(args: argparse.Namespace) -> int:
 
     settings, tiers = _config()
     health = health_report(settings, tiers, await probe_once(settings))
-    _print_json(health.model_dump_json(indent=2)) if args.json else print(render_health(health))
+    print(health.model_dump_json(indent=2) if args.json else render_health(health))
     return OK
 
 
 async def _client() -> Client:
-    from spillway.temporal import connect, connect_config
+    from spillway.temporal import TemporalUnreachable, connect
 
     try:
         return await connect()
-    except RuntimeError as exc:
-        address = connect_config()["target_host"]
-        raise Failed(f"cannot reach Temporal at {address}: {exc}") from None
+    except TemporalUnreachable as exc:
+        raise Failed(str(exc)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -7,6 +7,7 @@ The worker, every CLI command and the tests share this, and the pydantic data co
 
 from __future__ import annotations
 
+import re
 import shutil
 import sysconfig
 from pathlib import Path
@@ -38,11 +39,23 @@ def connect_config() -> dict[str, Any]:
     return config
 
 
+class TemporalUnreachable(Exception):
+    pass
+
+
 async def connect() -> Client:
-    """Connect as configured; raises ConfigError for bad configuration, RuntimeError (from the
-    SDK) when the server cannot be reached."""
+    """Connect as configured; ConfigError for bad configuration, TemporalUnreachable when the
+    server does not answer."""
     config = connect_config()
-    return await Client.connect(**config, data_converter=pydantic_data_converter)
+    try:
+        return await Client.connect(**config, data_converter=pydantic_data_converter)
+    except RuntimeError as exc:
+        # The SDK's message is a nested Rust error; its innermost `message: "..."` is the cause.
+        causes = re.findall(r'message: "([^"]+)"', str(exc))
+        why = causes[-1] if causes else str(exc)
+        raise TemporalUnreachable(
+            f"cannot reach Temporal at {config['target_host']}: {why}"
+        ) from None
 
 
 async def register_search_attributes(client: Client) -> list[str]:
