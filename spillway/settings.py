@@ -34,11 +34,17 @@ class Settings(BaseSettings):
     A40_NVML_INDEX: Annotated[int, Field(ge=0)] = 0
     LOAD_PROBE_TIMEOUT_S: Annotated[float, Field(gt=0, le=60)] = 2.0
     UNREACHABLE_CONFIRM_S: Seconds = 5.0
+    # A job that found ComfyUI unreachable and got no approval waits this long for it to return.
+    UNREACHABLE_GIVE_UP_S: Seconds = 86400.0
+    COMFYUI_HISTORY_POLL_S: Seconds = 5.0
+    COMFYUI_MAX_ATTEMPTS: Annotated[int, Field(ge=1, le=10)] = 3  # submits per job, LOST included
 
     CLOUD_VIDEO_FALLBACK_ENABLED: bool = False
     MINIMAX_API_KEY: SecretStr | None = None
     MINIMAX_BASE_URL: AnyHttpUrl = AnyHttpUrl("https://api.minimax.io")
     MINIMAX_POLL_INTERVAL_S: Seconds = 10.0
+    # No answer to a create within this is ambiguous (a charge may exist): never retried.
+    MINIMAX_CREATE_TIMEOUT_S: Annotated[float, Field(gt=0, le=60)] = 60.0
 
     APPROVAL_TIMEOUT_S: Seconds = 900.0
     APPROVAL_RECHECK_S: Seconds = 60.0
@@ -47,6 +53,7 @@ class Settings(BaseSettings):
     SPILLWAY_OUTPUT_DIR: Path = Path("outputs")
     SPILLWAY_TASK_QUEUE: Annotated[str, Field(min_length=1)] = "spillway"
     SPILLWAY_ROUTING_TIERS: Path = PROJECT_ROOT / "routing_tiers.json"
+    SPILLWAY_UI_URL: AnyHttpUrl = AnyHttpUrl("http://localhost:8233")  # links in notifications
 
     @field_validator("A40_GUARD_URL", "APPROVAL_WEBHOOK_URL", "MINIMAX_API_KEY", mode="before")
     @classmethod

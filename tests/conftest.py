@@ -29,16 +29,18 @@ from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.guard import GuardSim
 from spillway.temporal import installed_binary, register_search_attributes
 
+pytest_plugins = ["tests.comfyui_fixtures", "tests.minimax_fixtures"]
+
 SPILLWAY_ENV_PREFIXES = (
     "TEMPORAL_",
     "SPILLWAY_",
     "A40_",
     "MINIMAX_",
-    "COMFYUI_",
     "CLOUD_VIDEO_",
     "LOAD_PROBE_",
     "APPROVAL_",
     "UNREACHABLE_",
+    "COMFYUI_",
 )
 
 

@@ -1,0 +1,70 @@
+"""Inputs and results of the ComfyUI activities (the LOCAL route).
+
+The workflow derives `prompt_id` deterministically (`prompt_id_for`): ComfyUI accepts a caller's
+prompt_id but does not deduplicate, so the id is how a retried submit finds its earlier POST.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+
+def prompt_id_for(job_id: str, attempt: int) -> str:
+    """Attempt 1 is the first submit; the workflow resubmits with attempt + 1 only after LOST."""
+    return f"spillway-{job_id}-{attempt}"
+
+
+def client_id_for(job_id: str) -> str:
+    return f"spillway-{job_id}"
+
+
+class ComfyUISubmit(BaseModel):
+    job_id: str
+    prompt_id: str
+    client_id: str
+    graph: dict[str, Any]  # API format: node id -> {"class_type", "inputs", ...}
+
+
+class ComfyUISubmitted(BaseModel):
+    prompt_id: str
+    number: int | None = None  # ComfyUI's queue number; None when found, not posted
+    posted: bool  # False: already in /queue or /history from an earlier try, not posted again
+
+
+class ComfyUIWait(BaseModel):
+    job_id: str
+    prompt_id: str
+    client_id: str
+
+
+class ComfyUIFile(BaseModel):
+    node_id: str
+    kind: Literal["images", "gifs", "videos"]
+    filename: str
+    subfolder: str = ""
+    type: str = "output"
+
+
+class ComfyUIFinished(BaseModel):
+    """How a prompt ended. Errors and interrupts are activity failures, not outcomes:
+    ApplicationError types ComfyUIExecutionFailed and ComfyUIInterrupted (non-retryable)."""
+
+    prompt_id: str
+    outcome: Literal["success", "lost"]  # lost: not in /queue and `{}` in /history
+    files: list[ComfyUIFile] = []
+
+
+class ComfyUIDownload(BaseModel):
+    job_id: str
+    files: list[ComfyUIFile]
+
+
+class ComfyUICancel(BaseModel):
+    prompt_id: str
+
+
+class ComfyUICancelled(BaseModel):
+    prompt_id: str
+    was: Literal["pending", "running", "gone"]

@@ -1,0 +1,1 @@
+"""Fixtures of the LOCAL route (ComfyUI activities and double); loaded by conftest."""

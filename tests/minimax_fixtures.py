@@ -1,0 +1,1 @@
+"""Fixtures of the CLOUD route (MiniMax activities and double); loaded by conftest."""
