@@ -18,23 +18,31 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from activities.load_status import LoadStatusActivities
+from activities.notify import NotifyActivities
 from activities.nvml import GpuReader, NvmlReader
-from spillway.settings import ConfigError, Settings, load_settings
+from activities.policy import PolicyActivities
+from spillway.errors import ConfigError
+from spillway.settings import Settings, load_settings
 from spillway.temporal import TemporalUnreachable, connect
-from spillway.tiers import load_tiers
+from spillway.tiers import RoutingTiers, load_tiers
+from workflows.video_job import VideoJobWorkflow
 
 log = logging.getLogger("spillway.worker")
 
+WORKFLOWS = [VideoJobWorkflow]
+
 
 def activities(
-    http: httpx.AsyncClient, settings: Settings, gpu: GpuReader
+    http: httpx.AsyncClient, settings: Settings, tiers: RoutingTiers, gpu: GpuReader
 ) -> list[Callable[..., Any]]:
     """Every activity the worker serves, bound to its clients (tests register the same list)."""
     load = LoadStatusActivities(http, settings, gpu)
-    return [load.a40_load_status]
+    policy = PolicyActivities(settings, tiers)
+    notify = NotifyActivities(http, settings)
+    return [load.a40_load_status, policy.read_policy, notify.notify_approval_needed]
 
 
-async def run_worker(settings: Settings, client: Client) -> None:
+async def run_worker(settings: Settings, tiers: RoutingTiers, client: Client) -> None:
     gpu = NvmlReader()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -45,7 +53,8 @@ async def run_worker(settings: Settings, client: Client) -> None:
             worker = Worker(
                 client,
                 task_queue=settings.SPILLWAY_TASK_QUEUE,
-                activities=activities(http, settings, gpu),
+                workflows=WORKFLOWS,
+                activities=activities(http, settings, tiers, gpu),
             )
             async with worker:
                 log.info("worker polling task queue %r", settings.SPILLWAY_TASK_QUEUE)
@@ -59,7 +68,7 @@ async def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
         settings = load_settings()
-        load_tiers(settings.SPILLWAY_ROUTING_TIERS)
+        tiers = load_tiers(settings.SPILLWAY_ROUTING_TIERS)
         client = await connect()
     except ConfigError as exc:
         print(f"spillway worker: {exc}", file=sys.stderr)
@@ -67,7 +76,7 @@ async def main() -> int:
     except TemporalUnreachable as exc:
         print(f"spillway worker: {exc}", file=sys.stderr)
         return 1
-    await run_worker(settings, client)
+    await run_worker(settings, tiers, client)
     return 0
 
 

@@ -20,7 +20,7 @@ from temporalio import activity
 
 from activities.nvml import GpuReader, GpuReadError
 from spillway.load import Readings, assess, vram_pct
-from spillway.models import LoadProbeRequest, LoadStatus, Thresholds
+from spillway.models import LoadProbeRequest, LoadStatus
 from spillway.settings import Settings
 
 
@@ -111,11 +111,7 @@ class LoadStatusActivities:
             guard_job=guard_job,
             errors=errors,
         )
-        thresholds = Thresholds(
-            vram_busy_pct=self._settings.A40_VRAM_BUSY_PCT,
-            util_busy_pct=self._settings.A40_UTIL_BUSY_PCT,
-        )
-        return assess(readings, thresholds, datetime.now(UTC))
+        return assess(readings, self._settings.thresholds, datetime.now(UTC))
 
     def measurements(self) -> tuple[Callable[[], Awaitable[Any]], ...]:
         """The independent measurements `probe` runs at once (the benchmark also runs them one

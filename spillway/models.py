@@ -7,9 +7,9 @@ never hold a secret.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 
 class Thresholds(BaseModel):
@@ -117,3 +117,144 @@ class OutputFile(BaseModel):
 
 class Downloaded(BaseModel):
     outputs: list[OutputFile]
+
+
+def _check_graph(graph: dict[str, Any]) -> dict[str, Any]:
+    """An API-format ComfyUI graph: node id -> {"class_type": str, "inputs": {...}, ...}."""
+    if not graph:
+        raise ValueError("the graph has no nodes")
+    for node_id, node in graph.items():
+        if not isinstance(node, dict):
+            raise ValueError(f"node {node_id!r} is not an object")
+        if not isinstance(node.get("class_type"), str) or not node["class_type"]:
+            raise ValueError(
+                f"node {node_id!r} has no class_type: this is not an API-format graph "
+                "(in ComfyUI use 'Export (API)')"
+            )
+        if not isinstance(node.get("inputs", {}), dict):
+            raise ValueError(f"node {node_id!r}: inputs must be an object")
+    return graph
+
+
+ComfyGraph = Annotated[dict[str, Any], AfterValidator(_check_graph)]
+
+
+class Policy(BaseModel):
+    """The worker's configuration that decides routes, read by an activity so that it is in the
+    job's history. Never the key itself: only whether one is present."""
+
+    model_config = ConfigDict(frozen=True)
+
+    fallback_enabled: bool
+    key_present: bool
+    thresholds: Thresholds
+    approval_timeout_s: float
+    approval_recheck_s: float
+    unreachable_confirm_s: float
+    unreachable_give_up_s: float
+    comfyui_max_attempts: int
+    webhook_configured: bool
+    ui_url: str
+    await_loops_per_run: int
+    estimated_costs_usd: dict[str, float] = {}  # MiniMax tier, "768P/6s" -> USD
+
+    @property
+    def armed(self) -> bool:
+        return self.fallback_enabled and self.key_present
+
+
+class ApprovalDecision(BaseModel):
+    """The payload of the `approval` signal and update: `{"approved": true, "by": "bär",
+    "reason": "client deadline"}` (the Temporal UI's "Send a Signal" takes this JSON)."""
+
+    approved: bool
+    by: Annotated[str, Field(min_length=1, max_length=100)]
+    reason: Annotated[str, Field(max_length=1000)] = ""
+
+
+class ApprovalRecord(ApprovalDecision):
+    at: datetime
+
+
+class IgnoredSignal(ApprovalRecord):
+    why: str
+
+
+class Overflow(BaseModel):
+    trigger: Literal["overloaded", "unreachable"] | None = None
+    last_signal: LoadStatus | None = None
+
+
+class CloudInfo(BaseModel):
+    provider: str = "minimax"
+    task_id: str | None = None
+    estimated_cost_usd: float | None = None
+    authorised_by: str  # "armed" or the approver's name
+
+
+JobState = Literal[
+    "probing",
+    "awaiting_approval",
+    "running_local",
+    "running_cloud",
+    "completed",
+    "failed",
+    "cancelled",
+]
+FINAL_STATES: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
+
+
+class Plan(BaseModel):
+    """What `spillway status` and the `plan` query show (DESIGN.md's status JSON)."""
+
+    job_id: str
+    state: JobState = "probing"
+    route: Literal["local", "cloud"] | None = None
+    reasons: list[str] = []
+    overflow: Overflow = Overflow()
+    approval: ApprovalRecord | None = None
+    progress: Progress | None = None
+    outputs: list[OutputFile] = []
+    cloud: CloudInfo | None = None
+    error: str | None = None
+    prompt_id: str | None = None  # ComfyUI's, on the LOCAL route
+    local_attempts: int = 0
+    ignored_signals: list[IgnoredSignal] = []
+
+
+class PolicyRequest(BaseModel):
+    job_id: str
+
+
+class ApprovalNotice(BaseModel):
+    """POSTed to APPROVAL_WEBHOOK_URL when a job starts waiting; `text` suits a Slack or
+    Mattermost incoming webhook as it is."""
+
+    text: str
+    job_id: str
+    trigger: Literal["overloaded", "unreachable"] | None
+    reasons: list[str]
+    last_signal: LoadStatus | None
+    approve_command: str
+    reject_command: str
+    ui_link: str
+    decide_by: datetime
+
+
+class AwaitCarry(BaseModel):
+    """What a job waiting for approval carries across continue-as-new."""
+
+    plan: Plan
+    policy: Policy
+    approval_deadline: datetime
+    give_up_at: datetime
+    pending_approval: ApprovalDecision | None = None
+
+
+class VideoJob(BaseModel):
+    """Input of VideoJobWorkflow (workflow id = job_id)."""
+
+    job_id: JobId
+    graph: ComfyGraph
+    cloud: CloudRequest | None = None  # None: this job can only run locally
+    carry: AwaitCarry | None = None  # set only by continue-as-new

@@ -13,14 +13,13 @@ from typing import Annotated
 from pydantic import AnyHttpUrl, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from spillway.errors import ConfigError
+from spillway.models import Thresholds
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 Percent = Annotated[float, Field(gt=0, le=100)]
 Seconds = Annotated[float, Field(gt=0)]
-
-
-class ConfigError(Exception):
-    """A setting or a configuration file is unusable; the message names it and says why."""
 
 
 class Settings(BaseSettings):
@@ -49,6 +48,8 @@ class Settings(BaseSettings):
     APPROVAL_TIMEOUT_S: Seconds = 900.0
     APPROVAL_RECHECK_S: Seconds = 60.0
     APPROVAL_WEBHOOK_URL: AnyHttpUrl | None = None
+    # A waiting job continues as new after this many re-probes (~11 history events each).
+    SPILLWAY_AWAIT_LOOPS_PER_RUN: Annotated[int, Field(ge=1)] = 200
 
     SPILLWAY_OUTPUT_DIR: Path = Path("outputs")
     SPILLWAY_TASK_QUEUE: Annotated[str, Field(min_length=1)] = "spillway"
@@ -71,6 +72,12 @@ class Settings(BaseSettings):
     def cloud_armed(self) -> bool:
         """DESIGN.md's "armed": the switch is on AND a key is there to spend with."""
         return self.CLOUD_VIDEO_FALLBACK_ENABLED and self.minimax_key_present
+
+    @property
+    def thresholds(self) -> Thresholds:
+        return Thresholds(
+            vram_busy_pct=self.A40_VRAM_BUSY_PCT, util_busy_pct=self.A40_UTIL_BUSY_PCT
+        )
 
     def comfyui(self, path: str) -> str:
         return str(self.COMFYUI_URL).rstrip("/") + path

@@ -24,7 +24,7 @@ from temporalio.envconfig import ClientConfig
 from temporalio.service import RPCError, RPCStatusCode
 
 from spillway import search_attributes
-from spillway.settings import ConfigError
+from spillway.errors import ConfigError
 
 DEFAULT_ADDRESS = "localhost:7233"
 

@@ -8,7 +8,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from spillway.settings import ConfigError, describe_validation_error
+from spillway.errors import ConfigError
+from spillway.settings import describe_validation_error
 
 
 class VideoTier(BaseModel):

@@ -9,6 +9,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from spillway.models import LoadProbeRequest, LoadStatus
+from spillway.tiers import load_tiers
 from tests.probe_workflow import ProbeOnce
 from worker import activities
 
@@ -22,7 +23,7 @@ async def test_measurement_travels_through_temporal_and_stays_in_history(
         env.client,
         task_queue=task_queue,
         workflows=[ProbeOnce],
-        activities=activities(http, settings, gpu),
+        activities=activities(http, settings, load_tiers(settings.SPILLWAY_ROUTING_TIERS), gpu),
     ):
         handle = await env.client.start_workflow(
             ProbeOnce.run,

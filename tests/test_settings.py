@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from spillway.settings import PROJECT_ROOT, ConfigError, load_settings
+from spillway.errors import ConfigError
+from spillway.settings import PROJECT_ROOT, load_settings
 from spillway.tiers import load_tiers
 
 

@@ -1,0 +1,25 @@
+"""`notify_approval_needed`: tells a person that a job waits for their decision.
+
+The workflow retries it a few times and then gives up: a failing webhook never blocks or fails
+the job (the Temporal UI and `spillway list --state awaiting_approval` still show it)."""
+
+from __future__ import annotations
+
+import httpx
+from temporalio import activity
+
+from spillway.models import ApprovalNotice
+from spillway.settings import Settings
+
+
+class NotifyActivities:
+    def __init__(self, http: httpx.AsyncClient, settings: Settings) -> None:
+        self._http, self._settings = http, settings
+
+    @activity.defn(name="notify_approval_needed")
+    async def notify_approval_needed(self, notice: ApprovalNotice) -> None:
+        url = self._settings.APPROVAL_WEBHOOK_URL
+        if url is None:
+            return
+        response = await self._http.post(str(url), json=notice.model_dump(mode="json"), timeout=10)
+        response.raise_for_status()

@@ -1,0 +1,34 @@
+"""`read_policy`: the worker's routing configuration, read by an activity so that every job's
+history records what was in force when it was decided (armed or not, thresholds, timeouts)."""
+
+from __future__ import annotations
+
+from temporalio import activity
+
+from spillway.models import Policy, PolicyRequest
+from spillway.settings import Settings
+from spillway.tiers import RoutingTiers
+
+
+class PolicyActivities:
+    def __init__(self, settings: Settings, tiers: RoutingTiers) -> None:
+        self._settings, self._tiers = settings, tiers
+
+    @activity.defn(name="read_policy")
+    async def read_policy(self, req: PolicyRequest) -> Policy:
+        s = self._settings
+        minimax = self._tiers.by_provider("minimax")
+        return Policy(
+            fallback_enabled=s.CLOUD_VIDEO_FALLBACK_ENABLED,
+            key_present=s.minimax_key_present,
+            thresholds=s.thresholds,
+            approval_timeout_s=s.APPROVAL_TIMEOUT_S,
+            approval_recheck_s=s.APPROVAL_RECHECK_S,
+            unreachable_confirm_s=s.UNREACHABLE_CONFIRM_S,
+            unreachable_give_up_s=s.UNREACHABLE_GIVE_UP_S,
+            comfyui_max_attempts=s.COMFYUI_MAX_ATTEMPTS,
+            webhook_configured=s.APPROVAL_WEBHOOK_URL is not None,
+            ui_url=str(s.SPILLWAY_UI_URL).rstrip("/"),
+            await_loops_per_run=s.SPILLWAY_AWAIT_LOOPS_PER_RUN,
+            estimated_costs_usd=dict(minimax.estimated_cost_usd) if minimax else {},
+        )

@@ -1,0 +1,163 @@
+"""Same-named stand-ins for the load probe and the route activities, for workflow tests that need
+exact control (a scripted sequence of load readings, a prompt lost N times, a create that fails).
+They count every call, so money invariants are checked on what the workflow scheduled."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import Counter
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from spillway.comfyui_models import (
+    ComfyUICancel,
+    ComfyUICancelled,
+    ComfyUIDownload,
+    ComfyUIFile,
+    ComfyUIFinished,
+    ComfyUISubmit,
+    ComfyUISubmitted,
+    ComfyUIWait,
+)
+from spillway.minimax_models import (
+    MiniMaxCreate,
+    MiniMaxCreated,
+    MiniMaxDone,
+    MiniMaxDownload,
+    MiniMaxPoll,
+)
+from spillway.models import (
+    ApprovalNotice,
+    Downloaded,
+    LoadProbeRequest,
+    LoadStatus,
+    OutputFile,
+    Thresholds,
+)
+
+SEED = Thresholds(vram_busy_pct=85, util_busy_pct=95)
+
+
+def reading(reachable: bool = True, overloaded: bool = False, **extra: Any) -> LoadStatus:
+    reasons = []
+    if not reachable:
+        reasons.append("comfyui_unreachable")
+    if overloaded:
+        reasons.append("vram_used_91.2pct_ge_85.0pct")
+    return LoadStatus(
+        reachable=reachable,
+        overloaded=overloaded,
+        vram_pct=91.2 if overloaded else (42.4 if reachable else None),
+        reasons=reasons,
+        measured_at=datetime.now(UTC),
+        thresholds=SEED,
+        **extra,
+    )
+
+
+FREE = reading()
+BUSY = reading(overloaded=True)
+DOWN = reading(reachable=False)
+
+
+class RouteStubs:
+    def __init__(self, *loads: LoadStatus) -> None:
+        self.loads = list(loads) or [FREE]  # the last reading repeats
+        self.calls: Counter[str] = Counter()
+        self.submitted: list[str] = []
+        self.lost = 0  # how many waits report LOST before one succeeds
+        self.probe_failures = 0  # how many probes raise before one answers
+        self.fail: dict[str, ApplicationError] = {}  # activity name -> error it raises
+        self.notices: list[ApprovalNotice] = []
+        self.wait_release = asyncio.Event()
+        self.wait_release.set()  # clear it to keep comfyui_wait running until set again
+        self.create_hang = False  # minimax_create never returns and never heartbeats
+
+    def activities(self) -> list[Callable[..., Any]]:
+        return [
+            self.load,
+            self.submit,
+            self.wait,
+            self.download,
+            self.cancel,
+            self.create,
+            self.poll,
+            self.cloud_download,
+            self.notify,
+        ]
+
+    def _count(self, name: str) -> None:
+        self.calls[name] += 1
+        if name in self.fail:
+            raise self.fail[name]
+
+    @activity.defn(name="a40_load_status")
+    async def load(self, req: LoadProbeRequest) -> LoadStatus:
+        self.calls["a40_load_status"] += 1
+        if self.probe_failures:
+            self.probe_failures -= 1
+            raise RuntimeError("probe worker crashed")
+        current = self.loads.pop(0) if len(self.loads) > 1 else self.loads[0]
+        return current.model_copy(update={"measured_at": datetime.now(UTC)})
+
+    @activity.defn(name="comfyui_submit")
+    async def submit(self, req: ComfyUISubmit) -> ComfyUISubmitted:
+        self._count("comfyui_submit")
+        self.submitted.append(req.prompt_id)
+        return ComfyUISubmitted(prompt_id=req.prompt_id, number=len(self.submitted), posted=True)
+
+    @activity.defn(name="comfyui_wait")
+    async def wait(self, req: ComfyUIWait) -> ComfyUIFinished:
+        self._count("comfyui_wait")
+        while not self.wait_release.is_set():
+            activity.heartbeat()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wait_release.wait(), timeout=0.2)
+        if self.lost:
+            self.lost -= 1
+            return ComfyUIFinished(prompt_id=req.prompt_id, outcome="lost")
+        video = ComfyUIFile(node_id="3", kind="images", filename="v_00001_.mp4", subfolder="video")
+        return ComfyUIFinished(prompt_id=req.prompt_id, outcome="success", files=[video])
+
+    @activity.defn(name="comfyui_download")
+    async def download(self, req: ComfyUIDownload) -> Downloaded:
+        self._count("comfyui_download")
+        return Downloaded(
+            outputs=[
+                OutputFile(path=f"outputs/{req.job_id}/{f.filename}", bytes=1024, sha256="ab" * 32)
+                for f in req.files
+            ]
+        )
+
+    @activity.defn(name="comfyui_cancel")
+    async def cancel(self, req: ComfyUICancel) -> ComfyUICancelled:
+        self._count("comfyui_cancel")
+        return ComfyUICancelled(prompt_id=req.prompt_id, was="running")
+
+    @activity.defn(name="minimax_create")
+    async def create(self, req: MiniMaxCreate) -> MiniMaxCreated:
+        self._count("minimax_create")
+        if self.create_hang:
+            await asyncio.sleep(3600)
+        return MiniMaxCreated(task_id=f"task-{req.job_id}")
+
+    @activity.defn(name="minimax_poll")
+    async def poll(self, req: MiniMaxPoll) -> MiniMaxDone:
+        self._count("minimax_poll")
+        return MiniMaxDone(task_id=req.task_id, file_id="205258526306433", video_width=1366)
+
+    @activity.defn(name="minimax_download")
+    async def cloud_download(self, req: MiniMaxDownload) -> Downloaded:
+        self._count("minimax_download")
+        path = f"outputs/{req.job_id}/{req.task_id}.mp4"
+        return Downloaded(outputs=[OutputFile(path=path, bytes=2048, sha256="cd" * 32)])
+
+    @activity.defn(name="notify_approval_needed")
+    async def notify(self, notice: ApprovalNotice) -> None:
+        self._count("notify_approval_needed")
+        self.notices.append(notice)

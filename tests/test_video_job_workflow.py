@@ -1,0 +1,342 @@
+"""VideoJobWorkflow on the time-skipping server: every row of the decision table, approvals,
+timeouts, headroom, unreachable ComfyUI, continue-as-new, and the money invariants counted on
+what the workflow scheduled."""
+
+from __future__ import annotations
+
+import pytest
+from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import WorkflowEnvironment
+
+from spillway.models import ApprovalDecision, Plan
+from tests.job_fixtures import ARMED, RunJobs
+from tests.route_stubs import BUSY, DOWN, FREE, RouteStubs
+from workflows.video_job import VideoJobWorkflow
+
+
+def cause_message(failed: pytest.ExceptionInfo[WorkflowFailureError]) -> str:
+    cause = failed.value.cause
+    assert isinstance(cause, ApplicationError)
+    return cause.message
+
+
+HOUR = {"APPROVAL_TIMEOUT_S": 3600, "APPROVAL_RECHECK_S": 60}
+
+
+async def test_free_gpu_renders_locally(run_jobs: RunJobs):
+    stubs = RouteStubs(FREE)
+    async with run_jobs(stubs, **ARMED) as jobs:
+        plan: Plan = await (await jobs.start()).result()
+    assert (plan.state, plan.route, plan.overflow.trigger) == ("completed", "local", None)
+    assert plan.outputs[0].path.endswith("v_00001_.mp4")
+    assert stubs.calls["minimax_create"] == 0 and stubs.calls["comfyui_submit"] == 1
+
+
+async def test_overloaded_armed_job_goes_to_the_cloud_once(run_jobs: RunJobs):
+    stubs = RouteStubs(BUSY)
+    async with run_jobs(stubs, **ARMED) as jobs:
+        plan: Plan = await (await jobs.start()).result()
+    assert (plan.state, plan.route, plan.overflow.trigger) == ("completed", "cloud", "overloaded")
+    assert plan.cloud is not None and plan.cloud.authorised_by == "armed"
+    assert plan.cloud.task_id is not None and plan.cloud.estimated_cost_usd == 0.28
+    assert plan.overflow.last_signal is not None and plan.overflow.last_signal.overloaded
+    assert stubs.calls["minimax_create"] == 1 and stubs.calls["comfyui_submit"] == 0
+
+
+async def test_overloaded_unarmed_job_waits_and_approval_sends_it_to_the_cloud(run_jobs: RunJobs):
+    stubs = RouteStubs(BUSY)
+    async with run_jobs(stubs, MINIMAX_API_KEY="mm-test-key", **HOUR) as jobs:
+        handle = await jobs.start()
+        waiting = await jobs.until(handle, "awaiting_approval")
+        assert waiting.reasons == ["vram_used_91.2pct_ge_85.0pct"]
+        assert stubs.calls["minimax_create"] == 0
+        await handle.signal(
+            VideoJobWorkflow.approval,
+            ApprovalDecision(approved=True, by="bär", reason="client deadline"),
+        )
+        plan: Plan = await handle.result()
+    assert (plan.state, plan.route) == ("completed", "cloud")
+    assert plan.approval is not None and (plan.approval.by, plan.approval.reason) == (
+        "bär",
+        "client deadline",
+    )
+    assert plan.cloud is not None and plan.cloud.authorised_by == "bär"
+    assert stubs.calls["minimax_create"] == 1
+
+
+async def test_rejected_job_runs_locally_and_spends_nothing(run_jobs: RunJobs):
+    stubs = RouteStubs(BUSY)
+    async with run_jobs(stubs, **ARMED | {"CLOUD_VIDEO_FALLBACK_ENABLED": False}, **HOUR) as jobs:
+        handle = await jobs.start()
+        await jobs.until(handle, "awaiting_approval")
+        await handle.signal(VideoJobWorkflow.approval, ApprovalDecision(approved=False, by="bär"))
+        plan: Plan = await handle.result()
+    assert (plan.state, plan.route) == ("completed", "local")
+    assert "rejected_by=bär" in plan.reasons and plan.approval and not plan.approval.approved
+    assert stubs.calls["minimax_create"] == 0
+
+
+async def test_overloaded_unarmed_job_times_out_and_runs_locally(run_jobs: RunJobs):
+    stubs = RouteStubs(BUSY)
+    async with run_jobs(stubs, MINIMAX_API_KEY="mm-test-key", **HOUR) as jobs:
+        plan: Plan = await (await jobs.start()).result()  # the hour passes instantly
+    assert (plan.state, plan.route) == ("completed", "local")
+    assert plan.reasons[-1] == "approval_timeout" and plan.approval is None
+    assert plan.overflow.trigger == "overloaded"  # the load signal stays recorded
+    assert stubs.calls["minimax_create"] == 0
+    # Re-probed every minute for an hour, then queued locally after all.
+    assert 55 <= stubs.calls["a40_load_status"] <= 62
+
+
+async def test_headroom_returning_while_waiting_runs_the_job_locally_at_once(run_jobs: RunJobs):
+    stubs = RouteStubs(BUSY, BUSY, BUSY, FREE)
+    async with run_jobs(stubs, **HOUR) as jobs:
+        plan: Plan = await (await jobs.start()).result()
+    assert (plan.route, plan.reasons[-1]) == ("local", "headroom_returned")
+    assert stubs.calls["a40_load_status"] == 4 and stubs.calls["minimax_create"] == 0
+
+
+async def test_a_single_dropped_probe_changes_nothing(run_jobs: RunJobs):
+    stubs = RouteStubs(DOWN, FREE)
+    async with run_jobs(stubs, **ARMED) as jobs:
+        plan: Plan = await (await jobs.start()).result()
+    assert (plan.route, plan.overflow.trigger) == ("local", None)
+    assert stubs.calls["a40_load_status"] == 2 and stubs.calls["minimax_create"] == 0
+
+
+async def test_confirmed_unreachable_comfyui_with_armed_fallback_goes_to_the_cloud(
+    run_jobs: RunJobs,
+):
+    stubs = RouteStubs(DOWN, DOWN)
+    async with run_jobs(stubs, **ARMED) as jobs:
+        plan: Plan = await (await jobs.start()).result()
+    assert (plan.route, plan.overflow.trigger) == ("cloud", "unreachable")
+    assert plan.reasons == ["comfyui_unreachable"] and stubs.calls["minimax_create"] == 1
+
+
+async def test_unreachable_then_back_runs_locally_without_approval(run_jobs: RunJobs):
+    stubs = RouteStubs(DOWN, DOWN, DOWN, DOWN, FREE)
+    async with run_jobs(stubs, **HOUR) as jobs:
+        handle = await jobs.start()
+        waiting = await jobs.until(handle, "awaiting_approval")
+        assert waiting.overflow.trigger == "unreachable"
+        plan: Plan = await handle.result()
+    assert (plan.state, plan.route) == ("completed", "local")
+    assert stubs.calls["minimax_create"] == 0
+
+
+async def test_unreachable_after_the_approval_window_keeps_waiting_then_fails_clearly(
+    run_jobs: RunJobs,
+):
+    stubs = RouteStubs(DOWN)
+    async with run_jobs(stubs, UNREACHABLE_GIVE_UP_S=3 * 3600, **HOUR) as jobs:
+        handle = await jobs.start()
+        with pytest.raises(WorkflowFailureError) as failed:
+            await handle.result()
+        plan: Plan = await handle.query(VideoJobWorkflow.plan)
+    assert "ComfyUI did not answer for 3:00:00" in str(failed.value.cause)
+    assert plan.state == "failed" and plan.error and "Resubmit" in plan.error
+    assert stubs.calls["minimax_create"] == 0 and stubs.calls["comfyui_submit"] == 0
+
+
+async def test_approval_without_a_key_fails_naming_the_key_and_calls_nothing(run_jobs: RunJobs):
+    stubs = RouteStubs(BUSY)
+    async with run_jobs(stubs, **HOUR) as jobs:
+        handle = await jobs.start()
+        await jobs.until(handle, "awaiting_approval")
+        await handle.signal(VideoJobWorkflow.approval, ApprovalDecision(approved=True, by="bär"))
+        with pytest.raises(WorkflowFailureError) as failed:
+            await handle.result()
+    assert "MINIMAX_API_KEY" in str(failed.value.cause)
+    assert stubs.calls["minimax_create"] == 0
+
+
+async def test_duplicate_and_late_approvals_change_nothing_and_are_recorded(run_jobs: RunJobs):
+    stubs = RouteStubs(BUSY)
+    stubs.wait_release.clear()  # keep the local render running
+    async with run_jobs(stubs, MINIMAX_API_KEY="mm-test-key", **HOUR) as jobs:
+        handle = await jobs.start()
+        await jobs.until(handle, "awaiting_approval")
+        await handle.signal(VideoJobWorkflow.approval, ApprovalDecision(approved=False, by="a"))
+        await handle.signal(VideoJobWorkflow.approval, ApprovalDecision(approved=True, by="b"))
+        await jobs.until(handle, "running_local")
+        await handle.signal(VideoJobWorkflow.approval, ApprovalDecision(approved=True, by="c"))
+        stubs.wait_release.set()
+        plan: Plan = await handle.result()
+    assert plan.route == "local" and plan.approval and plan.approval.by == "a"
+    # b arrived after a's decision (in the same workflow task or a later one), c during the render.
+    assert [s.by for s in plan.ignored_signals] == ["b", "c"]
+    assert plan.ignored_signals[1].why == (
+        f"job {plan.job_id} is not awaiting approval (state: running_local)"
+    )
+    assert stubs.calls["minimax_create"] == 0
+
+
+async def test_an_approve_update_for_a_job_that_is_not_waiting_is_refused(run_jobs: RunJobs):
+    stubs = RouteStubs(FREE)
+    stubs.wait_release.clear()
+    async with run_jobs(stubs, **ARMED) as jobs:
+        handle = await jobs.start()
+        await jobs.until(handle, "running_local")
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await handle.execute_update(
+                VideoJobWorkflow.decide_approval, ApprovalDecision(approved=True, by="bär")
+            )
+        assert "is not awaiting approval (state: running_local)" in str(refused.value.cause)
+        stubs.wait_release.set()
+        plan: Plan = await handle.result()
+    assert plan.ignored_signals == [] and stubs.calls["minimax_create"] == 0
+
+
+async def test_an_approve_update_while_waiting_is_accepted(run_jobs: RunJobs):
+    stubs = RouteStubs(BUSY)
+    async with run_jobs(stubs, MINIMAX_API_KEY="mm-test-key", **HOUR) as jobs:
+        handle = await jobs.start()
+        await jobs.until(handle, "awaiting_approval")
+        answer = await handle.execute_update(
+            VideoJobWorkflow.decide_approval, ApprovalDecision(approved=True, by="bär")
+        )
+        plan: Plan = await handle.result()
+    assert answer == "approved" and plan.route == "cloud"
+
+
+async def test_continue_as_new_keeps_the_waiting_job_and_its_approval(
+    run_jobs: RunJobs, env: WorkflowEnvironment
+):
+    stubs = RouteStubs(BUSY)
+    async with run_jobs(
+        stubs, MINIMAX_API_KEY="mm-test-key", SPILLWAY_AWAIT_LOOPS_PER_RUN=2, **HOUR
+    ) as jobs:
+        handle = await jobs.start()
+        first = await jobs.until(handle, "awaiting_approval")
+        await env.sleep(10 * 60)  # ten re-probes: several runs
+        latest = jobs.client.get_workflow_handle_for(VideoJobWorkflow.run, handle.id)
+        description = await latest.describe()
+        assert description.run_id != handle.result_run_id
+        plan = await jobs.until(latest, "awaiting_approval")
+        assert plan.reasons == first.reasons and plan.overflow.trigger == "overloaded"
+        await latest.signal(VideoJobWorkflow.approval, ApprovalDecision(approved=True, by="bär"))
+        plan = await latest.result()
+    assert plan.route == "cloud" and plan.approval and plan.approval.by == "bär"
+    assert stubs.calls["minimax_create"] == 1
+
+
+async def test_waiting_job_posts_one_approval_notice(run_jobs: RunJobs):
+    stubs = RouteStubs(BUSY)
+    hook = {"APPROVAL_WEBHOOK_URL": "http://127.0.0.1:9/hook", "SPILLWAY_UI_URL": "http://ui:8233"}
+    async with run_jobs(stubs, **hook, **HOUR) as jobs:
+        handle = await jobs.start(job_id="notice-1")
+        await handle.result()
+    [notice] = stubs.notices
+    assert notice.job_id == "notice-1" and notice.reasons == ["vram_used_91.2pct_ge_85.0pct"]
+    assert notice.approve_command == "spillway approve notice-1 --by NAME --reason TEXT"
+    assert notice.ui_link == "http://ui:8233/namespaces/default/workflows/notice-1"
+    assert notice.last_signal is not None and notice.last_signal.overloaded
+
+
+async def test_a_failing_webhook_never_blocks_or_fails_the_job(run_jobs: RunJobs):
+    stubs = RouteStubs(BUSY)
+    stubs.fail["notify_approval_needed"] = ApplicationError("webhook answered 500")
+    async with run_jobs(stubs, APPROVAL_WEBHOOK_URL="http://127.0.0.1:9/hook", **HOUR) as jobs:
+        plan: Plan = await (await jobs.start()).result()
+    assert (plan.state, plan.route) == ("completed", "local")
+    assert stubs.calls["notify_approval_needed"] == 5  # retried, then given up
+
+
+async def test_a_probe_that_fails_is_retried_and_never_leads_to_the_cloud(run_jobs: RunJobs):
+    # The real probe never raises (fail-open); if its worker crashes, Temporal retries it.
+    stubs = RouteStubs(FREE.model_copy(update={"errors": ["system_stats: HTTP 500"]}))
+    stubs.probe_failures = 2
+    async with run_jobs(stubs, **ARMED) as jobs:
+        plan: Plan = await (await jobs.start()).result()
+    assert plan.route == "local" and stubs.calls["minimax_create"] == 0
+    assert stubs.calls["a40_load_status"] == 3
+
+
+async def test_cancelling_a_waiting_job_ends_it_cancelled(run_jobs: RunJobs):
+    stubs = RouteStubs(BUSY)
+    async with run_jobs(stubs, **HOUR) as jobs:
+        handle = await jobs.start()
+        await jobs.until(handle, "awaiting_approval")
+        await handle.cancel()
+        with pytest.raises(WorkflowFailureError):
+            await handle.result()
+        plan: Plan = await handle.query(VideoJobWorkflow.plan)
+    assert plan.state == "cancelled" and stubs.calls["comfyui_cancel"] == 0
+
+
+async def test_cancelling_a_local_render_removes_the_prompt_from_comfyui(run_jobs: RunJobs):
+    stubs = RouteStubs(FREE)
+    stubs.wait_release.clear()
+    async with run_jobs(stubs) as jobs:
+        handle = await jobs.start()
+        await jobs.until(handle, "running_local")
+        await handle.cancel()
+        with pytest.raises(WorkflowFailureError):
+            await handle.result()
+        plan: Plan = await handle.query(VideoJobWorkflow.plan)
+    assert plan.state == "cancelled" and stubs.calls["comfyui_cancel"] == 1
+    assert "comfyui_prompt_running_cancelled" in plan.reasons
+
+
+async def test_a_lost_prompt_is_resubmitted_once_with_a_new_attempt_id(run_jobs: RunJobs):
+    stubs = RouteStubs(FREE)
+    stubs.lost = 1
+    async with run_jobs(stubs) as jobs:
+        plan: Plan = await (await jobs.start(job_id="lost-1")).result()
+    assert plan.state == "completed" and plan.local_attempts == 2
+    assert stubs.submitted == ["spillway-lost-1-1", "spillway-lost-1-2"]
+    assert "comfyui_lost_prompt=spillway-lost-1-1" in plan.reasons
+
+
+async def test_a_prompt_lost_on_every_attempt_fails_after_the_limit(run_jobs: RunJobs):
+    stubs = RouteStubs(FREE)
+    stubs.lost = 10
+    async with run_jobs(stubs, COMFYUI_MAX_ATTEMPTS=3) as jobs:
+        with pytest.raises(WorkflowFailureError) as failed:
+            await (await jobs.start()).result()
+    assert "lost the prompt 3 times" in str(failed.value.cause)
+    assert stubs.calls["comfyui_submit"] == 3
+
+
+async def test_a_rejected_graph_fails_the_job_with_comfyuis_reason_without_retry(
+    run_jobs: RunJobs,
+):
+    stubs = RouteStubs(FREE)
+    message = (
+        "ComfyUI rejected the graph: node 2 (SaveAnimatedWEBP): Required input is missing: fps"
+    )
+    stubs.fail["comfyui_submit"] = ApplicationError(
+        message, type="ComfyUIGraphRejected", non_retryable=True
+    )
+    async with run_jobs(stubs) as jobs:
+        handle = await jobs.start()
+        with pytest.raises(WorkflowFailureError) as failed:
+            await handle.result()
+        plan: Plan = await handle.query(VideoJobWorkflow.plan)
+    assert cause_message(failed) == message and plan.error == message
+    assert stubs.calls["comfyui_submit"] == 1
+
+
+async def test_a_create_whose_worker_vanished_fails_with_a_charge_may_exist(run_jobs: RunJobs):
+    stubs = RouteStubs(BUSY)
+    stubs.create_hang = True  # no heartbeat: like a worker killed during the call
+    async with run_jobs(stubs, **ARMED) as jobs:
+        handle = await jobs.start()
+        with pytest.raises(WorkflowFailureError) as failed:
+            await handle.result()
+    assert "a charge may exist" in str(failed.value.cause)
+    assert stubs.calls["minimax_create"] == 1  # never retried
+
+
+async def test_a_permanent_minimax_error_fails_once_with_its_message(run_jobs: RunJobs):
+    stubs = RouteStubs(BUSY)
+    message = "MiniMax balance is empty (code 1008): top up, then resubmit the job"
+    stubs.fail["minimax_create"] = ApplicationError(
+        message, type="MiniMaxPermanent", non_retryable=True
+    )
+    async with run_jobs(stubs, **ARMED) as jobs:
+        with pytest.raises(WorkflowFailureError) as failed:
+            await (await jobs.start()).result()
+    assert cause_message(failed) == message and stubs.calls["minimax_create"] == 1
