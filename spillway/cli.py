@@ -3,7 +3,8 @@
 Exit codes: 0 success, 1 refused or failed, 2 bad input, usage or configuration; errors are one
 line on stderr, never a traceback (SPILLWAY_DEBUG=1 shows it). Every run leaves through
 `os._exit`: the SDK's native bridge can crash a client process during interpreter shutdown
-(temporalio/sdk-python#300), which would turn a success into a crash exit.
+(temporalio/sdk-python#300), which would turn a success into a crash exit. Heavy imports
+(temporalio's client) happen inside the commands that need them, so `load` starts fast.
 """
 
 from __future__ import annotations
@@ -14,19 +15,29 @@ import os
 import sys
 import traceback
 from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from spillway.settings import ConfigError, Settings, load_settings
+from spillway.errors import ConfigError, Failed
+from spillway.settings import Settings, load_settings
 from spillway.tiers import RoutingTiers, load_tiers
 
 if TYPE_CHECKING:
     from temporalio.client import Client
 
+    from spillway.models import Plan
+
 OK, FAILED, USAGE = 0, 1, 2
-
-
-class Failed(Exception):
-    """The operation was refused or failed (exit 1); the message says why."""
+STATES = [
+    "probing",
+    "awaiting_approval",
+    "running_local",
+    "running_cloud",
+    "completed",
+    "failed",
+    "cancelled",
+]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -37,6 +48,15 @@ class _Parser(argparse.ArgumentParser):
 def _config() -> tuple[Settings, RoutingTiers]:
     settings = load_settings()
     return settings, load_tiers(settings.SPILLWAY_ROUTING_TIERS)
+
+
+async def _client() -> Client:
+    from spillway.temporal import TemporalUnreachable, connect
+
+    try:
+        return await connect()
+    except TemporalUnreachable as exc:
+        raise Failed(str(exc)) from None
 
 
 async def cmd_init(args: argparse.Namespace) -> int:
@@ -51,7 +71,8 @@ async def cmd_init(args: argparse.Namespace) -> int:
 
 
 async def cmd_load(args: argparse.Namespace) -> int:
-    from spillway.health import probe_once, render_load
+    from spillway.health import probe_once
+    from spillway.render import render_load
 
     settings, _ = _config()
     load = await probe_once(settings)
@@ -61,7 +82,8 @@ async def cmd_load(args: argparse.Namespace) -> int:
 
 
 async def cmd_health(args: argparse.Namespace) -> int:
-    from spillway.health import health_report, probe_once, render_health
+    from spillway.health import health_report, probe_once
+    from spillway.render import render_health
 
     settings, tiers = _config()
     health = health_report(settings, tiers, await probe_once(settings))
@@ -69,13 +91,124 @@ async def cmd_health(args: argparse.Namespace) -> int:
     return OK
 
 
-async def _client() -> Client:
-    from spillway.temporal import TemporalUnreachable, connect
+async def cmd_submit(args: argparse.Namespace) -> int:
+    from spillway import jobs
 
+    settings, _ = _config()
+    cloud_options = {
+        k: v
+        for k, v in {
+            "model": args.model,
+            "duration": args.duration,
+            "resolution": args.resolution,
+        }.items()
+        if v is not None
+    }
+    job_id = args.job_id or datetime.now(UTC).strftime("job-%Y%m%d-%H%M%S-") + os.urandom(3).hex()
+    job = jobs.build_job(job_id, jobs.read_graph(args.graph), args.prompt, cloud_options)
+    client = await _client()
+    await jobs.submit(client, job, settings.SPILLWAY_TASK_QUEUE)
+    if not args.wait:
+        _print_plan_head(job.job_id, "probing", args.json)
+        return OK
+    plan = await _follow(client, job.job_id, quiet=args.json)
+    print(_plan_json(plan) if args.json else _render(plan))
+    return OK if plan.state == "completed" else FAILED
+
+
+async def cmd_status(args: argparse.Namespace) -> int:
+    from spillway import jobs
+
+    _config()
+    plan = await jobs.status(await _client(), args.job)
+    print(_plan_json(plan) if args.json else _render(plan))
+    return OK
+
+
+async def cmd_list(args: argparse.Namespace) -> int:
+    import json
+
+    from spillway import jobs
+    from spillway.render import render_jobs
+
+    _config()
+    found = await jobs.list_jobs(await _client(), args.state)
+    if args.json:
+        print(json.dumps([j.model_dump(mode="json") for j in found], indent=2))
+    else:
+        print(render_jobs(found))
+    return OK
+
+
+async def cmd_decide(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from spillway import jobs
+    from spillway.models import ApprovalDecision
+    from spillway.settings import describe_validation_error
+
+    _config()
     try:
-        return await connect()
-    except TemporalUnreachable as exc:
-        raise Failed(str(exc)) from None
+        decision = ApprovalDecision(approved=args.approved, by=args.by, reason=args.reason)
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error(exc, "decision")) from None
+    answer = await jobs.decide(await _client(), args.job, decision)
+    print(f"job {args.job}: {answer}")
+    return OK
+
+
+async def cmd_watch(args: argparse.Namespace) -> int:
+    _config()
+    plan = await _follow(await _client(), args.job, quiet=False)
+    print(_render(plan))
+    return OK if plan.state == "completed" else FAILED
+
+
+async def cmd_worker(args: argparse.Namespace) -> int:
+    import worker
+
+    return await worker.main()
+
+
+async def _follow(client: Client, job_id: str, quiet: bool) -> Plan:
+    """Polls the job until it ends, printing each change of state or progress on stderr."""
+    from spillway import jobs
+    from spillway.models import FINAL_STATES
+
+    last = ""
+    while True:
+        plan = await jobs.status(client, job_id)
+        progress = plan.progress
+        line = f"{plan.state}" + (f" {plan.route}" if plan.route else "")
+        if progress is not None:
+            line += f" — {progress.phase}"
+            if progress.percent is not None:
+                line += f" {progress.percent:.0f}%"
+        if line != last and not quiet:
+            print(f"{datetime.now(UTC):%H:%M:%S} {job_id}: {line}", file=sys.stderr, flush=True)
+            last = line
+        if plan.state in FINAL_STATES:
+            return plan
+        await asyncio.sleep(1)
+
+
+def _print_plan_head(job_id: str, state: str, as_json: bool) -> None:
+    import json
+
+    if as_json:
+        print(json.dumps({"job_id": job_id, "state": state}))
+    else:
+        print(f"submitted job {job_id} ({state}); follow it with: spillway watch {job_id}")
+
+
+def _plan_json(plan: Plan) -> str:
+    return plan.model_dump_json(indent=2)
+
+
+def _render(plan: Plan) -> str:
+    from spillway.render import render_plan
+
+    return render_plan(plan)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -91,33 +224,96 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     commands.required = True
 
-    init = commands.add_parser(
-        "init",
-        help="register spillway's search attributes on the Temporal namespace (idempotent)",
-        description="Register the custom search attributes (SpillwayState, SpillwayRoute, "
-        "SpillwayTrigger, SpillwayOverloaded) on the connected namespace. Safe to run again.",
-    )
-    init.set_defaults(run=cmd_init)
+    def command(name: str, run: object, help: str, description: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help, description=description)
+        sub.set_defaults(run=run)
+        return sub
 
-    load = commands.add_parser(
+    command(
+        "init",
+        cmd_init,
+        "register spillway's search attributes on the Temporal namespace (idempotent)",
+        "Register the custom search attributes (SpillwayState, SpillwayRoute, SpillwayTrigger, "
+        "SpillwayOverloaded) on the connected namespace. Safe to run again.",
+    )
+    load = command(
         "load",
-        help="measure the A40's load now (VRAM, GPU util + queue, guard)",
-        description="Query the three load sources concurrently, each within "
-        "LOAD_PROBE_TIMEOUT_S, and print the verdict. A failed source is listed under errors "
-        "and counts as not overloaded (fail-open); the exit code is 0 either way.",
+        cmd_load,
+        "measure the A40's load now (VRAM, GPU util + queue, guard)",
+        "Query the three load sources concurrently, each within LOAD_PROBE_TIMEOUT_S, and print "
+        "the verdict. A failed source is listed under errors and counts as not overloaded "
+        "(fail-open); the exit code is 0 either way.",
     )
     load.add_argument("--json", action="store_true", help="print the LoadStatus as JSON")
-    load.set_defaults(run=cmd_load)
-
-    health = commands.add_parser(
+    health = command(
         "health",
-        help="show the whole trigger logic, the cloud fallback's state and the live load",
-        description="Every load source with its endpoint and threshold, whether the cloud "
-        "fallback is armed (key present: yes/no, never the key), the approval timeout, the "
-        "decision table and the live load status.",
+        cmd_health,
+        "show the whole trigger logic, the cloud fallback's state and the live load",
+        "Every load source with its endpoint and threshold, whether the cloud fallback is armed "
+        "(key present: yes/no, never the key), the approval timeout, the decision table and the "
+        "live load status.",
     )
     health.add_argument("--json", action="store_true", help="print the report as JSON")
-    health.set_defaults(run=cmd_health)
+
+    submit = command(
+        "submit",
+        cmd_submit,
+        "submit a video job (an API-format ComfyUI graph, optionally a cloud prompt)",
+        "Start a job: measure the A40, then render locally, in the cloud (only if armed or "
+        "approved) or wait for approval. Everything is validated before anything starts.",
+    )
+    submit.add_argument("--graph", type=Path, required=True, help="API-format ComfyUI graph JSON")
+    submit.add_argument("--prompt", help="text prompt for MiniMax; without it: local only")
+    submit.add_argument("--job-id", help="job id (default: job-<UTC time>-<random>)")
+    submit.add_argument("--model", help="MiniMax model (default MiniMax-Hailuo-2.3)")
+    submit.add_argument("--duration", type=int, help="cloud clip length in seconds (6 or 10)")
+    submit.add_argument("--resolution", help="cloud resolution (512P, 720P, 768P, 1080P)")
+    submit.add_argument("--wait", action="store_true", help="follow the job until it ends")
+    submit.add_argument("--json", action="store_true", help="print JSON")
+
+    status = command(
+        "status",
+        cmd_status,
+        "show a job's plan: state, route, reasons, approval, progress, outputs",
+        "Works for running and finished jobs, with or without a worker running.",
+    )
+    status.add_argument("job", metavar="JOB")
+    status.add_argument("--json", action="store_true", help="print the plan as JSON")
+
+    listing = command(
+        "list", cmd_list, "list jobs, newest first", "List jobs, optionally in one state."
+    )
+    listing.add_argument("--state", choices=STATES, help="only jobs in this state")
+    listing.add_argument("--json", action="store_true", help="print a JSON array")
+
+    for name, approved in (("approve", True), ("reject", False)):
+        decide = command(
+            name,
+            cmd_decide,
+            f"{name} the cloud for a job that awaits approval",
+            f"{name.capitalize()} sending a waiting job to the paid cloud"
+            + ("." if approved else ": it runs locally instead."),
+        )
+        decide.add_argument("job", metavar="JOB")
+        decide.add_argument("--by", required=True, help="who decides (recorded in the job)")
+        decide.add_argument("--reason", default="", help="why (recorded in the job)")
+        decide.set_defaults(approved=approved)
+
+    watch = command(
+        "watch",
+        cmd_watch,
+        "follow a job's state and progress until it ends",
+        "Print each change of state and progress until the job completes, fails or is "
+        "cancelled; exit 0 only if it completed.",
+    )
+    watch.add_argument("job", metavar="JOB")
+
+    command(
+        "worker",
+        cmd_worker,
+        "run the worker (same as python worker.py)",
+        "Run the worker for VideoJobWorkflow and every activity on SPILLWAY_TASK_QUEUE.",
+    )
     return parser
 
 

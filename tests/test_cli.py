@@ -3,12 +3,9 @@ JSON shapes (DESIGN.md, "The command-line contract")."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import sys
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 from google.protobuf.duration_pb2 import Duration
@@ -17,8 +14,8 @@ from temporalio.api.workflowservice.v1 import RegisterNamespaceRequest
 from temporalio.testing import WorkflowEnvironment
 
 from spillway import search_attributes
+from tests.cli_run import one_line, spillway
 
-SPILLWAY = str(Path(sys.executable).parent / "spillway")
 LOAD_KEYS = {
     "reachable",
     "overloaded",
@@ -33,21 +30,6 @@ LOAD_KEYS = {
     "measured_at",
     "thresholds",
 }
-
-
-async def spillway(*args: str, env: dict[str, str]) -> tuple[int, str, str]:
-    # Asynchronous, so the doubles in this process keep answering while the command runs.
-    proc = await asyncio.create_subprocess_exec(
-        SPILLWAY, *args, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
-
-
-def one_line(stderr: str) -> str:
-    assert stderr.count("\n") == 1 and "Traceback" not in stderr, stderr
-    return stderr
 
 
 @pytest.mark.parametrize("command", [[], ["init"], ["load"], ["health"]])

@@ -1,0 +1,180 @@
+"""Client-side operations on jobs (the CLI's and the tests'): submit, status, list, approve.
+
+`status` never needs a worker: the plan comes from the workflow's memo (running jobs), its result
+(completed) or its failure (failed); progress from the running activity's last heartbeat.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+from temporalio.api.enums.v1 import PendingActivityState
+from temporalio.client import (
+    Client,
+    WorkflowExecutionStatus,
+    WorkflowFailureError,
+    WorkflowHandle,
+    WorkflowUpdateFailedError,
+    WorkflowUpdateRPCTimeoutOrCancelledError,
+)
+from temporalio.common import WorkflowIDReusePolicy
+from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
+from temporalio.service import RPCError, RPCStatusCode
+
+from spillway import search_attributes as sa
+from spillway.errors import ConfigError, Failed
+from spillway.models import ApprovalDecision, CloudRequest, JobState, Plan, Progress, VideoJob
+from spillway.settings import describe_validation_error
+from workflows.video_job import VideoJobWorkflow
+
+# Temporal refuses payloads over 2 MB; a graph that big is not an API-format graph anyway.
+MAX_GRAPH_BYTES = 1_500_000
+
+
+class JobSummary(BaseModel):
+    job_id: str
+    state: str
+    route: str | None
+    started: datetime
+
+
+def read_graph(path: Path) -> dict[str, Any]:
+    try:
+        size = path.stat().st_size
+        if size > MAX_GRAPH_BYTES:
+            raise ConfigError(
+                f"graph {path} is {size / 1e6:.1f} MB, more than the "
+                f"{MAX_GRAPH_BYTES / 1e6:.1f} MB a job can carry: export the API-format graph "
+                "(it holds no images or models)"
+            )
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read graph {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"graph {path} is not UTF-8 text") from None
+    try:
+        graph = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"graph {path} is not JSON: {exc}") from None
+    if not isinstance(graph, dict):
+        raise ConfigError(f"graph {path} is not an API-format ComfyUI graph (a JSON object)")
+    return graph
+
+
+def build_job(
+    job_id: str, graph: dict[str, Any], prompt: str | None, cloud_options: dict[str, Any]
+) -> VideoJob:
+    """Validates everything at the edge: nothing starts with a bad graph or cloud request."""
+    if prompt is None and cloud_options:
+        raise ConfigError(f"{', '.join('--' + k for k in cloud_options)} needs --prompt")
+    try:
+        cloud = CloudRequest(prompt=prompt, **cloud_options) if prompt is not None else None
+        return VideoJob(job_id=job_id, graph=graph, cloud=cloud)
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error(exc, "job")) from None
+
+
+async def submit(client: Client, job: VideoJob, task_queue: str) -> WorkflowHandle[Any, Plan]:
+    nodes = ", ".join(sorted({n["class_type"] for n in job.graph.values()}))
+    cloud = f'cloud prompt: "{job.cloud.prompt[:80]}"' if job.cloud else "local only"
+    try:
+        return await client.start_workflow(
+            VideoJobWorkflow.run,
+            job,
+            id=job.job_id,
+            task_queue=task_queue,
+            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            static_summary=f"video job {job.job_id}: {len(job.graph)} nodes; {cloud}",
+            static_details=f"ComfyUI nodes: {nodes}",
+        )
+    except WorkflowAlreadyStartedError:
+        raise Failed(f"job {job.job_id} already exists: choose another --job-id") from None
+
+
+async def status(client: Client, job_id: str) -> Plan:
+    handle = client.get_workflow_handle_for(VideoJobWorkflow.run, job_id)
+    try:
+        description = await handle.describe()
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            raise Failed(f"job {job_id} not found") from None
+        raise
+    plan = await description.memo_value("plan", None, type_hint=Plan) or Plan(job_id=job_id)
+    match description.status:
+        case WorkflowExecutionStatus.COMPLETED:
+            return await handle.result()
+        case WorkflowExecutionStatus.FAILED:
+            plan.state, plan.error = "failed", plan.error or await _failure(handle)
+        case WorkflowExecutionStatus.CANCELED:
+            plan.state = "cancelled"
+        case WorkflowExecutionStatus.TERMINATED | WorkflowExecutionStatus.TIMED_OUT:
+            plan.state, plan.error = "failed", await _failure(handle)
+        case _:
+            plan.progress = await _progress(client, description.raw_description)
+    return plan
+
+
+async def _failure(handle: WorkflowHandle[Any, Any]) -> str:
+    try:
+        await handle.result()
+    except WorkflowFailureError as err:
+        return _message(err.cause or err)
+    return "failed"
+
+
+def _message(err: BaseException) -> str:
+    return err.message if isinstance(err, ApplicationError) else str(err)
+
+
+async def _progress(client: Client, raw: Any) -> Progress | None:
+    for pending in raw.pending_activities:
+        if pending.state != PendingActivityState.PENDING_ACTIVITY_STATE_STARTED:
+            continue
+        payloads = pending.heartbeat_details.payloads
+        if payloads:
+            [progress] = await client.data_converter.decode(payloads[:1], [Progress])
+            if isinstance(progress, Progress):
+                return progress
+    return None
+
+
+async def list_jobs(client: Client, state: JobState | None) -> list[JobSummary]:
+    query = "WorkflowType = 'VideoJobWorkflow'"
+    if state is not None:
+        query += f" AND {sa.STATE.name} = '{state}'"
+    jobs = []
+    async for execution in client.list_workflows(query):
+        attributes = execution.typed_search_attributes
+        jobs.append(
+            JobSummary(
+                job_id=execution.id,
+                state=attributes.get(sa.STATE) or "probing",
+                route=attributes.get(sa.ROUTE),
+                started=execution.start_time,
+            )
+        )
+    return jobs
+
+
+async def decide(client: Client, job_id: str, decision: ApprovalDecision) -> str:
+    """Approve or reject through the workflow's update, so a job that is not waiting refuses
+    with its reason. With no worker answering, the decision goes as a signal, applied when a
+    worker runs (the workflow records it as ignored if the job has moved on by then)."""
+    current = await status(client, job_id)
+    if current.state != "awaiting_approval":
+        raise Failed(f"job {job_id} is not awaiting approval (state: {current.state})")
+    handle = client.get_workflow_handle(job_id)
+    try:
+        return await handle.execute_update(
+            VideoJobWorkflow.decide_approval, decision, rpc_timeout=timedelta(seconds=15)
+        )
+    except WorkflowUpdateFailedError as err:
+        cause = err.cause
+        raise Failed(cause.message if isinstance(cause, ApplicationError) else str(cause)) from None
+    except WorkflowUpdateRPCTimeoutOrCancelledError:
+        await handle.signal(VideoJobWorkflow.approval, decision)
+        return "sent as a signal: no worker answered; it applies when a worker runs"

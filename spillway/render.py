@@ -1,0 +1,119 @@
+"""Text for people: the load status, the health report, a job's plan, a list of jobs.
+`--json` prints the models themselves; these are the human forms of the same data."""
+
+from __future__ import annotations
+
+from spillway.health import Health
+from spillway.jobs import JobSummary
+from spillway.models import LoadStatus, Plan
+
+
+def _pct(value: float | None) -> str:
+    return "not measured" if value is None else f"{value:g}%"
+
+
+def render_load(load: LoadStatus) -> str:
+    verdict = "OVERLOADED" if load.overloaded else "not overloaded"
+    reach = "reachable" if load.reachable else "UNREACHABLE"
+    if load.queue_pending is None or load.queue_running is None:
+        queue = "not measured"
+    else:
+        queue = f"{load.queue_running} running, {load.queue_pending} pending"
+    if load.guard_busy is None:
+        guard = "not measured"
+    else:
+        guard = f"busy (job {load.guard_job or 'unknown'})" if load.guard_busy else "free"
+    lines = [
+        f"A40 {verdict}; ComfyUI {reach}  (measured {load.measured_at:%Y-%m-%d %H:%M:%S} UTC)",
+        f"  VRAM used  {_pct(load.vram_pct)}  (busy at >= {load.thresholds.vram_busy_pct:g}%)",
+        f"  GPU util   {_pct(load.gpu_util_pct)}  "
+        f"(busy at >= {load.thresholds.util_busy_pct:g}% with a pending queue)",
+        f"  queue      {queue}",
+        f"  guard      {guard}",
+        "  reasons    " + (", ".join(load.reasons) or "none"),
+    ]
+    lines += ["  error      " + e for e in load.errors]
+    return "\n".join(lines)
+
+
+def render_health(health: Health) -> str:
+    cloud, approval = health.cloud_fallback, health.approval
+    yes = {True: "yes", False: "no"}
+    lines = [f"Trigger: {health.trigger}"]
+    for s in health.sources:
+        lines.append(f"  {s.name:<20} {s.rule:<45} {s.endpoint or 'not configured: skipped'}")
+    lines += [
+        f"  each source answers within {health.probe_timeout_s:g}s or counts as failed; "
+        f"'unreachable' needs a second probe {health.unreachable_confirm_s:g}s later",
+        f"Cloud fallback: {cloud.provider} (tier {cloud.tier}) at {cloud.base_url}: "
+        f"armed {yes[cloud.armed]} (CLOUD_VIDEO_FALLBACK_ENABLED {yes[cloud.fallback_enabled]}, "
+        f"MINIMAX_API_KEY present {yes[cloud.key_present]})",
+        f"Approval: waits {approval.timeout_s:g}s (then the job runs locally), re-probes every "
+        f"{approval.recheck_s:g}s, webhook {'set' if approval.webhook_configured else 'not set'}",
+        "Decision:",
+        *(f"  {row}" for row in health.decision),
+        "Load now:",
+        render_load(health.load),
+    ]
+    return "\n".join(lines)
+
+
+def render_plan(plan: Plan) -> str:
+    route = f" on the {plan.route} route" if plan.route else ""
+    lines = [f"job {plan.job_id}: {plan.state}{route}"]
+    if plan.reasons:
+        lines.append("  reasons   " + ", ".join(plan.reasons))
+    signal = plan.overflow.last_signal
+    if plan.overflow.trigger and signal is not None:
+        why = ", ".join(signal.reasons) or "no reason"
+        lines.append(
+            f"  overflow  {plan.overflow.trigger}: {why} "
+            f"(measured {signal.measured_at:%Y-%m-%d %H:%M:%S} UTC)"
+        )
+    if plan.approval is not None:
+        verdict = "approved" if plan.approval.approved else "rejected"
+        said = f": {plan.approval.reason}" if plan.approval.reason else ""
+        lines.append(
+            f"  approval  {verdict} by {plan.approval.by} "
+            f"at {plan.approval.at:%Y-%m-%d %H:%M:%S} UTC{said}"
+        )
+    if plan.state == "awaiting_approval":
+        lines.append(f"  decide    spillway approve|reject {plan.job_id} --by NAME [--reason TEXT]")
+    if plan.progress is not None:
+        p = plan.progress
+        step = f" node {p.node}" if p.node else ""
+        done = f" {p.value}/{p.max}" if p.value is not None and p.max else ""
+        pct = f" ({p.percent:.0f}%)" if p.percent is not None else ""
+        lines.append(f"  progress  {p.phase}{step}{done}{pct}")
+    if plan.prompt_id is not None:
+        lines.append(f"  comfyui   prompt {plan.prompt_id} (submit {plan.local_attempts})")
+    if plan.cloud is not None:
+        c = plan.cloud
+        cost = (
+            f", estimated ${c.estimated_cost_usd:.2f}" if c.estimated_cost_usd is not None else ""
+        )
+        lines.append(
+            f"  cloud     {c.provider} task {c.task_id or '(not created)'}{cost}, "
+            f"authorised by {c.authorised_by}"
+        )
+    for out in plan.outputs:
+        lines.append(f"  output    {out.path}  {out.bytes} bytes  sha256 {out.sha256}")
+    for ignored in plan.ignored_signals:
+        verdict = "approval" if ignored.approved else "rejection"
+        lines.append(f"  ignored   {verdict} by {ignored.by}: {ignored.why}")
+    if plan.error:
+        lines.append(f"  error     {plan.error}")
+    return "\n".join(lines)
+
+
+def render_jobs(jobs: list[JobSummary]) -> str:
+    if not jobs:
+        return "no jobs"
+    width = max(len(j.job_id) for j in jobs)
+    lines = [f"{'JOB':<{width}}  {'STATE':<17}  {'ROUTE':<5}  STARTED (UTC)"]
+    for j in jobs:
+        lines.append(
+            f"{j.job_id:<{width}}  {j.state:<17}  {j.route or '-':<5}  "
+            f"{j.started:%Y-%m-%d %H:%M:%S}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,267 @@
+"""`spillway submit | status | list | approve | reject | watch` against the real dev server with a
+worker running the route stubs: JSON shapes, exit codes, bad input refused before anything
+starts, and status of finished jobs without a worker."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.service import RPCError
+from temporalio.testing import WorkflowEnvironment
+
+from tests.cli_run import one_line, spillway
+from tests.job_fixtures import ARMED, GRAPH, Jobs, RunJobs
+from tests.route_stubs import BUSY, FREE, RouteStubs
+
+STATUS_KEYS = {
+    "job_id",
+    "state",
+    "route",
+    "reasons",
+    "overflow",
+    "approval",
+    "progress",
+    "outputs",
+    "cloud",
+    "error",
+}
+
+
+@pytest.fixture
+def graph_file(tmp_path: Path) -> Path:
+    path = tmp_path / "graph.json"
+    path.write_text(json.dumps(GRAPH))
+    return path
+
+
+@pytest.fixture
+def job_env(cli_env, dev_env: WorkflowEnvironment):
+    def make(jobs: Jobs | None = None, **extra: str) -> dict[str, str]:
+        queue = jobs.task_queue if jobs else f"nobody-{uuid.uuid4()}"
+        address = dev_env.client.service_client.config.target_host
+        env: dict[str, str] = cli_env(TEMPORAL_ADDRESS=address, SPILLWAY_TASK_QUEUE=queue, **extra)
+        return env
+
+    return make
+
+
+def new_id() -> str:
+    return f"cli-{uuid.uuid4().hex[:10]}"
+
+
+async def assert_never_started(dev_env: WorkflowEnvironment, job_id: str) -> None:
+    with pytest.raises(RPCError, match="not found"):
+        await dev_env.client.get_workflow_handle(job_id).describe()
+
+
+@pytest.mark.parametrize(
+    ("content", "args", "named"),
+    [
+        ("{not json", [], "is not JSON"),
+        ("[1, 2]", [], "not an API-format ComfyUI graph"),
+        ('{"1": {"inputs": {}}}', [], "has no class_type"),
+        ("{}", [], "the graph has no nodes"),
+        (None, ["--prompt", "x", "--duration", "7"], "not 7 s"),
+        (None, ["--prompt", "x", "--resolution", "4K"], "does not render 4K"),
+        (None, ["--prompt", "x", "--model", "Sora"], "unknown MiniMax model 'Sora'"),
+        (None, ["--prompt", "x" * 2001], "prompt: String should have at most 2000 characters"),
+        (None, ["--duration", "10"], "--duration needs --prompt"),
+        (None, ["--job-id", "a b;rm -rf /"], "job_id"),
+        (None, ["--job-id", "-starts-with-dash"], "--job-id"),
+    ],
+)
+async def test_bad_input_exits_2_with_one_line_and_starts_nothing(
+    job_env, dev_env, tmp_path, graph_file, content, args, named
+):
+    if content is not None:
+        graph_file = tmp_path / "bad.json"
+        graph_file.write_text(content)
+    job_id = new_id()
+    if "--job-id" not in args:
+        args = [*args, "--job-id", job_id]
+    code, out, err = await spillway("submit", "--graph", str(graph_file), *args, env=job_env())
+    assert code == 2 and out == ""
+    assert named in one_line(err)
+    await assert_never_started(dev_env, job_id)
+
+
+async def test_a_graph_too_big_for_a_job_is_refused(job_env, dev_env, tmp_path):
+    huge = tmp_path / "huge.json"
+    node = {"class_type": "EmptyImage", "inputs": {"pad": "x" * 1000}}
+    huge.write_text(json.dumps({str(i): node for i in range(10_000)}))  # ~10 MB
+    job_id = new_id()
+    code, _, err = await spillway("submit", "--graph", str(huge), "--job-id", job_id, env=job_env())
+    assert code == 2 and "more than the 1.5 MB a job can carry" in one_line(err)
+    await assert_never_started(dev_env, job_id)
+
+
+async def test_missing_graph_file_exits_2(job_env, tmp_path):
+    code, _, err = await spillway("submit", "--graph", str(tmp_path / "nope.json"), env=job_env())
+    assert code == 2 and "cannot read graph" in one_line(err)
+
+
+async def test_submit_then_status_of_the_finished_job_without_a_worker(
+    run_dev_jobs: RunJobs, job_env, graph_file
+):
+    job_id = new_id()
+    async with run_dev_jobs(RouteStubs(FREE)) as jobs:
+        code, out, err = await spillway(
+            "submit", "--graph", str(graph_file), "--job-id", job_id, "--wait", "--json",
+            env=job_env(jobs),
+        )  # fmt: skip
+        assert code == 0, err
+        assert json.loads(out)["state"] == "completed"
+        env = job_env(jobs)
+    # The worker is gone now.
+    code, out, err = await spillway("status", job_id, "--json", env=env)
+    assert code == 0, err
+    status = json.loads(out)
+    assert set(status) >= STATUS_KEYS
+    assert (status["job_id"], status["state"], status["route"]) == (job_id, "completed", "local")
+    assert set(status["overflow"]) == {"trigger", "last_signal"}
+    assert set(status["outputs"][0]) == {"path", "bytes", "sha256"}
+
+
+async def test_submit_without_wait_prints_the_job_id_and_state(
+    run_dev_jobs: RunJobs, job_env, graph_file
+):
+    async with run_dev_jobs(RouteStubs(FREE)) as jobs:
+        code, out, _ = await spillway(
+            "submit", "--graph", str(graph_file), "--json", env=job_env(jobs)
+        )
+        assert code == 0
+        submitted = json.loads(out)
+        assert submitted["state"] == "probing" and submitted["job_id"].startswith("job-")
+        code, out, _ = await spillway("watch", submitted["job_id"], env=job_env(jobs))
+    assert code == 0 and f"job {submitted['job_id']}: completed" in out
+
+
+async def test_an_existing_job_id_is_refused_with_exit_1(run_dev_jobs, job_env, graph_file):
+    job_id = new_id()
+    async with run_dev_jobs(RouteStubs(FREE)) as jobs:
+        args = ("submit", "--graph", str(graph_file), "--job-id", job_id, "--wait")
+        assert (await spillway(*args, env=job_env(jobs)))[0] == 0
+        code, _, err = await spillway(*args, env=job_env(jobs))
+    assert code == 1 and f"job {job_id} already exists" in one_line(err)
+
+
+async def test_waiting_job_shows_why_in_status_list_and_the_ui_then_approve_sends_it_to_cloud(
+    run_dev_jobs: RunJobs, job_env, graph_file
+):
+    job_id = new_id()
+    stubs = RouteStubs(BUSY)
+    async with run_dev_jobs(stubs, MINIMAX_API_KEY="mm-test-key", APPROVAL_TIMEOUT_S=3600) as jobs:
+        env = job_env(jobs)
+        code, _, err = await spillway(
+            "submit", "--graph", str(graph_file), "--job-id", job_id, "--prompt", "a lighthouse",
+            env=env,
+        )  # fmt: skip
+        assert code == 0, err
+        await jobs.until(jobs.client.get_workflow_handle(job_id), "awaiting_approval")
+
+        code, out, _ = await spillway("status", job_id, "--json", env=env)
+        status = json.loads(out)
+        assert (
+            status["state"] == "awaiting_approval" and status["overflow"]["trigger"] == "overloaded"
+        )
+        assert status["overflow"]["last_signal"]["reasons"] == ["vram_used_91.2pct_ge_85.0pct"]
+
+        code, out, _ = await spillway("list", "--state", "awaiting_approval", "--json", env=env)
+        listed = {j["job_id"]: j for j in json.loads(out)}
+        assert listed[job_id]["state"] == "awaiting_approval" and listed[job_id]["route"] is None
+        assert set(listed[job_id]) == {"job_id", "state", "route", "started"}
+
+        # The Temporal UI's "current details", read with the real temporal CLI.
+        details = await temporal_metadata(env, job_id)
+        assert "Waiting for approval" in details and "vram_used_91.2pct_ge_85.0pct" in details
+        assert f"spillway approve {job_id}" in details
+
+        code, out, err = await spillway(
+            "approve", job_id, "--by", "bär", "--reason", "deadline", env=env
+        )
+        assert code == 0 and "approved" in out, err
+        code, out, _ = await spillway("watch", job_id, env=env)
+        assert code == 0
+
+        code, out, _ = await spillway("status", job_id, "--json", env=env)
+        status = json.loads(out)
+    assert (status["state"], status["route"]) == ("completed", "cloud")
+    assert status["approval"]["by"] == "bär" and status["approval"]["reason"] == "deadline"
+    assert status["cloud"]["task_id"] == f"task-{job_id}"
+    assert status["cloud"]["estimated_cost_usd"] == 0.28
+    assert stubs.calls["minimax_create"] == 1
+
+
+async def temporal_metadata(env: dict[str, str], job_id: str) -> str:
+    import asyncio
+
+    from spillway.temporal import installed_binary
+
+    proc = await asyncio.create_subprocess_exec(
+        installed_binary("temporal"), "workflow", "metadata", "--workflow-id", job_id,
+        "--address", env["TEMPORAL_ADDRESS"], "--output", "json",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
+    )  # fmt: skip
+    out, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    details: str = json.loads(out)["queryResult"][0]["currentDetails"]
+    return details
+
+
+async def test_approving_a_job_that_is_not_waiting_exits_1_with_the_reason(
+    run_dev_jobs, job_env, graph_file
+):
+    job_id = new_id()
+    async with run_dev_jobs(RouteStubs(FREE)) as jobs:
+        env = job_env(jobs)
+        args = ("submit", "--graph", str(graph_file), "--job-id", job_id, "--wait")
+        assert (await spillway(*args, env=env))[0] == 0
+        code, _, err = await spillway("approve", job_id, "--by", "bär", env=env)
+    assert code == 1
+    assert f"job {job_id} is not awaiting approval (state: completed)" in one_line(err)
+
+
+async def test_unknown_job_exits_1(job_env):
+    for args in (["status", "no-such-job"], ["approve", "no-such-job", "--by", "x"]):
+        code, _, err = await spillway(*args, env=job_env())
+        assert code == 1 and "job no-such-job not found" in one_line(err)
+
+
+async def test_a_failed_job_is_a_failed_execution_whose_message_status_shows(
+    run_dev_jobs, job_env, graph_file
+):
+    from temporalio.exceptions import ApplicationError
+
+    stubs = RouteStubs(FREE)
+    message = "ComfyUI rejected the graph: node 2 (SaveVideo): Required input is missing: video"
+    stubs.fail["comfyui_submit"] = ApplicationError(message, non_retryable=True)
+    job_id = new_id()
+    async with run_dev_jobs(stubs) as jobs:
+        env = job_env(jobs)
+        args = ("submit", "--graph", str(graph_file), "--job-id", job_id, "--wait")
+        code, out, _ = await spillway(*args, env=env)
+        assert code == 1 and message in out
+        description = await jobs.client.get_workflow_handle(job_id).describe()
+    assert description.status is not None and description.status.name == "FAILED"
+    code, out, _ = await spillway("status", job_id, "--json", env=env)
+    status: dict[str, Any] = json.loads(out)
+    assert (status["state"], status["error"]) == ("failed", message)
+    code, out, _ = await spillway("list", "--state", "failed", "--json", env=env)
+    assert job_id in {j["job_id"] for j in json.loads(out)}
+
+
+async def test_armed_job_status_never_shows_the_key(run_dev_jobs, job_env, graph_file):
+    key = "mm-" + uuid.uuid4().hex
+    job_id = new_id()
+    async with run_dev_jobs(RouteStubs(BUSY), **ARMED | {"MINIMAX_API_KEY": key}) as jobs:
+        env = job_env(jobs)
+        args = ("submit", "--graph", str(graph_file), "--job-id", job_id, "--prompt", "x")
+        assert (await spillway(*args, "--wait", env=env))[0] == 0
+        _, out, _ = await spillway("status", job_id, "--json", env=env)
+        history = await jobs.client.get_workflow_handle(job_id).fetch_history()
+    assert json.loads(out)["cloud"]["authorised_by"] == "armed"
+    assert key not in out and key not in history.to_json()
