@@ -170,7 +170,7 @@ async def decide(client: Client, job_id: str, decision: ApprovalDecision) -> str
     handle = client.get_workflow_handle(job_id)
     try:
         return await handle.execute_update(
-            VideoJobWorkflow.decide_approval, decision, rpc_timeout=timedelta(seconds=15)
+            VideoJobWorkflow.decide_approval, decision, rpc_timeout=timedelta(seconds=5)
         )
     except WorkflowUpdateFailedError as err:
         cause = err.cause

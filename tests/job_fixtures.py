@@ -75,10 +75,12 @@ RunJobs = Callable[..., AbstractAsyncContextManager[Jobs]]
 
 def _runner(environment: WorkflowEnvironment) -> RunJobs:
     @asynccontextmanager
-    async def run(stubs: RouteStubs, **settings: Any) -> AsyncIterator[Jobs]:
+    async def run(
+        stubs: RouteStubs, task_queue: str | None = None, **settings: Any
+    ) -> AsyncIterator[Jobs]:
         config = Settings(**(QUIET | settings))
         policy = PolicyActivities(config, load_tiers(config.SPILLWAY_ROUTING_TIERS))
-        task_queue = f"jobs-{uuid.uuid4()}"
+        task_queue = task_queue or f"jobs-{uuid.uuid4()}"
         async with Worker(
             environment.client,
             task_queue=task_queue,

