@@ -18,6 +18,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from activities.load_status import LoadStatusActivities
+from activities.minimax import MiniMaxActivities
 from activities.notify import NotifyActivities
 from activities.nvml import GpuReader, NvmlReader
 from activities.policy import PolicyActivities
@@ -39,7 +40,15 @@ def activities(
     load = LoadStatusActivities(http, settings, gpu)
     policy = PolicyActivities(settings, tiers)
     notify = NotifyActivities(http, settings)
-    return [load.a40_load_status, policy.read_policy, notify.notify_approval_needed]
+    minimax = MiniMaxActivities(http, settings)
+    return [
+        load.a40_load_status,
+        policy.read_policy,
+        notify.notify_approval_needed,
+        minimax.create,
+        minimax.poll,
+        minimax.download,
+    ]
 
 
 async def run_worker(settings: Settings, tiers: RoutingTiers, client: Client) -> None:
