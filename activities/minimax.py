@@ -117,7 +117,9 @@ class MiniMaxActivities:
         self, http: httpx.AsyncClient, settings: Settings, timing: MiniMaxTiming | None = None
     ) -> None:
         self._http, self._settings = http, settings
-        self._timing = timing or MiniMaxTiming()
+        self._timing = timing or MiniMaxTiming(
+            heartbeat_every_s=settings.SPILLWAY_HEARTBEAT_TIMEOUT_S / 6
+        )
         self._base = str(settings.MINIMAX_BASE_URL).rstrip("/")
 
     # --- create: the only call that costs money -----------------------------------------

@@ -30,5 +30,6 @@ class PolicyActivities:
             webhook_configured=s.APPROVAL_WEBHOOK_URL is not None,
             ui_url=str(s.SPILLWAY_UI_URL).rstrip("/"),
             await_loops_per_run=s.SPILLWAY_AWAIT_LOOPS_PER_RUN,
+            heartbeat_timeout_s=s.SPILLWAY_HEARTBEAT_TIMEOUT_S,
             estimated_costs_usd=dict(minimax.estimated_cost_usd) if minimax else {},
         )

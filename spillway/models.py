@@ -156,6 +156,7 @@ class Policy(BaseModel):
     webhook_configured: bool
     ui_url: str
     await_loops_per_run: int
+    heartbeat_timeout_s: float = 30.0  # absent from histories recorded before it existed
     estimated_costs_usd: dict[str, float] = {}  # MiniMax tier, "768P/6s" -> USD
 
     @property

@@ -54,6 +54,8 @@ class Settings(BaseSettings):
     SPILLWAY_OUTPUT_DIR: Path = Path("outputs")
     SPILLWAY_TASK_QUEUE: Annotated[str, Field(min_length=1)] = "spillway"
     SPILLWAY_ROUTING_TIERS: Path = PROJECT_ROOT / "routing_tiers.json"
+    # Long activities heartbeat 6 times per timeout; a dead worker's work moves on after it.
+    SPILLWAY_HEARTBEAT_TIMEOUT_S: Annotated[float, Field(ge=1, le=30)] = 30.0
     SPILLWAY_UI_URL: AnyHttpUrl = AnyHttpUrl("http://localhost:8233")  # links in notifications
 
     @field_validator("A40_GUARD_URL", "APPROVAL_WEBHOOK_URL", "MINIMAX_API_KEY", mode="before")

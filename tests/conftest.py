@@ -29,7 +29,12 @@ from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.guard import GuardSim
 from spillway.temporal import installed_binary, register_search_attributes
 
-pytest_plugins = ["tests.job_fixtures", "tests.comfyui_fixtures", "tests.minimax_fixtures"]
+pytest_plugins = [
+    "tests.job_fixtures",
+    "tests.worker_process",
+    "tests.comfyui_fixtures",
+    "tests.minimax_fixtures",
+]
 
 SPILLWAY_ENV_PREFIXES = (
     "TEMPORAL_",

@@ -55,7 +55,6 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows import texts
 
-HEARTBEAT = timedelta(seconds=30)
 # Reads that cost nothing may retry for as long as it takes; a stuck one is visible in the UI.
 FREE_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30)
@@ -77,11 +76,14 @@ class VideoJobWorkflow:
         self._notify_task: asyncio.Task[None] | None = None
         self._published = ""
         self._create_started = datetime.min
+        self._heartbeat = timedelta(seconds=30)
 
     @workflow.run
     async def run(self, job: VideoJob) -> Plan:
         try:
             policy = job.carry.policy if job.carry else await self._read_policy()
+            # A dead worker's long activity moves to another worker after this (at most 30 s).
+            self._heartbeat = timedelta(seconds=policy.heartbeat_timeout_s)
             route, authorised_by = await self._route(job, policy)
             if route == "local":
                 await self._run_local(policy)
@@ -309,7 +311,7 @@ class VideoJobWorkflow:
                 ComfyUIWait(job_id=self._job.job_id, prompt_id=prompt_id, client_id=client_id),
                 result_type=ComfyUIFinished,
                 start_to_close_timeout=timedelta(hours=24),
-                heartbeat_timeout=HEARTBEAT,
+                heartbeat_timeout=self._heartbeat,
                 retry_policy=RetryPolicy(
                     maximum_interval=timedelta(seconds=30),
                     non_retryable_error_types=["ComfyUIExecutionFailed", "ComfyUIInterrupted"],
@@ -324,7 +326,7 @@ class VideoJobWorkflow:
                 ComfyUIDownload(job_id=self._job.job_id, files=finished.files),
                 result_type=Downloaded,
                 start_to_close_timeout=timedelta(hours=6),
-                heartbeat_timeout=HEARTBEAT,
+                heartbeat_timeout=self._heartbeat,
                 retry_policy=FREE_RETRY,
             )
             self._plan.outputs = downloaded.outputs
@@ -340,7 +342,7 @@ class VideoJobWorkflow:
             ComfyUICancel(prompt_id=self._plan.prompt_id),
             result_type=ComfyUICancelled,
             start_to_close_timeout=timedelta(minutes=10),
-            heartbeat_timeout=HEARTBEAT,
+            heartbeat_timeout=self._heartbeat,
             retry_policy=FREE_RETRY,
         )
         self._plan.reasons = [*self._plan.reasons, f"comfyui_prompt_{cancelled.was}_cancelled"]
@@ -361,7 +363,7 @@ class VideoJobWorkflow:
             MiniMaxCreate(job_id=self._job.job_id, request=request),
             result_type=MiniMaxCreated,
             start_to_close_timeout=timedelta(minutes=10),
-            heartbeat_timeout=HEARTBEAT,
+            heartbeat_timeout=self._heartbeat,
             retry_policy=NEVER_RETRY,
         )
         # From here on the task id is in history: no crash or retry can lead to a second create.
@@ -372,7 +374,7 @@ class VideoJobWorkflow:
             MiniMaxPoll(job_id=self._job.job_id, task_id=created.task_id),
             result_type=MiniMaxDone,
             start_to_close_timeout=timedelta(hours=24),
-            heartbeat_timeout=HEARTBEAT,
+            heartbeat_timeout=self._heartbeat,
             retry_policy=RetryPolicy(
                 maximum_interval=timedelta(seconds=60),
                 non_retryable_error_types=["MiniMaxTaskFailed", "MiniMaxPermanent"],
@@ -383,7 +385,7 @@ class VideoJobWorkflow:
             MiniMaxDownload(job_id=self._job.job_id, task_id=created.task_id, file_id=done.file_id),
             result_type=Downloaded,
             start_to_close_timeout=timedelta(hours=2),
-            heartbeat_timeout=HEARTBEAT,
+            heartbeat_timeout=self._heartbeat,
             retry_policy=RetryPolicy(
                 maximum_interval=timedelta(seconds=60),
                 non_retryable_error_types=["MiniMaxPermanent"],

@@ -1,0 +1,122 @@
+"""The CLOUD route end to end: a real worker process, the dev server, the MiniMax double.
+Money invariant 2 under crashes (creates counted by the double) and invariant 3 (the key
+nowhere: history, worker log, `spillway status`)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from typing import Any
+
+import pytest
+from temporalio.client import WorkflowFailureError
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import WorkflowEnvironment
+
+from spillway.models import CloudRequest, Plan, VideoJob
+from spillway.sim.comfyui import ComfyUISim
+from spillway.sim.minimax import MiniMaxSim
+from tests.cli_run import spillway
+from tests.job_fixtures import GRAPH
+from tests.minimax_fixtures import CANARY_KEY, eventually
+from workflows.video_job import VideoJobWorkflow
+
+
+@pytest.fixture
+def cloud_worker(worker_process, comfyui: ComfyUISim, minimax: MiniMaxSim):
+    """A worker whose A40 is overloaded and whose fallback is armed: every job goes to MiniMax."""
+    comfyui.set_vram_used_pct(97)
+
+    async def start(**overrides: Any):
+        return await worker_process(
+            **{
+                "COMFYUI_URL": comfyui.url,
+                "CLOUD_VIDEO_FALLBACK_ENABLED": "1",
+                "MINIMAX_API_KEY": CANARY_KEY,
+                "MINIMAX_BASE_URL": minimax.url,
+                "MINIMAX_POLL_INTERVAL_S": "0.2",
+                "MINIMAX_CREATE_TIMEOUT_S": "2",
+            }
+            | overrides
+        )
+
+    return start
+
+
+async def start_job(dev_env: WorkflowEnvironment, task_queue: str) -> Any:
+    job = VideoJob(
+        job_id=f"cloud-{uuid.uuid4().hex[:10]}",
+        graph=GRAPH,
+        cloud=CloudRequest(prompt=f"a lighthouse at dusk {uuid.uuid4().hex[:6]}"),
+    )
+    return await dev_env.client.start_workflow(
+        VideoJobWorkflow.run, job, id=job.job_id, task_queue=task_queue
+    )
+
+
+def failure(err: pytest.ExceptionInfo[WorkflowFailureError]) -> str:
+    cause = err.value.cause
+    assert isinstance(cause, ApplicationError)
+    return cause.message
+
+
+async def test_a_full_cloud_job_never_shows_the_key_anywhere(
+    cloud_worker, dev_env, minimax: MiniMaxSim, cli_env
+):
+    worker = await cloud_worker()
+    handle = await start_job(dev_env, worker.task_queue)
+    plan: Plan = await asyncio.wait_for(handle.result(), 60)
+    assert (plan.route, plan.state) == ("cloud", "completed")
+    assert plan.cloud is not None and plan.cloud.task_id is not None
+    assert plan.outputs[0].sha256 == minimax.sha256_of_task(plan.cloud.task_id)
+    assert minimax.tasks_created == 1
+
+    history = await handle.fetch_history()
+    _, status, _ = await spillway("status", handle.id, "--json", env=worker.env)
+    assert json.loads(status)["cloud"]["authorised_by"] == "armed"
+    await worker.stop()
+    for where, text in {"history": history.to_json(), "log": worker.log, "status": status}.items():
+        assert CANARY_KEY not in text, f"the key leaked into the {where}"
+
+
+async def test_a_create_that_hangs_fails_the_job_clearly_and_is_never_repeated(
+    cloud_worker, dev_env, minimax: MiniMaxSim
+):
+    minimax.fault_next_create("hang", creates_task=True)
+    worker = await cloud_worker()
+    handle = await start_job(dev_env, worker.task_queue)
+    with pytest.raises(WorkflowFailureError) as failed:
+        await asyncio.wait_for(handle.result(), 60)
+    assert "a charge may exist" in failure(failed)
+    assert (minimax.create_calls, minimax.tasks_created) == (1, 1)
+
+
+async def test_a_worker_killed_while_polling_resumes_and_never_creates_again(
+    cloud_worker, dev_env, minimax: MiniMaxSim
+):
+    minimax.set_statuses(["Preparing", *["Processing"] * 15, "Success"])
+    worker = await cloud_worker()
+    handle = await start_job(dev_env, worker.task_queue)
+    await eventually(lambda: minimax.query_hits >= 3, timeout_s=30)
+    await worker.kill()
+    await worker.start()
+    plan: Plan = await asyncio.wait_for(handle.result(), 90)
+    assert plan.state == "completed" and plan.route == "cloud"
+    assert (minimax.create_calls, minimax.tasks_created) == (1, 1)
+
+
+async def test_a_worker_killed_right_after_the_create_answer_never_creates_again(
+    cloud_worker, dev_env, minimax: MiniMaxSim
+):
+    worker = await cloud_worker()
+    handle = await start_job(dev_env, worker.task_queue)
+    await eventually(lambda: minimax.tasks_created >= 1, timeout_s=30)
+    await worker.kill()  # the answer is on its way, or read, or the activity just completed
+    await worker.start()
+    try:
+        plan: Plan = await asyncio.wait_for(handle.result(), 90)
+        assert plan.state == "completed"
+    except WorkflowFailureError as err:
+        assert isinstance(err.cause, ApplicationError) and "a charge may exist" in err.cause.message
+    assert (minimax.create_calls, minimax.tasks_created) == (1, 1)

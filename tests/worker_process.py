@@ -1,0 +1,99 @@
+"""`python worker.py` as a real process that a test can SIGKILL and start again, against the dev
+server and the doubles running in the test process. Its output is kept (to look for leaks)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.testing import WorkflowEnvironment
+
+from spillway.settings import PROJECT_ROOT
+
+
+class WorkerProcess:
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+        self.task_queue = env["SPILLWAY_TASK_QUEUE"]
+        self.output: list[str] = []
+        self._proc: asyncio.subprocess.Process | None = None
+        self._reader: asyncio.Task[None] | None = None
+
+    @property
+    def log(self) -> str:
+        return "".join(self.output)
+
+    async def start(self) -> None:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            str(PROJECT_ROOT / "worker.py"),
+            env=self.env,
+            cwd=PROJECT_ROOT,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        ready = asyncio.Event()
+        self._proc, self._reader = proc, asyncio.create_task(self._read(proc, ready))
+        waiter = asyncio.create_task(ready.wait())
+        await asyncio.wait({waiter, self._reader}, timeout=30, return_when="FIRST_COMPLETED")
+        waiter.cancel()
+        if not ready.is_set():
+            raise AssertionError(f"worker did not start:\n{self.log}")
+
+    async def _read(self, proc: asyncio.subprocess.Process, ready: asyncio.Event) -> None:
+        assert proc.stdout is not None
+        async for line in proc.stdout:
+            text = line.decode(errors="replace")
+            self.output.append(text)
+            if "worker polling" in text:
+                ready.set()
+
+    async def kill(self) -> None:
+        """SIGKILL: no cleanup, no graceful shutdown, like a power cut."""
+        await self._end(signal.SIGKILL)
+
+    async def stop(self) -> None:
+        await self._end(signal.SIGTERM)
+
+    async def _end(self, sig: signal.Signals) -> None:
+        if self._proc is None:
+            return
+        proc, self._proc = self._proc, None
+        if proc.returncode is None:
+            proc.send_signal(sig)
+        await asyncio.wait_for(proc.wait(), timeout=30)
+        if self._reader is not None:
+            await self._reader
+
+
+@pytest.fixture
+async def worker_process(
+    cli_env: Callable[..., dict[str, str]], dev_env: WorkflowEnvironment, tmp_path: Path
+) -> AsyncIterator[Callable[..., Any]]:
+    """`await worker_process(**env)` starts a worker process on its own task queue."""
+    started: list[WorkerProcess] = []
+
+    async def start(**overrides: Any) -> WorkerProcess:
+        env = cli_env(
+            TEMPORAL_ADDRESS=dev_env.client.service_client.config.target_host,
+            SPILLWAY_TASK_QUEUE=f"proc-{uuid.uuid4()}",
+            SPILLWAY_OUTPUT_DIR=str(tmp_path / "outputs"),
+            SPILLWAY_HEARTBEAT_TIMEOUT_S="2",
+            LOAD_PROBE_TIMEOUT_S="1",
+            UNREACHABLE_CONFIRM_S="1",
+            **{k: str(v) for k, v in overrides.items()},
+        )
+        worker = WorkerProcess(env)
+        await worker.start()
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        await worker.kill()
