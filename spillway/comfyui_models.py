@@ -10,6 +10,16 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+# ApplicationError types of the ComfyUI activities. Non-retryable ones are also raised with
+# non_retryable=True; naming them in a retry policy is documentation, not a requirement.
+GRAPH_REJECTED = "ComfyUIGraphRejected"  # 400, or 200 with node_errors: fix the graph
+EXECUTION_FAILED = "ComfyUIExecutionFailed"  # execution_error: ComfyUI's exception message
+INTERRUPTED = "ComfyUIInterrupted"  # execution_interrupted (someone pressed cancel in ComfyUI)
+OUTPUT_MISSING = "ComfyUIOutputMissing"  # /view answered 400/403/404 for an output file
+UNSAFE_PATH = "ComfyUIUnsafePath"  # an output name that would land outside the job's folder
+UNSUPPORTED = "ComfyUIUnsupported"  # a ComfyUI that ignores the caller's prompt_id
+UNAVAILABLE = "ComfyUIUnavailable"  # retryable: no answer, 5xx, or an answer that is not JSON
+
 
 def prompt_id_for(job_id: str, attempt: int) -> str:
     """Attempt 1 is the first submit; the workflow resubmits with attempt + 1 only after LOST."""
@@ -44,7 +54,8 @@ class ComfyUIFile(BaseModel):
     kind: Literal["images", "gifs", "videos"]
     filename: str
     subfolder: str = ""
-    type: str = "output"
+    type: str = "output"  # "temp" for previews (PreviewImage), which ComfyUI deletes on restart
+    animated: bool = False  # an animation or video ("animated": [true] next to "images")
 
 
 class ComfyUIFinished(BaseModel):

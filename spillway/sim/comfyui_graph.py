@@ -1,0 +1,437 @@
+"""What the ComfyUI double knows about graphs: the node classes it accepts, validation with
+ComfyUI 0.3.64's error shapes (`execution.validate_prompt`), the execution order, the output files
+each save node writes, and the deterministic bytes of those files.
+
+Output files are never stored: their content is generated from their name, block by block, so a
+test can serve a 1 GB video without holding it in memory and compute its sha256 independently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import posixpath
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Literal
+
+BLOCK = 1 << 20
+
+
+@dataclass(frozen=True)
+class NodeClass:
+    required: tuple[str, ...] = ()
+    output: Literal["images", "gifs"] | None = None  # key under history "outputs"
+    extension: str = ""
+    animated: bool = False  # ComfyUI adds "animated": [true] next to "images"
+    temp: bool = False  # written to ComfyUI's temp folder (type "temp")
+    progress: bool = False  # has a progress bar: sends `progress` messages while it runs
+
+
+_SAMPLER = ("model", "seed", "steps", "cfg", "sampler_name", "scheduler", "positive", "negative")
+NODE_CLASSES: dict[str, NodeClass] = {
+    "CheckpointLoaderSimple": NodeClass(("ckpt_name",)),
+    "CLIPTextEncode": NodeClass(("text", "clip")),
+    "EmptyLatentImage": NodeClass(("width", "height", "batch_size")),
+    "KSampler": NodeClass((*_SAMPLER, "latent_image", "denoise"), progress=True),
+    "KSamplerAdvanced": NodeClass((*_SAMPLER, "latent_image", "noise_seed"), progress=True),
+    "VAEDecode": NodeClass(("samples", "vae")),
+    "EmptyImage": NodeClass(("width", "height", "batch_size", "color")),
+    "ImageBlur": NodeClass(("image", "blur_radius", "sigma")),
+    "ImageScale": NodeClass(("image", "upscale_method", "width", "height", "crop")),
+    "CreateVideo": NodeClass(("images", "fps")),
+    "SaveVideo": NodeClass(
+        ("video", "filename_prefix", "format", "codec"), "images", "mp4", animated=True
+    ),
+    "SaveWEBM": NodeClass(
+        ("images", "filename_prefix", "codec", "fps", "crf"), "images", "webm", animated=True
+    ),
+    "SaveAnimatedWEBP": NodeClass(
+        ("images", "filename_prefix", "fps", "lossless", "quality", "method"),
+        "images",
+        "webp",
+        animated=True,
+    ),
+    "SaveAnimatedPNG": NodeClass(
+        ("images", "filename_prefix", "fps", "compress_level"), "images", "png", animated=True
+    ),
+    "SaveImage": NodeClass(("images", "filename_prefix"), "images", "png"),
+    "PreviewImage": NodeClass(("images",), "images", "png", temp=True),
+    # VideoHelperSuite's custom node: its videos come under "gifs", named without the trailing _.
+    "VHS_VideoCombine": NodeClass(
+        ("images", "frame_rate", "loop_count", "filename_prefix", "format", "pingpong"),
+        "gifs",
+        "mp4",
+    ),
+}
+
+MIME_TYPES = {
+    "mp4": "video/mp4",
+    "webm": "video/webm",
+    "webp": "image/webp",
+    "png": "image/png",
+    "gif": "image/gif",
+}
+
+
+@dataclass(frozen=True)
+class Validation:
+    ok: bool
+    error: dict[str, Any] | None
+    outputs: list[str]
+    node_errors: dict[str, Any]
+
+
+def error_body(kind: str, message: str, details: str) -> dict[str, Any]:
+    return {"type": kind, "message": message, "details": details, "extra_info": {}}
+
+
+def validate(prompt: dict[str, Any]) -> Validation:
+    """ComfyUI's validate_prompt: unknown classes end validation at once with `invalid_prompt`;
+    otherwise each output node is checked with everything upstream of it, and the prompt is
+    accepted (200) if at least one output is good, with the bad ones in `node_errors`."""
+    outputs = []
+    for node_id, node in prompt.items():
+        if not isinstance(node, dict) or "class_type" not in node:
+            message = "Cannot execute because a node is missing the class_type property."
+            return Validation(
+                False, error_body("invalid_prompt", message, f"Node ID '#{node_id}'"), [], {}
+            )
+        cls = NODE_CLASSES.get(node["class_type"])
+        if cls is None:
+            message = f"Cannot execute because node {node['class_type']} does not exist."
+            return Validation(
+                False, error_body("invalid_prompt", message, f"Node ID '#{node_id}'"), [], {}
+            )
+        if cls.output is not None:
+            outputs.append(node_id)
+    if not outputs:
+        return Validation(
+            False, error_body("prompt_no_outputs", "Prompt has no outputs", ""), [], {}
+        )
+
+    reasons_of: dict[str, list[dict[str, Any]]] = {}
+    good: list[str] = []
+    failed: list[str] = []
+    node_errors: dict[str, Any] = {}
+    for output in sorted(outputs):
+        bad = [n for n in upstream(prompt, output) if _reasons(prompt, n, reasons_of)]
+        if not bad:
+            good.append(output)
+            continue
+        failed.append(output)
+        for node_id in bad:
+            entry = node_errors.setdefault(
+                node_id,
+                {
+                    "errors": reasons_of[node_id],
+                    "dependent_outputs": [],
+                    "class_type": prompt[node_id]["class_type"],
+                },
+            )
+            entry["dependent_outputs"].append(output)
+    if not good:
+        # Only the output nodes' own reasons: an output failing because of a node upstream
+        # contributes nothing here (that node is named in node_errors).
+        details = "\n".join(
+            f"{r['message']}: {r['details']}" for output in failed for r in reasons_of[output]
+        )
+        error = error_body(
+            "prompt_outputs_failed_validation", "Prompt outputs failed validation", details
+        )
+        return Validation(False, error, [], node_errors)
+    return Validation(True, None, good, node_errors)
+
+
+def _reasons(
+    prompt: dict[str, Any], node_id: str, cache: dict[str, list[dict[str, Any]]]
+) -> list[dict[str, Any]]:
+    if node_id not in cache:
+        node = prompt[node_id]
+        inputs = node.get("inputs") or {}
+        cache[node_id] = [
+            {
+                "type": "required_input_missing",
+                "message": "Required input is missing",
+                "details": name,
+                "extra_info": {"input_name": name},
+            }
+            for name in NODE_CLASSES[node["class_type"]].required
+            if name not in inputs
+        ]
+    return cache[node_id]
+
+
+def upstream(prompt: dict[str, Any], node_id: str) -> list[str]:
+    """`node_id` and every node it depends on, dependencies first (the order ComfyUI runs them)."""
+    order: list[str] = []
+
+    def visit(current: str) -> None:
+        if current in order or current not in prompt:
+            return
+        for value in (prompt[current].get("inputs") or {}).values():
+            if _is_link(value):
+                visit(str(value[0]))
+        order.append(current)
+
+    visit(node_id)
+    return order
+
+
+def execution_order(prompt: dict[str, Any], outputs: list[str]) -> list[str]:
+    order: list[str] = []
+    for output in outputs:
+        order += [n for n in upstream(prompt, output) if n not in order]
+    return order
+
+
+def _is_link(value: Any) -> bool:
+    return isinstance(value, list) and len(value) == 2 and isinstance(value[1], int)
+
+
+def batch_size(prompt: dict[str, Any], node_id: str) -> int:
+    """The batch size of the first upstream node that sets one (SaveImage writes one file per
+    image of the batch)."""
+    for current in reversed(upstream(prompt, node_id)):
+        size = (prompt[current].get("inputs") or {}).get("batch_size")
+        if isinstance(size, int) and size > 0:
+            return size
+    return 1
+
+
+def file_key(kind: str, subfolder: str, filename: str) -> str:
+    folder = posixpath.normpath(subfolder) if subfolder else ""
+    return f"{kind}/{'' if folder == '.' else folder}/{filename}"
+
+
+def output_files(
+    prompt: dict[str, Any], node_id: str, counters: dict[tuple[str, str], int]
+) -> tuple[dict[str, Any], list[tuple[str, str, str]]]:
+    """The node's UI output (as in `executed` and history) and its files as (type, subfolder,
+    filename). Counters continue per folder and prefix, as ComfyUI's scan of its output folder."""
+    node = prompt[node_id]
+    cls = NODE_CLASSES[node["class_type"]]
+    inputs = node.get("inputs") or {}
+    kind = "temp" if cls.temp or inputs.get("save_output") is False else "output"
+    prefix = "ComfyUI_temp_simul" if cls.temp else str(inputs.get("filename_prefix", "ComfyUI"))
+    subfolder, base = posixpath.split(prefix)
+    extension = _extension(cls, inputs)
+    count = (
+        batch_size(prompt, node_id) if node["class_type"] in ("SaveImage", "PreviewImage") else 1
+    )
+    entries, files = [], []
+    for _ in range(count):
+        counters[(subfolder, base)] = counter = counters.get((subfolder, base), 0) + 1
+        if cls.output == "gifs":
+            filename = f"{base}_{counter:05}.{extension}"
+            entries.append(
+                {
+                    "filename": filename,
+                    "subfolder": subfolder,
+                    "type": kind,
+                    "format": inputs.get("format", "video/h264-mp4"),
+                    "frame_rate": inputs.get("frame_rate", 8.0),
+                    "workflow": f"{base}_{counter:05}.png",
+                    "fullpath": f"/comfyui/{kind}/{posixpath.join(subfolder, filename)}",
+                }
+            )
+        else:
+            filename = f"{base}_{counter:05}_.{extension}"
+            entries.append({"filename": filename, "subfolder": subfolder, "type": kind})
+        files.append((kind, subfolder, filename))
+    ui: dict[str, Any] = {cls.output or "images": entries}
+    if cls.animated:
+        ui["animated"] = [True]
+    return ui, files
+
+
+def _extension(cls: NodeClass, inputs: dict[str, Any]) -> str:
+    fmt = str(inputs.get("format", ""))
+    if cls.output == "gifs" and "/" in fmt:
+        return {"h264-mp4": "mp4", "gif": "gif", "webp": "webp", "webm": "webm"}.get(
+            fmt.split("/")[1], "mp4"
+        )
+    if fmt in ("mp4", "webm"):
+        return fmt
+    return cls.extension
+
+
+@lru_cache(maxsize=8)
+def _pattern(key: str) -> bytes:
+    return hashlib.shake_256(key.encode()).digest(BLOCK)
+
+
+def iter_content(key: str, size: int) -> Iterator[bytes]:
+    """The file's bytes in blocks of at most 1 MiB: one block of pseudo-random bytes derived from
+    the key, repeated."""
+    block = _pattern(key)
+    full, rest = divmod(size, BLOCK)
+    for _ in range(full):
+        yield block
+    if rest:
+        yield block[:rest]
+
+
+def content_sha256(key: str, size: int) -> str:
+    digest = hashlib.sha256()
+    for chunk in iter_content(key, size):
+        digest.update(chunk)
+    return digest.hexdigest()
+
+
+# --- running a prompt ------------------------------------------------------------------------
+
+# The runtime failure recorded in history_execution_error.json.
+DEFAULT_EXCEPTION = (
+    "av.error.ExternalError",
+    "[Errno 542398533] Generic error in an external library: 'avcodec_open2(\"libx264\", {})'\n",
+)
+Send = Callable[[str, dict[str, Any]], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Failure:
+    """How a prompt ends in execution_error: at `node_id` (default: its last node)."""
+
+    message: str = DEFAULT_EXCEPTION[1]
+    exception_type: str = DEFAULT_EXCEPTION[0]
+    node_id: str | None = None
+
+
+class _Ended(Exception):
+    pass
+
+
+class PromptRun:
+    """One execution of a queued prompt, message by message in ComfyUI 0.3.64's order
+    (ws_success_sequence.json): execution_start, execution_cached, then per node progress_state,
+    executing, [progress], [executed], progress_state; then execution_success | execution_error |
+    execution_interrupted. `execute` returns the history entry."""
+
+    def __init__(
+        self,
+        item: list[Any],
+        send: Send,
+        interrupted: Callable[[], bool],
+        failure: Failure | None,
+        *,
+        execution_s: float,
+        progress_steps: int,
+        progress_nodes: frozenset[str],
+        output_bytes: int,
+        files: dict[str, int],
+        counters: dict[tuple[str, str], int],
+    ) -> None:
+        self.item, self._send, self._interrupted, self._failure = item, send, interrupted, failure
+        self.prompt_id: str = item[1]
+        self.client_id: str | None = item[3].get("client_id")
+        self.prompt: dict[str, Any] = item[2]
+        self.node: str | None = None
+        self._execution_s, self._steps = execution_s, progress_steps
+        self._progress_nodes, self._output_bytes = progress_nodes, output_bytes
+        self._files, self._counters = files, counters
+        self._messages: list[list[Any]] = []
+        self._states: dict[str, dict[str, Any]] = {}
+        self._executed: list[str] = []
+        self._outputs: dict[str, Any] = {}
+
+    async def execute(self) -> dict[str, Any]:
+        await self._message("execution_start", {"prompt_id": self.prompt_id}, record=True)
+        await self._message("execution_cached", {"nodes": [], "prompt_id": self.prompt_id}, True)
+        order = execution_order(self.prompt, self.item[4])
+        fail_at = None
+        if self._failure is not None:
+            fail_at = self._failure.node_id if self._failure.node_id in order else order[-1]
+        try:
+            for node_id in order:
+                await self._run_node(node_id, self._execution_s / len(order), node_id == fail_at)
+            await self._message("execution_success", {"prompt_id": self.prompt_id}, record=True)
+            status = "success"
+        except _Ended:
+            status = "error"
+        return {
+            "prompt": self.item,
+            "outputs": self._outputs,
+            "status": {
+                "status_str": status,
+                "completed": status == "success",
+                "messages": self._messages,
+            },
+            "meta": {
+                n: {"node_id": n, "display_node": n, "parent_node": None, "real_node_id": n}
+                for n in self._outputs
+            },
+        }
+
+    async def _run_node(self, node_id: str, seconds: float, fail: bool) -> None:
+        class_type = self.prompt[node_id]["class_type"]
+        self.node = node_id
+        await self._progress_state(node_id, 0, 1, "running")
+        executing = {"node": node_id, "display_node": node_id, "prompt_id": self.prompt_id}
+        await self._message("executing", executing)
+        # ComfyUI checks for an interrupt before each node, and samplers at every step.
+        if self._interrupted():
+            await self._end("execution_interrupted", node_id, class_type)
+        if class_type in self._progress_nodes and self._steps > 0:
+            for step in range(1, self._steps + 1):
+                await asyncio.sleep(seconds / self._steps)
+                if self._interrupted():
+                    await self._end("execution_interrupted", node_id, class_type)
+                await self._progress_state(node_id, step, self._steps, "running")
+                progress = {"value": step, "max": self._steps, "prompt_id": self.prompt_id}
+                await self._message("progress", progress | {"node": node_id})
+        else:
+            await asyncio.sleep(seconds)
+        if fail:
+            await self._end("execution_error", node_id, class_type, self._failure)
+        if NODE_CLASSES[class_type].output is not None:
+            ui, files = output_files(self.prompt, node_id, self._counters)
+            for kind, subfolder, filename in files:
+                self._files[file_key(kind, subfolder, filename)] = self._output_bytes
+            self._outputs[node_id] = ui
+            executed = {"node": node_id, "display_node": node_id, "output": ui}
+            await self._message("executed", executed | {"prompt_id": self.prompt_id})
+        self._executed.insert(0, node_id)
+        await self._progress_state(node_id, 1, 1, "finished")
+
+    async def _end(
+        self, kind: str, node_id: str, class_type: str, failure: Failure | None = None
+    ) -> None:
+        data: dict[str, Any] = {
+            "prompt_id": self.prompt_id,
+            "node_id": node_id,
+            "node_type": class_type,
+            "executed": list(self._executed),
+        }
+        if failure is not None:
+            data |= {
+                "exception_message": failure.message,
+                "exception_type": failure.exception_type,
+                "traceback": ['  File "<comfyui>/execution.py", line 496, in execute\n'],
+                "current_inputs": {},
+                "current_outputs": [node_id, *self._executed],
+            }
+        await self._message(kind, data, record=True)
+        raise _Ended()
+
+    async def _progress_state(self, node_id: str, value: int, maximum: int, state: str) -> None:
+        self._states[node_id] = {
+            "value": float(value),
+            "max": float(maximum),
+            "state": state,
+            "node_id": node_id,
+            "prompt_id": self.prompt_id,
+            "display_node_id": node_id,
+            "parent_node_id": None,
+            "real_node_id": node_id,
+        }
+        nodes = {n: dict(s) for n, s in self._states.items()}
+        await self._message("progress_state", {"prompt_id": self.prompt_id, "nodes": nodes})
+
+    async def _message(self, kind: str, data: dict[str, Any], record: bool = False) -> None:
+        if record:  # history keeps execution_start/cached/success/error/interrupted
+            data = data | {"timestamp": int(time.time() * 1000)}
+            self._messages.append([kind, data])
+        await self._send(kind, data)
