@@ -11,17 +11,21 @@ import logging
 import signal
 import sys
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import httpx
 from temporalio.client import Client
+from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.worker import Worker
 
+from activities.comfyui import ComfyUIActivities
 from activities.load_status import LoadStatusActivities
 from activities.minimax import MiniMaxActivities
 from activities.notify import NotifyActivities
 from activities.nvml import GpuReader, NvmlReader
 from activities.policy import PolicyActivities
+from spillway import search_attributes as sa
 from spillway.errors import ConfigError
 from spillway.settings import Settings, load_settings
 from spillway.temporal import TemporalUnreachable, connect
@@ -40,11 +44,16 @@ def activities(
     load = LoadStatusActivities(http, settings, gpu)
     policy = PolicyActivities(settings, tiers)
     notify = NotifyActivities(http, settings)
+    comfyui = ComfyUIActivities(http, settings)
     minimax = MiniMaxActivities(http, settings)
     return [
         load.a40_load_status,
         policy.read_policy,
         notify.notify_approval_needed,
+        comfyui.submit,
+        comfyui.wait,
+        comfyui.download,
+        comfyui.cancel,
         minimax.create,
         minimax.poll,
         minimax.download,
@@ -64,27 +73,60 @@ async def run_worker(settings: Settings, tiers: RoutingTiers, client: Client) ->
                 task_queue=settings.SPILLWAY_TASK_QUEUE,
                 workflows=WORKFLOWS,
                 activities=activities(http, settings, tiers, gpu),
+                # On SIGTERM running activities get this long to finish; after that they are
+                # cancelled and, heartbeats stopping, resume on another worker.
+                graceful_shutdown_timeout=timedelta(seconds=settings.SPILLWAY_SHUTDOWN_GRACE_S),
             )
+            gauge = asyncio.create_task(_count_waiting_jobs(client))
             async with worker:
                 log.info("worker polling task queue %r", settings.SPILLWAY_TASK_QUEUE)
                 await stop.wait()
-                log.info("shutting down")
+                log.info(
+                    "shutting down: running activities get %gs to finish",
+                    settings.SPILLWAY_SHUTDOWN_GRACE_S,
+                )
+            gauge.cancel()
     finally:
         gpu.close()
 
 
+async def _count_waiting_jobs(client: Client) -> None:
+    """The `spillway_jobs_awaiting_approval` gauge, from Temporal's visibility every 30 s."""
+    runtime = client.service_client.config.runtime or Runtime.default()
+    gauge = runtime.metric_meter.create_gauge(
+        "spillway_jobs_awaiting_approval", "jobs waiting for a person's decision"
+    )
+    query = f"WorkflowType = 'VideoJobWorkflow' AND {sa.STATE.name} = 'awaiting_approval'"
+    while True:
+        try:
+            gauge.set((await client.count_workflows(query)).count)
+        except Exception as exc:  # a visibility hiccup must not stop the worker
+            log.warning("counting waiting jobs failed: %s", exc)
+        await asyncio.sleep(30)
+
+
+def _runtime(settings: Settings) -> Runtime | None:
+    if settings.SPILLWAY_METRICS_PORT is None:
+        return None
+    address = f"0.0.0.0:{settings.SPILLWAY_METRICS_PORT}"
+    return Runtime(telemetry=TelemetryConfig(metrics=PrometheusConfig(bind_address=address)))
+
+
 async def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
     try:
         settings = load_settings()
         tiers = load_tiers(settings.SPILLWAY_ROUTING_TIERS)
-        client = await connect()
+        client = await connect(_runtime(settings))
     except ConfigError as exc:
         print(f"spillway worker: {exc}", file=sys.stderr)
         return 2
     except TemporalUnreachable as exc:
         print(f"spillway worker: {exc}", file=sys.stderr)
         return 1
+    if settings.SPILLWAY_METRICS_PORT is not None:
+        log.info("Prometheus metrics on :%d/metrics", settings.SPILLWAY_METRICS_PORT)
     await run_worker(settings, tiers, client)
     return 0
 

@@ -9,6 +9,7 @@ paid cloud. The CLI calls `probe` directly; the workflow goes through the activi
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -78,7 +79,11 @@ class LoadStatusActivities:
 
     @activity.defn(name="a40_load_status")
     async def a40_load_status(self, req: LoadProbeRequest) -> LoadStatus:
+        started = time.monotonic()
         status = await self.probe()
+        activity.metric_meter().create_histogram_float(
+            "spillway_load_probe_seconds", "duration of one load probe (all sources)", "s"
+        ).record(time.monotonic() - started)
         activity.logger.info(
             "load probe for %s: overloaded=%s reachable=%s reasons=%s errors=%s",
             req.job_id or "-",

@@ -56,9 +56,17 @@ class Settings(BaseSettings):
     SPILLWAY_ROUTING_TIERS: Path = PROJECT_ROOT / "routing_tiers.json"
     # Long activities heartbeat 6 times per timeout; a dead worker's work moves on after it.
     SPILLWAY_HEARTBEAT_TIMEOUT_S: Annotated[float, Field(ge=1, le=30)] = 30.0
+    SPILLWAY_SHUTDOWN_GRACE_S: Annotated[float, Field(ge=0)] = 30.0
+    SPILLWAY_METRICS_PORT: Annotated[int, Field(ge=1, le=65535)] | None = None  # unset: off
     SPILLWAY_UI_URL: AnyHttpUrl = AnyHttpUrl("http://localhost:8233")  # links in notifications
 
-    @field_validator("A40_GUARD_URL", "APPROVAL_WEBHOOK_URL", "MINIMAX_API_KEY", mode="before")
+    @field_validator(
+        "A40_GUARD_URL",
+        "APPROVAL_WEBHOOK_URL",
+        "MINIMAX_API_KEY",
+        "SPILLWAY_METRICS_PORT",
+        mode="before",
+    )
     @classmethod
     def _empty_means_unset(cls, value: object) -> object:
         # `A40_GUARD_URL=` in a compose file or shell means "not configured", not "invalid URL".

@@ -21,6 +21,7 @@ from temporalio.api.operatorservice.v1 import (
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.envconfig import ClientConfig
+from temporalio.runtime import Runtime
 from temporalio.service import RPCError, RPCStatusCode
 
 from spillway import search_attributes
@@ -43,12 +44,14 @@ class TemporalUnreachable(Exception):
     pass
 
 
-async def connect() -> Client:
+async def connect(runtime: Runtime | None = None) -> Client:
     """Connect as configured; ConfigError for bad configuration, TemporalUnreachable when the
-    server does not answer."""
+    server does not answer. The worker passes a runtime that exports metrics."""
     config = connect_config()
     try:
-        return await Client.connect(**config, data_converter=pydantic_data_converter)
+        return await Client.connect(
+            **config, data_converter=pydantic_data_converter, runtime=runtime
+        )
     except RuntimeError as exc:
         # The SDK's message is a nested Rust error; its innermost `message: "..."` is the cause.
         causes = re.findall(r'message: "([^"]+)"', str(exc))

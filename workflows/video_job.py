@@ -85,6 +85,9 @@ class VideoJobWorkflow:
             # A dead worker's long activity moves to another worker after this (at most 30 s).
             self._heartbeat = timedelta(seconds=policy.heartbeat_timeout_s)
             route, authorised_by = await self._route(job, policy)
+            workflow.metric_meter().create_counter(
+                "spillway_jobs_routed", "jobs by the route they took and who allowed the cloud"
+            ).add(1, {"route": route, "authorised": _authorisation(route, authorised_by)})
             if route == "local":
                 await self._run_local(policy)
             else:
@@ -162,8 +165,18 @@ class VideoJobWorkflow:
             # One network blip never moves a job: "unreachable" needs a second silent probe.
             await workflow.sleep(timedelta(seconds=policy.unreachable_confirm_s))
             load = await self._probe()
-        decision = decide(load, armed=policy.armed and job.cloud is not None)
-        workflow.logger.info("job %s: %s -> %s", job.job_id, decision.why, decision.route)
+        armed = policy.armed and job.cloud is not None
+        decision = decide(load, armed=armed)
+        workflow.logger.info(
+            "decision job=%s route=%s trigger=%s armed=%s reasons=%s errors=%s why=%r",
+            job.job_id,
+            decision.route,
+            decision.trigger,
+            armed,
+            ",".join(decision.reasons) or "-",
+            len(load.errors),
+            decision.why,
+        )
         self._plan.reasons = decision.reasons
         self._plan.overflow.trigger = decision.trigger
         self._plan.overflow.last_signal = load if decision.trigger else None
@@ -428,3 +441,9 @@ class VideoJobWorkflow:
         if isinstance(cause, ApplicationError | ActivityTimeout):
             return cause.message
         return str(cause or err)
+
+
+def _authorisation(route: Route, authorised_by: str) -> str:
+    if route == "local":
+        return "none"
+    return "armed" if authorised_by == "armed" else "approved"
