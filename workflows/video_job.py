@@ -313,7 +313,9 @@ class VideoJobWorkflow:
                     graph=self._job.graph,
                 ),
                 result_type=ComfyUISubmitted,
-                start_to_close_timeout=timedelta(minutes=2),
+                # Short, so a worker that died mid-submit is replaced quickly: a retried submit
+                # looks for its prompt_id in ComfyUI before posting, so it never posts twice.
+                start_to_close_timeout=max(2 * self._heartbeat, timedelta(seconds=10)),
                 retry_policy=RetryPolicy(
                     maximum_interval=timedelta(seconds=30),
                     non_retryable_error_types=["ComfyUIGraphRejected"],

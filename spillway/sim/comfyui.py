@@ -8,9 +8,10 @@ Prompts run one at a time in queue order; messages of a prompt go to the client 
 
 Knobs: `execution_s` (whole prompt; 0 = instant), `progress_steps` / `progress_nodes`,
 `output_bytes`, `fail_next()` / `fail_prompt()`, `pause()` / `resume()`, `ws_silent_after`,
-`lose_prompt_answers`, `restart()`, `set_vram_used_pct`, `set_queue` (inert placeholders,
-counted but never run), and the faults of SimServer. Observations: `prompt_posts` (POST /prompt
-per prompt_id), `hits`, `ws_withheld`, `state_of()`, `wait_until()`, `expected_sha256()`.
+`lose_prompt_answers`, `hang_prompt_answers`, `restart()`, `set_vram_used_pct`, `set_queue`
+(inert placeholders, counted but never run), and the faults of SimServer. Observations:
+`prompt_posts` (POST /prompt per prompt_id), `hits`, `ws_withheld`, `state_of()`,
+`wait_until()`, `expected_sha256()`.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ class ComfyUISim(SimServer):
         self.ws_silent_after: int | None = None  # frames per socket before it goes silent
         self.ws_withheld = 0  # frames a silent socket did not deliver
         self.lose_prompt_answers = 0  # POST /prompt queued, then the connection dropped unanswered
+        self.hang_prompt_answers = 0  # POST /prompt queued, then no answer until stop()
         self.prompt_posts: Counter[str] = Counter()
         # Generated output files, key -> size; like files on disk they survive restart().
         self.files: dict[str, int] = {}
@@ -254,6 +256,9 @@ class ComfyUISim(SimServer):
             self.lose_prompt_answers -= 1
             assert request.transport is not None
             request.transport.close()
+        if self.hang_prompt_answers > 0:  # queued; the caller waits (and may die) meanwhile
+            self.hang_prompt_answers -= 1
+            await self._release.wait()
         return web.json_response(
             {"prompt_id": prompt_id, "number": number, "node_errors": result.node_errors}
         )
