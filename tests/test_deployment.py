@@ -1,0 +1,211 @@
+"""The production files (docker-compose.yml, Dockerfile, .env.example), checked offline.
+
+No Docker engine exists here: the compose file is validated against the Compose specification
+with check-jsonschema (what `docker compose config` would reject, it rejects), then read the way
+a reviewer would: pinned images, workers that can be scaled, keys only through .env, and an
+.env.example that documents exactly the settings the worker reads.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ruamel.yaml import YAML
+
+from spillway.settings import PROJECT_ROOT, Settings
+
+COMPOSE = PROJECT_ROOT / "docker-compose.yml"
+DOCKERFILE = PROJECT_ROOT / "Dockerfile"
+ENV_EXAMPLE = PROJECT_ROOT / ".env.example"
+DOCKERIGNORE = PROJECT_ROOT / ".dockerignore"
+
+# Read by the worker but not fields of Settings: temporalio.envconfig's own variables, and the
+# worker's metrics port and shutdown grace period.
+WORKER_EXTRAS = {
+    "TEMPORAL_ADDRESS",
+    "TEMPORAL_NAMESPACE",
+    "TEMPORAL_API_KEY",
+    "SPILLWAY_METRICS_PORT",
+    "SPILLWAY_SHUTDOWN_GRACE_S",
+}
+# Deliberately not the default: the real hosts, the compose stack's UI, metrics switched on.
+NOT_DEFAULT = {"COMFYUI_URL", "A40_GUARD_URL", "SPILLWAY_UI_URL", "SPILLWAY_METRICS_PORT"}
+SECRETS = ("MINIMAX_API_KEY", "TEMPORAL_API_KEY")
+
+_ASSIGNMENT = re.compile(r"^(#\s*)?([A-Z][A-Z0-9_]*)=(.*)$")
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    loaded: dict[str, Any] = YAML(typ="safe").load(COMPOSE.read_text(encoding="utf-8"))
+    return loaded
+
+
+@pytest.fixture(scope="module")
+def env_example() -> tuple[dict[str, str], set[str]]:
+    """(variables set, variables documented but commented out)."""
+    active: dict[str, str] = {}
+    commented: set[str] = set()
+    for line in ENV_EXAMPLE.read_text(encoding="utf-8").splitlines():
+        match = _ASSIGNMENT.match(line.strip())
+        if match is None:
+            continue
+        if match.group(1):
+            commented.add(match.group(2))
+        else:
+            assert match.group(2) not in active, f"{match.group(2)} set twice in .env.example"
+            active[match.group(2)] = match.group(3)
+    return active, commented
+
+
+def _seconds(duration: str) -> float:
+    match = re.fullmatch(r"(\d+)(s|m)", duration)
+    assert match, f"unexpected duration {duration!r}"
+    return int(match.group(1)) * (60 if match.group(2) == "m" else 1)
+
+
+def test_compose_file_passes_the_compose_spec_schema():
+    checker = Path(sys.executable).parent / "check-jsonschema"
+    result = subprocess.run(
+        [str(checker), "--builtin-schema", "vendor.compose-spec", str(COMPOSE)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_image_is_pinned_to_a_version(compose):
+    for name, service in compose["services"].items():
+        image = service["image"]
+        repository, _, tag = image.rpartition(":")
+        assert repository and "/" not in tag, f"{name}: {image} has no tag"
+        assert tag != "latest" and re.search(r"\d", tag), f"{name}: {image} is not pinned"
+    base = re.search(r"^FROM\s+(\S+)", DOCKERFILE.read_text(encoding="utf-8"), re.MULTILINE)
+    assert base and re.fullmatch(r"python:3\.11\.\d+-slim-\w+", base.group(1)), base
+
+
+def test_temporal_server_and_admin_tools_are_the_same_release(compose):
+    services = compose["services"]
+    server = services["temporal"]["image"].rpartition(":")[2]
+    for name in ("temporal-admin-tools", "temporal-create-namespace"):
+        assert services[name]["image"] == f"temporalio/admin-tools:{server}"
+
+
+def test_start_order_schema_then_server_then_namespace_then_init_then_workers(compose):
+    services = compose["services"]
+    needs = {
+        "temporal-admin-tools": ("postgresql", "service_healthy"),
+        "temporal": ("temporal-admin-tools", "service_completed_successfully"),
+        "temporal-create-namespace": ("temporal", "service_healthy"),
+        "temporal-ui": ("temporal", "service_healthy"),
+        "spillway-init": ("temporal-create-namespace", "service_completed_successfully"),
+        "worker": ("spillway-init", "service_completed_successfully"),
+    }
+    for name, (dependency, condition) in needs.items():
+        assert services[name]["depends_on"][dependency]["condition"] == condition, name
+    for name in ("postgresql", "temporal"):
+        assert "healthcheck" in services[name], name
+    schema_script = "\n".join(services["temporal-admin-tools"]["command"])
+    for step in ("create", "setup-schema -v 0.0", "update-schema", "temporal_visibility"):
+        assert step in schema_script
+    assert services["spillway-init"]["command"] == ["spillway", "init"]
+
+
+def test_worker_can_run_as_several_replicas_on_one_task_queue(compose, env_example):
+    worker = compose["services"]["worker"]
+    assert "container_name" not in worker
+    assert "ports" not in worker, "a published host port would clash between replicas"
+    active, _ = env_example
+    assert worker["expose"] == [active["SPILLWAY_METRICS_PORT"]]
+    grace = _seconds(worker["stop_grace_period"])
+    assert grace > float(active["SPILLWAY_SHUTDOWN_GRACE_S"]), "Docker would kill the hand-over"
+    output_volume, target = worker["volumes"][0].split(":")
+    assert output_volume in compose["volumes"] and target == "/app/outputs"
+    assert active["SPILLWAY_OUTPUT_DIR"] == "outputs"  # /app/outputs, the WORKDIR being /app
+
+
+def test_worker_and_init_are_built_from_the_projects_dockerfile(compose):
+    services = compose["services"]
+    for name in ("worker", "spillway-init"):
+        build = services[name]["build"]
+        assert (PROJECT_ROOT / build["context"] / build["dockerfile"]) == DOCKERFILE, name
+        assert services[name]["env_file"] == ".env", name
+    assert services["worker"]["image"] == services["spillway-init"]["image"]
+    project = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    version = project["project"]["version"]
+    assert services["worker"]["image"] == f"spillway-worker:{version}", "tag = project version"
+
+
+def test_no_secret_is_written_in_the_compose_file(compose):
+    text = COMPOSE.read_text(encoding="utf-8")
+    for secret in SECRETS:
+        assert secret not in text, f"{secret} belongs in .env only"
+    for name, service in compose["services"].items():
+        for key, value in (service.get("environment") or {}).items():
+            if re.search(r"PASSWORD|PWD|SECRET|TOKEN|KEY", key):
+                assert str(value).startswith("${"), f"{name}: {key} is written in the file"
+    ui_comment = text[text.index("temporal-ui:") : text.index("spillway-init:")]
+    for switch in ("TEMPORAL_DISABLE_WRITE_ACTIONS", "TEMPORAL_WORKFLOW_SIGNAL_DISABLED"):
+        assert switch in ui_comment
+
+
+def test_env_example_documents_exactly_the_settings_the_worker_reads(env_example):
+    active, commented = env_example
+    fields = set(Settings.model_fields)
+    documented = set(active) | commented
+    assert documented - fields - WORKER_EXTRAS == set(), "not read by the worker"
+    assert fields - set(active) == set(), "settings missing from .env.example"
+    assert documented >= WORKER_EXTRAS
+    assert set(SECRETS) & set(active) <= {"MINIMAX_API_KEY"}
+    assert active["MINIMAX_API_KEY"] == "", "the example ships no key"
+
+
+def test_env_example_values_are_valid_and_are_the_defaults(env_example):
+    active, _ = env_example
+    settings = Settings.model_validate(
+        {k: v for k, v in active.items() if k in Settings.model_fields}
+    )
+    assert not settings.cloud_armed, "the cloud fallback must stay off until the owner arms it"
+    for name, field in Settings.model_fields.items():
+        value = getattr(settings, name)
+        if name in NOT_DEFAULT:
+            assert value is not None, name
+            assert "127.0.0.1" not in str(value) and "localhost" not in str(value), name
+        elif name == "SPILLWAY_ROUTING_TIERS":
+            assert PROJECT_ROOT / value == field.default  # relative to the working directory
+        else:
+            assert value == field.default, f"{name}: {value!r} is not the default"
+    assert active["TEMPORAL_ADDRESS"] == "temporal:7233"
+    assert active["TEMPORAL_NAMESPACE"] == "default"
+
+
+def test_dockerfile_installs_the_lock_without_dev_extras_and_runs_unprivileged():
+    text = DOCKERFILE.read_text(encoding="utf-8")
+    # One install, of the project with the lock as constraints: no extras, no editable install.
+    installs = [m.rstrip(" \\") for m in re.findall(r"pip install [^&\n]*", text)]
+    assert installs == ["pip install -c requirements.lock ."], installs
+    assert re.search(r"^USER\s+(?!root|0\b)\w+", text, re.MULTILINE)
+    assert 'CMD ["python", "worker.py"]' in text
+    assert "PYTHONUNBUFFERED=1" in text
+    copied = " ".join(re.findall(r"^COPY\s+(.+)$", text, re.MULTILINE))
+    project = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    setuptools = project["tool"]["setuptools"]
+    needed = {package.split(".")[0] + "/" for package in setuptools["packages"]}
+    needed |= {f"{module}.py" for module in setuptools["py-modules"]}
+    needed |= {"pyproject.toml", "requirements.lock", project["project"]["readme"]}
+    needed.add("routing_tiers.json")
+    for path in needed:
+        assert path in copied.split(), f"Dockerfile does not copy {path}"
+
+
+def test_dockerignore_keeps_keys_and_local_state_out_of_the_image():
+    ignored = set(DOCKERIGNORE.read_text(encoding="utf-8").split())
+    for entry in (".env", ".git", ".venv", "outputs", ".spillway", "tests", "bench"):
+        assert entry in ignored, entry
