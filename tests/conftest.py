@@ -29,11 +29,12 @@ from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.guard import GuardSim
 from spillway.temporal import installed_binary, register_search_attributes
 
+# Route fixtures first: job_fixtures imports from them.
 pytest_plugins = [
-    "tests.job_fixtures",
-    "tests.worker_process",
     "tests.comfyui_fixtures",
     "tests.minimax_fixtures",
+    "tests.job_fixtures",
+    "tests.worker_process",
 ]
 
 SPILLWAY_ENV_PREFIXES = (

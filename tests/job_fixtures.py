@@ -19,19 +19,13 @@ from activities.policy import PolicyActivities
 from spillway.models import CloudRequest, JobState, Plan, VideoJob
 from spillway.settings import Settings
 from spillway.tiers import load_tiers
+from tests.comfyui_fixtures import VIDEO_GRAPH
 from tests.route_stubs import RouteStubs
 from worker import WORKFLOWS
 from workflows.video_job import VideoJobWorkflow
 
 # The recorded transcripts' model-free video graph: EmptyImage -> CreateVideo -> SaveVideo.
-GRAPH: dict[str, Any] = {
-    "1": {"class_type": "EmptyImage", "inputs": {"width": 64, "height": 64, "batch_size": 4}},
-    "2": {"class_type": "CreateVideo", "inputs": {"images": ["1", 0], "fps": 8.0}},
-    "3": {
-        "class_type": "SaveVideo",
-        "inputs": {"video": ["2", 0], "filename_prefix": "video/v", "format": "mp4"},
-    },
-}
+GRAPH = VIDEO_GRAPH
 # Settings a test did not choose: nothing armed, no key, nothing read from this process's env.
 QUIET = {
     "CLOUD_VIDEO_FALLBACK_ENABLED": False,

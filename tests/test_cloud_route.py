@@ -5,6 +5,7 @@ nowhere: history, worker log, `spillway status`)."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import uuid
 from typing import Any
@@ -17,6 +18,7 @@ from temporalio.testing import WorkflowEnvironment
 from spillway.models import CloudRequest, Plan, VideoJob
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
+from spillway.temporal import installed_binary
 from tests.cli_run import spillway
 from tests.job_fixtures import GRAPH
 from tests.minimax_fixtures import CANARY_KEY, eventually
@@ -72,12 +74,58 @@ async def test_a_full_cloud_job_never_shows_the_key_anywhere(
     assert plan.outputs[0].sha256 == minimax.sha256_of_task(plan.cloud.task_id)
     assert minimax.tasks_created == 1
 
-    history = await handle.fetch_history()
+    history = await temporal_show(worker.env, handle.id)
+    assert plan.cloud.task_id in history  # payloads decoded: the export holds the whole job
     _, status, _ = await spillway("status", handle.id, "--json", env=worker.env)
     assert json.loads(status)["cloud"]["authorised_by"] == "armed"
     await worker.stop()
-    for where, text in {"history": history.to_json(), "log": worker.log, "status": status}.items():
+    for where, text in {"history": history, "log": worker.log, "status": status}.items():
         assert CANARY_KEY not in text, f"the key leaked into the {where}"
+
+
+async def temporal_show(env: dict[str, str], job_id: str) -> str:
+    """`temporal workflow show --output json` as an operator exports it, with every payload's
+    base64 `data` decoded next to it, so a key inside a payload would show too."""
+    proc = await asyncio.create_subprocess_exec(
+        installed_binary("temporal"), "workflow", "show", "--workflow-id", job_id,
+        "--address", env["TEMPORAL_ADDRESS"], "--output", "json",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    decoded: list[str] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key == "data" and isinstance(value, str):
+                    decoded.append(base64.b64decode(value).decode(errors="replace"))
+                walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    walk(json.loads(out))
+    return out.decode() + "\n".join(decoded)
+
+
+async def test_an_overloaded_job_nobody_approves_never_reaches_minimax(
+    worker_process, dev_env, comfyui: ComfyUISim, minimax: MiniMaxSim
+):
+    comfyui.set_vram_used_pct(97)
+    comfyui.execution_s = 0.2
+    worker = await worker_process(
+        COMFYUI_URL=comfyui.url,
+        MINIMAX_API_KEY=CANARY_KEY,  # a key, but the fallback is not armed
+        MINIMAX_BASE_URL=minimax.url,
+        APPROVAL_TIMEOUT_S="3",
+        APPROVAL_RECHECK_S="1",
+    )
+    handle = await start_job(dev_env, worker.task_queue)
+    plan: Plan = await asyncio.wait_for(handle.result(), 60)
+    assert (plan.state, plan.route) == ("completed", "local")
+    assert "approval_timeout" in plan.reasons
+    assert (minimax.create_calls, minimax.tasks_created) == (0, 0)
 
 
 async def test_a_create_that_hangs_fails_the_job_clearly_and_is_never_repeated(
