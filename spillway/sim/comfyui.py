@@ -177,8 +177,19 @@ class ComfyUISim(SimServer):
         app.router.add_post("/interrupt", self._post_interrupt)
         app.router.add_get("/view", self._view)
         app.router.add_get("/ws", self._ws)
+        app.router.add_post("/sim/gpu", self._sim_gpu)
 
     # --- HTTP ----------------------------------------------------------------------------
+
+    async def _sim_gpu(self, request: web.Request) -> web.Response:
+        """Not ComfyUI's: how `spillway sim gpu` flips a running double between free and busy."""
+        body = await _json_body(request)
+        if isinstance(body, dict) and isinstance(body.get("vram_used_pct"), int | float):
+            self.set_vram_used_pct(float(body["vram_used_pct"]))
+        if isinstance(body, dict) and isinstance(body.get("execution_s"), int | float):
+            self.execution_s = float(body["execution_s"])
+        used = (self.vram_total - self.vram_free) / self.vram_total * 100
+        return web.json_response({"vram_used_pct": round(used, 1), "execution_s": self.execution_s})
 
     async def _system_stats(self, request: web.Request) -> web.Response:
         return web.json_response(

@@ -28,6 +28,16 @@ class GuardSim(SimServer):
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_get(GUARD_STATUS_PATH, self._status)
+        app.router.add_post("/sim/guard", self._set)
+
+    async def _set(self, request: web.Request) -> web.Response:
+        """Not the guard's: how `spillway sim guard` holds or frees the simulated semaphore."""
+        body = await request.json()
+        if body.get("busy"):
+            self.hold(body.get("job"))
+        else:
+            self.free()
+        return web.json_response(self.status)
 
     async def _status(self, request: web.Request) -> web.Response:
         return web.json_response(self.status)

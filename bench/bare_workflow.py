@@ -1,0 +1,22 @@
+"""The baseline of bench/comfyui_route.py: a workflow that runs N no-op activities in a row."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio import activity, workflow
+
+
+@activity.defn(name="bench_noop")
+async def noop(step: int) -> int:
+    return step
+
+
+@workflow.defn(name="BareWorkflow")
+class BareWorkflow:
+    @workflow.run
+    async def run(self, steps: int) -> None:
+        for step in range(steps):
+            await workflow.execute_activity(
+                noop, step, start_to_close_timeout=timedelta(seconds=30)
+            )

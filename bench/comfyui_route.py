@@ -1,0 +1,162 @@
+"""Throughput of the LOCAL route: N jobs (default 200) through VideoJobWorkflow with the real
+activities against the ComfyUI double (instant execution, in a process of its own), next to a
+bare workflow running the same number of no-op activities, in this process, on the same dev
+server and worker.
+
+    .venv/bin/python bench/comfyui_route.py [--jobs 200]
+
+Prints jobs/s for both, their ratio, and p50/p99 from the job's start to ComfyUI's POST /prompt
+(server-side times from each job's history: start event to comfyui_submit completed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from datetime import datetime
+from pathlib import Path
+
+import httpx
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client, WorkflowHandle
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from activities.nvml import NvmlReader
+from bench.bare_workflow import BareWorkflow, noop
+from spillway.models import VideoJob
+from spillway.settings import Settings
+from spillway.temporal import installed_binary, register_search_attributes
+from spillway.tiers import load_tiers
+from tests.comfyui_fixtures import VIDEO_GRAPH
+from worker import WORKFLOWS, activities
+from workflows.video_job import VideoJobWorkflow
+
+STEPS = 5  # read_policy, a40_load_status, comfyui_submit, comfyui_wait, comfyui_download
+
+
+async def start_to_post_s(client: Client, handle: WorkflowHandle) -> float:
+    history = await client.get_workflow_handle(handle.id).fetch_history()
+    started = history.events[0].event_time.ToDatetime()
+    scheduled: dict[int, str] = {}
+    for event in history.events:
+        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            name = event.activity_task_scheduled_event_attributes.activity_type.name
+            scheduled[event.event_id] = name
+        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+            attributes = event.activity_task_completed_event_attributes
+            if scheduled.get(attributes.scheduled_event_id) == "comfyui_submit":
+                return (event.event_time.ToDatetime() - started).total_seconds()
+    raise AssertionError(f"{handle.id} never submitted")
+
+
+async def print_activity_times(client: Client, handles: list[WorkflowHandle]) -> None:
+    """Mean scheduled -> started -> completed per activity type (BENCH_DETAIL=1)."""
+    waits: dict[str, list[float]] = {}
+    runs: dict[str, list[float]] = {}
+    for handle in handles:
+        history = await client.get_workflow_handle(handle.id).fetch_history()
+        at: dict[int, tuple[str, datetime]] = {}
+        started: dict[int, datetime] = {}
+        for e in history.events:
+            t = e.event_time.ToDatetime()
+            if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+                at[e.event_id] = (e.activity_task_scheduled_event_attributes.activity_type.name, t)
+            elif e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+                started[e.activity_task_started_event_attributes.scheduled_event_id] = t
+            elif e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+                sid = e.activity_task_completed_event_attributes.scheduled_event_id
+                name, t0 = at[sid]
+                waits.setdefault(name, []).append((started[sid] - t0).total_seconds())
+                runs.setdefault(name, []).append((t - started[sid]).total_seconds())
+    for name in waits:
+        print(
+            f"    {name:<24} queued {statistics.mean(waits[name]) * 1000:7.1f} ms"
+            f"   ran {statistics.mean(runs[name]) * 1000:7.1f} ms"
+        )
+
+
+async def main(jobs: int) -> None:
+    sims = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "spillway.sim", "--execution-s", "0",
+        stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert sims.stdout is not None
+    urls = json.loads(await sims.stdout.readline())
+    env = await WorkflowEnvironment.start_local(
+        data_converter=pydantic_data_converter,
+        dev_server_existing_path=installed_binary("temporal"),
+    )
+    await register_search_attributes(env.client)
+    settings = Settings(
+        COMFYUI_URL=urls["comfyui"],
+        SPILLWAY_OUTPUT_DIR=Path(tempfile.mkdtemp(prefix="spillway-bench-")),
+        A40_GUARD_URL=None,
+        MINIMAX_API_KEY=None,
+    )
+    queue = f"bench-{uuid.uuid4()}"
+    async with httpx.AsyncClient() as http:
+        tiers = load_tiers(settings.SPILLWAY_ROUTING_TIERS)
+        async with Worker(
+            env.client,
+            task_queue=queue,
+            workflows=[*WORKFLOWS, BareWorkflow],
+            activities=[*activities(http, settings, tiers, NvmlReader()), noop],
+        ):
+            started = time.perf_counter()
+            bare = [
+                await env.client.start_workflow(
+                    BareWorkflow.run, STEPS, id=f"bare-{uuid.uuid4()}", task_queue=queue
+                )
+                for _ in range(jobs)
+            ]
+            await asyncio.gather(*(h.result() for h in bare))
+            bare_s = time.perf_counter() - started
+
+            started = time.perf_counter()
+            handles = [
+                await env.client.start_workflow(
+                    VideoJobWorkflow.run,
+                    VideoJob(job_id=job_id, graph=VIDEO_GRAPH),
+                    id=job_id,
+                    task_queue=queue,
+                )
+                for job_id in (f"bench-{uuid.uuid4().hex[:12]}" for _ in range(jobs))
+            ]
+            plans = await asyncio.gather(*(h.result() for h in handles))
+            spillway_s = time.perf_counter() - started
+
+    assert all(p.state == "completed" and p.route == "local" for p in plans)
+    to_post = [await start_to_post_s(env.client, h) for h in handles]
+    q = statistics.quantiles(to_post, n=100, method="inclusive")
+    bare_rate, spillway_rate = jobs / bare_s, jobs / spillway_s
+    print(f"{jobs} jobs started back to back; one worker; dev server; {os.cpu_count()} cores")
+    print(f"  bare workflow, {STEPS} no-op activities  {bare_rate:6.1f} jobs/s  ({bare_s:.1f} s)")
+    print(
+        f"  VideoJobWorkflow, LOCAL route       {spillway_rate:6.1f} jobs/s  ({spillway_s:.1f} s)"
+    )
+    print(f"  ratio                               {spillway_rate / bare_rate:6.2f}")
+    print(f"  start -> POST /prompt   p50 {q[49] * 1000:.0f} ms   p99 {q[98] * 1000:.0f} ms")
+    if os.environ.get("BENCH_DETAIL"):
+        await print_activity_times(env.client, handles)
+    sims.terminate()
+    await sims.wait()
+    await env.shutdown()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--jobs", type=int, default=200)
+    asyncio.run(main(parser.parse_args().jobs))
+    sys.stdout.flush()
+    os._exit(0)  # the SDK's bridge can crash at interpreter shutdown (sdk-python#300)
