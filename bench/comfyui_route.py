@@ -22,6 +22,7 @@ import time
 import uuid
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import httpx
 from temporalio.api.enums.v1 import EventType
@@ -45,7 +46,7 @@ from workflows.video_job import VideoJobWorkflow
 STEPS = 5  # read_policy, a40_load_status, comfyui_submit, comfyui_wait, comfyui_download
 
 
-async def start_to_post_s(client: Client, handle: WorkflowHandle) -> float:
+async def start_to_post_s(client: Client, handle: WorkflowHandle[Any, Any]) -> float:
     history = await client.get_workflow_handle(handle.id).fetch_history()
     started = history.events[0].event_time.ToDatetime()
     scheduled: dict[int, str] = {}
@@ -60,7 +61,7 @@ async def start_to_post_s(client: Client, handle: WorkflowHandle) -> float:
     raise AssertionError(f"{handle.id} never submitted")
 
 
-async def print_activity_times(client: Client, handles: list[WorkflowHandle]) -> None:
+async def print_activity_times(client: Client, handles: list[WorkflowHandle[Any, Any]]) -> None:
     """Mean scheduled -> started -> completed per activity type (BENCH_DETAIL=1)."""
     waits: dict[str, list[float]] = {}
     runs: dict[str, list[float]] = {}
