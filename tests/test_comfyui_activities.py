@@ -40,7 +40,7 @@ from tests.comfyui_fixtures import (
 )
 from tests.comfyui_workflow import RenderLocally, SubmitOnce
 
-TRANSCRIPTS = Path(__file__).resolve().parents[2] / "shared" / "comfyui-transcripts"
+TRANSCRIPTS = Path(__file__).resolve().parent / "comfyui_transcripts"
 
 
 def new_job() -> str:

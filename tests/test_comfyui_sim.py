@@ -1,6 +1,7 @@
-"""The ComfyUI double answers like the real ComfyUI 0.3.64 recorded in
-shared/comfyui-transcripts: the recorded requests are replayed against it and its answers compared
-with the recorded ones (status, content type, body; WebSocket messages in order)."""
+"""The ComfyUI double answers like the real ComfyUI 0.3.64 recorded in tests/comfyui_transcripts
+(a copy of shared/comfyui-transcripts): the recorded requests are replayed against it and its
+answers compared with the recorded ones (status, content type, body; WebSocket messages in
+order)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import pytest
 
 from spillway.sim.comfyui import ComfyUISim
 
-TRANSCRIPTS = Path(__file__).resolve().parents[2] / "shared" / "comfyui-transcripts"
+TRANSCRIPTS = Path(__file__).resolve().parent / "comfyui_transcripts"
 CLIENT = "capture-553293"
 
 
