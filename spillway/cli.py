@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import sys
 import traceback
@@ -82,11 +83,12 @@ async def cmd_load(args: argparse.Namespace) -> int:
 
 
 async def cmd_health(args: argparse.Namespace) -> int:
-    from spillway.health import health_report, probe_once
+    from spillway.health import health_report, probe_once, temporal_health
     from spillway.render import render_health
 
     settings, tiers = _config()
-    health = health_report(settings, tiers, await probe_once(settings))
+    load, temporal = await asyncio.gather(probe_once(settings), temporal_health(settings))
+    health = health_report(settings, tiers, load, temporal)
     print(health.model_dump_json(indent=2) if args.json else render_health(health))
     return OK
 
@@ -168,6 +170,47 @@ async def cmd_worker(args: argparse.Namespace) -> int:
     import worker
 
     return await worker.main()
+
+
+async def cmd_dev(args: argparse.Namespace) -> int:
+    import logging
+
+    from spillway.dev import DevOptions, run_dev
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    options = DevOptions(
+        simulate=args.simulate,
+        port=args.port,
+        ui_port=args.ui_port,
+        comfyui_port=args.comfyui_port,
+        guard_port=args.guard_port,
+        minimax_port=args.minimax_port,
+        state_dir=args.state_dir,
+    )
+    return await run_dev(options)
+
+
+async def cmd_sim(args: argparse.Namespace) -> int:
+    import httpx
+
+    settings, _ = _config()
+    if args.sim == "gpu":
+        url = settings.comfyui("/sim/gpu")
+        body: dict[str, object] = {"vram_used_pct": 42.4 if args.free else args.vram}
+    else:
+        url = args.guard_url.rstrip("/") + "/sim/guard"
+        body = {"busy": not args.free, "job": args.job}
+    try:
+        async with httpx.AsyncClient() as http:
+            response = await http.post(url, json=body, timeout=5)
+            response.raise_for_status()
+    except httpx.HTTPError:
+        raise Failed(
+            f"no simulator answers at {url}: is `spillway dev --simulate` running?"
+        ) from None
+    print(f"{args.sim} simulator now: {response.json()}")
+    return OK
 
 
 async def _follow(client: Client, job_id: str, quiet: bool) -> Plan:
@@ -308,6 +351,44 @@ def build_parser() -> argparse.ArgumentParser:
     )
     watch.add_argument("job", metavar="JOB")
 
+    dev = command(
+        "dev",
+        cmd_dev,
+        "run everything locally: Temporal dev server + Web UI, the worker, and simulators",
+        "Without TEMPORAL_ADDRESS, start the Temporal dev server (Web UI included) with its "
+        "jobs kept in .spillway/temporal.db, register the search attributes and run the "
+        "worker; with --simulate also the ComfyUI, guard and MiniMax simulators on their usual "
+        "local ports (no GPU, no key, no money). Ctrl-C stops everything it started.",
+    )
+    dev.add_argument("--simulate", action="store_true", help="serve the simulators too")
+    dev.add_argument("--port", type=int, default=7233, help="Temporal frontend (7233)")
+    dev.add_argument("--ui-port", type=int, default=8233, help="Temporal Web UI (8233)")
+    dev.add_argument("--comfyui-port", type=int, default=8188, help="ComfyUI simulator (8188)")
+    dev.add_argument("--guard-port", type=int, default=8189, help="guard simulator (8189)")
+    dev.add_argument("--minimax-port", type=int, default=8190, help="MiniMax simulator (8190)")
+    dev.add_argument(
+        "--state-dir", type=Path, default=Path(".spillway"), help="where jobs are kept"
+    )
+
+    sim = command(
+        "sim",
+        cmd_sim,
+        "change the simulators of `spillway dev --simulate` (GPU load, guard)",
+        "Flip the simulated A40 between free and busy, or hold/free the simulated guard.",
+    )
+    sims = sim.add_subparsers(dest="sim", metavar="WHAT", parser_class=_Parser)
+    sims.required = True
+    gpu = sims.add_parser("gpu", help="set the simulated A40's VRAM use (at COMFYUI_URL)")
+    load_choice = gpu.add_mutually_exclusive_group(required=True)
+    load_choice.add_argument("--vram", type=float, help="percent of VRAM in use, e.g. 95")
+    load_choice.add_argument("--free", action="store_true", help="back to 42.4% (free)")
+    guard = sims.add_parser("guard", help="hold or free the simulated guard semaphore")
+    guard_choice = guard.add_mutually_exclusive_group(required=True)
+    guard_choice.add_argument("--busy", action="store_true", help="the A40 holds a job")
+    guard_choice.add_argument("--free", action="store_true", help="the A40 holds none")
+    guard.add_argument("--job", help="job the guard names while busy")
+    guard.add_argument("--guard-url", default="http://127.0.0.1:8189", help="simulator URL")
+
     command(
         "worker",
         cmd_worker,
@@ -331,6 +412,8 @@ def run(argv: Sequence[str] | None = None) -> int:
         return _fail(FAILED, str(exc))
     except KeyboardInterrupt:
         return _fail(130, "interrupted")
+    except BrokenPipeError:  # `spillway list | head`: the reader has all it wanted
+        return OK
     except Exception as exc:
         if os.environ.get("SPILLWAY_DEBUG"):
             traceback.print_exc()
@@ -344,6 +427,7 @@ def _fail(code: int, message: str) -> int:
 
 def main() -> NoReturn:
     code = run()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    with contextlib.suppress(BrokenPipeError):
+        sys.stdout.flush()
+        sys.stderr.flush()
     os._exit(code)

@@ -3,6 +3,8 @@ the seed's /health showed them. Never shows a key, only whether one is present."
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import httpx
 from pydantic import BaseModel
 
@@ -46,7 +48,24 @@ class Approval(BaseModel):
     webhook_configured: bool
 
 
+class Poller(BaseModel):
+    identity: str
+    kind: str  # "workflow" or "activity" task poller
+    last_access: datetime | None
+
+
+class TemporalHealth(BaseModel):
+    address: str
+    namespace: str
+    reachable: bool
+    error: str | None = None
+    task_queue: str
+    pollers: list[Poller] = []  # workers seen polling the task queue lately
+    awaiting_approval: int | None = None
+
+
 class Health(BaseModel):
+    temporal: TemporalHealth
     trigger: str
     sources: list[Source]
     probe_timeout_s: float
@@ -66,9 +85,60 @@ async def probe_once(settings: Settings) -> LoadStatus:
         reader.close()
 
 
-def health_report(settings: Settings, tiers: RoutingTiers, load: LoadStatus) -> Health:
+async def temporal_health(settings: Settings) -> TemporalHealth:
+    """Connection, the task queue's pollers and the jobs waiting for a person."""
+    from temporalio.api.enums.v1 import TaskQueueType
+    from temporalio.api.taskqueue.v1 import TaskQueue
+    from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+
+    from spillway import search_attributes as sa
+    from spillway.temporal import TemporalUnreachable, connect, connect_config
+
+    config = connect_config()
+    report = TemporalHealth(
+        address=config["target_host"],
+        namespace=config["namespace"],
+        reachable=False,
+        task_queue=settings.SPILLWAY_TASK_QUEUE,
+    )
+    try:
+        client = await connect()
+    except TemporalUnreachable as exc:
+        report.error = str(exc)
+        return report
+    report.reachable = True
+    for kind, queue_type in (
+        ("workflow", TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW),
+        ("activity", TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY),
+    ):
+        described = await client.workflow_service.describe_task_queue(
+            DescribeTaskQueueRequest(
+                namespace=client.namespace,
+                task_queue=TaskQueue(name=settings.SPILLWAY_TASK_QUEUE),
+                task_queue_type=queue_type,
+            )
+        )
+        report.pollers += [
+            Poller(
+                identity=p.identity,
+                kind=kind,
+                last_access=p.last_access_time.ToDatetime(tzinfo=UTC)
+                if p.HasField("last_access_time")
+                else None,
+            )
+            for p in described.pollers
+        ]
+    query = f"WorkflowType = 'VideoJobWorkflow' AND {sa.STATE.name} = 'awaiting_approval'"
+    report.awaiting_approval = (await client.count_workflows(query)).count
+    return report
+
+
+def health_report(
+    settings: Settings, tiers: RoutingTiers, load: LoadStatus, temporal: TemporalHealth
+) -> Health:
     minimax = tiers.by_provider("minimax")
     return Health(
+        temporal=temporal,
         trigger=TRIGGER,
         sources=[
             Source(

@@ -37,9 +37,19 @@ def render_load(load: LoadStatus) -> str:
 
 
 def render_health(health: Health) -> str:
-    cloud, approval = health.cloud_fallback, health.approval
+    cloud, approval, temporal = health.cloud_fallback, health.approval, health.temporal
     yes = {True: "yes", False: "no"}
-    lines = [f"Trigger: {health.trigger}"]
+    if temporal.reachable:
+        workers = sorted({p.identity for p in temporal.pollers})
+        lines = [
+            f"Temporal: {temporal.address} namespace {temporal.namespace!r}; task queue "
+            f"{temporal.task_queue!r} polled by {len(workers)} worker(s)"
+            + (f" ({', '.join(workers)})" if workers else ": start one (spillway worker)"),
+            f"Jobs awaiting approval: {temporal.awaiting_approval}",
+        ]
+    else:
+        lines = [f"Temporal: NOT reachable: {temporal.error}"]
+    lines.append(f"Trigger: {health.trigger}")
     for s in health.sources:
         lines.append(f"  {s.name:<20} {s.rule:<45} {s.endpoint or 'not configured: skipped'}")
     lines += [
