@@ -1,0 +1,173 @@
+"""The README's five-minute tour, run as written against `spillway dev --simulate`, and a restart
+of `spillway dev` while a job waits for approval (the seed's manual restart check, automated)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import socket
+import sys
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from spillway.settings import PROJECT_ROOT
+
+BIN = Path(sys.executable).parent
+
+
+def tour_commands() -> list[str]:
+    """The `spillway ...` lines of the README's tour, in order."""
+    readme = (PROJECT_ROOT / "README.md").read_text()
+    section = readme.split("## The five-minute tour", 1)[1]
+    block = re.search(r"```sh\n(.*?)```", section, re.S)
+    assert block is not None, "the README's tour has no sh block"
+    return [line for line in block.group(1).splitlines() if line.startswith("spillway ")]
+
+
+def free_ports(n: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(n)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+class Dev:
+    """`spillway dev --simulate` as a user runs it, on free ports, with its own state folder."""
+
+    def __init__(self, state: Path, env: dict[str, str]) -> None:
+        self.port, self.ui, self.comfyui, self.guard, self.minimax = free_ports(5)
+        self.state, self.env = state, env
+        self.output: list[str] = []
+        self._proc: asyncio.subprocess.Process | None = None
+
+    @property
+    def client_env(self) -> dict[str, str]:
+        """What a second terminal needs to reach this instance (the tour uses the defaults)."""
+        return self.env | {
+            "TEMPORAL_ADDRESS": f"127.0.0.1:{self.port}",
+            "COMFYUI_URL": f"http://127.0.0.1:{self.comfyui}",
+            "PATH": f"{BIN}:{os.environ['PATH']}",
+        }
+
+    async def start(self) -> None:
+        self._proc = await asyncio.create_subprocess_exec(
+            str(BIN / "spillway"), "dev", "--simulate", "--state-dir", str(self.state),
+            "--port", str(self.port), "--ui-port", str(self.ui),
+            "--comfyui-port", str(self.comfyui), "--guard-port", str(self.guard),
+            "--minimax-port", str(self.minimax),
+            cwd=PROJECT_ROOT, env=self.env,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+        assert self._proc.stdout is not None
+        async with asyncio.timeout(60):
+            async for line in self._proc.stdout:
+                self.output.append(line.decode())
+                if "worker polling" in line.decode():
+                    break
+        self._drain = asyncio.create_task(self._read_rest())
+
+    async def _read_rest(self) -> None:
+        assert self._proc is not None and self._proc.stdout is not None
+        async for line in self._proc.stdout:
+            self.output.append(line.decode())
+
+    async def stop(self) -> int:
+        """Ctrl-C, as a user stops it."""
+        assert self._proc is not None
+        self._proc.send_signal(signal.SIGINT)
+        code = await asyncio.wait_for(self._proc.wait(), 60)
+        await self._drain
+        return code
+
+    def ports_free(self) -> bool:
+        for port in (self.port, self.ui, self.comfyui, self.guard, self.minimax):
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    return False
+        return True
+
+    async def run(self, command: str) -> tuple[int, str]:
+        proc = await asyncio.create_subprocess_exec(
+            "bash", "-c", command, cwd=PROJECT_ROOT, env=self.client_env,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+        out, _ = await asyncio.wait_for(proc.communicate(), 120)
+        assert proc.returncode is not None
+        return proc.returncode, out.decode()
+
+    async def until_state(self, job_id: str, state: str) -> None:
+        for _ in range(100):
+            code, out = await self.run(f"spillway status {job_id} --json")
+            if code == 0 and json.loads(out)["state"] == state:
+                return
+            await asyncio.sleep(0.2)
+        raise AssertionError(f"{job_id} never reached {state}")
+
+
+@pytest.fixture
+async def dev(tmp_path: Path, cli_env: Callable[..., dict[str, str]]) -> AsyncIterator[Dev]:
+    instance = Dev(tmp_path / ".spillway", cli_env(SPILLWAY_OUTPUT_DIR=str(tmp_path / "outputs")))
+    await instance.start()
+    yield instance
+    if instance._proc is not None and instance._proc.returncode is None:
+        await instance.stop()
+
+
+# What each tour step must show, by the start of its command.
+EXPECTED = {
+    "spillway submit --graph examples/video_graph.json --job-id tour-1": [
+        "job tour-1: completed on the local route",
+        "sha256",
+    ],
+    "spillway sim gpu --vram 95": ["'vram_used_pct': 95.0"],
+    "spillway load": ["A40 OVERLOADED", "vram_used_95.0pct_ge_85.0pct"],
+    "spillway submit --graph examples/video_graph.json --job-id tour-2": ["submitted job tour-2"],
+    "spillway list --state awaiting_approval": ["tour-2", "awaiting_approval"],
+    "spillway status tour-2": ["job tour-2: awaiting_approval", "vram_used_95.0pct_ge_85.0pct"],
+    "spillway approve tour-2": ["job tour-2: approved"],
+    "spillway watch tour-2": [
+        "job tour-2: completed on the cloud route",
+        "approved by owner",
+        "estimated $0.28",
+    ],
+    "spillway sim gpu --free": ["'vram_used_pct': 42.4"],
+}
+
+
+async def test_the_readme_tour_works_as_written(dev: Dev):
+    commands = tour_commands()
+    assert len(commands) == len(EXPECTED)
+    for command in commands:
+        [expected] = [v for k, v in EXPECTED.items() if command.startswith(k)]
+        code, out = await dev.run(command)
+        assert code == 0, f"{command}\n{out}"
+        for text in expected:
+            assert text in out, f"{command}: {text!r} not in\n{out}"
+        if "--job-id tour-2" in command:  # a person reads the output before typing on
+            await dev.until_state("tour-2", "awaiting_approval")
+    assert await dev.stop() == 0
+    assert dev.ports_free(), "spillway dev left something running"
+
+
+async def test_a_waiting_job_survives_a_restart_of_spillway_dev(dev: Dev):
+    assert (await dev.run("spillway sim gpu --vram 95"))[0] == 0
+    submit = "spillway submit --graph examples/video_graph.json --job-id kept-1 --prompt x"
+    assert (await dev.run(submit))[0] == 0
+    await dev.until_state("kept-1", "awaiting_approval")
+    assert await dev.stop() == 0 and dev.ports_free()
+
+    await dev.start()  # same .spillway folder: same database, same simulated GPU
+    code, out = await dev.run("spillway list --json")
+    assert code == 0 and [j["job_id"] for j in json.loads(out)] == ["kept-1"]
+    await dev.until_state("kept-1", "awaiting_approval")
+    assert (await dev.run("spillway approve kept-1 --by owner"))[0] == 0
+    code, out = await dev.run("spillway watch kept-1")
+    assert code == 0 and "completed on the cloud route" in out
