@@ -1,0 +1,134 @@
+"""A worker holding many jobs that wait for approval: its resident memory, and the time to
+approve them all and see them finish in the (simulated) cloud.
+
+    .venv/bin/python bench/throughput.py [--jobs 1000]
+
+The worker is a real `python worker.py` process (its RSS is read from /proc), the doubles run in
+their own process (`python -m spillway.sim`), the server is the Temporal dev server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from spillway import search_attributes as sa
+from spillway.jobs import submit
+from spillway.models import ApprovalDecision, CloudRequest, VideoJob
+from spillway.settings import PROJECT_ROOT
+from spillway.temporal import installed_binary, register_search_attributes
+from tests.comfyui_fixtures import VIDEO_GRAPH
+from workflows.video_job import VideoJobWorkflow
+
+
+def rss_mb(pid: int) -> tuple[float, float]:
+    """(current, peak) resident set size of a process, in MB."""
+    fields = dict(
+        line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+    )
+    return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
+
+
+async def count(env: WorkflowEnvironment, state: str) -> int:
+    query = f"WorkflowType = 'VideoJobWorkflow' AND {sa.STATE.name} = '{state}'"
+    return (await env.client.count_workflows(query)).count
+
+
+async def until(env: WorkflowEnvironment, state: str, n: int, timeout_s: float) -> float:
+    started = time.perf_counter()
+    while await count(env, state) < n:
+        if time.perf_counter() - started > timeout_s:
+            raise SystemExit(f"only {await count(env, state)} of {n} jobs reached {state}")
+        await asyncio.sleep(0.5)
+    return time.perf_counter() - started
+
+
+async def main(jobs: int) -> None:
+    sims = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "spillway.sim", "--execution-s", "0", stdout=asyncio.subprocess.PIPE
+    )
+    assert sims.stdout is not None
+    urls = json.loads(await sims.stdout.readline())
+    async with httpx.AsyncClient() as http:  # the A40 is busy for the whole run
+        await http.post(f"{urls['comfyui']}/sim/gpu", json={"vram_used_pct": 95})
+    env = await WorkflowEnvironment.start_local(
+        data_converter=pydantic_data_converter,
+        dev_server_existing_path=installed_binary("temporal"),
+    )
+    await register_search_attributes(env.client)
+    queue = f"bench-{uuid.uuid4()}"
+    worker = await asyncio.create_subprocess_exec(
+        sys.executable, str(PROJECT_ROOT / "worker.py"),
+        env=os.environ | {
+            "TEMPORAL_ADDRESS": env.client.service_client.config.target_host,
+            "SPILLWAY_TASK_QUEUE": queue,
+            "COMFYUI_URL": urls["comfyui"],
+            "MINIMAX_BASE_URL": urls["minimax"],
+            "MINIMAX_API_KEY": urls["minimax_key"],
+            "MINIMAX_POLL_INTERVAL_S": "0.5",
+            "APPROVAL_TIMEOUT_S": "3600",
+            "SPILLWAY_OUTPUT_DIR": tempfile.mkdtemp(prefix="spillway-bench-"),
+        },
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    await asyncio.sleep(3)
+    idle_rss, _ = rss_mb(worker.pid)
+
+    started = time.perf_counter()
+    ids = [f"wait-{i:04d}-{uuid.uuid4().hex[:6]}" for i in range(jobs)]
+    cloud = CloudRequest(prompt="a lighthouse at dusk")
+    for job_id in ids:
+        await submit(env.client, VideoJob(job_id=job_id, graph=VIDEO_GRAPH, cloud=cloud), queue)
+    await until(env, "awaiting_approval", jobs, timeout_s=600)
+    waiting_s = time.perf_counter() - started
+    await asyncio.sleep(5)  # let the worker settle
+    waiting_rss, _ = rss_mb(worker.pid)
+
+    decision = ApprovalDecision(approved=True, by="bench", reason="throughput")
+    started = time.perf_counter()
+    await asyncio.gather(
+        *(
+            env.client.get_workflow_handle(job_id).execute_update(
+                VideoJobWorkflow.decide_approval, decision
+            )
+            for job_id in ids
+        )
+    )
+    accepted_s = time.perf_counter() - started
+    await until(env, "completed", jobs, timeout_s=900)
+    completed_s = time.perf_counter() - started
+    _, peak_rss = rss_mb(worker.pid)
+
+    print(f"{jobs} jobs waiting for approval on one worker process ({os.cpu_count()} cores)")
+    print(f"  submitted and all waiting after     {waiting_s:7.1f} s")
+    print(f"  worker RSS idle                     {idle_rss:7.1f} MB")
+    print(f"  worker RSS, all jobs waiting        {waiting_rss:7.1f} MB")
+    print(f"  per waiting job                     {(waiting_rss - idle_rss) / jobs * 1024:7.1f} KB")
+    print(f"  approve all (updates accepted)      {accepted_s:7.1f} s")
+    print(f"  approve all -> all done (cloud)     {completed_s:7.1f} s")
+    print(f"  worker peak RSS                     {peak_rss:7.1f} MB")
+    worker.terminate()
+    sims.terminate()
+    await asyncio.gather(worker.wait(), sims.wait())
+    await env.shutdown()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--jobs", type=int, default=1000)
+    asyncio.run(main(parser.parse_args().jobs))
+    sys.stdout.flush()
+    os._exit(0)  # the SDK's bridge can crash at interpreter shutdown (sdk-python#300)
