@@ -11,13 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import glob
-import hashlib
 import json
-import os
 import re
-import time
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +24,7 @@ import httpx
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities import files
 from spillway import comfyui_models as errors
 from spillway.comfyui_models import (
     ComfyUICancel,
@@ -47,7 +43,6 @@ from spillway.settings import Settings
 REQUEST_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
 # Per network step, not per file: a 2 GB video may take minutes, but never 60 s of silence.
 DOWNLOAD_TIMEOUT = httpx.Timeout(60.0, connect=5.0)
-CHUNK_BYTES = 1 << 20
 OUTPUT_KINDS = ("images", "gifs", "videos")
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
@@ -220,10 +215,9 @@ class ComfyUIActivities:
                 if target.is_file():
                     # Renamed into place only once complete: a re-run keeps it.
                     watch.set(Progress(phase="downloaded", node=file.filename))
-                    size, digest = await asyncio.to_thread(_hash_file, target)
+                    outputs.append(await asyncio.to_thread(files.describe, target))
                 else:
-                    size, digest = await self._fetch(file, target, watch)
-                outputs.append(OutputFile(path=str(target), bytes=size, sha256=digest))
+                    outputs.append(await self._fetch(file, target, watch))
         return Downloaded(outputs=outputs)
 
     def _job_dir(self, job_id: str) -> Path:
@@ -235,13 +229,8 @@ class ComfyUIActivities:
             )
         return (self._settings.SPILLWAY_OUTPUT_DIR / job_id).resolve()
 
-    async def _fetch(self, file: ComfyUIFile, target: Path, watch: _Watch) -> tuple[int, str]:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        for stale in target.parent.glob(f".{glob.escape(target.name)}.*.part"):
-            stale.unlink(missing_ok=True)  # left by a worker that died mid-download
-        part = target.with_name(f".{target.name}.{uuid.uuid4().hex[:12]}.part")
+    async def _fetch(self, file: ComfyUIFile, target: Path, watch: _Watch) -> OutputFile:
         params = {"filename": file.filename, "subfolder": file.subfolder, "type": file.type}
-        digest, size, last_beat = hashlib.sha256(), 0, 0.0
         try:
             async with self._http.stream(
                 "GET", self._settings.comfyui("/view"), params=params, timeout=DOWNLOAD_TIMEOUT
@@ -255,27 +244,15 @@ class ComfyUIActivities:
                     )
                 if not response.is_success:
                     raise _unavailable(f"GET /view answered {response.status_code}")
-                total = int(response.headers.get("content-length", 0)) or None
-                with part.open("wb") as out:
-                    async for chunk in response.aiter_bytes(CHUNK_BYTES):
-                        out.write(chunk)
-                        digest.update(chunk)
-                        size += len(chunk)
-                        if time.monotonic() - last_beat >= 0.5:
-                            last_beat = time.monotonic()
-                            watch.set(_download_progress(file, size, total))
-                    out.flush()
-                    await asyncio.to_thread(os.fsync, out.fileno())
-            if total is not None and size != total:
-                raise _unavailable(f"{file.filename}: got {size} of {total} bytes")
-            os.replace(part, target)
+                output = await files.save(
+                    response, target, lambda done, total: watch.set(_progress(file, done, total))
+                )
+        except files.IncompleteDownload as exc:
+            raise _unavailable(f"{file.filename}: {exc}") from exc
         except httpx.HTTPError as exc:
             raise _unavailable(f"downloading {file.filename}: {_why(exc)}") from exc
-        finally:
-            part.unlink(missing_ok=True)
-        activity.logger.info("downloaded %s (%d bytes)", target, size)
-        watch.set(_download_progress(file, size, size))
-        return size, digest.hexdigest()
+        activity.logger.info("downloaded %s (%d bytes)", target, output.bytes)
+        return output
 
     # --- cancel ------------------------------------------------------------------------------
 
@@ -513,16 +490,7 @@ def _unsafe(file: ComfyUIFile) -> ApplicationError:
     )
 
 
-def _hash_file(path: Path) -> tuple[int, str]:
-    digest, size = hashlib.sha256(), 0
-    with path.open("rb") as f:
-        while chunk := f.read(CHUNK_BYTES):
-            digest.update(chunk)
-            size += len(chunk)
-    return size, digest.hexdigest()
-
-
-def _download_progress(file: ComfyUIFile, done: int, total: int | None) -> Progress:
+def _progress(file: ComfyUIFile, done: int, total: int | None) -> Progress:
     percent = round(100 * done / total, 1) if total else None
     return Progress(phase="downloading", node=file.filename, value=done, max=total, percent=percent)
 

@@ -16,11 +16,8 @@ the video); every message built from a server's text or an exception is scrubbed
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import os
 import random
 import re
-import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
@@ -33,6 +30,7 @@ from pydantic import BaseModel, ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities import files
 from spillway.minimax_models import (
     PERMANENT_CODES,
     RATE_LIMIT_CODES,
@@ -329,7 +327,7 @@ class MiniMaxActivities:
         job_dir = (self._settings.SPILLWAY_OUTPUT_DIR / req.job_id).resolve()
         stem = f"minimax-{re.sub(r'[^A-Za-z0-9_-]', '_', req.task_id)[:64]}"
         if done := sorted(p for p in job_dir.glob(f"{stem}.*") if not p.name.endswith(".part")):
-            return Downloaded(outputs=[await asyncio.to_thread(_describe, done[0])])
+            return Downloaded(outputs=[await asyncio.to_thread(files.describe, done[0])])
         t = self._timing
         async with _Heartbeat(t.heartbeat_every_s, Progress(phase="retrieving")) as hb:
             for _ in range(t.url_refreshes + 1):
@@ -356,7 +354,6 @@ class MiniMaxActivities:
                     raise ApplicationError(
                         f"refusing to write outside {job_dir}", non_retryable=True
                     )
-                job_dir.mkdir(parents=True, exist_ok=True)
                 output = await self._fetch(answer.file, target, hb)
                 if output is not None:
                     activity.logger.info(
@@ -377,12 +374,15 @@ class MiniMaxActivities:
         )
 
     async def _fetch(self, file: FileInfo, target: Path, hb: _Heartbeat) -> OutputFile | None:
-        """Streams the file to a temporary name and renames it when complete; None when the URL
-        has expired. The key is not sent: the URL is pre-signed and often on another host."""
+        """The video into `target`; None when the URL has expired. The key is not sent: the
+        URL is pre-signed and often on another host."""
         t = self._timing
-        part = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.part")
-        total = file.bytes or None
         timeout = httpx.Timeout(t.request_timeout_s, connect=t.connect_timeout_s)
+
+        def progress(done: int, total: int | None) -> None:
+            percent = round(100 * done / total, 1) if total else None
+            hb.update(Progress(phase="downloading", value=done, max=total, percent=percent))
+
         try:
             async with self._http.stream("GET", file.download_url, timeout=timeout) as response:
                 if response.status_code in EXPIRED_URL_STATUSES:
@@ -392,32 +392,19 @@ class MiniMaxActivities:
                         f"the MiniMax file host answered HTTP {response.status_code}",
                         type="MiniMaxDownloadFailed",
                     )
-                total = total or int(response.headers.get("content-length") or 0) or None
-                digest, size = hashlib.sha256(), 0
-                with part.open("wb") as out:
-                    async for chunk in response.aiter_bytes():
-                        out.write(chunk)
-                        digest.update(chunk)
-                        size += len(chunk)
-                        percent = round(100 * size / total, 1) if total else None
-                        hb.update(
-                            Progress(phase="downloading", value=size, max=total, percent=percent)
-                        )
-            hb.update(hb.details, now=True)
-            if file.bytes and size != file.bytes:
-                raise ApplicationError(
-                    f"download of file {file.file_id} ended at {size} of {file.bytes} bytes",
-                    type="MiniMaxDownloadFailed",
-                )
-            os.replace(part, target)
+                # MiniMax may announce 0 bytes; then the host's Content-Length is the check.
+                output = await files.save(response, target, progress, file.bytes or None)
+        except files.IncompleteDownload as exc:
+            raise ApplicationError(
+                f"download of file {file.file_id}: {exc}", type="MiniMaxDownloadFailed"
+            ) from None
         except httpx.HTTPError as exc:
             raise ApplicationError(
                 f"downloading MiniMax file {file.file_id} failed ({self._clean(_why(exc))})",
                 type="MiniMaxDownloadFailed",
             ) from None
-        finally:
-            part.unlink(missing_ok=True)
-        return OutputFile(path=str(target), bytes=size, sha256=digest.hexdigest())
+        hb.update(hb.details, now=True)
+        return output
 
     # --- shared ---------------------------------------------------------------------------
 
@@ -508,12 +495,3 @@ def _extension(filename: str) -> str:
     # so no '../', absolute path or odd suffix in it can reach the disk.
     ext = PurePosixPath(filename.replace("\\", "/")).suffix.lower()
     return ext if ext in VIDEO_EXTENSIONS else ".mp4"
-
-
-def _describe(path: Path) -> OutputFile:
-    digest, size = hashlib.sha256(), 0
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-            size += len(chunk)
-    return OutputFile(path=str(path), bytes=size, sha256=digest.hexdigest())

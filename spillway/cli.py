@@ -18,9 +18,10 @@ import traceback
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, NoReturn, get_args
 
 from spillway.errors import ConfigError, Failed
+from spillway.models import JobState
 from spillway.settings import Settings, load_settings
 from spillway.tiers import RoutingTiers, load_tiers
 
@@ -30,15 +31,7 @@ if TYPE_CHECKING:
     from spillway.models import Plan
 
 OK, FAILED, USAGE = 0, 1, 2
-STATES = [
-    "probing",
-    "awaiting_approval",
-    "running_local",
-    "running_cloud",
-    "completed",
-    "failed",
-    "cancelled",
-]
+STATES = list(get_args(JobState))
 
 
 class _Parser(argparse.ArgumentParser):
