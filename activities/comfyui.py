@@ -121,6 +121,14 @@ class ComfyUIActivities:
     async def wait(self, req: ComfyUIWait) -> ComfyUIFinished:
         watch = _Watch(req.prompt_id)
         async with self._heartbeating(watch):
+            # Short prompts (and a wait resumed after a crash) are often over already: one look
+            # at the history first spares the WebSocket.
+            try:
+                seen: _Seen | None = await self._locate(req.prompt_id)
+            except ApplicationError:  # ComfyUI not answering: the poll below keeps trying
+                seen = None
+            if seen is not None and seen.entry is not None:
+                return _finished(req.prompt_id, seen.entry)
             socket = asyncio.create_task(self._follow_socket(req, watch))
             try:
                 return await self._poll_until_end(req.prompt_id, watch)
