@@ -83,6 +83,9 @@ class CloudRequest(BaseModel):
 
     @model_validator(mode="after")
     def _minimax_accepts_it(self) -> CloudRequest:
+        if not self.prompt.strip():
+            # MiniMax refuses it (2013) only after the create call: refuse it here instead.
+            raise ValueError("the prompt is blank")
         resolutions = MINIMAX_MODELS.get(self.model)
         if resolutions is None:
             raise ValueError(f"unknown MiniMax model {self.model!r}; one of {list(MINIMAX_MODELS)}")

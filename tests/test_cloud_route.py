@@ -5,7 +5,6 @@ nowhere: history, worker log, `spillway status`)."""
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import uuid
 from typing import Any
@@ -18,8 +17,7 @@ from temporalio.testing import WorkflowEnvironment
 from spillway.models import CloudRequest, Plan, VideoJob
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
-from spillway.temporal import installed_binary
-from tests.cli_run import spillway
+from tests.cli_run import spillway, temporal_show
 from tests.job_fixtures import GRAPH
 from tests.minimax_fixtures import CANARY_KEY, eventually
 from workflows.video_job import VideoJobWorkflow
@@ -81,32 +79,6 @@ async def test_a_full_cloud_job_never_shows_the_key_anywhere(
     await worker.stop()
     for where, text in {"history": history, "log": worker.log, "status": status}.items():
         assert CANARY_KEY not in text, f"the key leaked into the {where}"
-
-
-async def temporal_show(env: dict[str, str], job_id: str) -> str:
-    """`temporal workflow show --output json` as an operator exports it, with every payload's
-    base64 `data` decoded next to it, so a key inside a payload would show too."""
-    proc = await asyncio.create_subprocess_exec(
-        installed_binary("temporal"), "workflow", "show", "--workflow-id", job_id,
-        "--address", env["TEMPORAL_ADDRESS"], "--output", "json",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    out, err = await proc.communicate()
-    assert proc.returncode == 0, err.decode()
-    decoded: list[str] = []
-
-    def walk(node: Any) -> None:
-        if isinstance(node, dict):
-            for key, value in node.items():
-                if key == "data" and isinstance(value, str):
-                    decoded.append(base64.b64decode(value).decode(errors="replace"))
-                walk(value)
-        elif isinstance(node, list):
-            for item in node:
-                walk(item)
-
-    walk(json.loads(out))
-    return out.decode() + "\n".join(decoded)
 
 
 async def test_an_overloaded_job_nobody_approves_never_reaches_minimax(

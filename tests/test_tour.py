@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from spillway.settings import PROJECT_ROOT
+from tests.cli_run import free_ports
 
 BIN = Path(sys.executable).parent
 
@@ -27,16 +28,6 @@ def tour_commands() -> list[str]:
     block = re.search(r"```sh\n(.*?)```", section, re.S)
     assert block is not None, "the README's tour has no sh block"
     return [line for line in block.group(1).splitlines() if line.startswith("spillway ")]
-
-
-def free_ports(n: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
 
 
 class Dev:

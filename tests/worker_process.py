@@ -29,6 +29,14 @@ class WorkerProcess:
     def log(self) -> str:
         return "".join(self.output)
 
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.returncode is None
+
+    def send_signal(self, sig: signal.Signals) -> None:
+        assert self._proc is not None
+        self._proc.send_signal(sig)
+
     async def start(self) -> None:
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
@@ -80,15 +88,15 @@ async def worker_process(
     started: list[WorkerProcess] = []
 
     async def start(**overrides: Any) -> WorkerProcess:
-        env = cli_env(
-            TEMPORAL_ADDRESS=dev_env.client.service_client.config.target_host,
-            SPILLWAY_TASK_QUEUE=f"proc-{uuid.uuid4()}",
-            SPILLWAY_OUTPUT_DIR=str(tmp_path / "outputs"),
-            SPILLWAY_HEARTBEAT_TIMEOUT_S="2",
-            LOAD_PROBE_TIMEOUT_S="1",
-            UNREACHABLE_CONFIRM_S="1",
-            **{k: str(v) for k, v in overrides.items()},
-        )
+        defaults = {
+            "TEMPORAL_ADDRESS": dev_env.client.service_client.config.target_host,
+            "SPILLWAY_TASK_QUEUE": f"proc-{uuid.uuid4()}",
+            "SPILLWAY_OUTPUT_DIR": str(tmp_path / "outputs"),
+            "SPILLWAY_HEARTBEAT_TIMEOUT_S": "2",
+            "LOAD_PROBE_TIMEOUT_S": "1",
+            "UNREACHABLE_CONFIRM_S": "1",
+        }
+        env = cli_env(**defaults | {k: str(v) for k, v in overrides.items()})
         worker = WorkerProcess(env)
         await worker.start()
         started.append(worker)

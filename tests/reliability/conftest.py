@@ -1,0 +1,88 @@
+"""Fixtures of the reliability suite (issue 7): one Temporal dev server process for the session
+(Web UI included, so its API can be read), worker processes on it, and the session's
+`sightings`. The secrets scenario runs last, so it sees what every other scenario left behind.
+
+`slow` marks the scenarios a quick local run skips (`pytest -m "not slow"`); CI runs them all.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.reliability.harness import WORKER_DEFAULTS, DevServer, Jobs, Sightings, Worker
+
+SECRETS_MODULE = "tests/reliability/test_secrets.py"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "slow: a long reliability scenario; CI runs it, `-m 'not slow'` skips it"
+    )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # The secrets check reads what the other scenarios wrote: it goes last.
+    items.sort(key=lambda item: item.nodeid.startswith(SECRETS_MODULE))
+
+
+@pytest.fixture(scope="session")
+def sightings() -> Sightings:
+    return Sightings()
+
+
+@pytest.fixture(scope="session")
+async def temporal_server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[DevServer]:
+    server = DevServer(tmp_path_factory.mktemp("temporal") / "temporal.db", ui=True)
+    await server.start()
+    yield server
+    await server.stop()
+
+
+@pytest.fixture
+async def workers(
+    cli_env: Callable[..., dict[str, str]],
+    temporal_server: DevServer,
+    sightings: Sightings,
+    tmp_path: Path,
+) -> AsyncIterator[Callable[..., Any]]:
+    """`await workers(**env)` starts a worker process on its own task queue (on the session's
+    dev server unless `server=` says otherwise). At the end its metrics are scraped and its log
+    kept for the secrets check, then it is killed."""
+    started: list[Worker] = []
+
+    async def start(server: DevServer = temporal_server, **overrides: Any) -> Worker:
+        env = cli_env(
+            **WORKER_DEFAULTS
+            | {
+                "TEMPORAL_ADDRESS": server.address,
+                "SPILLWAY_TASK_QUEUE": f"rel-{uuid.uuid4()}",
+                "SPILLWAY_OUTPUT_DIR": str(tmp_path / "outputs"),
+            }
+            | {k: str(v) for k, v in overrides.items()}
+        )
+        worker = Worker(env)
+        started.append(worker)
+        await worker.start()
+        return worker
+
+    yield start
+    for worker in started:
+        if worker.running and not worker.frozen:
+            sightings.add(f"metrics: worker {worker.task_queue}", await worker.metrics())
+        await worker.kill()
+        sightings.add(f"worker log: {worker.task_queue}", worker.log)
+
+
+@pytest.fixture
+def jobs_on(temporal_server: DevServer, sightings: Sightings) -> Callable[[Worker], Jobs]:
+    """Jobs on a worker's task queue of the session's dev server."""
+
+    def make(worker: Worker) -> Jobs:
+        return Jobs(temporal_server.client, worker.task_queue, sightings)
+
+    return make

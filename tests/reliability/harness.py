@@ -1,0 +1,303 @@
+"""What the reliability scenarios share: the Temporal dev server as a process a test can stop and
+start again, worker processes that can also be frozen and scraped for metrics, a small job
+client, and `Sightings`, every text a person or a tool could read (worker logs, CLI output,
+history exports, metrics, UI API answers), which the secrets scenario checks for the key."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import itertools
+import json
+import signal
+import uuid
+from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+from temporalio.api.enums.v1 import EventType, TaskQueueType
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+
+from spillway import jobs as job_ops
+from spillway.comfyui_models import prompt_id_for
+from spillway.models import FINAL_STATES, CloudRequest, LoadStatus, Plan, VideoJob
+from spillway.sim.comfyui import ComfyUISim
+from spillway.sim.minimax import MiniMaxSim
+from spillway.temporal import installed_binary, register_search_attributes
+from tests.cli_run import free_ports, spillway
+from tests.comfyui_fixtures import VIDEO_GRAPH
+from tests.minimax_fixtures import CANARY_KEY
+from tests.worker_process import WorkerProcess
+
+# Every worker of this suite holds the canary key: finding it (or its distinctive middle, which
+# would betray a truncated or partly masked key) in anything a person can read is a leak.
+SECRETS = (CANARY_KEY, "CANARY-7f3a9c2e")
+assert SECRETS[1] in CANARY_KEY
+T = TypeVar("T")
+
+
+def free_port() -> int:
+    [port] = free_ports(1)
+    return port
+
+
+class Sightings:
+    """Texts a person or a tool could read, by where they were read (`kind: detail`), and the
+    jobs started on the shared server (their histories and UI answers are read at the end)."""
+
+    def __init__(self) -> None:
+        self.texts: list[tuple[str, str]] = []
+        self.jobs: list[str] = []
+
+    def add(self, where: str, text: str) -> None:
+        self.texts.append((where, text))
+
+    def kinds(self) -> set[str]:
+        return {where.split(":", 1)[0] for where, _ in self.texts}
+
+    def leaks(self) -> list[str]:
+        return [where for where, text in self.texts if any(s in text for s in SECRETS)]
+
+
+class DevServer:
+    """`temporal server start-dev` on free ports with its state in a SQLite file: stopping and
+    starting it again keeps every job, as on an operator's machine. `--http-port` serves the
+    HTTP API (/api/v1/...) and, unless headless, `--ui-port` the Web UI and its API."""
+
+    def __init__(self, db: Path, *, ui: bool) -> None:
+        self.db, self.ui = db, ui
+        self.port, self.http_port, self.ui_port, self.metrics_port = free_ports(4)
+        self._proc: asyncio.subprocess.Process | None = None
+        self._client: Client | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def client(self) -> Client:
+        assert self._client is not None, "the dev server is not running"
+        return self._client
+
+    def api(self, ui: bool = True) -> str:
+        """Base URL of the default namespace in the UI's API or the server's HTTP API."""
+        port = self.ui_port if ui and self.ui else self.http_port
+        return f"http://127.0.0.1:{port}/api/v1/namespaces/default"
+
+    async def start(self) -> None:
+        args = [
+            "server", "start-dev", "--ip", "127.0.0.1", "--port", str(self.port),
+            "--http-port", str(self.http_port), "--metrics-port", str(self.metrics_port),
+            "--db-filename", str(self.db), "--log-level", "warn",
+            *(["--ui-port", str(self.ui_port)] if self.ui else ["--headless"]),
+        ]  # fmt: skip
+        with self.db.with_suffix(".log").open("ab") as log:
+            self._proc = await asyncio.create_subprocess_exec(
+                installed_binary("temporal"), *args, stdout=log, stderr=log,
+                stdin=asyncio.subprocess.DEVNULL,
+            )  # fmt: skip
+        for _ in range(300):
+            if self._proc.returncode is not None:
+                raise AssertionError(f"the dev server exited: {self.db.with_suffix('.log')}")
+            try:
+                self._client = await Client.connect(
+                    self.address, data_converter=pydantic_data_converter
+                )
+                break
+            except RuntimeError:
+                await asyncio.sleep(0.1)
+        else:
+            raise AssertionError("the dev server did not answer within 30 s")
+        await register_search_attributes(self.client)
+
+    async def stop(self) -> None:
+        """SIGTERM, as systemd or Ctrl-C stops it; the SQLite file keeps everything."""
+        proc, self._proc, self._client = self._proc, None, None
+        if proc is None or proc.returncode is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), 30)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+
+
+class Worker(WorkerProcess):
+    """`python worker.py` (see tests/worker_process.py) that also serves Prometheus metrics on a
+    fresh port each start, and can be frozen (SIGSTOP) to hold whatever it was just handed."""
+
+    frozen = False
+
+    def freeze(self) -> None:
+        """SIGSTOP: connected but deaf, like a machine that hangs before it dies."""
+        self.send_signal(signal.SIGSTOP)
+        self.frozen = True
+
+    async def start(self) -> None:
+        self.frozen = False
+        self.env["SPILLWAY_METRICS_PORT"] = str(free_port())
+        await super().start()
+
+    async def metrics(self) -> str:
+        url = f"http://127.0.0.1:{self.env['SPILLWAY_METRICS_PORT']}/metrics"
+        async with httpx.AsyncClient() as http:
+            response = await http.get(url, timeout=5)
+        response.raise_for_status()
+        return response.text
+
+
+# Settings every worker of this suite runs with: production logic on a test's clock.
+WORKER_DEFAULTS = {
+    "MINIMAX_API_KEY": CANARY_KEY,
+    "SPILLWAY_HEARTBEAT_TIMEOUT_S": "2",
+    "SPILLWAY_SHUTDOWN_GRACE_S": "1",
+    "LOAD_PROBE_TIMEOUT_S": "1",
+    "UNREACHABLE_CONFIRM_S": "1",
+    "APPROVAL_RECHECK_S": "1",
+    "COMFYUI_HISTORY_POLL_S": "0.2",
+    "MINIMAX_POLL_INTERVAL_S": "0.2",
+    "MINIMAX_CREATE_TIMEOUT_S": "2",
+}
+
+
+class Jobs:
+    """Jobs on one task queue, started and read as the CLI does (spillway.jobs), in-process."""
+
+    def __init__(self, client: Client, task_queue: str, sightings: Sightings | None) -> None:
+        # Jobs of the session's server are listed in `sightings` (read again at the end).
+        self.client, self.task_queue, self.sightings = client, task_queue, sightings
+
+    async def submit(
+        self,
+        prompt: str | None = "a lighthouse at dusk, slow pan",
+        graph: dict[str, Any] = VIDEO_GRAPH,
+        job_id: str | None = None,
+    ) -> str:
+        job_id = job_id or f"rel-{uuid.uuid4().hex[:12]}"
+        cloud = CloudRequest(prompt=prompt) if prompt is not None else None
+        await job_ops.submit(
+            self.client, VideoJob(job_id=job_id, graph=graph, cloud=cloud), self.task_queue
+        )
+        if self.sightings is not None:
+            self.sightings.jobs.append(job_id)
+        return job_id
+
+    async def status(self, job_id: str) -> Plan:
+        return await job_ops.status(self.client, job_id)
+
+    async def until(self, job_id: str, done: Callable[[Plan], bool], timeout_s: float = 60) -> Plan:
+        return await until(lambda: self.status(job_id), done, timeout_s)
+
+    async def state(self, job_id: str, state: str, timeout_s: float = 60) -> Plan:
+        return await self.until(job_id, lambda p: p.state == state, timeout_s)
+
+    async def finished(self, job_id: str, timeout_s: float = 90) -> Plan:
+        return await self.until(job_id, lambda p: p.state in FINAL_STATES, timeout_s)
+
+
+async def until(
+    read: Callable[[], Awaitable[T]], good: Callable[[T], object], timeout_s: float = 30
+) -> T:
+    """Reads again every 50 ms until `good(reading)`; the last reading."""
+    async with asyncio.timeout(timeout_s):
+        for _ in itertools.count():
+            reading = await read()
+            if good(reading):
+                break
+            await asyncio.sleep(0.05)
+    return reading
+
+
+def decoded(node: Any) -> str:
+    """A JSON document as text, with every payload's base64 `data` decoded next to it, so a key
+    inside a payload would show as well."""
+    found: list[str] = []
+
+    def walk(value: Any) -> None:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if key == "data" and isinstance(item, str):
+                    with contextlib.suppress(ValueError):  # not base64: shown as it is
+                        found.append(base64.b64decode(item, validate=True).decode(errors="replace"))
+                walk(item)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+
+    walk(node)
+    return json.dumps(node) + "\n" + "\n".join(found)
+
+
+async def history_text(client: Client, job_id: str) -> str:
+    history = await client.get_workflow_handle(job_id).fetch_history()
+    return decoded(json.loads(history.to_json()))
+
+
+async def api_texts(http: httpx.AsyncClient, base: str, job_id: str) -> str:
+    """What the Temporal UI shows of a job, from its API: the execution (memo, search
+    attributes, pending activities with their heartbeats and failures) and its history."""
+    texts = []
+    for path in (f"/workflows/{job_id}", f"/workflows/{job_id}/history"):
+        response = await http.get(base + path, timeout=10)
+        assert response.status_code == 200, f"{base}{path}: {response.status_code}"
+        texts.append(decoded(response.json()))
+    return "\n".join(texts)
+
+
+async def probes(client: Client, job_id: str, at_least: int = 0) -> list[LoadStatus]:
+    """The load measurements in a job's history, in order (what the UI's event list shows);
+    with `at_least`, once there are that many."""
+    return await until(lambda: _probes(client, job_id), lambda found: len(found) >= at_least)
+
+
+async def _probes(client: Client, job_id: str) -> list[LoadStatus]:
+    history = await client.get_workflow_handle(job_id).fetch_history()
+    probe_events = {
+        e.event_id
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+        and e.activity_task_scheduled_event_attributes.activity_type.name == "a40_load_status"
+    }
+    found = []
+    for e in history.events:
+        attributes = e.activity_task_completed_event_attributes
+        if (
+            e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED
+            and attributes.scheduled_event_id in probe_events
+        ):
+            [load] = await client.data_converter.decode(attributes.result.payloads, [LoadStatus])
+            found.append(load)
+    return found
+
+
+async def polling(client: Client, task_queue: str) -> None:
+    """Until the server sees a workflow poller on the task queue (a long poll is then open)."""
+    request = DescribeTaskQueueRequest(
+        namespace=client.namespace,
+        task_queue=TaskQueue(name=task_queue),
+        task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
+    )
+    await until(lambda: client.workflow_service.describe_task_queue(request), lambda r: r.pollers)
+
+
+async def cli(sightings: Sightings, *args: str, env: dict[str, str]) -> tuple[int, str, str]:
+    """The `spillway` console script; what it printed is kept for the secrets check."""
+    code, out, err = await spillway(*args, env=env)
+    sightings.add(f"cli: spillway {' '.join(args)}", out + err)
+    return code, out, err
+
+
+def posts_of(comfyui: ComfyUISim, job_ids: Iterable[str]) -> dict[str, int]:
+    """POST /prompt that reached ComfyUI for each job's first attempt."""
+    return {job: comfyui.prompt_posts[prompt_id_for(job, 1)] for job in job_ids}
+
+
+def creates_of(minimax: MiniMaxSim, prompts: dict[str, str]) -> dict[str, int]:
+    """MiniMax create requests received for each job (by its unique cloud prompt)."""
+    return {job: minimax.create_calls_by_prompt[prompt] for job, prompt in prompts.items()}

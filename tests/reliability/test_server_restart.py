@@ -1,0 +1,194 @@
+"""Scenario 2: the Temporal dev server stopped (SIGTERM) and started again on the same SQLite file
+while 50 jobs are in every state a job can be in, with the worker processes left running: after
+the restart `spillway list` shows the same jobs in the same states, and every one of them
+finishes once the people and machines it waits for act.
+
+The 50 jobs, all on real worker processes against the doubles:
+- 10 completed and 8 failed (ComfyUI rejected their graph) before the restart;
+- 8 running_local (ComfyUI paused: their prompts sit in its queue);
+- 8 running_cloud (approved; MiniMax keeps answering "Processing");
+- 8 awaiting_approval (the A40 overloaded, the fallback not armed);
+- 8 probing (their ComfyUI down past the approval window: they wait for it to come back).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from spillway import jobs as job_ops
+from spillway.models import ApprovalDecision, Plan
+from spillway.sim.comfyui import ComfyUISim
+from spillway.sim.minimax import QUERY_PATH, MiniMaxSim
+from tests.comfyui_fixtures import VIDEO_GRAPH, graph_without
+from tests.minimax_fixtures import eventually
+from tests.reliability.harness import (
+    DevServer,
+    Jobs,
+    Sightings,
+    api_texts,
+    cli,
+    history_text,
+    posts_of,
+)
+
+BEFORE = {
+    "completed": 10,
+    "failed": 8,
+    "running_local": 8,
+    "running_cloud": 8,
+    "awaiting_approval": 8,
+    "probing": 8,
+}
+# What MiniMax answers while a task renders: the approved jobs stay running_cloud meanwhile.
+STILL_PROCESSING = {
+    "task_id": "",
+    "status": "Processing",
+    "base_resp": {"status_code": 0, "status_msg": "success"},
+}
+
+
+async def test_a_dev_server_restart_keeps_fifty_jobs_in_every_state_and_all_of_them_finish(
+    tmp_path: Path, workers, comfyui: ComfyUISim, minimax: MiniMaxSim, sightings: Sightings
+):
+    server = DevServer(tmp_path / "restart.db", ui=False)
+    await server.start()
+    try:
+        await _scenario(server, workers, comfyui, minimax, sightings)
+    finally:
+        await server.stop()
+
+
+async def _scenario(
+    server: DevServer,
+    workers: Any,
+    comfyui: ComfyUISim,
+    minimax: MiniMaxSim,
+    sightings: Sightings,
+) -> None:
+    comfyui.execution_s = 0.02
+    local = await workers(
+        server, COMFYUI_URL=comfyui.url, MINIMAX_BASE_URL=minimax.url, APPROVAL_TIMEOUT_S=600
+    )
+    async with ComfyUISim() as gone:
+        gone.set_vram_used_pct(42.4)
+        gone.execution_s = 0.02
+        await gone.stop()  # refuses connections on its port until started again
+        waiting = await workers(server, COMFYUI_URL=gone.url, APPROVAL_TIMEOUT_S=1)
+        on_local = Jobs(server.client, local.task_queue, None)
+        on_waiting = Jobs(server.client, waiting.task_queue, None)
+        by_state: dict[str, list[str]] = {}
+
+        async def put(state: str, jobs: Jobs, n: int, **submit: Any) -> None:
+            ids = [await jobs.submit(**submit) for _ in range(n)]
+            await asyncio.gather(*(jobs.state(j, state) for j in ids))
+            by_state[state] = ids
+
+        await asyncio.gather(
+            put("completed", on_local, 10),
+            put("failed", on_local, 8, graph=graph_without(VIDEO_GRAPH, "2", "fps")),
+            put("probing", on_waiting, 8),
+        )
+        comfyui.pause()
+        await put("running_local", on_local, 8)
+        posted = by_state["running_local"]
+        await eventually(lambda: posts_of(comfyui, posted) == dict.fromkeys(posted, 1))
+        comfyui.set_vram_used_pct(97)
+        await put("awaiting_approval", on_local, 16)
+        minimax.answers[QUERY_PATH] = STILL_PROCESSING
+        by_state["running_cloud"] = by_state["awaiting_approval"][8:]
+        by_state["awaiting_approval"] = by_state["awaiting_approval"][:8]
+        approval = ApprovalDecision(approved=True, by="owner", reason="before the restart")
+        for job_id in by_state["running_cloud"]:
+            await job_ops.decide(server.client, job_id, approval)
+        # Each create answered and its task id kept (a create cut off by the outage would be
+        # ambiguous, and rightly fail its job).
+        await asyncio.gather(*(on_local.until(j, _has_task) for j in by_state["running_cloud"]))
+        assert minimax.tasks_created == 8
+
+        env = local.env
+        before = await _listed(sightings, env, expected=BEFORE)
+        statuses = {j: (await on_local.status(j)).state for j in before}
+        assert statuses == before
+        assert {s: len(ids) for s, ids in by_state.items()} == BEFORE
+
+        await server.stop()
+        await asyncio.sleep(1)  # the workers keep trying to reach it meanwhile
+        await server.start()
+        on_local.client = on_waiting.client = server.client
+
+        after = await _listed(sightings, env)
+        assert after == before
+        assert {j: (await on_local.status(j)).state for j in after} == before
+        assert local.running and waiting.running
+
+        # Everyone acts: two people decide, ComfyUI and MiniMax go on, the other ComfyUI returns.
+        to_approve, to_reject = by_state["awaiting_approval"][:4], by_state["awaiting_approval"][4:]
+        decisions = [
+            cli(sightings, "approve", j, "--by", "owner", "--reason", "after restart", env=env)
+            for j in to_approve
+        ] + [cli(sightings, "reject", j, "--by", "owner", env=env) for j in to_reject]
+        for code, out, err in await asyncio.gather(*decisions):
+            assert code == 0, out + err
+        comfyui.resume()
+        del minimax.answers[QUERY_PATH]
+        await gone.start()
+
+        final = dict(
+            zip(before, await asyncio.gather(*(on_local.finished(j) for j in before)), strict=True)
+        )
+        async with httpx.AsyncClient() as http:
+            for job_id in before:
+                sightings.add(f"history: {job_id}", await history_text(server.client, job_id))
+                sightings.add(
+                    f"ui api: {job_id} (the HTTP API of the restarted server)",
+                    await api_texts(http, server.api(ui=False), job_id),
+                )
+
+    def outcome(plan: Plan) -> tuple[str, str | None]:
+        return plan.state, plan.route
+
+    expected_route = {
+        "completed": ("completed", "local"),
+        "failed": ("failed", "local"),
+        "running_local": ("completed", "local"),
+        "running_cloud": ("completed", "cloud"),
+        "probing": ("completed", "local"),
+    }
+    for state, (final_state, route) in expected_route.items():
+        assert {outcome(final[j]) for j in by_state[state]} == {(final_state, route)}, state
+    assert {outcome(final[j]) for j in to_approve} == {("completed", "cloud")}
+    assert {outcome(final[j]) for j in to_reject} == {("completed", "local")}
+
+    cloud = set(by_state["running_cloud"] + to_approve)
+    local_jobs = [j for j in before if j not in cloud]
+    assert posts_of(comfyui, local_jobs) | posts_of(gone, by_state["probing"]) == dict.fromkeys(
+        local_jobs, 1
+    )
+    assert sum(comfyui.prompt_posts.values()) + sum(gone.prompt_posts.values()) == 38
+    assert minimax.create_calls == minimax.tasks_created == len(cloud) == 12
+    assert {j: final[j].cloud is not None for j in before} == {j: j in cloud for j in before}
+
+
+def _has_task(plan: Plan) -> bool:
+    return plan.state == "running_cloud" and plan.cloud is not None and bool(plan.cloud.task_id)
+
+
+async def _listed(
+    sightings: Sightings, env: dict[str, str], expected: dict[str, int] | None = None
+) -> dict[str, str]:
+    """`spillway list --json` as {job: state}; with `expected`, until visibility shows those
+    counts (it follows the jobs' own state by a moment)."""
+    for _ in range(100):
+        code, out, err = await cli(sightings, "list", "--json", env=env)
+        assert code == 0, err
+        listed = {j["job_id"]: j["state"] for j in json.loads(out)}
+        if expected is None or Counter(listed.values()) == Counter(expected):
+            return listed
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"spillway list never showed {expected}: {Counter(listed.values())}")
