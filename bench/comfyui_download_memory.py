@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import os
 import subprocess
 import sys
@@ -40,24 +41,12 @@ from spillway.models import OutputFile
 from spillway.settings import Settings
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.comfyui_graph import content_sha256, file_key
+from tests.comfyui_fixtures import VIDEO_GRAPH as TEST_GRAPH
 
 MIB = 1024 * 1024
-VIDEO_GRAPH = {
-    "1": {
-        "class_type": "EmptyImage",
-        "inputs": {"width": 64, "height": 64, "batch_size": 4, "color": 7},
-    },
-    "2": {"class_type": "CreateVideo", "inputs": {"images": ["1", 0], "fps": 8.0}},
-    "3": {
-        "class_type": "SaveVideo",
-        "inputs": {
-            "video": ["2", 0],
-            "filename_prefix": "video/big",
-            "format": "mp4",
-            "codec": "h264",
-        },
-    },
-}
+# The tests' video graph, saving under its own prefix.
+VIDEO_GRAPH = copy.deepcopy(TEST_GRAPH)
+VIDEO_GRAPH["3"]["inputs"]["filename_prefix"] = "video/big"
 
 
 def status_kib(field: str) -> int:
