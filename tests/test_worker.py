@@ -1,0 +1,41 @@
+"""The worker process itself: Prometheus metrics (the SDK's and spillway's own) and a clean stop
+on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import httpx
+
+from spillway.models import Plan, VideoJob
+from spillway.sim.comfyui import ComfyUISim
+from tests.cli_run import free_ports
+from tests.comfyui_fixtures import VIDEO_GRAPH
+from workflows.video_job import VideoJobWorkflow
+
+
+async def test_the_worker_serves_job_probe_and_sdk_metrics_then_stops_on_sigterm(
+    worker_process, dev_env, comfyui: ComfyUISim
+):
+    comfyui.execution_s = 0.1
+    [port] = free_ports(1)
+    worker = await worker_process(COMFYUI_URL=comfyui.url, SPILLWAY_METRICS_PORT=port)
+    job = VideoJob(job_id=f"metrics-{uuid.uuid4().hex[:8]}", graph=VIDEO_GRAPH)
+    handle = await dev_env.client.start_workflow(
+        VideoJobWorkflow.run, job, id=job.job_id, task_queue=worker.task_queue
+    )
+    plan: Plan = await asyncio.wait_for(handle.result(), 60)
+    assert plan.state == "completed"
+
+    async with httpx.AsyncClient() as http:
+        metrics = (await http.get(f"http://127.0.0.1:{port}/metrics", timeout=5)).text
+    routed = [line for line in metrics.splitlines() if line.startswith("spillway_jobs_routed")]
+    assert any('route="local"' in line and 'authorised="none"' in line for line in routed)
+    assert "spillway_load_probe_seconds_count" in metrics
+    assert "spillway_jobs_awaiting_approval" in metrics
+    assert "temporal_workflow_completed" in metrics  # the SDK's own
+
+    await worker.stop()  # SIGTERM
+    assert "shutting down: running activities get" in worker.log
+    assert "Traceback" not in worker.log
