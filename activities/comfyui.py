@@ -39,7 +39,8 @@ from spillway.comfyui_models import (
 from spillway.models import Downloaded, OutputFile, Progress
 from spillway.settings import Settings
 
-# Below the workflow's heartbeat_timeout of 30 s with room for a slow event loop.
+# One ComfyUI request; waits and downloads heartbeat meanwhile, so a slow answer is not a
+# dead worker. A submit that times out is retried and finds its prompt before posting.
 REQUEST_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
 # Per network step, not per file: a 2 GB video may take minutes, but never 60 s of silence.
 DOWNLOAD_TIMEOUT = httpx.Timeout(60.0, connect=5.0)

@@ -107,7 +107,7 @@ async def cmd_submit(args: argparse.Namespace) -> int:
         _print_plan_head(job.job_id, "probing", args.json)
         return OK
     plan = await _follow(client, job.job_id, quiet=args.json)
-    print(_plan_json(plan) if args.json else _render(plan))
+    _print_plan(plan, args.json)
     return OK if plan.state == "completed" else FAILED
 
 
@@ -116,7 +116,7 @@ async def cmd_status(args: argparse.Namespace) -> int:
 
     _config()
     plan = await jobs.status(await _client(), args.job)
-    print(_plan_json(plan) if args.json else _render(plan))
+    _print_plan(plan, args.json)
     return OK
 
 
@@ -155,7 +155,7 @@ async def cmd_decide(args: argparse.Namespace) -> int:
 async def cmd_watch(args: argparse.Namespace) -> int:
     _config()
     plan = await _follow(await _client(), args.job, quiet=False)
-    print(_render(plan))
+    _print_plan(plan, as_json=False)
     return OK if plan.state == "completed" else FAILED
 
 
@@ -237,14 +237,10 @@ def _print_plan_head(job_id: str, state: str, as_json: bool) -> None:
         print(f"submitted job {job_id} ({state}); follow it with: spillway watch {job_id}")
 
 
-def _plan_json(plan: Plan) -> str:
-    return plan.model_dump_json(indent=2)
-
-
-def _render(plan: Plan) -> str:
+def _print_plan(plan: Plan, as_json: bool) -> None:
     from spillway.render import render_plan
 
-    return render_plan(plan)
+    print(plan.model_dump_json(indent=2) if as_json else render_plan(plan))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -284,8 +280,10 @@ def build_parser() -> argparse.ArgumentParser:
     health = command(
         "health",
         cmd_health,
-        "show the whole trigger logic, the cloud fallback's state and the live load",
-        "Every load source with its endpoint and threshold, whether the cloud fallback is armed "
+        "show Temporal's state, the whole trigger logic, the cloud fallback and the live load",
+        "The Temporal connection, the workers polling the task queue and the jobs awaiting "
+        "approval; every load source with its endpoint and threshold, whether the cloud "
+        "fallback is armed "
         "(key present: yes/no, never the key), the approval timeout, the decision table and the "
         "live load status.",
     )
