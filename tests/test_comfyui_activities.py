@@ -6,10 +6,8 @@ from __future__ import annotations
 import asyncio
 import copy
 import hashlib
-import json
 import uuid
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -18,7 +16,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, RetryState
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.comfyui import ComfyUIActivities, files_of
+from activities.comfyui import ComfyUIActivities
 from spillway.comfyui_models import (
     ComfyUICancel,
     ComfyUICancelled,
@@ -39,8 +37,6 @@ from tests.comfyui_fixtures import (
     wait_request,
 )
 from tests.comfyui_workflow import RenderLocally, SubmitOnce
-
-TRANSCRIPTS = Path(__file__).resolve().parent / "comfyui_transcripts"
 
 
 def new_job() -> str:
@@ -426,29 +422,6 @@ async def test_wait_returns_every_output_file_with_its_kind(
         ("3", "images", "", "still_00001_.png", False),
         ("3", "images", "", "still_00002_.png", False),
         ("4", "gifs", "vhs", "clip_00001.mp4", True),
-    ]
-
-
-def test_output_files_are_read_from_images_gifs_and_videos_of_every_node():
-    recorded = json.loads((TRANSCRIPTS / "history_video_success.json").read_text())["body"]
-    [entry] = recorded.values()
-    outputs: dict[str, Any] = entry["outputs"] | {
-        "7": {"videos": [{"filename": "clip.mp4", "subfolder": "", "type": "output"}]},
-        "8": {
-            "gifs": [
-                {"filename": "loop.gif", "subfolder": "g", "type": "temp", "format": "image/gif"}
-            ]
-        },
-        "9": {"text": ["not a file"]},
-    }
-    assert files_of(outputs) == [
-        ComfyUIFile(
-            node_id="3", kind="images", filename="err_00001_.mp4", subfolder="video", animated=True
-        ),
-        ComfyUIFile(node_id="7", kind="videos", filename="clip.mp4", animated=True),
-        ComfyUIFile(
-            node_id="8", kind="gifs", filename="loop.gif", subfolder="g", type="temp", animated=True
-        ),
     ]
 
 

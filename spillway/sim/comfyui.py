@@ -1,5 +1,5 @@
 """A ComfyUI double that answers like the real ComfyUI 0.3.64 server recorded in
-shared/comfyui-transcripts (same status codes, shapes, content types, empty bodies, WebSocket
+tests/comfyui_transcripts/ (same status codes, shapes, content types, empty bodies, WebSocket
 message order), used by the tests and by `spillway dev --simulate`.
 
 HTTP: POST/GET /prompt, GET /queue, POST /queue {"delete"|"clear"}, GET /history[/{id}],

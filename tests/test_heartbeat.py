@@ -1,0 +1,75 @@
+"""The one heartbeat of long activities: it beats while the activity waits on something else,
+always with the latest details, and a change can be shown at once."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from temporalio.testing import ActivityEnvironment
+
+from activities.heartbeat import Heartbeat
+from spillway.models import Progress
+
+
+async def beats_of(body: Any) -> list[Any]:
+    """Runs `body()` as an activity; returns its heartbeat details (None: a beat without)."""
+    beats: list[Any] = []
+    environment = ActivityEnvironment()
+    environment.on_heartbeat = lambda *details: beats.append(details[0] if details else None)
+    await environment.run(body)
+    return beats
+
+
+async def test_beats_at_once_and_keeps_beating_while_a_request_hangs():
+    async def slow_request() -> None:
+        async with Heartbeat(0.02, Progress(phase="creating")):
+            await asyncio.sleep(0.2)  # a request that takes ten beats
+
+    beats = await beats_of(slow_request)
+    assert beats[0] == Progress(phase="creating")
+    assert len(beats) >= 5
+    assert all(beat == Progress(phase="creating") for beat in beats)
+
+
+async def test_without_details_beats_bare_until_something_is_known():
+    async def waiting() -> None:
+        async with Heartbeat(0.02) as heartbeat:
+            await asyncio.sleep(0.05)
+            heartbeat.update(Progress(phase="queued"))
+            await asyncio.sleep(0.05)
+
+    beats = await beats_of(waiting)
+    assert beats[0] is None
+    assert beats[-1] == Progress(phase="queued")
+    assert beats.index(Progress(phase="queued")) > beats.index(None)
+
+
+async def test_update_now_beats_the_change_before_the_next_regular_beat():
+    async def polling() -> None:
+        async with Heartbeat(60.0, Progress(phase="polling")) as heartbeat:
+            heartbeat.update(Progress(phase="Processing"), now=True)
+            heartbeat.update(Progress(phase="Processing", percent=50.0))  # waits for a beat
+            assert heartbeat.details == Progress(phase="Processing", percent=50.0)
+            await asyncio.sleep(0)
+
+    beats = await beats_of(polling)
+    assert beats == [Progress(phase="polling"), Progress(phase="Processing")]
+
+
+async def test_beats_stop_when_the_block_ends_even_by_an_error():
+    beats: list[Any] = []
+
+    async def failing() -> None:
+        try:
+            async with Heartbeat(0.01, Progress(phase="downloading")):
+                raise RuntimeError("connection dropped")
+        except RuntimeError:
+            pass
+        stopped = len(beats)
+        await asyncio.sleep(0.05)
+        assert len(beats) == stopped
+
+    environment = ActivityEnvironment()
+    environment.on_heartbeat = lambda *details: beats.append(details[0] if details else None)
+    await environment.run(failing)
