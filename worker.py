@@ -22,30 +22,38 @@ from temporalio.worker import Worker
 from activities.comfyui import ComfyUIActivities
 from activities.load_status import LoadStatusActivities
 from activities.minimax import MiniMaxActivities
+from activities.minimax_client import MiniMaxTiming
 from activities.notify import NotifyActivities
 from activities.nvml import GpuReader, NvmlReader
 from activities.policy import PolicyActivities
+from activities.spend import Ledger, SpendActivities, SpendLedger, budgets_of
 from spillway import search_attributes as sa
 from spillway.errors import ConfigError
 from spillway.settings import Settings, load_settings
 from spillway.temporal import TemporalUnreachable, connect
 from spillway.tiers import RoutingTiers, load_tiers
+from workflows.spend_ledger import SpendLedgerWorkflow
 from workflows.video_job import VideoJobWorkflow
 
 log = logging.getLogger("spillway.worker")
 
-WORKFLOWS = [VideoJobWorkflow]
+WORKFLOWS = [VideoJobWorkflow, SpendLedgerWorkflow]
 
 
 def activities(
-    http: httpx.AsyncClient, settings: Settings, tiers: RoutingTiers, gpu: GpuReader
+    http: httpx.AsyncClient,
+    settings: Settings,
+    tiers: RoutingTiers,
+    gpu: GpuReader,
+    ledger: Ledger,
 ) -> list[Callable[..., Any]]:
     """Every activity the worker serves, bound to its clients (tests register the same list)."""
     load = LoadStatusActivities(http, settings, gpu)
     policy = PolicyActivities(settings, tiers)
     notify = NotifyActivities(http, settings)
     comfyui = ComfyUIActivities(http, settings)
-    minimax = MiniMaxActivities(http, settings)
+    minimax = MiniMaxActivities(http, settings, ledger)
+    spend = SpendActivities(ledger, settings, tiers)
     return [
         load.a40_load_status,
         policy.read_policy,
@@ -57,11 +65,23 @@ def activities(
         minimax.create,
         minimax.poll,
         minimax.download,
+        spend.reserve,
+        spend.settle,
+        spend.view,
     ]
 
 
 async def run_worker(settings: Settings, tiers: RoutingTiers, client: Client) -> None:
     gpu = NvmlReader()
+    ledger = SpendLedger(client, settings.SPILLWAY_TASK_QUEUE)
+    longest = MiniMaxTiming().longest_create_s(settings.MINIMAX_CREATE_TIMEOUT_S)
+    if longest > settings.SPILLWAY_SHUTDOWN_GRACE_S:
+        log.warning(
+            "SPILLWAY_SHUTDOWN_GRACE_S=%g is shorter than the longest MiniMax create (%gs): a "
+            "create still running when it ends is cut off and its job fails as ambiguous",
+            settings.SPILLWAY_SHUTDOWN_GRACE_S,
+            longest,
+        )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -72,7 +92,7 @@ async def run_worker(settings: Settings, tiers: RoutingTiers, client: Client) ->
                 client,
                 task_queue=settings.SPILLWAY_TASK_QUEUE,
                 workflows=WORKFLOWS,
-                activities=activities(http, settings, tiers, gpu),
+                activities=activities(http, settings, tiers, gpu, ledger),
                 # On SIGTERM running activities get this long to finish; after that they are
                 # cancelled and, heartbeats stopping, resume on another worker.
                 graceful_shutdown_timeout=timedelta(seconds=settings.SPILLWAY_SHUTDOWN_GRACE_S),
@@ -80,6 +100,7 @@ async def run_worker(settings: Settings, tiers: RoutingTiers, client: Client) ->
             gauge = asyncio.create_task(_count_waiting_jobs(client))
             async with worker:
                 log.info("worker polling task queue %r", settings.SPILLWAY_TASK_QUEUE)
+                await _announce_budgets(ledger, settings)
                 await stop.wait()
                 log.info(
                     "shutting down: running activities get %gs to finish",
@@ -103,6 +124,15 @@ async def _count_waiting_jobs(client: Client) -> None:
         except Exception as exc:  # a visibility hiccup must not stop the worker
             log.warning("counting waiting jobs failed: %s", exc)
         await asyncio.sleep(30)
+
+
+async def _announce_budgets(ledger: SpendLedger, settings: Settings) -> None:
+    """The ledger learns the budgets in force (for `spillway budget`); a reservation carries
+    them too, so a failure here only delays what `budget` shows."""
+    try:
+        await ledger.configure(budgets_of(settings))
+    except Exception as exc:
+        log.warning("spend ledger: announcing the budgets failed: %s", exc)
 
 
 def _runtime(settings: Settings) -> Runtime | None:

@@ -1,16 +1,13 @@
-"""The CLOUD route: MiniMax video as three activities (create, poll, download).
+"""The CLOUD route on MiniMax: three activities (create, poll, download) over `MiniMaxClient`.
 
 Money invariant 2 starts here. A create is the only call that costs money and MiniMax has no
-idempotency key, so the activity retries a create only when MiniMax provably made no task: no
-connection could be opened (nothing was sent) or MiniMax answered an explicit transient "no".
-Anything else after the request may have left this machine (no answer in time, a dropped
-connection, a 5xx, an answer that is not MiniMax's) is AMBIGUOUS: a task, and a charge, may
-exist, so the activity fails non-retryable and says how to check. The workflow runs it with
-maximum_attempts=1 as well. Polling and downloading cost nothing and may retry freely.
-
-Money invariant 3: the key comes from the worker's settings inside each activity and goes only
-into the Authorization header of requests to MINIMAX_BASE_URL (never to the file host that serves
-the video); every message built from a server's text or an exception is scrubbed of it.
+idempotency key, so the activity sends a create again only when MiniMax provably made no task
+(`spillway.minimax_answers.classify_create`: nothing could be sent, or an explicit rate or
+volume "no" with an empty task id). Anything else after the request may have left this machine
+is ambiguous: a task, and a charge, may exist, so the activity fails non-retryable and says how
+to check. It runs inside `CreateGuard` (armed now? the ledger's `begin`, the outcome settled),
+and the workflow runs it with maximum_attempts=1. Polling and downloading cost nothing and may
+retry freely.
 """
 
 from __future__ import annotations
@@ -18,113 +15,113 @@ from __future__ import annotations
 import asyncio
 import random
 import re
-from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
-from types import TracebackType
-from typing import Any, Self, TypeVar
-from urllib.parse import urlsplit
+from typing import Any, TypeVar
 
 import httpx
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities import files
-from spillway.minimax_models import (
+from activities.heartbeat import Heartbeat
+from activities.http_errors import why
+from activities.minimax_client import (
+    MiniMaxClient,
+    MiniMaxKeyProblem,
+    MiniMaxTiming,
+    MiniMaxUnavailable,
+)
+from activities.spend import CreateGuard, Ledger
+from spillway.cloud_models import CreateVerdict
+from spillway.minimax_answers import (
     PERMANENT_CODES,
     RATE_LIMIT_CODES,
     TRANSIENT_CODES,
-    CreateAnswer,
     FileInfo,
+    QueryAnswer,
+    RetrieveAnswer,
+    permanent_message,
+)
+from spillway.minimax_models import (
     MiniMaxCreate,
     MiniMaxCreated,
     MiniMaxDone,
     MiniMaxDownload,
     MiniMaxPoll,
-    QueryAnswer,
-    RetrieveAnswer,
-    permanent_message,
 )
 from spillway.models import Downloaded, OutputFile, Progress
 from spillway.settings import Settings
 
 # What an expired pre-signed download URL answers (object stores use 403; some CDNs 404/410).
 EXPIRED_URL_STATUSES = frozenset({401, 403, 404, 410})
-# Raised before a single byte of the request left this machine: safe to send again.
-NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
-_HEADER_SAFE = re.compile(r"[\x21-\x7e]+")
-VIDEO_EXTENSIONS = frozenset({".mp4", ".mov", ".webm", ".mkv"})
-
-
-@dataclass(frozen=True)
-class MiniMaxTiming:
-    """How long the activities wait. Production keeps the defaults; tests shrink them."""
-
-    heartbeat_every_s: float = 5.0  # well inside the workflow's 30 s heartbeat timeout
-    connect_timeout_s: float = 10.0
-    request_timeout_s: float = 20.0  # query, retrieve, and each read of a download
-    # Retries of a create stop being started after this; with the last request (at most
-    # MINIMAX_CREATE_TIMEOUT_S + connect) the activity ends within ~5 minutes.
-    create_retry_budget_s: float = 210.0
-    backoff_s: tuple[float, ...] = (2.0, 5.0, 10.0, 20.0, 30.0)  # the last one repeats
-    # MiniMax allows a few video requests a minute: a rate limit waits much longer.
-    rate_limit_backoff_s: tuple[float, ...] = (15.0, 30.0, 60.0)
-    poll_backoff_max_s: float = 120.0
-    url_refreshes: int = 3  # retrieve calls for fresh download URLs after the first expires
-
-
 _A = TypeVar("_A", bound=BaseModel)
-
-
-class _Heartbeat:
-    """Heartbeats in the background while a request or a backoff is under way, so a slow
-    MiniMax never looks like a dead worker and a dead worker is noticed within the timeout."""
-
-    def __init__(self, every_s: float, details: Progress) -> None:
-        self.details, self._every = details, every_s
-        self._task: asyncio.Task[None] | None = None
-
-    def update(self, details: Progress, *, now: bool = False) -> None:
-        self.details = details
-        if now:
-            activity.heartbeat(details)
-
-    async def _beat(self) -> None:
-        while True:
-            activity.heartbeat(self.details)
-            await asyncio.sleep(self._every)
-
-    async def __aenter__(self) -> Self:
-        self._task = asyncio.create_task(self._beat())
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.wait({self._task})
+VIDEO_EXTENSIONS = frozenset({".mp4", ".mov", ".webm", ".mkv"})
+# Error types the workflow names in its retry policies and failure handling.
+PERMANENT = "MiniMaxPermanent"
+AMBIGUOUS_CREATE = "MiniMaxAmbiguousCreate"
+CREATE_GAVE_UP = "MiniMaxCreateGaveUp"
+NO_KEY = "MiniMaxNoKey"
+TASK_FAILED = "MiniMaxTaskFailed"
+UNAVAILABLE = "MiniMaxUnavailable"
+DOWNLOAD_FAILED = "MiniMaxDownloadFailed"
 
 
 class MiniMaxActivities:
     def __init__(
-        self, http: httpx.AsyncClient, settings: Settings, timing: MiniMaxTiming | None = None
+        self,
+        http: httpx.AsyncClient,
+        settings: Settings,
+        ledger: Ledger,
+        timing: MiniMaxTiming | None = None,
     ) -> None:
-        self._http, self._settings = http, settings
-        self._timing = timing or MiniMaxTiming(
+        self._settings = settings
+        timing = timing or MiniMaxTiming(
             heartbeat_every_s=settings.SPILLWAY_HEARTBEAT_TIMEOUT_S / 6
         )
-        self._base = str(settings.MINIMAX_BASE_URL).rstrip("/")
+        self._client = MiniMaxClient(http, settings, timing)
+        self._guard = CreateGuard(ledger, settings)
 
     # --- create: the only call that costs money -----------------------------------------
 
     @activity.defn(name="minimax_create")
     async def create(self, req: MiniMaxCreate) -> MiniMaxCreated:
         key = self._key(retryable=False)
+        done = await self._guard.create(
+            req.job_id, req.authorisation, lambda: self._send_create(req, key)
+        )
+        verdict = done.verdict
+        if verdict.outcome == "created" and verdict.task_id:
+            activity.logger.info(
+                "MiniMax task %s created for job %s (create requests sent: %d)",
+                verdict.task_id,
+                req.job_id,
+                verdict.attempts,
+            )
+            return MiniMaxCreated(
+                task_id=verdict.task_id,
+                created_at=verdict.sent_at,
+                create_calls=verdict.attempts,
+                settled=done.settled,
+            )
+        if verdict.outcome == "refused" and verdict.code in PERMANENT_CODES:
+            raise ApplicationError(
+                permanent_message(verdict.code, verdict.message, task_id=None),
+                {"job_id": req.job_id, "code": verdict.code},
+                type=PERMANENT,
+                non_retryable=True,
+            )
+        if verdict.outcome == "refused":
+            raise ApplicationError(
+                verdict.message,
+                {"job_id": req.job_id, "create_calls": verdict.attempts},
+                type=CREATE_GAVE_UP,
+                non_retryable=True,
+            )
+        raise self._ambiguous(req, verdict)
+
+    async def _send_create(self, req: MiniMaxCreate, key: str) -> CreateVerdict:
+        """Sends the create until MiniMax answers anything but a provable "not now"."""
         cloud = req.request
         body: dict[str, Any] = {
             "model": cloud.model,
@@ -135,123 +132,58 @@ class MiniMaxActivities:
         }
         if cloud.first_frame_image is not None:
             body["first_frame_image"] = cloud.first_frame_image
-        t = self._timing
+        t = self._client.timing
         loop = asyncio.get_running_loop()
-        started = loop.time()
-        calls = 0
-        backoff = _Backoff(t.backoff_s)
-        rate_backoff = _Backoff(t.rate_limit_backoff_s)
-        async with _Heartbeat(t.heartbeat_every_s, Progress(phase="creating")) as hb:
+        started, calls = loop.time(), 0
+        backoff, rate_backoff = _Backoff(t.backoff_s), _Backoff(t.rate_limit_backoff_s)
+        async with Heartbeat(t.heartbeat_every_s, Progress(phase="creating")) as hb:
             while True:
                 calls += 1
                 hb.update(Progress(phase="creating", value=calls))
-                sent_at = datetime.now(UTC)
-                try:
-                    response = await self._post_create(key, body)
-                except NOT_SENT as exc:
-                    why, rate_limited = f"could not connect ({_why(exc)})", False
-                except asyncio.CancelledError:
-                    # Worker shutdown or a cancelled job with the request in flight: report it
-                    # as what it is instead of leaving the workflow to guess.
-                    raise self._ambiguous(
-                        req, sent_at, "the activity was cancelled while the request was in flight"
-                    ) from None
-                except (httpx.HTTPError, TimeoutError) as exc:
-                    raise self._ambiguous(req, sent_at, self._ambiguous_reason(exc)) from None
-                else:
-                    answer = self._read_create(response, req, sent_at)
-                    code = answer.base_resp.status_code
-                    msg = self._clean(answer.base_resp.status_msg)
-                    if code == 0:
-                        if not answer.task_id:
-                            raise self._ambiguous(
-                                req, sent_at, "MiniMax answered success without a task id"
-                            )
-                        activity.logger.info(
-                            "MiniMax task %s created for job %s (create requests sent: %d)",
-                            answer.task_id,
-                            req.job_id,
-                            calls,
-                        )
-                        return MiniMaxCreated(
-                            task_id=answer.task_id, created_at=sent_at, create_calls=calls
-                        )
-                    if code not in TRANSIENT_CODES:
-                        raise ApplicationError(
-                            permanent_message(code, msg, task_id=None),
-                            {"job_id": req.job_id, "code": code},
-                            type="MiniMaxPermanent",
-                            non_retryable=True,
-                        )
-                    why = f"MiniMax answered code {code} ({msg})"
-                    rate_limited = code in RATE_LIMIT_CODES
-                delay = rate_backoff.next() if rate_limited else backoff.next()
+                verdict = (await self._client.create(key, body)).model_copy(
+                    update={"attempts": calls}
+                )
+                if verdict.outcome != "retry":
+                    return verdict
+                delay = rate_backoff.next() if verdict.rate_limited else backoff.next()
                 if loop.time() - started + delay > t.create_retry_budget_s:
-                    raise ApplicationError(
-                        f"MiniMax did not accept the create for job {req.job_id} after {calls} "
-                        f"tries in {loop.time() - started:.0f}s (last: {why}). No task was "
-                        "created and nothing was charged: every try was refused before sending "
-                        "or answered with an explicit 'no'. Resubmit the job later.",
-                        {"job_id": req.job_id, "create_calls": calls, "last": why},
-                        type="MiniMaxCreateGaveUp",
-                        non_retryable=True,
+                    return verdict.model_copy(
+                        update={
+                            "outcome": "refused",
+                            "message": f"MiniMax did not accept the create for job {req.job_id} "
+                            f"after {calls} tries in {loop.time() - started:.0f}s (last: "
+                            f"{verdict.message}). No task was created and nothing was charged: "
+                            "every try was refused before sending or answered with an explicit "
+                            "'no'. Resubmit the job later.",
+                        }
                     )
                 activity.logger.warning(
                     "MiniMax create for job %s not accepted (%s): nothing was created, "
                     "trying again in %.1fs",
                     req.job_id,
-                    why,
+                    verdict.message,
                     delay,
                 )
                 hb.update(Progress(phase="create_backoff", value=calls), now=True)
                 await asyncio.sleep(delay)
 
-    async def _post_create(self, key: str, body: dict[str, Any]) -> httpx.Response:
-        t = self._timing
-        answer_s = self._settings.MINIMAX_CREATE_TIMEOUT_S
-        timeout = httpx.Timeout(answer_s, connect=t.connect_timeout_s, pool=t.connect_timeout_s)
-        # httpx bounds each network step; this bounds the whole exchange (a trickled answer).
-        # It cannot fire before the connection exists, so a TimeoutError here is ambiguous.
-        async with asyncio.timeout(t.connect_timeout_s * 2 + answer_s):
-            return await self._http.post(
-                f"{self._base}/v1/video_generation", json=body, headers=_auth(key), timeout=timeout
-            )
-
-    def _read_create(
-        self, response: httpx.Response, req: MiniMaxCreate, sent_at: datetime
-    ) -> CreateAnswer:
-        status = response.status_code
-        if status >= 500:
-            raise self._ambiguous(req, sent_at, f"MiniMax answered HTTP {status}")
-        try:
-            answer = CreateAnswer.model_validate(response.json())
-        except (ValueError, ValidationError):
-            raise self._ambiguous(
-                req, sent_at, f"MiniMax's answer (HTTP {status}) is not a MiniMax answer"
-            ) from None
-        # Outside 2xx only an explicit error code is a clear "no"; MiniMax itself answers 200.
-        if not response.is_success and answer.base_resp.status_code == 0:
-            raise self._ambiguous(req, sent_at, f"MiniMax answered HTTP {status}")
-        return answer
-
-    def _ambiguous_reason(self, exc: BaseException) -> str:
-        if isinstance(exc, httpx.WriteTimeout):
-            return "sending the request timed out part-way"
-        if isinstance(exc, httpx.TimeoutException | TimeoutError):
-            limit = self._settings.MINIMAX_CREATE_TIMEOUT_S
-            return f"no answer within {limit:g}s after the request was sent"
-        return f"the connection failed after the request was sent ({self._clean(_why(exc))})"
-
-    def _ambiguous(self, req: MiniMaxCreate, sent_at: datetime, why: str) -> ApplicationError:
-        when = sent_at.strftime("%Y-%m-%d %H:%M:%S UTC")
+    def _ambiguous(self, req: MiniMaxCreate, verdict: CreateVerdict) -> ApplicationError:
+        sent = verdict.sent_at
+        when = sent.strftime("%Y-%m-%d %H:%M:%S UTC") if sent else "the time of the create"
+        task = f" (MiniMax named task {verdict.task_id})" if verdict.task_id else ""
         return ApplicationError(
-            f"MiniMax create for job {req.job_id} is ambiguous ({why}): a charge may exist. "
-            f"MiniMax may have started a video task for the request sent at {when}; check the "
-            f"usage and billing records in {_console(self._base)} for a video generation "
-            "task created around then. spillway will not create again for this job; resubmit "
-            "it only if MiniMax shows no such task.",
-            {"job_id": req.job_id, "attempted_at": sent_at.isoformat(), "reason": why},
-            type="MiniMaxAmbiguousCreate",
+            f"MiniMax create for job {req.job_id} is ambiguous ({verdict.message}): a charge "
+            f"may exist{task}. MiniMax may have started a video task for the request sent at "
+            f"{when}; check the usage and billing records in {self._client.console()} for a "
+            "video generation task created around then. spillway will not create again for "
+            "this job; resubmit it only if MiniMax shows no such task.",
+            {
+                "job_id": req.job_id,
+                "attempted_at": sent.isoformat() if sent else None,
+                "reason": verdict.message,
+                "task_id": verdict.task_id,
+            },
+            type=AMBIGUOUS_CREATE,
             non_retryable=True,
         )
 
@@ -260,9 +192,9 @@ class MiniMaxActivities:
     @activity.defn(name="minimax_poll")
     async def poll(self, req: MiniMaxPoll) -> MiniMaxDone:
         key = self._key(retryable=True)
-        t, base_interval = self._timing, self._settings.MINIMAX_POLL_INTERVAL_S
+        t, base_interval = self._client.timing, self._settings.MINIMAX_POLL_INTERVAL_S
         interval, phase = base_interval, "polling"  # then MiniMax's own status words
-        async with _Heartbeat(t.heartbeat_every_s, Progress(phase=phase)) as hb:
+        async with Heartbeat(t.heartbeat_every_s, Progress(phase=phase)) as hb:
             while True:
                 answer = await self._get(
                     "query",
@@ -277,14 +209,14 @@ class MiniMaxActivities:
                     raise ApplicationError(
                         f"MiniMax task {req.task_id} of job {req.job_id} failed: {detail}",
                         {"task_id": req.task_id, "code": code, "status_msg": msg},
-                        type="MiniMaxTaskFailed",
+                        type=TASK_FAILED,
                         non_retryable=True,
                     )
                 if code in PERMANENT_CODES:
                     raise ApplicationError(
                         permanent_message(code, msg, task_id=req.task_id),
                         {"task_id": req.task_id, "code": code},
-                        type="MiniMaxPermanent",
+                        type=PERMANENT,
                         non_retryable=True,
                     )
                 if code in RATE_LIMIT_CODES:
@@ -300,13 +232,13 @@ class MiniMaxActivities:
                 elif code != 0:
                     raise ApplicationError(
                         f"MiniMax answered code {code} ({msg}) polling task {req.task_id}",
-                        type="MiniMaxUnavailable",
+                        type=UNAVAILABLE,
                     )
                 elif answer.status == "Success":
                     if answer.file_id in (None, ""):
                         raise ApplicationError(
                             f"MiniMax reports task {req.task_id} done but names no file",
-                            type="MiniMaxUnavailable",
+                            type=UNAVAILABLE,
                         )
                     return MiniMaxDone(
                         task_id=req.task_id,
@@ -328,8 +260,8 @@ class MiniMaxActivities:
         stem = f"minimax-{re.sub(r'[^A-Za-z0-9_-]', '_', req.task_id)[:64]}"
         if done := sorted(p for p in job_dir.glob(f"{stem}.*") if not p.name.endswith(".part")):
             return Downloaded(outputs=[await asyncio.to_thread(files.describe, done[0])])
-        t = self._timing
-        async with _Heartbeat(t.heartbeat_every_s, Progress(phase="retrieving")) as hb:
+        t = self._client.timing
+        async with Heartbeat(t.heartbeat_every_s, Progress(phase="retrieving")) as hb:
             for _ in range(t.url_refreshes + 1):
                 params = {"file_id": req.file_id}
                 answer = await self._get(
@@ -340,14 +272,14 @@ class MiniMaxActivities:
                     raise ApplicationError(
                         permanent_message(code, msg, task_id=req.task_id),
                         {"task_id": req.task_id, "file_id": req.file_id, "code": code},
-                        type="MiniMaxPermanent",
+                        type=PERMANENT,
                         non_retryable=True,
                     )
                 if code != 0 or answer.file is None:
                     raise ApplicationError(
                         f"MiniMax answered code {code} ({msg}) retrieving file {req.file_id} "
                         f"of task {req.task_id}",
-                        type="MiniMaxUnavailable",
+                        type=UNAVAILABLE,
                     )
                 target = job_dir / (stem + _extension(answer.file.filename))
                 if target.parent != job_dir:
@@ -370,40 +302,38 @@ class MiniMaxActivities:
         raise ApplicationError(
             f"MiniMax's download URLs for file {req.file_id} kept expiring "
             f"({t.url_refreshes + 1} tries); retrying later",
-            type="MiniMaxDownloadFailed",
+            type=DOWNLOAD_FAILED,
         )
 
-    async def _fetch(self, file: FileInfo, target: Path, hb: _Heartbeat) -> OutputFile | None:
+    async def _fetch(self, file: FileInfo, target: Path, hb: Heartbeat) -> OutputFile | None:
         """The video into `target`; None when the URL has expired. The key is not sent: the
         URL is pre-signed and often on another host."""
-        t = self._timing
-        timeout = httpx.Timeout(t.request_timeout_s, connect=t.connect_timeout_s)
 
         def progress(done: int, total: int | None) -> None:
             percent = round(100 * done / total, 1) if total else None
             hb.update(Progress(phase="downloading", value=done, max=total, percent=percent))
 
         try:
-            async with self._http.stream("GET", file.download_url, timeout=timeout) as response:
+            async with self._client.stream(file.download_url) as response:
                 if response.status_code in EXPIRED_URL_STATUSES:
                     return None
                 if not response.is_success:
                     raise ApplicationError(
                         f"the MiniMax file host answered HTTP {response.status_code}",
-                        type="MiniMaxDownloadFailed",
+                        type=DOWNLOAD_FAILED,
                     )
                 # MiniMax may announce 0 bytes; then the host's Content-Length is the check.
                 output = await files.save(response, target, progress, file.bytes or None)
         except files.IncompleteDownload as exc:
             raise ApplicationError(
-                f"download of file {file.file_id}: {exc}", type="MiniMaxDownloadFailed"
+                f"download of file {file.file_id}: {exc}", type=DOWNLOAD_FAILED
             ) from None
         except httpx.HTTPError as exc:
             raise ApplicationError(
-                f"downloading MiniMax file {file.file_id} failed ({self._clean(_why(exc))})",
-                type="MiniMaxDownloadFailed",
+                f"downloading MiniMax file {file.file_id} failed ({self._clean(why(exc))})",
+                type=DOWNLOAD_FAILED,
             ) from None
-        hb.update(hb.details, now=True)
+        hb.beat()
         return output
 
     # --- shared ---------------------------------------------------------------------------
@@ -411,57 +341,25 @@ class MiniMaxActivities:
     async def _get(
         self, what: str, path: str, params: dict[str, str], key: str, model: type[_A]
     ) -> _A:
-        """GET a free MiniMax endpoint; every failure is a retryable error (Temporal retries)."""
-        t = self._timing
-        timeout = httpx.Timeout(t.request_timeout_s, connect=t.connect_timeout_s)
-        url = f"{self._base}{path}"
         try:
-            async with asyncio.timeout(t.connect_timeout_s + t.request_timeout_s * 2):
-                response = await self._http.get(
-                    url, params=params, headers=_auth(key), timeout=timeout
-                )
-        except (httpx.HTTPError, TimeoutError) as exc:
-            raise ApplicationError(
-                f"MiniMax {what} got no answer from {url} ({self._clean(_why(exc))})",
-                type="MiniMaxUnavailable",
-            ) from None
-        if not response.is_success:
-            raise ApplicationError(
-                f"MiniMax {what} answered HTTP {response.status_code}", type="MiniMaxUnavailable"
-            )
-        try:
-            return model.model_validate(response.json())
-        except (ValueError, ValidationError):
-            snippet = self._clean(response.text[:60].replace("\n", " "))
-            raise ApplicationError(
-                f"MiniMax {what} answer is not MiniMax's ({snippet!r})", type="MiniMaxUnavailable"
-            ) from None
+            return await self._client.get(what, path, params, key, model)
+        except MiniMaxUnavailable as exc:
+            raise ApplicationError(str(exc), type=UNAVAILABLE) from None
 
     def _key(self, *, retryable: bool) -> str:
         # Poll and download are retryable without a key: the task exists and is paid for, so
         # a worker that has the key (or this one, fixed and restarted) may still fetch it.
-        secret = self._settings.MINIMAX_API_KEY
-        key = secret.get_secret_value().strip() if secret is not None else ""
-        if not key:
-            problem = "no MiniMax API key on this worker: set MINIMAX_API_KEY"
-        elif not _HEADER_SAFE.fullmatch(key):
-            # h11 would put the whole header, key included, into its error message.
-            problem = "MINIMAX_API_KEY holds characters an HTTP header cannot carry: fix it"
-        else:
-            return key
-        raise ApplicationError(
-            f"{problem} in the worker's environment (nothing was sent to MiniMax)",
-            type="MiniMaxNoKey",
-            non_retryable=not retryable,
-        )
+        try:
+            return self._client.key()
+        except MiniMaxKeyProblem as exc:
+            raise ApplicationError(
+                f"{exc} in the worker's environment (nothing was sent to MiniMax)",
+                type=NO_KEY,
+                non_retryable=not retryable,
+            ) from None
 
     def _clean(self, text: str) -> str:
-        """A server's text or an exception's message, never with the key in it."""
-        secret = self._settings.MINIMAX_API_KEY
-        key = secret.get_secret_value().strip() if secret is not None else ""
-        text = text if len(text) <= 300 else text[:297] + "..."
-        # A key too short to be real would garble every message it happens to occur in.
-        return text.replace(key, "[MINIMAX_API_KEY]") if len(key) >= 6 else text
+        return self._client.clean(text)
 
 
 class _Backoff:
@@ -472,22 +370,6 @@ class _Backoff:
         delay = self._delays[min(self._n, len(self._delays) - 1)]
         self._n += 1
         return delay * random.uniform(0.8, 1.2)  # noqa: S311 - jitter, not security
-
-
-def _auth(key: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}"}
-
-
-def _why(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def _console(base: str) -> str:
-    host = urlsplit(base).hostname or ""
-    if host.startswith("api."):
-        return f"the MiniMax console (https://platform.{host[4:]})"
-    return f"the console of the MiniMax account behind {base}"
 
 
 def _extension(filename: str) -> str:

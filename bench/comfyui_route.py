@@ -34,6 +34,7 @@ from temporalio.worker import Worker
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from activities.nvml import NvmlReader
+from activities.spend import SpendLedger
 from bench.bare_workflow import BareWorkflow, noop
 from spillway.models import VideoJob
 from spillway.settings import Settings
@@ -112,7 +113,10 @@ async def main(jobs: int) -> None:
             env.client,
             task_queue=queue,
             workflows=[*WORKFLOWS, BareWorkflow],
-            activities=[*activities(http, settings, tiers, NvmlReader()), noop],
+            activities=[
+                *activities(http, settings, tiers, NvmlReader(), SpendLedger(env.client, queue)),
+                noop,
+            ],
         ):
             started = time.perf_counter()
             bare = [

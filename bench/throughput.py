@@ -31,7 +31,7 @@ from spillway.models import ApprovalDecision, CloudRequest, VideoJob
 from spillway.settings import PROJECT_ROOT
 from spillway.temporal import installed_binary, register_search_attributes
 from tests.comfyui_fixtures import VIDEO_GRAPH
-from workflows.video_job import VideoJobWorkflow
+from workflows.video_job import DECIDE_UPDATE
 
 
 def rss_mb(pid: int) -> tuple[float, float]:
@@ -102,7 +102,7 @@ async def main(jobs: int) -> None:
     await asyncio.gather(
         *(
             env.client.get_workflow_handle(job_id).execute_update(
-                VideoJobWorkflow.decide_approval, decision
+                DECIDE_UPDATE, decision, result_type=str
             )
             for job_id in ids
         )

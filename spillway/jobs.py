@@ -20,6 +20,7 @@ from temporalio.client import (
     WorkflowHandle,
     WorkflowUpdateFailedError,
     WorkflowUpdateRPCTimeoutOrCancelledError,
+    WorkflowUpdateStage,
 )
 from temporalio.common import WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
@@ -29,7 +30,7 @@ from spillway import search_attributes as sa
 from spillway.errors import ConfigError, Failed
 from spillway.models import ApprovalDecision, CloudRequest, JobState, Plan, Progress, VideoJob
 from spillway.settings import describe_validation_error
-from workflows.video_job import VideoJobWorkflow
+from workflows.video_job import APPROVAL_SIGNAL, DECIDE_UPDATE, VideoJobWorkflow
 
 # Temporal refuses payloads over 2 MB; a graph that big is not an API-format graph anyway.
 MAX_GRAPH_BYTES = 1_500_000
@@ -167,14 +168,26 @@ async def decide(client: Client, job_id: str, decision: ApprovalDecision) -> str
     current = await status(client, job_id)
     if current.state != "awaiting_approval":
         raise Failed(f"job {job_id} is not awaiting approval (state: {current.state})")
-    handle = client.get_workflow_handle(job_id)
+    handle = client.get_workflow_handle_for(VideoJobWorkflow.run, job_id)
     try:
-        return await handle.execute_update(
-            VideoJobWorkflow.decide_approval, decision, rpc_timeout=timedelta(seconds=5)
+        accepted = await handle.start_update(
+            DECIDE_UPDATE,
+            decision,
+            result_type=str,
+            wait_for_stage=WorkflowUpdateStage.ACCEPTED,
+            rpc_timeout=timedelta(seconds=5),
         )
     except WorkflowUpdateFailedError as err:
-        cause = err.cause
-        raise Failed(cause.message if isinstance(cause, ApplicationError) else str(cause)) from None
+        raise Failed(_message(err.cause or err)) from None
     except WorkflowUpdateRPCTimeoutOrCancelledError:
-        await handle.signal(VideoJobWorkflow.approval, decision)
+        await handle.signal(APPROVAL_SIGNAL, decision)
         return "sent as a signal: no worker answered; it applies when a worker runs"
+    # Accepted: the answer comes once the job has used the decision (an approval reserves its
+    # cost in the spend ledger first, and the budget may refuse it).
+    try:
+        answer: str = await accepted.result(rpc_timeout=timedelta(seconds=60))
+        return answer
+    except WorkflowUpdateFailedError as err:
+        raise Failed(_message(err.cause or err)) from None
+    except WorkflowUpdateRPCTimeoutOrCancelledError:
+        return f"accepted; still being applied: see spillway status {job_id}"

@@ -11,6 +11,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from spillway.spend_models import Authorisation, BudgetView
+
 
 class Thresholds(BaseModel):
     model_config = ConfigDict(frozen=True)
@@ -174,14 +176,25 @@ class ApprovalDecision(BaseModel):
     approved: bool
     by: Annotated[str, Field(min_length=1, max_length=100)]
     reason: Annotated[str, Field(max_length=1000)] = ""
+    # `spillway approve --over-budget`: the only way past CLOUD_*_BUDGET_USD, per job.
+    over_budget: bool = False
 
 
 class ApprovalRecord(ApprovalDecision):
     at: datetime
 
 
-class IgnoredSignal(ApprovalRecord):
+class IgnoredSignal(BaseModel):
+    """An approval or rejection that changed nothing, and why; `by` and `approved` are None
+    when the signal could not be read at all (then `raw` shows what came)."""
+
+    approved: bool | None = None
+    by: str | None = None
+    reason: str = ""
+    over_budget: bool = False
+    at: datetime
     why: str
+    raw: str | None = None
 
 
 class Overflow(BaseModel):
@@ -194,6 +207,7 @@ class CloudInfo(BaseModel):
     task_id: str | None = None
     estimated_cost_usd: float | None = None
     authorised_by: str  # "armed" or the approver's name
+    authorisation: Authorisation | None = None  # None in plans from before the spend ledger
 
 
 JobState = Literal[
@@ -224,6 +238,8 @@ class Plan(BaseModel):
     prompt_id: str | None = None  # ComfyUI's, on the LOCAL route
     local_attempts: int = 0
     ignored_signals: list[IgnoredSignal] = []
+    # While a job waits for a person: its cloud estimate and what the budgets have left.
+    budget: BudgetView | None = None
 
 
 class PolicyRequest(BaseModel):
@@ -243,6 +259,7 @@ class ApprovalNotice(BaseModel):
     reject_command: str
     ui_link: str
     decide_by: datetime
+    budget: BudgetView | None = None
 
 
 class AwaitCarry(BaseModel):

@@ -45,6 +45,11 @@ class Settings(BaseSettings):
     # No answer to a create within this is ambiguous (a charge may exist): never retried.
     MINIMAX_CREATE_TIMEOUT_S: Annotated[float, Field(gt=0, le=60)] = 60.0
 
+    # Caps on cloud spending per UTC day / month (the estimates in routing_tiers.json); unset =
+    # no cap of that kind. Only `spillway approve --over-budget` goes past them.
+    CLOUD_DAILY_BUDGET_USD: Annotated[float, Field(ge=0)] | None = None
+    CLOUD_MONTHLY_BUDGET_USD: Annotated[float, Field(ge=0)] | None = None
+
     APPROVAL_TIMEOUT_S: Seconds = 900.0
     APPROVAL_RECHECK_S: Seconds = 60.0
     APPROVAL_WEBHOOK_URL: AnyHttpUrl | None = None
@@ -56,7 +61,9 @@ class Settings(BaseSettings):
     SPILLWAY_ROUTING_TIERS: Path = PROJECT_ROOT / "routing_tiers.json"
     # Long activities heartbeat 6 times per timeout; a dead worker's work moves on after it.
     SPILLWAY_HEARTBEAT_TIMEOUT_S: Annotated[float, Field(ge=1, le=30)] = 30.0
-    SPILLWAY_SHUTDOWN_GRACE_S: Annotated[float, Field(ge=0)] = 30.0
+    # On SIGTERM a create in flight must be allowed to end (it is never aborted once sent);
+    # longer than the longest create (LONGEST_CREATE_S). Waits hand over to another worker.
+    SPILLWAY_SHUTDOWN_GRACE_S: Annotated[float, Field(ge=0)] = 330.0
     SPILLWAY_METRICS_PORT: Annotated[int, Field(ge=1, le=65535)] | None = None  # unset: off
     SPILLWAY_UI_URL: AnyHttpUrl = AnyHttpUrl("http://localhost:8233")  # links in notifications
 
@@ -65,6 +72,8 @@ class Settings(BaseSettings):
         "APPROVAL_WEBHOOK_URL",
         "MINIMAX_API_KEY",
         "SPILLWAY_METRICS_PORT",
+        "CLOUD_DAILY_BUDGET_USD",
+        "CLOUD_MONTHLY_BUDGET_USD",
         mode="before",
     )
     @classmethod

@@ -1,5 +1,6 @@
-"""A worker running VideoJobWorkflow with the route stubs and the real policy activity, and a
-small client for starting jobs and watching their plan. Loaded by conftest."""
+"""A worker running VideoJobWorkflow and the spend ledger with the route stubs and the real
+policy and spend activities, and a small client for starting jobs and watching their plan.
+Loaded by conftest."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities.policy import PolicyActivities
+from activities.spend import CreateGuard, SpendActivities, SpendLedger
 from spillway.models import CloudRequest, JobState, Plan, VideoJob
 from spillway.settings import Settings
 from spillway.tiers import load_tiers
@@ -73,13 +75,23 @@ def _runner(environment: WorkflowEnvironment) -> RunJobs:
         stubs: RouteStubs, task_queue: str | None = None, **settings: Any
     ) -> AsyncIterator[Jobs]:
         config = Settings(**(QUIET | settings))
-        policy = PolicyActivities(config, load_tiers(config.SPILLWAY_ROUTING_TIERS))
+        tiers = load_tiers(config.SPILLWAY_ROUTING_TIERS)
+        policy = PolicyActivities(config, tiers)
         task_queue = task_queue or f"jobs-{uuid.uuid4()}"
+        ledger = SpendLedger(environment.client, task_queue)
+        spend = SpendActivities(ledger, config, tiers)
+        stubs.guard = CreateGuard(ledger, config)
         async with Worker(
             environment.client,
             task_queue=task_queue,
             workflows=WORKFLOWS,
-            activities=[*stubs.activities(), policy.read_policy],
+            activities=[
+                *stubs.activities(),
+                policy.read_policy,
+                spend.reserve,
+                spend.settle,
+                spend.view,
+            ],
         ):
             yield Jobs(environment.client, task_queue, stubs)
 

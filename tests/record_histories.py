@@ -19,7 +19,7 @@ from spillway.models import ApprovalDecision
 from spillway.temporal import installed_binary, register_search_attributes
 from tests.job_fixtures import _runner
 from tests.route_stubs import BUSY, FREE, RouteStubs
-from workflows.video_job import VideoJobWorkflow
+from workflows.video_job import APPROVAL_SIGNAL
 
 HERE = Path(__file__).parent / "histories"
 WAIT = {"MINIMAX_API_KEY": "mm-test-key", "APPROVAL_TIMEOUT_S": 900, "APPROVAL_RECHECK_S": 60}
@@ -39,7 +39,7 @@ async def main() -> None:
         approved = await jobs.start(job_id="replay-approved-cloud")
         await jobs.until(approved, "awaiting_approval")
         decision = ApprovalDecision(approved=True, by="bär", reason="client deadline")
-        await approved.signal(VideoJobWorkflow.approval, decision)
+        await approved.signal(APPROVAL_SIGNAL, decision)
         await approved.result()
     async with run_jobs(RouteStubs(BUSY), **WAIT) as jobs:
         timed_out = await jobs.start(job_id="replay-approval-timeout")

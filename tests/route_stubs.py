@@ -14,6 +14,8 @@ from typing import Any
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.spend import CreateGuard
+from spillway.cloud_models import CreateVerdict
 from spillway.comfyui_models import (
     ComfyUICancel,
     ComfyUICancelled,
@@ -77,6 +79,8 @@ class RouteStubs:
         self.wait_release = asyncio.Event()
         self.wait_release.set()  # clear it to keep comfyui_wait running until set again
         self.create_hang = False  # minimax_create never returns and never heartbeats
+        self.creates = 0  # create requests that got past the guard (would have cost money)
+        self.guard: CreateGuard | None = None
 
     def activities(self) -> list[Callable[..., Any]]:
         return [
@@ -141,10 +145,20 @@ class RouteStubs:
 
     @activity.defn(name="minimax_create")
     async def create(self, req: MiniMaxCreate) -> MiniMaxCreated:
+        """Inside the real CreateGuard (armed now? the ledger's begin and settle): only the
+        request to MiniMax is stubbed. `creates` counts the requests that would have left."""
+
+        async def send() -> CreateVerdict:
+            self.creates += 1
+            if self.create_hang:
+                await asyncio.sleep(3600)
+            return CreateVerdict(outcome="created", task_id=f"task-{req.job_id}")
+
         self._count("minimax_create")
-        if self.create_hang:
-            await asyncio.sleep(3600)
-        return MiniMaxCreated(task_id=f"task-{req.job_id}")
+        assert self.guard is not None, "the job runner sets the guard"
+        done = await self.guard.create(req.job_id, req.authorisation, send)
+        assert done.verdict.task_id is not None
+        return MiniMaxCreated(task_id=done.verdict.task_id, settled=done.settled)
 
     @activity.defn(name="minimax_poll")
     async def poll(self, req: MiniMaxPoll) -> MiniMaxDone:

@@ -8,6 +8,7 @@ import uuid
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from activities.spend import SpendLedger
 from spillway.models import LoadProbeRequest, LoadStatus
 from spillway.tiers import load_tiers
 from tests.probe_workflow import ProbeOnce
@@ -23,7 +24,13 @@ async def test_measurement_travels_through_temporal_and_stays_in_history(
         env.client,
         task_queue=task_queue,
         workflows=[ProbeOnce],
-        activities=activities(http, settings, load_tiers(settings.SPILLWAY_ROUTING_TIERS), gpu),
+        activities=activities(
+            http,
+            settings,
+            load_tiers(settings.SPILLWAY_ROUTING_TIERS),
+            gpu,
+            SpendLedger(env.client, task_queue),
+        ),
     ):
         handle = await env.client.start_workflow(
             ProbeOnce.run,

@@ -18,6 +18,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from activities.spend import SpendLedger
 from spillway.comfyui_models import prompt_id_for
 from spillway.models import Plan, VideoJob
 from spillway.settings import Settings
@@ -49,7 +50,7 @@ def local_jobs(dev_env: WorkflowEnvironment, comfyui_settings, http, gpu, comfyu
             env.client,
             task_queue=queue,
             workflows=WORKFLOWS,
-            activities=activities(http, settings, tiers, gpu),
+            activities=activities(http, settings, tiers, gpu, SpendLedger(env.client, queue)),
         ):
 
             async def start(graph: dict[str, Any] = VIDEO_GRAPH) -> WorkflowHandle[Any, Plan]:

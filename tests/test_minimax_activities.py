@@ -19,10 +19,8 @@ from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities.minimax import MiniMaxActivities
+from spillway.minimax_answers import PERMANENT_CODES, RATE_LIMIT_CODES, SERVER_TROUBLE_CODES
 from spillway.minimax_models import (
-    PERMANENT_CODES,
-    RATE_LIMIT_CODES,
-    TRANSIENT_CODES,
     MiniMaxCreate,
     MiniMaxCreated,
     MiniMaxDone,
@@ -30,7 +28,7 @@ from spillway.minimax_models import (
     MiniMaxPoll,
 )
 from spillway.models import CloudRequest, Downloaded
-from tests.minimax_fixtures import CANARY_KEY, FAST, VIDEO_SIZE, eventually
+from tests.minimax_fixtures import CANARY_KEY, FAST, VIDEO_SIZE, BookLedger, eventually
 from tests.minimax_workflow import CloudOnce, CreateOnce, CreateOnceInput
 
 PROMPT = "a heron lifting off over a spillway at dawn"
@@ -38,7 +36,9 @@ PROMPT = "a heron lifting off over a spillway at dawn"
 
 def create_request(**cloud: object) -> MiniMaxCreate:
     return MiniMaxCreate(
-        job_id=f"job-{uuid.uuid4().hex[:12]}", request=CloudRequest(prompt=PROMPT, **cloud)
+        job_id=f"job-{uuid.uuid4().hex[:12]}",
+        request=CloudRequest(prompt=PROMPT, **cloud),
+        authorisation="approved",
     )
 
 
@@ -129,7 +129,7 @@ async def test_full_cloud_route_through_temporal_keeps_the_key_out_of_history(
     env: WorkflowEnvironment, minimax, http, minimax_settings
 ):
     task_queue = f"minimax-{uuid.uuid4()}"
-    acts = MiniMaxActivities(http, minimax_settings(), FAST)
+    acts = MiniMaxActivities(http, minimax_settings(), BookLedger(), FAST)
     req = create_request()
     async with Worker(
         env.client,
@@ -186,8 +186,8 @@ async def test_wrong_key_is_a_permanent_auth_failure_naming_the_setting(
     assert minimax.create_calls == 1
 
 
-@pytest.mark.parametrize("code", sorted(TRANSIENT_CODES))
-async def test_transient_create_code_is_retried_and_then_succeeds_with_one_task(
+@pytest.mark.parametrize("code", sorted(RATE_LIMIT_CODES))
+async def test_rate_limit_code_without_task_is_retried_and_then_succeeds_with_one_task(
     minimax, minimax_activities, run_activity, code
 ):
     minimax.inject("create", code)
@@ -198,10 +198,52 @@ async def test_transient_create_code_is_retried_and_then_succeeds_with_one_task(
     assert (minimax.create_calls, minimax.tasks_created) == (2, 1)
     assert "create_backoff" in [h.phase for h in heartbeats]
     gap = minimax.requests[1].at - minimax.requests[0].at
-    if code in RATE_LIMIT_CODES:
-        assert gap >= 0.24  # FAST's rate-limit backoff (0.3 s ± 20 %), not its short one
-    else:
-        assert gap < 0.2
+    assert gap >= 0.24  # FAST's rate-limit backoff (0.3 s ± 20 %), not its short one
+
+
+@pytest.mark.parametrize("code", sorted(SERVER_TROUBLE_CODES))
+async def test_server_trouble_code_on_a_create_is_ambiguous_and_never_resent(
+    minimax, minimax_activities, run_activity, code
+):
+    # "unknown error", "timeout", "internal error": they do not prove no task was made.
+    minimax.inject("create", code)
+    ledger = BookLedger()
+    req = create_request()
+    result, _ = await run_activity(minimax_activities(ledger=ledger).create, req)
+
+    error = app_error(result, "MiniMaxAmbiguousCreate")
+    assert error.non_retryable and "a charge may exist" in error.message
+    assert f"code {code}" in error.message
+    assert minimax.create_calls == 1
+    assert ledger.state_of(req.job_id) == "maybe_charged"
+
+
+async def test_armed_create_on_a_worker_that_is_not_armed_now_sends_nothing(
+    minimax, minimax_activities, run_activity
+):
+    # The job read an armed policy when it started; the worker was disarmed since.
+    req = create_request().model_copy(update={"authorisation": "armed"})
+    acts = minimax_activities(CLOUD_VIDEO_FALLBACK_ENABLED=False)
+    result, _ = await run_activity(acts.create, req)
+
+    error = app_error(result, "SpendNotArmed")
+    assert error.non_retryable and "nothing was sent" in error.message
+    assert minimax.create_calls == 0
+
+
+async def test_reply_with_a_task_id_and_code_1001_is_ambiguous_and_never_resent(
+    minimax, minimax_activities, run_activity
+):
+    minimax.inject("create", 1001, with_task=True)
+    ledger = BookLedger()
+    req = create_request()
+    result, _ = await run_activity(minimax_activities(ledger=ledger).create, req)
+
+    error = app_error(result, "MiniMaxAmbiguousCreate")
+    [task] = minimax.tasks
+    assert task in error.message and "a charge may exist" in error.message
+    assert (minimax.create_calls, minimax.tasks_created) == (1, 1)
+    assert ledger.state_of(req.job_id) == "maybe_charged"
 
 
 async def test_create_refused_until_the_budget_ends_gives_up_saying_nothing_was_charged(
@@ -227,7 +269,7 @@ async def test_create_hanging_after_minimax_received_it_fails_ambiguous_and_is_n
 ):
     minimax.fault_next_create("hang")  # MiniMax made the task; its answer never comes
     task_queue = f"minimax-{uuid.uuid4()}"
-    acts = MiniMaxActivities(http, minimax_settings(), FAST)
+    acts = MiniMaxActivities(http, minimax_settings(), BookLedger(), FAST)
     req = create_request()
     async with Worker(
         env.client, task_queue=task_queue, workflows=[CreateOnce], activities=[acts.create]

@@ -12,7 +12,7 @@ from temporalio.testing import WorkflowEnvironment
 from spillway.models import ApprovalDecision, Plan
 from tests.job_fixtures import ARMED, RunJobs
 from tests.route_stubs import BUSY, DOWN, FREE, RouteStubs
-from workflows.video_job import VideoJobWorkflow
+from workflows.video_job import APPROVAL_SIGNAL, DECIDE_UPDATE, VideoJobWorkflow
 
 
 def cause_message(failed: pytest.ExceptionInfo[WorkflowFailureError]) -> str:
@@ -52,7 +52,7 @@ async def test_overloaded_unarmed_job_waits_and_approval_sends_it_to_the_cloud(r
         assert waiting.reasons == ["vram_used_91.2pct_ge_85.0pct"]
         assert stubs.calls["minimax_create"] == 0
         await handle.signal(
-            VideoJobWorkflow.approval,
+            APPROVAL_SIGNAL,
             ApprovalDecision(approved=True, by="bär", reason="client deadline"),
         )
         plan: Plan = await handle.result()
@@ -70,7 +70,7 @@ async def test_rejected_job_runs_locally_and_spends_nothing(run_jobs: RunJobs):
     async with run_jobs(stubs, **ARMED | {"CLOUD_VIDEO_FALLBACK_ENABLED": False}, **HOUR) as jobs:
         handle = await jobs.start()
         await jobs.until(handle, "awaiting_approval")
-        await handle.signal(VideoJobWorkflow.approval, ApprovalDecision(approved=False, by="bär"))
+        await handle.signal(APPROVAL_SIGNAL, ApprovalDecision(approved=False, by="bär"))
         plan: Plan = await handle.result()
     assert (plan.state, plan.route) == ("completed", "local")
     assert "rejected_by=bär" in plan.reasons and plan.approval and not plan.approval.approved
@@ -145,7 +145,7 @@ async def test_approval_without_a_key_fails_naming_the_key_and_calls_nothing(run
     async with run_jobs(stubs, **HOUR) as jobs:
         handle = await jobs.start()
         await jobs.until(handle, "awaiting_approval")
-        await handle.signal(VideoJobWorkflow.approval, ApprovalDecision(approved=True, by="bär"))
+        await handle.signal(APPROVAL_SIGNAL, ApprovalDecision(approved=True, by="bär"))
         with pytest.raises(WorkflowFailureError) as failed:
             await handle.result()
     assert "MINIMAX_API_KEY" in str(failed.value.cause)
@@ -158,10 +158,10 @@ async def test_duplicate_and_late_approvals_change_nothing_and_are_recorded(run_
     async with run_jobs(stubs, MINIMAX_API_KEY="mm-test-key", **HOUR) as jobs:
         handle = await jobs.start()
         await jobs.until(handle, "awaiting_approval")
-        await handle.signal(VideoJobWorkflow.approval, ApprovalDecision(approved=False, by="a"))
-        await handle.signal(VideoJobWorkflow.approval, ApprovalDecision(approved=True, by="b"))
+        await handle.signal(APPROVAL_SIGNAL, ApprovalDecision(approved=False, by="a"))
+        await handle.signal(APPROVAL_SIGNAL, ApprovalDecision(approved=True, by="b"))
         await jobs.until(handle, "running_local")
-        await handle.signal(VideoJobWorkflow.approval, ApprovalDecision(approved=True, by="c"))
+        await handle.signal(APPROVAL_SIGNAL, ApprovalDecision(approved=True, by="c"))
         stubs.wait_release.set()
         plan: Plan = await handle.result()
     assert plan.route == "local" and plan.approval and plan.approval.by == "a"
@@ -181,7 +181,7 @@ async def test_an_approve_update_for_a_job_that_is_not_waiting_is_refused(run_jo
         await jobs.until(handle, "running_local")
         with pytest.raises(WorkflowUpdateFailedError) as refused:
             await handle.execute_update(
-                VideoJobWorkflow.decide_approval, ApprovalDecision(approved=True, by="bär")
+                DECIDE_UPDATE, ApprovalDecision(approved=True, by="bär"), result_type=str
             )
         assert "is not awaiting approval (state: running_local)" in str(refused.value.cause)
         stubs.wait_release.set()
@@ -195,7 +195,7 @@ async def test_an_approve_update_while_waiting_is_accepted(run_jobs: RunJobs):
         handle = await jobs.start()
         await jobs.until(handle, "awaiting_approval")
         answer = await handle.execute_update(
-            VideoJobWorkflow.decide_approval, ApprovalDecision(approved=True, by="bär")
+            DECIDE_UPDATE, ApprovalDecision(approved=True, by="bär"), result_type=str
         )
         plan: Plan = await handle.result()
     assert answer == "approved" and plan.route == "cloud"
@@ -216,7 +216,7 @@ async def test_continue_as_new_keeps_the_waiting_job_and_its_approval(
         assert description.run_id != handle.result_run_id
         plan = await jobs.until(latest, "awaiting_approval")
         assert plan.reasons == first.reasons and plan.overflow.trigger == "overloaded"
-        await latest.signal(VideoJobWorkflow.approval, ApprovalDecision(approved=True, by="bär"))
+        await latest.signal(APPROVAL_SIGNAL, ApprovalDecision(approved=True, by="bär"))
         plan = await latest.result()
     assert plan.route == "cloud" and plan.approval and plan.approval.by == "bär"
     assert stubs.calls["minimax_create"] == 1

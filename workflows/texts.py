@@ -6,6 +6,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from spillway.models import ApprovalNotice, Plan, Policy
+from spillway.spend_book import describe
+from spillway.spend_models import BudgetShortfall, BudgetView, SpendEntry
 
 MINIMAX_CHECK = (
     "check MiniMax's console (platform.minimax.io: usage / billing, video generation tasks) for a "
@@ -36,11 +38,16 @@ def current_details(plan: Plan) -> str:
     if state == "awaiting_approval":
         approve, reject = commands(plan.job_id)
         what = "overloaded" if plan.overflow.trigger == "overloaded" else "unreachable"
+        if plan.budget is not None and plan.budget.exhausted is not None:
+            what += " and the cloud budget cannot cover the job"
+        elif "fallback_disarmed" in plan.reasons:
+            what += " and the cloud fallback was disarmed"
         return (
             f"**Waiting for approval to render in the cloud** — the A40 is {what}: "
             f"{_signal_text(plan)}.\n\n"
             f"- approve: `{approve}`\n- reject (run locally): `{reject}`\n"
             '- or Send a Signal `approval` with `{"approved": true, "by": "NAME", "reason": "..."}`'
+            f"{_money_text(plan, markdown=True)}"
             "\n\nWithout an answer the job runs locally when the approval window ends; "
             "if the A40 has headroom earlier, it runs locally at once."
         )
@@ -60,7 +67,7 @@ def current_details(plan: Plan) -> str:
     if state == "completed":
         return f"**Completed** on the {plan.route} route: {len(plan.outputs)} output file(s)."
     if state == "cancelled":
-        return "**Cancelled**."
+        return f"**Cancelled**. {plan.error}" if plan.error else "**Cancelled**."
     return f"**Failed**: {plan.error}"
 
 
@@ -74,8 +81,8 @@ def approval_notice(
         text=(
             f"spillway job {plan.job_id} waits for approval to render in the cloud: the A40 is "
             f"{trigger} ({_signal_text(plan)}). Approve: {approve} — reject: {reject} — "
-            f"or decide in the Temporal UI: {link}. Without an answer by "
-            f"{decide_by:%Y-%m-%d %H:%M} UTC it runs locally."
+            f"or decide in the Temporal UI: {link}.{_money_text(plan, markdown=False)} Without "
+            f"an answer by {decide_by:%Y-%m-%d %H:%M} UTC it runs locally."
         ),
         job_id=plan.job_id,
         trigger=plan.overflow.trigger,
@@ -85,6 +92,7 @@ def approval_notice(
         reject_command=reject,
         ui_link=link,
         decide_by=decide_by,
+        budget=plan.budget,
     )
 
 
@@ -115,4 +123,75 @@ def ambiguous_create(plan: Plan, at: datetime) -> str:
         f"the MiniMax create call for job {plan.job_id} did not complete (the worker was lost "
         f"during the call, started {at:%Y-%m-%d %H:%M:%S} UTC): a charge may exist. "
         f"{MINIMAX_CHECK}."
+    )
+
+
+def _usd(value: float | None) -> str:
+    return "unknown" if value is None else f"${value:.2f}"
+
+
+def _money_text(plan: Plan, *, markdown: bool) -> str:
+    """The estimate and what the budgets have left ("" when nothing is known)."""
+    view = plan.budget
+    if view is None:
+        return ""
+    parts = [f"cloud estimate {_usd(view.estimate_usd)}"]
+    for label, left in (
+        ("today", view.day_remaining_usd),
+        ("this month", view.month_remaining_usd),
+    ):
+        if left is not None:
+            parts.append(f"{_usd(left)} left {label}")
+    text = "; ".join(parts)
+    if view.exhausted is not None:
+        text += (
+            f". The {'daily' if view.exhausted == 'day' else 'monthly'} budget cannot cover it: "
+            f"only `spillway approve {plan.job_id} --by NAME --over-budget` sends it to the cloud"
+        )
+    return f"\n\n{text}." if markdown else f" {text}."
+
+
+def exhausted_view(view: BudgetView | None, shortfall: BudgetShortfall) -> BudgetView:
+    known = view or BudgetView()
+    left = {
+        "day_remaining_usd" if shortfall.period == "day" else "month_remaining_usd": (
+            shortfall.remaining_usd
+        )
+    }
+    return known.model_copy(
+        update={"estimate_usd": shortfall.estimate_usd, "exhausted": shortfall.period, **left}
+    )
+
+
+def over_budget(shortfall: BudgetShortfall, job_id: str) -> str:
+    return (
+        f"not used: {shortfall.text()}. Only `spillway approve {job_id} --by NAME --over-budget` "
+        "goes past the budget"
+    )
+
+
+def headroom_won() -> str:
+    return "not used: the A40 had headroom again before the approval was used; the job runs locally"
+
+
+def cancelled_after_create(task_id: str) -> str:
+    return (
+        f"cancelled while the MiniMax create was in flight: it had already ordered task {task_id}, "
+        "which MiniMax will charge. spillway recorded it in the spend ledger and did not download "
+        "it; the video can be fetched from the MiniMax console while it is kept there."
+    )
+
+
+def create_exists(plan: Plan, entry: SpendEntry) -> str:
+    return (
+        f"job {plan.job_id} already has a cloud create in the spend ledger ({describe(entry)}): "
+        f"spillway never creates twice for a job (a reset or re-run included). {MINIMAX_CHECK}."
+    )
+
+
+def create_never_began(plan: Plan) -> str:
+    return (
+        f"the worker running the MiniMax create for job {plan.job_id} was lost before the create "
+        "began: nothing was sent and nothing charged (the spend ledger released the reservation). "
+        "Resubmit the job."
     )

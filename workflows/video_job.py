@@ -1,69 +1,75 @@
 """VideoJobWorkflow: measure, decide, maybe wait for a person, then render locally or in the cloud.
 
-Deterministic: only models, the pure `decide` and activity calls by name. Every measurement is an
-activity result, so the history shows why each job went where it went; the plan is published as
-memo (readable without a worker), search attributes (for lists) and current details (for the UI).
+Deterministic: only models, the pure `decide`, the approval helpers and typed activity calls
+(`workflows/calls.py`). Every measurement is an activity result, so the history shows why each
+job went where it went; the plan is published as memo (readable without a worker), search
+attributes (for lists) and current details (for the UI). Every cloud create is reserved in the
+spend ledger first (docs/design.md, "The spend ledger and the budget").
 """
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any, Literal, NoReturn
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy, SearchAttributeUpdate
+from temporalio.common import RawValue, SearchAttributeUpdate
 from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
 from temporalio.exceptions import TimeoutError as ActivityTimeout
 
+from workflows import calls
+from workflows.approvals import (
+    ARMED,
+    LOCAL,
+    NO_INPUT,
+    PATCH_BUDGET_VIEW,
+    PATCH_LEDGER,
+    RouteChoice,
+    Ticket,
+    raw_text,
+    read_signal,
+)
+
 with workflow.unsafe.imports_passed_through():
+    from activities import minimax as minimax_errors
+    from activities.spend import NOT_ARMED
     from spillway import search_attributes as sa
     from spillway.comfyui_models import (
         ComfyUICancel,
-        ComfyUICancelled,
         ComfyUIDownload,
-        ComfyUIFinished,
         ComfyUISubmit,
-        ComfyUISubmitted,
         ComfyUIWait,
         client_id_for,
         prompt_id_for,
     )
     from spillway.decision import decide
-    from spillway.minimax_models import (
-        MiniMaxCreate,
-        MiniMaxCreated,
-        MiniMaxDone,
-        MiniMaxDownload,
-        MiniMaxPoll,
-    )
+    from spillway.minimax_models import MiniMaxCreate, MiniMaxDownload, MiniMaxPoll
     from spillway.models import (
         ApprovalDecision,
         ApprovalNotice,
         ApprovalRecord,
         AwaitCarry,
         CloudInfo,
-        Downloaded,
         IgnoredSignal,
         JobState,
-        LoadProbeRequest,
         LoadStatus,
         Plan,
         Policy,
-        PolicyRequest,
         VideoJob,
     )
+    from spillway.spend_models import SpendEntry, SpendRequest, SpendSettle
     from workflows import texts
+    from workflows.spend_ledger import REFUSED
 
-# Reads that cost nothing may retry for as long as it takes; a stuck one is visible in the UI.
-FREE_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30)
-)
-# MiniMax has no idempotency key: Temporal must never run a create twice (money invariant 2).
-NEVER_RETRY = RetryPolicy(maximum_attempts=1)
 MAX_IGNORED_SIGNALS = 20
-
-Route = Literal["local", "cloud"]
+# Client-side names: the signal takes a raw payload (read in the handler) and the update is
+# async, so the SDK cannot type calls made with the methods themselves.
+APPROVAL_SIGNAL = "approval"
+DECIDE_UPDATE = "decide_approval"
+DISARMED = "fallback_disarmed"  # the reason a job waits when armed spending is refused now
+SettleState = Literal["charged", "maybe_charged", "released"]
 
 
 @workflow.defn(name="VideoJobWorkflow")
@@ -71,27 +77,40 @@ class VideoJobWorkflow:
     @workflow.init
     def __init__(self, job: VideoJob) -> None:
         self._job = job
-        self._plan = job.carry.plan if job.carry else Plan(job_id=job.job_id)
-        self._pending: ApprovalDecision | None = job.carry.pending_approval if job.carry else None
-        self._notify_task: asyncio.Task[None] | None = None
+        # `carry` is honoured only on a run continued by this workflow itself: a client that
+        # starts a job with a hand-made one gets no shortcut past the probe and the approval.
+        continued = workflow.info().continued_run_id is not None
+        self._carry = job.carry if continued else None
+        self._plan = self._carry.plan if self._carry else Plan(job_id=job.job_id)
+        pending = self._carry.pending_approval if self._carry else None
+        self._pending: Ticket | None = Ticket(pending) if pending else None
+        self._deadline = self._carry.approval_deadline if self._carry else datetime.max
         self._published = ""
+        self._notify_task: asyncio.Task[None] | None = None
         self._create_started = datetime.min
         self._heartbeat = timedelta(seconds=30)
 
     @workflow.run
     async def run(self, job: VideoJob) -> Plan:
         try:
-            policy = job.carry.policy if job.carry else await self._read_policy()
+            if job.carry is not None and self._carry is None:
+                self._fail("`carry` is set by continue-as-new only: start the job without it")
+            if self._carry is not None:
+                policy = self._carry.policy
+            else:
+                self._publish()
+                policy = await calls.read_policy(job.job_id)
             # A dead worker's long activity moves to another worker after this (at most 30 s).
             self._heartbeat = timedelta(seconds=policy.heartbeat_timeout_s)
-            route, authorised_by = await self._route(job, policy)
-            workflow.metric_meter().create_counter(
-                "spillway_jobs_routed", "jobs by the route they took and who allowed the cloud"
-            ).add(1, {"route": route, "authorised": _authorisation(route, authorised_by)})
-            if route == "local":
+            choice = await self._route(job, policy)
+            while choice.route == "cloud":
+                wait_because = await self._run_cloud(policy, choice)
+                if wait_because is None:
+                    break
+                choice = await self._await_person(policy, wait_because)
+            if choice.route == "local":
+                self._count(choice)
                 await self._run_local(policy)
-            else:
-                await self._run_cloud(policy, authorised_by)
         except (asyncio.CancelledError, ActivityError) as err:
             if isinstance(err, ActivityError) and not is_cancelled_exception(err):
                 self._fail(self._failure_message(err))
@@ -108,24 +127,30 @@ class VideoJobWorkflow:
     def plan(self) -> Plan:
         return self._plan
 
-    @workflow.signal(name="approval")
-    def approval(self, decision: ApprovalDecision) -> None:
-        """The Temporal UI's "Send a Signal" lands here; a signal for a job that is not waiting
-        changes nothing and is recorded."""
-        refusal = self._refusal(decision)
-        if refusal is None:
-            self._pending = decision
+    @workflow.signal(name=APPROVAL_SIGNAL)
+    def approval(self, raw: RawValue = NO_INPUT) -> None:
+        """The Temporal UI's "Send a Signal" lands here. Whatever changes nothing (a job that is
+        not waiting, input that is not a decision) is recorded in `ignored_signals`."""
+        decision = read_signal(raw)
+        if isinstance(decision, str):
+            self._ignore(IgnoredSignal(at=workflow.now(), why=decision, raw=raw_text(raw)))
             return
-        ignored = IgnoredSignal(**decision.model_dump(), at=workflow.now(), why=refusal)
-        self._plan.ignored_signals = [*self._plan.ignored_signals, ignored][-MAX_IGNORED_SIGNALS:]
-        workflow.logger.info("approval signal ignored: %s", refusal)
-        self._publish()
+        refusal = self._refusal(decision)
+        if refusal is not None:
+            self._ignore(IgnoredSignal(**decision.model_dump(), at=workflow.now(), why=refusal))
+            return
+        self._pending = Ticket(decision)
 
-    @workflow.update(name="decide_approval")
-    def decide_approval(self, decision: ApprovalDecision) -> str:
-        """`spillway approve|reject`: like the signal, but a refusal reaches the caller."""
-        self._pending = decision
-        return "approved" if decision.approved else "rejected"
+    @workflow.update(name=DECIDE_UPDATE)
+    async def decide_approval(self, decision: ApprovalDecision) -> str:
+        """`spillway approve|reject`: answers once the decision was used (or could not be: the
+        budget, headroom that came back), so "approved" means the job goes to the cloud."""
+        ticket = Ticket(decision)
+        self._pending = ticket
+        await workflow.wait_condition(lambda: ticket.settled)
+        if ticket.refusal is not None:
+            raise ApplicationError(ticket.refusal, type="ApprovalNotUsed", non_retryable=True)
+        return ticket.answer or ""
 
     @decide_approval.validator
     def _validate_approval(self, decision: ApprovalDecision) -> None:
@@ -136,35 +161,35 @@ class VideoJobWorkflow:
     def _refusal(self, decision: ApprovalDecision) -> str | None:
         if self._plan.state != "awaiting_approval":
             return f"job {self._job.job_id} is not awaiting approval (state: {self._plan.state})"
+        if workflow.now() >= self._deadline:
+            return f"job {self._job.job_id}'s approval window closed at {self._deadline:%H:%M:%S}"
         if self._pending is not None:
-            return f"job {self._job.job_id} already has a decision by {self._pending.by}"
+            return f"job {self._job.job_id} already has a decision by {self._pending.decision.by}"
         if decision.approved and self._job.cloud is None:
             return f"job {self._job.job_id} has no cloud prompt: it can only run locally"
         return None
 
+    def _ignore(self, ignored: IgnoredSignal) -> None:
+        self._plan.ignored_signals = [*self._plan.ignored_signals, ignored][-MAX_IGNORED_SIGNALS:]
+        workflow.logger.info("approval ignored: %s", ignored.why)
+        self._publish()
+
+    def _unused(self, ticket: Ticket, why: str) -> None:
+        """An accepted decision the job could not use: its caller hears why, the plan keeps it."""
+        ticket.refusal = why
+        self._ignore(IgnoredSignal(**ticket.decision.model_dump(), at=workflow.now(), why=why))
+
     # --- deciding ----------------------------------------------------------------------------
 
-    async def _read_policy(self) -> Policy:
-        self._publish()
-        policy: Policy = await workflow.execute_activity(
-            "read_policy",
-            PolicyRequest(job_id=self._job.job_id),
-            result_type=Policy,
-            start_to_close_timeout=timedelta(seconds=30),
-            retry_policy=FREE_RETRY,
-        )
-        return policy
-
-    async def _route(self, job: VideoJob, policy: Policy) -> tuple[Route, str]:
-        """Returns the route and, for the cloud, who authorised the spending."""
-        if job.carry is not None:
-            carry = job.carry
+    async def _route(self, job: VideoJob, policy: Policy) -> RouteChoice:
+        if self._carry is not None:
+            carry = self._carry
             return await self._wait(policy, carry.approval_deadline, carry.give_up_at)
-        load = await self._probe()
+        load = await calls.probe(job.job_id)
         if not load.reachable:
             # One network blip never moves a job: "unreachable" needs a second silent probe.
             await workflow.sleep(timedelta(seconds=policy.unreachable_confirm_s))
-            load = await self._probe()
+            load = await calls.probe(job.job_id)
         armed = policy.armed and job.cloud is not None
         decision = decide(load, armed=armed)
         workflow.logger.info(
@@ -181,42 +206,53 @@ class VideoJobWorkflow:
         self._plan.overflow.trigger = decision.trigger
         self._plan.overflow.last_signal = load if decision.trigger else None
         if decision.route == "local":
-            return "local", ""
+            return LOCAL
         if decision.route == "cloud":
-            return "cloud", "armed"
+            return ARMED
+        return await self._await_person(policy, None)
+
+    async def _await_person(self, policy: Policy, because: str | None) -> RouteChoice:
         now = workflow.now()
+        if because is not None:
+            self._plan.reasons = [*self._plan.reasons, because]
         self._plan.state = "awaiting_approval"
-        self._notify(policy, now + timedelta(seconds=policy.approval_timeout_s))
+        deadline = now + timedelta(seconds=policy.approval_timeout_s)
+        if self._job.cloud is not None and workflow.patched(PATCH_BUDGET_VIEW):
+            exhausted = self._plan.budget.exhausted if self._plan.budget else None
+            try:
+                view = await calls.spend_view(self._spend_request(ARMED))
+                self._plan.budget = view.model_copy(update={"exhausted": exhausted})
+            except ActivityError as err:
+                workflow.logger.warning("budget view failed: %s", err.cause or err)
+        if policy.webhook_configured:
+            notice = texts.approval_notice(self._plan, policy, workflow.info().namespace, deadline)
+            self._notify_task = asyncio.create_task(self._send_notice(notice))  # never awaited
         return await self._wait(
             policy,
-            approval_deadline=now + timedelta(seconds=policy.approval_timeout_s),
+            approval_deadline=deadline,
             give_up_at=now + timedelta(seconds=policy.unreachable_give_up_s),
         )
 
     async def _wait(
         self, policy: Policy, approval_deadline: datetime, give_up_at: datetime
-    ) -> tuple[Route, str]:
+    ) -> RouteChoice:
         """AWAIT: approval, rejection, timeout or headroom, re-probing every recheck interval.
         Once the approval window is over (state `probing`), wait only for ComfyUI to answer."""
+        self._deadline = approval_deadline
         self._publish()
         loops = 0
         while True:
             if self._pending is not None:
-                decision, self._pending = self._pending, None
-                self._plan.approval = ApprovalRecord(**decision.model_dump(), at=workflow.now())
-                if decision.approved:
-                    if not policy.key_present:
-                        self._fail(texts.approved_without_key(decision.by))
-                    return "cloud", decision.by
-                self._plan.reasons = [*self._plan.reasons, f"rejected_by={decision.by}"]
-                self._plan.state = "probing"  # rejected: local as soon as ComfyUI answers
-            reachable = self._last_reachable()
+                ticket, self._pending = self._pending, None
+                choice = await self._use_decision(ticket, policy)
+                if choice is not None:
+                    return choice
             now = workflow.now()
             if self._plan.state == "awaiting_approval" and now >= approval_deadline:
                 self._plan.reasons = [*self._plan.reasons, "approval_timeout"]
                 self._plan.state = "probing"  # a timeout never means "spend"
-            if self._plan.state == "probing" and reachable:
-                return "local", ""
+            if self._plan.state == "probing" and self._last_reachable():
+                return LOCAL
             if now >= give_up_at:
                 self._fail(texts.gave_up_waiting(policy.unreachable_give_up_s, self._plan))
             self._publish()
@@ -237,12 +273,44 @@ class VideoJobWorkflow:
                 continue
             except TimeoutError:
                 pass
-            load = await self._probe()
+            load = await calls.probe(self._job.job_id)
             if load.reachable and not load.overloaded:
                 self._plan.reasons = [*self._plan.reasons, "headroom_returned"]
                 self._plan.overflow.last_signal = load
-                return "local", ""
-            self._record_signal(load)
+                if self._pending is not None:  # arrived while the probe ran: local wins
+                    self._unused(self._pending, texts.headroom_won())
+                    self._pending = None
+                return LOCAL
+            self._note_load(load)
+
+    async def _use_decision(self, ticket: Ticket, policy: Policy) -> RouteChoice | None:
+        decision = ticket.decision
+        self._plan.approval = ApprovalRecord(**decision.model_dump(), at=workflow.now())
+        if not decision.approved:
+            self._plan.reasons = [*self._plan.reasons, f"rejected_by={decision.by}"]
+            self._plan.state = "probing"  # rejected: local as soon as ComfyUI answers
+            ticket.answer = "rejected"
+            return None
+        over = decision.over_budget
+        choice = RouteChoice(
+            "cloud", authorisation="approved_over_budget" if over else "approved", by=decision.by
+        )
+        if not workflow.patched(PATCH_LEDGER):
+            if not policy.key_present:
+                self._fail(texts.approved_without_key(decision.by))
+            ticket.answer = "approved"
+            return choice
+        reservation = await calls.spend_reserve(self._spend_request(choice))
+        if reservation.refused is not None:
+            ticket.refusal = texts.approved_without_key(decision.by)
+            self._fail(ticket.refusal)
+        if reservation.shortfall is not None:
+            self._plan.approval = None
+            self._plan.budget = texts.exhausted_view(self._plan.budget, reservation.shortfall)
+            self._unused(ticket, texts.over_budget(reservation.shortfall, self._job.job_id))
+            return None
+        ticket.answer = "approved"
+        return replace(choice, reservation=reservation)
 
     def _continue_as_new(
         self, policy: Policy, approval_deadline: datetime, give_up_at: datetime
@@ -252,44 +320,23 @@ class VideoJobWorkflow:
             policy=policy,
             approval_deadline=approval_deadline,
             give_up_at=give_up_at,
-            pending_approval=self._pending,
+            pending_approval=self._pending.decision if self._pending else None,
         )
         workflow.continue_as_new(self._job.model_copy(update={"carry": carry}))
 
-    async def _probe(self) -> LoadStatus:
-        load: LoadStatus = await workflow.execute_activity(
-            "a40_load_status",
-            LoadProbeRequest(job_id=self._job.job_id),
-            result_type=LoadStatus,
-            start_to_close_timeout=timedelta(seconds=90),
-            retry_policy=FREE_RETRY,
-        )
-        return load
-
-    def _record_signal(self, load: LoadStatus) -> None:
+    def _note_load(self, load: LoadStatus) -> None:
         """Keeps the latest measurement that explains why the job still waits."""
         self._plan.overflow.last_signal = load
         if load.reachable and self._plan.overflow.trigger == "unreachable":
             self._plan.overflow.trigger = "overloaded"
 
     def _last_reachable(self) -> bool:
-        signal = self._plan.overflow.last_signal
-        return signal is None or signal.reachable
-
-    def _notify(self, policy: Policy, decide_by: datetime) -> None:
-        if not policy.webhook_configured:
-            return
-        notice = texts.approval_notice(self._plan, policy, workflow.info().namespace, decide_by)
-        self._notify_task = asyncio.create_task(self._send_notice(notice))
+        load = self._plan.overflow.last_signal
+        return load is None or load.reachable
 
     async def _send_notice(self, notice: ApprovalNotice) -> None:
         try:
-            await workflow.execute_activity(
-                "notify_approval_needed",
-                notice,
-                start_to_close_timeout=timedelta(seconds=30),
-                retry_policy=RetryPolicy(maximum_attempts=5, initial_interval=timedelta(seconds=2)),
-            )
+            await calls.notify(notice)
         except ActivityError as err:
             # A failing webhook never blocks or fails the job; the UI and `list` still show it.
             workflow.logger.warning("approval webhook failed: %s", err.cause or err)
@@ -304,47 +351,21 @@ class VideoJobWorkflow:
             prompt_id = prompt_id_for(self._job.job_id, self._plan.local_attempts)
             self._plan.prompt_id = prompt_id
             self._set_state("running_local")
-            await workflow.execute_activity(
-                "comfyui_submit",
-                ComfyUISubmit(
-                    job_id=self._job.job_id,
-                    prompt_id=prompt_id,
-                    client_id=client_id,
-                    graph=self._job.graph,
-                ),
-                result_type=ComfyUISubmitted,
-                # Short, so a worker that died mid-submit is replaced quickly: a retried submit
-                # looks for its prompt_id in ComfyUI before posting, so it never posts twice.
-                start_to_close_timeout=max(2 * self._heartbeat, timedelta(seconds=10)),
-                retry_policy=RetryPolicy(
-                    maximum_interval=timedelta(seconds=30),
-                    non_retryable_error_types=["ComfyUIGraphRejected"],
-                ),
+            submit = ComfyUISubmit(
+                job_id=self._job.job_id,
+                prompt_id=prompt_id,
+                client_id=client_id,
+                graph=self._job.graph,
             )
-            finished: ComfyUIFinished = await workflow.execute_activity(
-                "comfyui_wait",
-                ComfyUIWait(job_id=self._job.job_id, prompt_id=prompt_id, client_id=client_id),
-                result_type=ComfyUIFinished,
-                start_to_close_timeout=timedelta(hours=24),
-                heartbeat_timeout=self._heartbeat,
-                retry_policy=RetryPolicy(
-                    maximum_interval=timedelta(seconds=30),
-                    non_retryable_error_types=["ComfyUIExecutionFailed", "ComfyUIInterrupted"],
-                ),
-            )
+            await calls.comfyui_submit(submit, self._heartbeat)
+            wait = ComfyUIWait(job_id=self._job.job_id, prompt_id=prompt_id, client_id=client_id)
+            finished = await calls.comfyui_wait(wait, self._heartbeat)
             if finished.outcome == "lost":
                 # ComfyUI restarted and forgot the prompt: resubmitting locally costs nothing.
                 self._plan.reasons = [*self._plan.reasons, f"comfyui_lost_prompt={prompt_id}"]
                 continue
-            downloaded: Downloaded = await workflow.execute_activity(
-                "comfyui_download",
-                ComfyUIDownload(job_id=self._job.job_id, files=finished.files),
-                result_type=Downloaded,
-                start_to_close_timeout=timedelta(hours=6),
-                heartbeat_timeout=self._heartbeat,
-                retry_policy=FREE_RETRY,
-            )
-            self._plan.outputs = downloaded.outputs
+            download = ComfyUIDownload(job_id=self._job.job_id, files=finished.files)
+            self._plan.outputs = (await calls.comfyui_download(download, self._heartbeat)).outputs
             return
         self._fail(texts.lost_too_often(self._plan.local_attempts))
 
@@ -352,63 +373,135 @@ class VideoJobWorkflow:
         if self._plan.route != "local" or self._plan.prompt_id is None:
             return
         # A job shows `cancelled` only once ComfyUI no longer holds its prompt.
-        cancelled: ComfyUICancelled = await workflow.execute_activity(
-            "comfyui_cancel",
-            ComfyUICancel(prompt_id=self._plan.prompt_id),
-            result_type=ComfyUICancelled,
-            start_to_close_timeout=timedelta(minutes=10),
-            heartbeat_timeout=self._heartbeat,
-            retry_policy=FREE_RETRY,
-        )
+        cancel = ComfyUICancel(prompt_id=self._plan.prompt_id)
+        cancelled = await calls.comfyui_cancel(cancel, self._heartbeat)
         self._plan.reasons = [*self._plan.reasons, f"comfyui_prompt_{cancelled.was}_cancelled"]
 
     # --- CLOUD ---------------------------------------------------------------------------------
 
-    async def _run_cloud(self, policy: Policy, authorised_by: str) -> None:
+    async def _run_cloud(self, policy: Policy, choice: RouteChoice) -> str | None:
+        """Reserves (unless the approval did), creates once, polls, downloads. Returns why the
+        job must wait for a person instead (the budget, a disarmed fallback), else None."""
         request = self._job.cloud
         if request is None:  # decide() and the approval checks make this unreachable
             self._fail(f"job {self._job.job_id} has no cloud prompt: it can only run locally")
+        reservation = choice.reservation
+        if reservation is None and workflow.patched(PATCH_LEDGER):
+            reservation = await calls.spend_reserve(self._spend_request(choice))
+            if reservation.shortfall is not None:
+                self._plan.budget = texts.exhausted_view(self._plan.budget, reservation.shortfall)
+                return "budget_exhausted"
+            if reservation.refused is not None:
+                return reservation.refused_code or DISARMED
         cost = policy.estimated_costs_usd.get(f"{request.resolution}/{request.duration}s")
+        if reservation is not None and reservation.granted is not None:
+            cost = reservation.granted.cost_usd
         self._plan.route = "cloud"
-        self._plan.cloud = CloudInfo(authorised_by=authorised_by, estimated_cost_usd=cost)
+        self._plan.cloud = CloudInfo(
+            authorised_by=choice.by or "armed",
+            authorisation=choice.authorisation,
+            estimated_cost_usd=cost,
+        )
+        self._count(choice)
         self._set_state("running_cloud")
-        self._create_started = workflow.now()
-        created: MiniMaxCreated = await workflow.execute_activity(
-            "minimax_create",
-            MiniMaxCreate(job_id=self._job.job_id, request=request),
-            result_type=MiniMaxCreated,
-            start_to_close_timeout=timedelta(minutes=10),
-            heartbeat_timeout=self._heartbeat,
-            retry_policy=NEVER_RETRY,
-        )
-        # From here on the task id is in history: no crash or retry can lead to a second create.
-        self._plan.cloud.task_id = created.task_id
+        existing = reservation.existing if reservation else None
+        if existing is not None:
+            task_id = self._follow(existing)
+        else:
+            create = MiniMaxCreate(
+                job_id=self._job.job_id,
+                request=request,
+                authorisation=choice.authorisation or "armed",
+            )
+            task_id = await self._create(create)
+            if task_id == DISARMED:
+                return DISARMED
+        self._plan.cloud.task_id = task_id
         self._publish()
-        done: MiniMaxDone = await workflow.execute_activity(
-            "minimax_poll",
-            MiniMaxPoll(job_id=self._job.job_id, task_id=created.task_id),
-            result_type=MiniMaxDone,
-            start_to_close_timeout=timedelta(hours=24),
-            heartbeat_timeout=self._heartbeat,
-            retry_policy=RetryPolicy(
-                maximum_interval=timedelta(seconds=60),
-                non_retryable_error_types=["MiniMaxTaskFailed", "MiniMaxPermanent"],
-            ),
+        done = await calls.minimax_poll(
+            MiniMaxPoll(job_id=self._job.job_id, task_id=task_id), self._heartbeat
         )
-        downloaded: Downloaded = await workflow.execute_activity(
-            "minimax_download",
-            MiniMaxDownload(job_id=self._job.job_id, task_id=created.task_id, file_id=done.file_id),
-            result_type=Downloaded,
-            start_to_close_timeout=timedelta(hours=2),
-            heartbeat_timeout=self._heartbeat,
-            retry_policy=RetryPolicy(
-                maximum_interval=timedelta(seconds=60),
-                non_retryable_error_types=["MiniMaxPermanent"],
-            ),
+        download = MiniMaxDownload(job_id=self._job.job_id, task_id=task_id, file_id=done.file_id)
+        self._plan.outputs = (await calls.minimax_download(download, self._heartbeat)).outputs
+        return None
+
+    async def _create(self, req: MiniMaxCreate) -> str:
+        """The task id, or DISARMED when the fallback was disarmed before anything was sent."""
+        self._create_started = workflow.now()
+        handle = calls.minimax_create(req, self._heartbeat)
+        try:
+            created = await asyncio.shield(handle)
+        except asyncio.CancelledError:
+            # A create once scheduled is never abandoned: the job ends cancelled, but only after
+            # recording what it ordered (a task that will be charged).
+            try:
+                ordered = await handle
+            except ActivityError as err:
+                self._plan.error = self._failure_message(err)
+                raise asyncio.CancelledError() from None
+            assert self._plan.cloud is not None
+            self._plan.cloud.task_id = ordered.task_id
+            self._plan.reasons = [*self._plan.reasons, f"cancelled_after_create={ordered.task_id}"]
+            self._plan.error = texts.cancelled_after_create(ordered.task_id)
+            if not ordered.settled:
+                await self._settle("charged", ordered.task_id)
+            raise
+        except ActivityError as err:
+            return await self._create_failed(err)
+        if not created.settled:
+            await self._settle("charged", created.task_id)
+        return created.task_id
+
+    async def _create_failed(self, err: ActivityError) -> str:
+        cause = err.cause
+        kind = cause.type if isinstance(cause, ApplicationError) else None
+        if kind in (NOT_ARMED, minimax_errors.NO_KEY):
+            await self._settle("released", None)  # nothing was sent
+            if kind == NOT_ARMED:
+                return DISARMED
+            self._fail(self._failure_message(err))
+        if kind == REFUSED and isinstance(cause, ApplicationError):
+            details = cause.details[0] if cause.details else {}
+            entry = details.get("entry") if isinstance(details, dict) else None
+            if entry:
+                return self._follow(SpendEntry.model_validate(entry))
+            self._fail(cause.message)
+        if isinstance(cause, ActivityTimeout):
+            # The worker was lost during the create: did it begin? The ledger knows.
+            entry = await self._settle("maybe_charged", None)
+            if entry is not None and entry.state == "released":
+                self._fail(texts.create_never_began(self._plan))
+        self._fail(self._failure_message(err))
+
+    def _follow(self, entry: SpendEntry) -> str:
+        """A run that finds its job already charged follows the recorded task, never creates."""
+        if entry.state != "charged" or not entry.task_id or entry.provider != "minimax":
+            self._fail(texts.create_exists(self._plan, entry))
+        self._plan.reasons = [*self._plan.reasons, f"followed_recorded_task={entry.task_id}"]
+        return entry.task_id
+
+    async def _settle(self, state: SettleState, task_id: str | None) -> SpendEntry | None:
+        settle = SpendSettle(job_id=self._job.job_id, state=state, task_id=task_id)
+        return await calls.spend_settle(settle)
+
+    def _spend_request(self, choice: RouteChoice) -> SpendRequest:
+        request = self._job.cloud
+        assert request is not None
+        return SpendRequest(
+            job_id=self._job.job_id,
+            provider="minimax",
+            resolution=request.resolution,
+            duration=request.duration,
+            authorised_by=choice.by or "armed",
+            authorisation=choice.authorisation or "armed",
         )
-        self._plan.outputs = downloaded.outputs
 
     # --- what people see -------------------------------------------------------------------------
+
+    def _count(self, choice: RouteChoice) -> None:
+        workflow.metric_meter().create_counter(
+            "spillway_jobs_routed", "jobs by the route they took and who allowed the cloud"
+        ).add(1, {"route": choice.route, "authorised": choice.metric_label})
 
     def _set_state(self, state: JobState) -> None:
         self._plan.state = state
@@ -443,9 +536,3 @@ class VideoJobWorkflow:
         if isinstance(cause, ApplicationError | ActivityTimeout):
             return cause.message
         return str(cause or err)
-
-
-def _authorisation(route: Route, authorised_by: str) -> str:
-    if route == "local":
-        return "none"
-    return "armed" if authorised_by == "armed" else "approved"

@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from aiohttp import web
 
-from spillway.minimax_models import STATUS_MSGS
+from spillway.minimax_answers import STATUS_MSGS
 from spillway.models import MINIMAX_MODELS
 from spillway.sim.server import SimServer
 
@@ -106,7 +106,7 @@ class MiniMaxSim(SimServer):
         self.tasks_by_prompt: Counter[str] = Counter()
         self.download_auth_headers = 0  # download requests that carried an Authorization header
         self._scripts: dict[str | None, _Script] = {None: _Script(DEFAULT_STATUSES)}
-        self._injected: dict[Endpoint, deque[tuple[int, str]]] = {
+        self._injected: dict[Endpoint, deque[tuple[int, str, bool]]] = {
             "create": deque(),
             "query": deque(),
             "retrieve": deque(),
@@ -139,11 +139,19 @@ class MiniMaxSim(SimServer):
         self._scripts[prompt] = _Script((*after, "Fail"), status_code, status_msg)
 
     def inject(
-        self, endpoint: Endpoint, code: int, status_msg: str | None = None, *, times: int = 1
+        self,
+        endpoint: Endpoint,
+        code: int,
+        status_msg: str | None = None,
+        *,
+        times: int = 1,
+        with_task: bool = False,
     ) -> None:
-        """The next `times` requests to `endpoint` answer this base_resp code (HTTP 200)."""
+        """The next `times` requests to `endpoint` answer this base_resp code (HTTP 200). With
+        `with_task` a create makes its task anyway and names it in the answer next to the code
+        (what MiniMax has been documented to do: the charge may exist)."""
         msg = STATUS_MSGS.get(code, "error") if status_msg is None else status_msg
-        self._injected[endpoint].extend([(code, msg)] * times)
+        self._injected[endpoint].extend([(code, msg, with_task)] * times)
 
     def fault_next_create(
         self, mode: CreateFault, *, creates_task: bool = True, times: int = 1
@@ -230,7 +238,9 @@ class MiniMaxSim(SimServer):
                 request.transport.close()
             return web.Response()
         if self._injected["create"]:
-            return _error(*self._injected["create"].popleft(), task_id="")
+            code, msg, with_task = self._injected["create"].popleft()
+            made = self._new_task(body, prompt) if with_task and isinstance(body, dict) else None
+            return _error(code, msg, task_id=made.task_id if made else "")
         if (problem := _invalid(body)) is not None:
             return _error(2013, f"invalid params, {problem}", task_id="")
         assert isinstance(body, dict)
@@ -242,7 +252,8 @@ class MiniMaxSim(SimServer):
         if (denied := self._check_auth(request, "query", None)) is not None:
             return denied
         if self._injected["query"]:
-            return _error(*self._injected["query"].popleft(), task_id=task_id)
+            code, msg, _ = self._injected["query"].popleft()
+            return _error(code, msg, task_id=task_id)
         task = self.tasks.get(task_id)
         if task is None:
             return _error(2013, "invalid params, task_id not found", task_id=task_id)
@@ -261,7 +272,8 @@ class MiniMaxSim(SimServer):
         if (denied := self._check_auth(request, "retrieve", None)) is not None:
             return denied
         if self._injected["retrieve"]:
-            return _error(*self._injected["retrieve"].popleft())
+            code, msg, _ = self._injected["retrieve"].popleft()
+            return _error(code, msg)
         task = self._files.get(int(raw)) if raw.isdigit() else None
         if task is None:
             return _error(2013, "invalid params, file_id not found")

@@ -27,7 +27,7 @@ from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
 from tests.comfyui_fixtures import VIDEO_GRAPH, graph_without
 from tests.reliability.harness import Jobs, Sightings, cli
-from workflows.video_job import VideoJobWorkflow
+from workflows.video_job import APPROVAL_SIGNAL, DECIDE_UPDATE
 
 JOBS = 300
 APPROVE = ApprovalDecision(approved=True, by="owner", reason="load test")
@@ -86,7 +86,7 @@ class Approvers:
         self.sent[job_id].append("approve" if decision.approved else "reject")
         handle = self.client.get_workflow_handle(job_id)
         try:
-            answer = await handle.execute_update(VideoJobWorkflow.decide_approval, decision)
+            answer = await handle.execute_update(DECIDE_UPDATE, decision, result_type=str)
             self.accepted[job_id].append(answer)
         except WorkflowUpdateFailedError as err:
             self.refused[job_id].append(str(getattr(err.cause, "message", err.cause)))
@@ -96,9 +96,7 @@ class Approvers:
     async def _signal(self, job_id: str, decision: ApprovalDecision) -> None:
         self.sent[job_id].append("approve" if decision.approved else "reject")
         with contextlib.suppress(RPCError):  # a closed job takes no signal
-            await self.client.get_workflow_handle(job_id).signal(
-                VideoJobWorkflow.approval, decision
-            )
+            await self.client.get_workflow_handle(job_id).signal(APPROVAL_SIGNAL, decision)
 
 
 @pytest.mark.slow

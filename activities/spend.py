@@ -1,0 +1,310 @@
+"""The spend ledger seen from activities (docs/design.md, "The spend ledger and the budget").
+
+`SpendLedger` is a small client of SpendLedgerWorkflow (update-with-start, so the ledger exists
+the first time anyone needs it). `SpendActivities` are what VideoJobWorkflow calls: reserve
+before any create, settle after a create that failed, and a read-only view of the budget.
+`CreateGuard` wraps every provider's create: armed checked against the worker's settings NOW,
+`begin` in the ledger right before the request leaves (only one create per reservation ever
+begins, whatever resets or re-runs happened), and the outcome recorded the moment it is known.
+Money fails closed: when the ledger cannot answer, nothing is sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Protocol, TypeVar
+
+from temporalio import activity
+from temporalio.client import (
+    Client,
+    WithStartWorkflowOperation,
+    WorkflowUpdateFailedError,
+)
+from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
+
+from spillway.cloud_models import CreateVerdict
+from spillway.settings import Settings
+from spillway.spend_book import SpendRefused
+from spillway.spend_models import (
+    Authorisation,
+    BeginCreate,
+    Budgets,
+    BudgetShortfall,
+    BudgetView,
+    LedgerInput,
+    LedgerSummary,
+    Reservation,
+    ReserveRequest,
+    SettleRequest,
+    SpendEntry,
+    SpendRequest,
+    SpendSettle,
+)
+from spillway.tiers import RoutingTiers
+from workflows.spend_ledger import REFUSED, SpendLedgerWorkflow, ledger_id
+
+log = logging.getLogger(__name__)
+_T = TypeVar("_T")
+
+# The ledger answers in milliseconds; a worker that cannot reach it for this long sends nothing.
+LEDGER_TRIES = 5
+LEDGER_PAUSE_S = 2.0
+RPC_TIMEOUT = timedelta(seconds=10)
+NOT_ARMED = "SpendNotArmed"
+LEDGER_UNAVAILABLE = "SpendLedgerUnavailable"
+
+
+class Ledger(Protocol):
+    """What activities need of the ledger: `SpendLedger` (the workflow) in production; tests of
+    a single activity may pass an in-process SpendBook behind the same five calls."""
+
+    async def reserve(self, req: ReserveRequest) -> SpendEntry: ...
+    async def begin(self, req: BeginCreate) -> SpendEntry: ...
+    async def settle(self, req: SettleRequest) -> SpendEntry: ...
+    async def configure(self, budgets: Budgets) -> None: ...
+    async def summary(self) -> LedgerSummary | None: ...
+
+
+class SpendLedger:
+    """A client of SpendLedgerWorkflow (update-with-start for what may come first)."""
+
+    def __init__(self, client: Client, task_queue: str) -> None:
+        self._client, self._task_queue = client, task_queue
+        self.workflow_id = ledger_id(task_queue)
+
+    async def reserve(self, req: ReserveRequest) -> SpendEntry:
+        return await self._call(
+            lambda: self._client.execute_update_with_start_workflow(
+                SpendLedgerWorkflow.reserve,
+                req,
+                start_workflow_operation=self._start(),
+                rpc_timeout=RPC_TIMEOUT,
+            )
+        )
+
+    async def begin(self, req: BeginCreate) -> SpendEntry:
+        handle = self._client.get_workflow_handle_for(SpendLedgerWorkflow.run, self.workflow_id)
+        return await self._call(
+            lambda: handle.execute_update(SpendLedgerWorkflow.begin, req, rpc_timeout=RPC_TIMEOUT)
+        )
+
+    async def settle(self, req: SettleRequest) -> SpendEntry:
+        handle = self._client.get_workflow_handle_for(SpendLedgerWorkflow.run, self.workflow_id)
+        return await self._call(
+            lambda: handle.execute_update(SpendLedgerWorkflow.settle, req, rpc_timeout=RPC_TIMEOUT)
+        )
+
+    async def configure(self, budgets: Budgets) -> None:
+        await self._call(
+            lambda: self._client.execute_update_with_start_workflow(
+                SpendLedgerWorkflow.configure,
+                budgets,
+                start_workflow_operation=self._start(),
+                rpc_timeout=RPC_TIMEOUT,
+            )
+        )
+
+    async def summary(self) -> LedgerSummary | None:
+        """None when no ledger exists yet (nothing was ever reserved on this task queue)."""
+        handle = self._client.get_workflow_handle_for(SpendLedgerWorkflow.run, self.workflow_id)
+        try:
+            return await handle.query(SpendLedgerWorkflow.summary, rpc_timeout=RPC_TIMEOUT)
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.NOT_FOUND:
+                return None
+            raise
+
+    def _start(self) -> WithStartWorkflowOperation[SpendLedgerWorkflow, None]:
+        return WithStartWorkflowOperation(
+            SpendLedgerWorkflow.run,
+            LedgerInput(),
+            id=self.workflow_id,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            task_queue=self._task_queue,
+            static_summary="spillway spend ledger: every cloud create and the budgets",
+        )
+
+    async def _call(self, call: Callable[[], Awaitable[_T]]) -> _T:
+        """Refusals become SpendRefused; an unreachable ledger is tried a few times."""
+        for attempt in range(1, LEDGER_TRIES + 1):
+            try:
+                return await call()
+            except WorkflowUpdateFailedError as err:
+                raise _refusal(err) from None
+            except RPCError as exc:
+                # Also what an update racing the ledger's continue-as-new gets: try again.
+                if attempt == LEDGER_TRIES:
+                    raise ApplicationError(
+                        f"the spend ledger ({self.workflow_id}) did not answer ({exc.message}): "
+                        "nothing was sent to any cloud provider",
+                        type=LEDGER_UNAVAILABLE,
+                    ) from None
+                log.warning("spend ledger: %s; trying again", exc.message)
+                await asyncio.sleep(LEDGER_PAUSE_S)
+        raise AssertionError("unreachable")
+
+
+def _refusal(err: WorkflowUpdateFailedError) -> SpendRefused:
+    cause = err.cause
+    if not isinstance(cause, ApplicationError) or cause.type != REFUSED:
+        return SpendRefused(f"the spend ledger refused: {cause or err}", "error")
+    details = cause.details[0] if cause.details else {}
+    entry = details.get("entry") if isinstance(details, dict) else None
+    shortfall = details.get("shortfall") if isinstance(details, dict) else None
+    return SpendRefused(
+        cause.message,
+        str(details.get("kind", "error")) if isinstance(details, dict) else "error",
+        entry=SpendEntry.model_validate(entry) if entry else None,
+        shortfall=BudgetShortfall.model_validate(shortfall) if shortfall else None,
+    )
+
+
+def estimate_usd(
+    tiers: RoutingTiers, provider: str, resolution: str, duration: int
+) -> float | None:
+    tier = tiers.by_provider(provider)
+    return None if tier is None else tier.estimated_cost_usd.get(f"{resolution}/{duration}s")
+
+
+def budgets_of(settings: Settings) -> Budgets:
+    return Budgets(
+        daily_usd=settings.CLOUD_DAILY_BUDGET_USD, monthly_usd=settings.CLOUD_MONTHLY_BUDGET_USD
+    )
+
+
+class SpendActivities:
+    def __init__(self, ledger: Ledger, settings: Settings, tiers: RoutingTiers) -> None:
+        self._ledger, self._settings, self._tiers = ledger, settings, tiers
+
+    @activity.defn(name="spend_reserve")
+    async def reserve(self, req: SpendRequest) -> Reservation:
+        s = self._settings
+        if req.authorisation == "armed" and not s.cloud_armed:
+            # The policy in force now, not the one the job read when it started.
+            return Reservation(
+                refused="the cloud fallback is not armed on the worker any more",
+                refused_code="fallback_disarmed",
+            )
+        if not s.minimax_key_present:
+            return Reservation(refused="MINIMAX_API_KEY is not configured", refused_code="no_key")
+        cost = estimate_usd(self._tiers, req.provider, req.resolution, req.duration)
+        try:
+            entry = await self._ledger.reserve(
+                ReserveRequest(
+                    job_id=req.job_id,
+                    run_id=activity.info().workflow_run_id or "",
+                    provider=req.provider,
+                    cost_usd=cost,
+                    authorised_by=req.authorised_by,
+                    authorisation=req.authorisation,
+                    budgets=budgets_of(s),
+                )
+            )
+        except SpendRefused as refused:
+            if refused.kind == "exists":
+                return Reservation(existing=refused.entry)
+            if refused.kind == "budget":
+                return Reservation(shortfall=refused.shortfall)
+            raise ApplicationError(refused.message, type=REFUSED) from None
+        return Reservation(granted=entry)
+
+    @activity.defn(name="spend_settle")
+    async def settle(self, req: SpendSettle) -> SpendEntry | None:
+        """After a create that failed without settling (a lost worker): records maybe_charged,
+        or released when the create never began. None when the ledger holds nothing for it."""
+        try:
+            return await self._ledger.settle(
+                SettleRequest(
+                    job_id=req.job_id,
+                    run_id=activity.info().workflow_run_id or "",
+                    state=req.state,
+                    task_id=req.task_id,
+                    note=req.note,
+                )
+            )
+        except SpendRefused as refused:
+            activity.logger.warning("spend ledger: %s", refused.message)
+            return refused.entry
+
+    @activity.defn(name="spend_view")
+    async def view(self, req: SpendRequest) -> BudgetView:
+        """The estimate and what the budgets have left, for what a waiting job shows."""
+        budgets = budgets_of(self._settings)
+        view = BudgetView(
+            estimate_usd=estimate_usd(self._tiers, req.provider, req.resolution, req.duration),
+            day_remaining_usd=budgets.daily_usd,
+            month_remaining_usd=budgets.monthly_usd,
+        )
+        try:
+            summary = await self._ledger.summary()
+        except RPCError as exc:  # shown to people only: an unknown remainder is no reason to stop
+            activity.logger.warning("spend ledger summary: %s", exc.message)
+            summary = None
+        if summary is not None:
+            view.day_remaining_usd = summary.day.remaining_usd
+            view.month_remaining_usd = summary.month.remaining_usd
+        return view
+
+
+Send = Callable[[], Awaitable[CreateVerdict]]
+
+
+@dataclass(frozen=True)
+class CreatedOnce:
+    verdict: CreateVerdict
+    settled: bool  # False: the ledger did not take the outcome; the workflow records it again
+
+
+class CreateGuard:
+    """What every provider's create activity runs its one request inside."""
+
+    def __init__(self, ledger: Ledger, settings: Settings) -> None:
+        self._ledger, self._settings = ledger, settings
+
+    async def create(self, job_id: str, authorisation: Authorisation, send: Send) -> CreatedOnce:
+        if authorisation == "armed" and not self._settings.cloud_armed:
+            raise ApplicationError(
+                "the cloud fallback is not armed on this worker any more: nothing was sent",
+                type=NOT_ARMED,
+                non_retryable=True,
+            )
+        run_id = activity.info().workflow_run_id or ""
+        try:
+            await self._ledger.begin(BeginCreate(job_id=job_id, run_id=run_id))
+        except SpendRefused as refused:
+            raise ApplicationError(
+                f"{refused.message}: nothing was sent",
+                {"kind": refused.kind, "entry": _dump(refused.entry)},
+                type=REFUSED,
+                non_retryable=True,
+            ) from None
+        except ApplicationError as err:
+            raise ApplicationError(err.message, type=err.type, non_retryable=True) from None
+        verdict = await send()
+        state = {"created": "charged", "refused": "released", "ambiguous": "maybe_charged"}
+        settle = SettleRequest(
+            job_id=job_id,
+            run_id=run_id,
+            state=state[verdict.outcome],
+            task_id=verdict.task_id,
+            note=verdict.message[:300],
+        )
+        try:
+            await self._ledger.settle(settle)
+            settled = True
+        except (SpendRefused, ApplicationError) as exc:
+            # The workflow settles again from history; until then the entry blocks any second
+            # create for this job, which is the safe side.
+            activity.logger.warning("spend ledger: settling job %s failed: %s", job_id, exc)
+            settled = False
+        return CreatedOnce(verdict=verdict, settled=settled)
+
+
+def _dump(entry: SpendEntry | None) -> object:
+    return entry.model_dump(mode="json") if entry else None

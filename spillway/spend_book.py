@@ -1,0 +1,251 @@
+"""The spend ledger's book-keeping as plain code: which reservation may be made, which create may
+be sent, how entries settle, and the day's and month's totals. SpendLedgerWorkflow holds one
+`SpendBook` and calls it from its update validators and handlers; being pure (the caller passes
+the time), it is deterministic and tested without a Temporal server.
+
+The rules (docs/design.md, money invariants 2, 5 and 6):
+- One live entry per job. A job whose earlier create was sent (reserved and begun, charged,
+  maybe charged) gets no second reservation, from any run. An entry whose create was provably
+  refused (released) lets the job try again (the next provider).
+- Only one create per entry ever begins (`begin`, called by the create activity itself right
+  before the request leaves). A reservation that has not begun is taken over by whichever run
+  reserves or begins next (a reset, a re-run): the old run's create can then no longer begin.
+  That is what makes a reset anywhere between reservation and create safe.
+- Armed or plainly approved spending must fit in the day's and the month's budget, counting
+  what is spent (charged, maybe charged) and what is reserved; only `approved_over_budget`
+  goes past it.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from spillway.spend_models import (
+    BeginCreate,
+    Budgets,
+    BudgetShortfall,
+    LedgerSummary,
+    Period,
+    PeriodTotals,
+    ReserveRequest,
+    SettleRequest,
+    SpendEntry,
+)
+
+# A reservation whose create never began (its job was terminated between the two) stops
+# counting after this, and its run can no longer begin.
+UNSENT_TTL = timedelta(hours=1)
+# Settled entries are kept this long (longer than a month, and than a closed job can still be
+# reset in a namespace with 30 days of retention); open ones are always kept.
+KEEP = timedelta(days=40)
+CENT = 1e-9
+
+
+class SpendRefused(Exception):
+    """A reservation, begin or settle the ledger refuses; `entry` is what stands in the way."""
+
+    def __init__(
+        self,
+        message: str,
+        kind: str,
+        entry: SpendEntry | None = None,
+        shortfall: BudgetShortfall | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message, self.kind, self.entry, self.shortfall = message, kind, entry, shortfall
+
+
+class SpendBook:
+    def __init__(self, entries: list[SpendEntry], budgets: Budgets) -> None:
+        self.entries = list(entries)
+        self.budgets = budgets
+
+    # --- reading -------------------------------------------------------------------------
+
+    def live(self, job_id: str, now: datetime) -> SpendEntry | None:
+        """The job's entry that blocks or holds money: not released, not an expired unsent
+        reservation."""
+        for entry in reversed(self.entries):
+            if entry.job_id == job_id and not _over(entry, now):
+                return entry
+        return None
+
+    def totals(self, period: Period, now: datetime, budgets: Budgets | None = None) -> PeriodTotals:
+        spent = reserved = 0.0
+        for entry in self.entries:
+            if not _same(period, entry.at, now) or _over(entry, now):
+                continue
+            cost = entry.cost_usd or 0.0
+            if entry.state == "reserved":
+                reserved += cost
+            else:
+                spent += cost
+        budget = (budgets or self.budgets).of(period)
+        remaining = None if budget is None else round(budget - spent - reserved, 6)
+        return PeriodTotals(
+            budget_usd=budget,
+            spent_usd=round(spent, 6),
+            reserved_usd=round(reserved, 6),
+            remaining_usd=remaining,
+        )
+
+    def summary(self, now: datetime) -> LedgerSummary:
+        month = [e for e in self.entries if _same("month", e.at, now)]
+        return LedgerSummary(
+            day=self.totals("day", now), month=self.totals("month", now), entries=month
+        )
+
+    def kept(self, now: datetime) -> list[SpendEntry]:
+        """What a continued ledger carries: every open entry, and settled ones until KEEP."""
+        return [
+            e
+            for e in self.entries
+            if e.state == "reserved" or _same("month", e.at, now) or now - e.at < KEEP
+        ]
+
+    # --- reserve --------------------------------------------------------------------------
+
+    def check_reserve(self, req: ReserveRequest, now: datetime) -> None:
+        current = self.live(req.job_id, now)
+        if current is not None and not (current.state == "reserved" and current.sent_at is None):
+            raise SpendRefused(
+                f"job {req.job_id} already has a cloud create: {describe(current)}",
+                "exists",
+                entry=current,
+            )
+        if current is not None and current.run_id == req.run_id:
+            return  # a retried reservation of the same run gets its entry back
+        if req.authorisation == "approved_over_budget":
+            return
+        shortfall = self.shortfall(req, now, excluding=current)
+        if shortfall is not None:
+            raise SpendRefused(shortfall.text(), "budget", shortfall=shortfall)
+
+    def shortfall(
+        self, req: ReserveRequest, now: datetime, excluding: SpendEntry | None = None
+    ) -> BudgetShortfall | None:
+        for period in ("day", "month"):
+            totals = self.totals(period, now, req.budgets)
+            if totals.budget_usd is None or totals.remaining_usd is None:
+                continue
+            remaining = totals.remaining_usd
+            if excluding is not None and _same(period, excluding.at, now):
+                remaining += excluding.cost_usd or 0.0
+            if req.cost_usd is None or req.cost_usd > remaining + CENT:
+                return BudgetShortfall(
+                    period=period,
+                    budget_usd=totals.budget_usd,
+                    remaining_usd=round(max(remaining, 0.0), 2),
+                    estimate_usd=req.cost_usd,
+                )
+        return None
+
+    def reserve(self, req: ReserveRequest, now: datetime) -> SpendEntry:
+        self.check_reserve(req, now)
+        self.budgets = req.budgets
+        current = self.live(req.job_id, now)
+        if current is not None and current.run_id == req.run_id:
+            return current
+        if current is not None:
+            # Taken over from an earlier run (reset, re-run): that run can no longer begin.
+            current.state, current.settled_at = "released", now
+            current.note = f"taken over by run {req.run_id} before its create began"
+        entry = SpendEntry(
+            job_id=req.job_id,
+            run_id=req.run_id,
+            provider=req.provider,
+            cost_usd=req.cost_usd,
+            state="reserved",
+            authorised_by=req.authorised_by,
+            authorisation=req.authorisation,
+            at=now,
+        )
+        self.entries.append(entry)
+        return entry
+
+    # --- begin and settle -----------------------------------------------------------------
+
+    def check_begin(self, req: BeginCreate, now: datetime) -> SpendEntry:
+        current = self.live(req.job_id, now)
+        if current is None:
+            raise SpendRefused(
+                f"job {req.job_id} holds no reservation (expired or never made): nothing was sent",
+                "no_reservation",
+            )
+        # An unsent reservation of another run is taken over: at most one run of a workflow
+        # id is open, and the create that begins first is the only one that may send.
+        if current.state != "reserved" or current.sent_at is not None:
+            raise SpendRefused(
+                f"job {req.job_id} may not create again: {describe(current)}",
+                "exists",
+                entry=current,
+            )
+        return current
+
+    def begin(self, req: BeginCreate, now: datetime) -> SpendEntry:
+        entry = self.check_begin(req, now)
+        entry.run_id, entry.sent_at = req.run_id, now
+        return entry
+
+    def check_settle(self, req: SettleRequest, now: datetime) -> SpendEntry | None:
+        """The entry to change; None when it already says so (a retried settle)."""
+        entry = next(
+            (e for e in reversed(self.entries) if e.job_id == req.job_id and e.state != "released"),
+            None,
+        )
+        if entry is None:
+            if req.state == "released" and any(e.job_id == req.job_id for e in self.entries):
+                return None  # released already: a retried release
+            raise SpendRefused(f"job {req.job_id} has no open spend entry", "no_reservation")
+        if entry.state == req.state and entry.task_id == (req.task_id or entry.task_id):
+            return None
+        allowed = {
+            ("reserved", "released"): entry.run_id == req.run_id,
+            ("reserved", "charged"): entry.run_id == req.run_id and entry.sent_at is not None,
+            # Any run may record that a create went out unanswered (or, unsent, never left).
+            ("reserved", "maybe_charged"): True,
+            ("maybe_charged", "charged"): req.task_id is not None,
+        }
+        if not allowed.get((entry.state, req.state), False):
+            raise SpendRefused(
+                f"job {req.job_id}: cannot record {req.state} over {describe(entry)}",
+                "settled",
+                entry=entry,
+            )
+        if req.state == "charged" and not req.task_id:
+            raise SpendRefused("a charged entry needs the task id", "settled", entry=entry)
+        return entry
+
+    def settle(self, req: SettleRequest, now: datetime) -> SpendEntry:
+        entry = self.check_settle(req, now)
+        if entry is None:
+            return next(e for e in reversed(self.entries) if e.job_id == req.job_id)
+        unsent = entry.state == "reserved" and entry.sent_at is None
+        entry.state = "released" if unsent else req.state
+        entry.settled_at = now
+        entry.task_id = req.task_id or entry.task_id
+        entry.note = (
+            "the create never began: nothing was sent" if unsent else req.note or entry.note
+        )
+        return entry
+
+
+def describe(entry: SpendEntry) -> str:
+    task = f" task {entry.task_id}," if entry.task_id else ""
+    sent = "" if entry.sent_at is None else f", sent {entry.sent_at:%Y-%m-%d %H:%M:%S} UTC"
+    return (
+        f"{entry.provider}{task} {entry.state} (run {entry.run_id}, reserved "
+        f"{entry.at:%Y-%m-%d %H:%M:%S} UTC{sent})"
+    )
+
+
+def _over(entry: SpendEntry, now: datetime) -> bool:
+    if entry.state == "released":
+        return True
+    return entry.state == "reserved" and entry.sent_at is None and now - entry.at > UNSENT_TTL
+
+
+def _same(period: Period, at: datetime, now: datetime) -> bool:
+    if period == "day":
+        return at.date() == now.date()
+    return (at.year, at.month) == (now.year, now.month)

@@ -1,0 +1,212 @@
+"""Every activity VideoJobWorkflow runs, called typed (`execute_activity_method` on the activity
+classes, so mypy checks inputs and results) with the timeouts and retry policies that make the
+money invariants hold. Test workflows call the same functions, so what they prove is what runs.
+
+Workflow code only: these functions must be awaited inside a workflow.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.workflow import ActivityHandle
+
+with workflow.unsafe.imports_passed_through():
+    from activities import minimax as minimax_errors
+    from activities.comfyui import ComfyUIActivities
+    from activities.load_status import LoadStatusActivities
+    from activities.minimax import MiniMaxActivities
+    from activities.notify import NotifyActivities
+    from activities.policy import PolicyActivities
+    from activities.spend import SpendActivities
+    from spillway import comfyui_models as comfyui
+    from spillway.comfyui_models import (
+        ComfyUICancel,
+        ComfyUICancelled,
+        ComfyUIDownload,
+        ComfyUIFinished,
+        ComfyUISubmit,
+        ComfyUISubmitted,
+        ComfyUIWait,
+    )
+    from spillway.minimax_models import (
+        MiniMaxCreate,
+        MiniMaxCreated,
+        MiniMaxDone,
+        MiniMaxDownload,
+        MiniMaxPoll,
+    )
+    from spillway.models import (
+        ApprovalNotice,
+        Downloaded,
+        LoadProbeRequest,
+        LoadStatus,
+        Policy,
+        PolicyRequest,
+    )
+    from spillway.spend_models import (
+        BudgetView,
+        Reservation,
+        SpendEntry,
+        SpendRequest,
+        SpendSettle,
+    )
+
+# Reads that cost nothing may retry for as long as it takes; a stuck one is visible in the UI.
+FREE_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30)
+)
+# A create is never run twice by Temporal (money invariant 2); the ledger guards the rest.
+NEVER_RETRY = RetryPolicy(maximum_attempts=1)
+CREATE_TIMEOUT = timedelta(minutes=10)
+
+
+async def read_policy(job_id: str) -> Policy:
+    return await workflow.execute_activity_method(
+        PolicyActivities.read_policy,
+        PolicyRequest(job_id=job_id),
+        start_to_close_timeout=timedelta(seconds=30),
+        retry_policy=FREE_RETRY,
+    )
+
+
+async def probe(job_id: str) -> LoadStatus:
+    return await workflow.execute_activity_method(
+        LoadStatusActivities.a40_load_status,
+        LoadProbeRequest(job_id=job_id),
+        start_to_close_timeout=timedelta(seconds=90),
+        retry_policy=FREE_RETRY,
+    )
+
+
+async def notify(notice: ApprovalNotice) -> None:
+    await workflow.execute_activity_method(
+        NotifyActivities.notify_approval_needed,
+        notice,
+        start_to_close_timeout=timedelta(seconds=30),
+        retry_policy=RetryPolicy(maximum_attempts=5, initial_interval=timedelta(seconds=2)),
+    )
+
+
+# --- LOCAL ---------------------------------------------------------------------------------
+
+
+async def comfyui_submit(req: ComfyUISubmit, heartbeat: timedelta) -> ComfyUISubmitted:
+    return await workflow.execute_activity_method(
+        ComfyUIActivities.submit,
+        req,
+        # Short, so a worker that died mid-submit is replaced quickly: a retried submit looks
+        # for its prompt_id in ComfyUI before posting, so it never posts twice.
+        start_to_close_timeout=max(2 * heartbeat, timedelta(seconds=10)),
+        retry_policy=RetryPolicy(
+            maximum_interval=timedelta(seconds=30),
+            non_retryable_error_types=[comfyui.GRAPH_REJECTED],
+        ),
+    )
+
+
+async def comfyui_wait(req: ComfyUIWait, heartbeat: timedelta) -> ComfyUIFinished:
+    return await workflow.execute_activity_method(
+        ComfyUIActivities.wait,
+        req,
+        start_to_close_timeout=timedelta(hours=24),
+        heartbeat_timeout=heartbeat,
+        retry_policy=RetryPolicy(
+            maximum_interval=timedelta(seconds=30),
+            non_retryable_error_types=[comfyui.EXECUTION_FAILED, comfyui.INTERRUPTED],
+        ),
+    )
+
+
+async def comfyui_download(req: ComfyUIDownload, heartbeat: timedelta) -> Downloaded:
+    return await workflow.execute_activity_method(
+        ComfyUIActivities.download,
+        req,
+        start_to_close_timeout=timedelta(hours=6),
+        heartbeat_timeout=heartbeat,
+        retry_policy=FREE_RETRY,
+    )
+
+
+async def comfyui_cancel(req: ComfyUICancel, heartbeat: timedelta) -> ComfyUICancelled:
+    return await workflow.execute_activity_method(
+        ComfyUIActivities.cancel,
+        req,
+        start_to_close_timeout=timedelta(minutes=10),
+        heartbeat_timeout=heartbeat,
+        retry_policy=FREE_RETRY,
+    )
+
+
+# --- CLOUD ---------------------------------------------------------------------------------
+
+
+async def spend_reserve(req: SpendRequest) -> Reservation:
+    # Money fails closed: a ledger that does not answer within this leaves the job failed with
+    # nothing sent, instead of a create on a guess.
+    return await workflow.execute_activity_method(
+        SpendActivities.reserve,
+        req,
+        start_to_close_timeout=timedelta(minutes=1),
+        schedule_to_close_timeout=timedelta(minutes=10),
+        retry_policy=FREE_RETRY,
+    )
+
+
+async def spend_settle(req: SpendSettle) -> SpendEntry | None:
+    return await workflow.execute_activity_method(
+        SpendActivities.settle,
+        req,
+        start_to_close_timeout=timedelta(minutes=1),
+        retry_policy=FREE_RETRY,
+    )
+
+
+async def spend_view(req: SpendRequest) -> BudgetView:
+    # Only shown to people: a ledger that cannot answer quickly is no reason to wait.
+    return await workflow.execute_activity_method(
+        SpendActivities.view,
+        req,
+        start_to_close_timeout=timedelta(seconds=30),
+        retry_policy=RetryPolicy(maximum_attempts=2),
+    )
+
+
+def minimax_create(req: MiniMaxCreate, heartbeat: timedelta) -> ActivityHandle[MiniMaxCreated]:
+    """Started, not awaited: the caller shields it, because a create once sent is never
+    abandoned (a cancelled job still records the task it ordered)."""
+    return workflow.start_activity_method(
+        MiniMaxActivities.create,
+        req,
+        start_to_close_timeout=CREATE_TIMEOUT,
+        heartbeat_timeout=heartbeat,
+        retry_policy=NEVER_RETRY,
+    )
+
+
+async def minimax_poll(req: MiniMaxPoll, heartbeat: timedelta) -> MiniMaxDone:
+    return await workflow.execute_activity_method(
+        MiniMaxActivities.poll,
+        req,
+        start_to_close_timeout=timedelta(hours=24),
+        heartbeat_timeout=heartbeat,
+        retry_policy=RetryPolicy(
+            maximum_interval=timedelta(seconds=60),
+            non_retryable_error_types=[minimax_errors.TASK_FAILED, minimax_errors.PERMANENT],
+        ),
+    )
+
+
+async def minimax_download(req: MiniMaxDownload, heartbeat: timedelta) -> Downloaded:
+    return await workflow.execute_activity_method(
+        MiniMaxActivities.download,
+        req,
+        start_to_close_timeout=timedelta(hours=2),
+        heartbeat_timeout=heartbeat,
+        retry_policy=RetryPolicy(
+            maximum_interval=timedelta(seconds=60),
+            non_retryable_error_types=[minimax_errors.PERMANENT],
+        ),
+    )
