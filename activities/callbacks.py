@@ -1,0 +1,136 @@
+"""`job_callback`: tells a job's owner, over plain HTTP, that the job completed, failed or was
+cancelled, so any client (not only the CLI) learns the outcome without polling.
+
+The body is the event's JSON (`event`, `job_id`, `plan`), signed as GitHub and Stripe do: an
+`X-Spillway-Signature: sha256=<hex HMAC-SHA256 of the raw body>` keyed with the worker's
+JOB_WEBHOOK_SECRET, and an `X-Spillway-Delivery` id the workflow chooses, the same on every retry
+of one event, so a receiver can drop duplicates. A 2xx answer is done; anything else is a
+retryable failure. The workflow hands it to a child workflow that outlives the job and retries it
+with CALLBACK_RETRY (spillway/callback_models.py says why and how): the job never waits for it nor
+fails because of it.
+
+A webhook URL is a credential (a Slack or Mattermost URL posts as the app): no error, log line or
+repr here contains it (DESIGN.md, money invariant 3).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+
+import httpx
+from pydantic import SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from spillway.callback_models import (
+    CALLBACK_BAD_URL,
+    CALLBACK_REFUSED,
+    CALLBACK_UNREACHABLE,
+    CallbackDelivery,
+    CallbackResult,
+)
+from spillway.errors import ConfigError
+
+REQUEST_TIMEOUT_S = 10.0  # the whole request: connect, send, the answer's status line
+
+
+class CallbackSettings(BaseSettings):
+    """The callbacks' part of the environment (to be merged into spillway.settings)."""
+
+    model_config = SettingsConfigDict(
+        case_sensitive=True, extra="ignore", frozen=True, hide_input_in_errors=True
+    )
+
+    # Where every job's events go unless the job named its own --callback-url; unset: nowhere.
+    JOB_WEBHOOK_URL: SecretStr | None = None
+    # Keys the X-Spillway-Signature HMAC; unset: callbacks go out unsigned (with a warning).
+    JOB_WEBHOOK_SECRET: SecretStr | None = None
+
+    @field_validator("JOB_WEBHOOK_URL", "JOB_WEBHOOK_SECRET", mode="before")
+    @classmethod
+    def _empty_means_unset(cls, value: object) -> object:
+        if isinstance(value, str) and not value.strip():
+            return None
+        return value
+
+    @field_validator("JOB_WEBHOOK_URL")
+    @classmethod
+    def _http_url(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not value.get_secret_value().startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return value
+
+
+def load_callback_settings() -> CallbackSettings:
+    try:
+        return CallbackSettings()
+    except ValidationError as exc:
+        problems = [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
+        raise ConfigError("invalid callback setting: " + "; ".join(problems)) from None
+
+
+def sign(body: bytes, secret: str) -> str:
+    """`sha256=<hex HMAC-SHA256 of body>`: what X-Spillway-Signature carries. A receiver
+    recomputes it over the raw body it read and compares with hmac.compare_digest."""
+    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+class CallbackActivities:
+    def __init__(self, http: httpx.AsyncClient, settings: CallbackSettings) -> None:
+        self._http, self._settings = http, settings
+
+    @activity.defn(name="job_callback")
+    async def job_callback(self, delivery: CallbackDelivery) -> CallbackResult:
+        url = delivery.url
+        if url is None and self._settings.JOB_WEBHOOK_URL is not None:
+            url = self._settings.JOB_WEBHOOK_URL.get_secret_value()
+        if url is None:
+            return CallbackResult(status_code=None, signed=False)
+        event = delivery.event.event
+        body = delivery.event.model_dump_json().encode()
+        headers = {
+            "Content-Type": "application/json",
+            "X-Spillway-Delivery": delivery.delivery_id,
+            "X-Spillway-Event": event,
+        }
+        secret = self._settings.JOB_WEBHOOK_SECRET
+        if secret is not None:
+            headers["X-Spillway-Signature"] = sign(body, secret.get_secret_value())
+        else:
+            activity.logger.warning(
+                "JOB_WEBHOOK_SECRET is not set: callback %s goes out unsigned", delivery.delivery_id
+            )
+        # Every error names the event and what went wrong, never the URL, and carries no cause:
+        # httpx's exceptions (and Temporal's failure built from them) may quote it.
+        try:
+            async with (
+                asyncio.timeout(REQUEST_TIMEOUT_S),
+                self._http.stream(
+                    "POST", url, content=body, headers=headers, timeout=REQUEST_TIMEOUT_S
+                ) as response,
+            ):
+                status = response.status_code  # the answer's body is not read: not needed
+        except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:
+            raise ApplicationError(
+                f"callback {event} cannot be sent: the URL is not usable ({type(exc).__name__})",
+                type=CALLBACK_BAD_URL,
+                non_retryable=True,
+            ) from None
+        except (httpx.HTTPError, TimeoutError) as exc:
+            raise ApplicationError(
+                f"callback {event} not delivered: {type(exc).__name__} (no answer within "
+                f"{REQUEST_TIMEOUT_S:g} s or the connection failed)",
+                type=CALLBACK_UNREACHABLE,
+            ) from None
+        if not 200 <= status < 300:
+            raise ApplicationError(
+                f"callback {event} refused: the receiver answered HTTP {status}",
+                type=CALLBACK_REFUSED,
+            )
+        activity.logger.info(
+            "callback %s (%s) delivered: HTTP %d", delivery.delivery_id, event, status
+        )
+        return CallbackResult(status_code=status, signed=secret is not None)

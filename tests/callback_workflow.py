@@ -1,0 +1,73 @@
+"""Tiny workflows that run `job_callback` by its registered name, the way VideoJobWorkflow should
+at its end: the job returns at once and a child workflow, abandoned to outlive it, delivers the
+event with CALLBACK_RETRY. FireAndForget is the tempting shortcut that loses the event."""
+
+from __future__ import annotations
+
+import contextlib
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.exceptions import WorkflowAlreadyStartedError
+
+with workflow.unsafe.imports_passed_through():
+    from spillway.callback_models import (
+        CALLBACK_RETRY,
+        CALLBACK_TIMEOUT,
+        CallbackDelivery,
+        CallbackResult,
+    )
+
+
+@workflow.defn
+class SendCallback:
+    """One event's delivery, retried with backoff; it fails (visibly, in the UI) only after
+    CALLBACK_RETRY gives up, and nothing waits for it."""
+
+    @workflow.run
+    async def run(self, delivery: CallbackDelivery) -> CallbackResult:
+        result: CallbackResult = await workflow.execute_activity(
+            "job_callback",
+            delivery,
+            result_type=CallbackResult,
+            start_to_close_timeout=CALLBACK_TIMEOUT,
+            retry_policy=CALLBACK_RETRY,
+        )
+        return result
+
+
+@workflow.defn
+class JobThatCallsBack:
+    """Stands in for the end of VideoJobWorkflow: the outcome is known, the callback is handed
+    to a child that outlives this run, and the job returns without waiting for the receiver."""
+
+    @workflow.run
+    async def run(self, delivery: CallbackDelivery) -> str:
+        # Awaits only the child's start (one round trip), never its delivery. A reset that
+        # replays this start while the child still runs finds it there: already under way.
+        with contextlib.suppress(WorkflowAlreadyStartedError):
+            await workflow.start_child_workflow(
+                SendCallback.run,
+                delivery,
+                id=f"{workflow.info().workflow_id}-callback-{delivery.event.event}",
+                parent_close_policy=workflow.ParentClosePolicy.ABANDON,
+                execution_timeout=timedelta(hours=3),  # CALLBACK_RETRY gives up well before
+            )
+        return "completed"
+
+
+@workflow.defn
+class FireAndForget:
+    """The shortcut that does not work at a workflow's end: the activity is scheduled, the
+    workflow completes in the same task, and the server drops the activity with the run."""
+
+    @workflow.run
+    async def run(self, delivery: CallbackDelivery) -> str:
+        workflow.start_activity(
+            "job_callback",
+            delivery,
+            result_type=CallbackResult,
+            start_to_close_timeout=CALLBACK_TIMEOUT,
+            retry_policy=CALLBACK_RETRY,
+        )
+        return "completed"

@@ -1,0 +1,345 @@
+"""Completion callbacks against a real HTTP receiver on 127.0.0.1: the signature checks out over
+the raw body, every retry of one event carries the same delivery id, the job never waits for a
+slow or dead receiver, and the webhook URL (a credential) appears in no error or log line."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import logging
+import time
+import traceback
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import httpx
+import pytest
+from aiohttp import web
+from pydantic import ValidationError
+from temporalio.client import WorkflowFailureError
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
+from temporalio.worker import Worker
+
+from activities import callbacks
+from activities.callbacks import CallbackActivities, CallbackSettings, load_callback_settings, sign
+from spillway.callback_models import (
+    CALLBACK_BAD_URL,
+    CALLBACK_REFUSED,
+    CALLBACK_UNREACHABLE,
+    CallbackDelivery,
+    CallbackResult,
+    JobEvent,
+)
+from spillway.errors import ConfigError
+from tests.callback_workflow import FireAndForget, JobThatCallsBack, SendCallback
+
+SECRET = "whsec-spillway-test-4c1f"
+# Shaped like a Slack incoming webhook: the path is the credential.
+HOOK_PATH = "/services/T0SPILLWAY/B0CANARY/xyzzy9secret9path"
+PLAN = {"route": "local", "state": "completed", "outputs": [{"uri": "s3://b/p/job/clip.mp4"}]}
+
+
+@dataclass
+class Received:
+    headers: dict[str, str]
+    body: bytes
+    signature_valid: bool
+
+
+@dataclass
+class Receiver:
+    """A webhook receiver as a client would write one: it checks X-Spillway-Signature over the
+    raw body it read, with its own copy of the secret, and answers 401 when it does not match."""
+
+    url: str = ""  # known once it listens
+    secret: str = SECRET
+    answers: list[int] = field(default_factory=list)  # the first requests' statuses, then 204
+    hold: asyncio.Event | None = None  # set: the receiver answers only once it is set
+    received: list[Received] = field(default_factory=list)
+    answered: int = 0
+
+    async def handle(self, request: web.Request) -> web.Response:
+        raw = await request.read()
+        expected = "sha256=" + hmac.new(self.secret.encode(), raw, hashlib.sha256).hexdigest()
+        given = request.headers.get("X-Spillway-Signature", "")
+        valid = hmac.compare_digest(given, expected)
+        self.received.append(Received(dict(request.headers), raw, valid))
+        status = 401 if given and not valid else self.answers.pop(0) if self.answers else 204
+        if self.hold is not None:
+            await self.hold.wait()
+        self.answered += 1
+        return web.Response(status=status)
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[Receiver]:
+    hook, app = Receiver(), web.Application()
+    app.router.add_post(HOOK_PATH, hook.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    hook.url = f"http://127.0.0.1:{runner.addresses[0][1]}{HOOK_PATH}"
+    yield hook
+    if hook.hold is not None:
+        hook.hold.set()
+    await runner.cleanup()
+
+
+def delivery(url: str | None, event: str = "job.completed") -> CallbackDelivery:
+    job_id = f"job-{uuid.uuid4().hex[:8]}"
+    return CallbackDelivery(
+        url=url,
+        delivery_id=f"{job_id}:{event}",
+        event=JobEvent.model_validate({"event": event, "job_id": job_id, "plan": PLAN}),
+    )
+
+
+def activities(
+    http: httpx.AsyncClient, secret: str | None = SECRET, worker_url: str | None = None
+) -> CallbackActivities:
+    """The worker's side; both settings given, so a JOB_WEBHOOK_URL of the shell plays no part."""
+    settings = CallbackSettings(JOB_WEBHOOK_URL=worker_url, JOB_WEBHOOK_SECRET=secret)
+    return CallbackActivities(http, settings)
+
+
+def every_text(exc: BaseException) -> str:
+    """An error as a log line, a traceback and each cause in Temporal's failure would show it."""
+    texts = []
+    while exc is not None:
+        texts += [str(exc), repr(exc), *traceback.format_exception(exc)]
+        exc = exc.__cause__  # type: ignore[assignment]
+    return "\n".join(texts)
+
+
+def logged(caplog: pytest.LogCaptureFixture) -> str:
+    """What spillway's side logged. Not the receiver's own access log; nor httpx's INFO line
+    (`HTTP Request: POST <url>`), which would print the URL: worker.py and the CLI set the
+    `httpx` logger to WARNING, and so do these tests."""
+    return "\n".join(r.getMessage() for r in caplog.records if r.name != "aiohttp.access")
+
+
+def assert_no_url(text: str, url: str) -> None:
+    assert url not in text
+    assert "xyzzy9secret9path" not in text and "B0CANARY" not in text
+
+
+# --- the request ---------------------------------------------------------------------------
+
+
+def test_the_signature_is_the_hmac_sha256_of_the_raw_body():
+    # printf '{"a":1}' | openssl dgst -sha256 -hmac whsec-test
+    assert sign(b'{"a":1}', "whsec-test") == (
+        "sha256=a40e86f8db5b22c03b9272899c227b359d6580eb7969a4f90f643a3d90fdc1cc"
+    )
+
+
+async def test_the_receiver_verifies_the_signature_over_the_raw_body(
+    receiver: Receiver, http: httpx.AsyncClient
+):
+    sent = delivery(receiver.url, "job.failed")
+    result = await ActivityEnvironment().run(activities(http).job_callback, sent)
+
+    assert result == CallbackResult(status_code=204, signed=True)
+    [got] = receiver.received
+    assert got.signature_valid
+    assert got.headers["Content-Type"] == "application/json"
+    assert got.headers["X-Spillway-Event"] == "job.failed"
+    assert got.headers["X-Spillway-Delivery"] == sent.delivery_id
+    assert json.loads(got.body) == {
+        "event": "job.failed",
+        "job_id": sent.event.job_id,
+        "plan": PLAN,
+    }
+
+
+async def test_a_wrong_secret_is_refused_by_the_receiver_and_retryable(
+    receiver: Receiver, http: httpx.AsyncClient
+):
+    acts = activities(http, secret="not-the-receivers-secret")
+    with pytest.raises(ApplicationError) as refused:
+        await ActivityEnvironment().run(acts.job_callback, delivery(receiver.url))
+    assert refused.value.type == CALLBACK_REFUSED and not refused.value.non_retryable
+    assert "HTTP 401" in str(refused.value)
+    assert not receiver.received[0].signature_valid
+
+
+async def test_the_jobs_own_url_wins_and_the_workers_url_is_the_default(
+    receiver: Receiver, http: httpx.AsyncClient, refused_url: str
+):
+    own = activities(http, worker_url=refused_url)
+    assert (await ActivityEnvironment().run(own.job_callback, delivery(receiver.url))).status_code
+    default = activities(http, worker_url=receiver.url)
+    assert (await ActivityEnvironment().run(default.job_callback, delivery(None))).status_code
+    assert len(receiver.received) == 2
+
+
+async def test_with_no_url_anywhere_nothing_is_sent(http: httpx.AsyncClient):
+    result = await ActivityEnvironment().run(activities(http).job_callback, delivery(None))
+    assert result == CallbackResult(status_code=None, signed=False)
+
+
+async def test_without_a_secret_the_callback_goes_out_unsigned_with_a_warning(
+    receiver: Receiver, http: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
+):
+    caplog.set_level(logging.WARNING, logger="httpx")
+    acts = activities(http, secret=None)
+    result = await ActivityEnvironment().run(acts.job_callback, delivery(receiver.url))
+    assert result == CallbackResult(status_code=204, signed=False)
+    assert "X-Spillway-Signature" not in receiver.received[0].headers
+    assert "JOB_WEBHOOK_SECRET is not set" in logged(caplog)
+    assert_no_url(logged(caplog), receiver.url)
+
+
+# --- a dead receiver, and the URL as a credential ------------------------------------------
+
+
+async def test_a_dead_receiver_fails_retryably_without_naming_the_url(
+    receiver: Receiver,
+    http: httpx.AsyncClient,
+    refused_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+):
+    caplog.set_level(logging.INFO)
+    caplog.set_level(logging.WARNING, logger="httpx")  # as worker.py sets it: see logged()
+    monkeypatch.setattr(callbacks, "REQUEST_TIMEOUT_S", 0.5)
+    acts = activities(http)
+    receiver.hold = asyncio.Event()  # it never answers
+    cases = [
+        (refused_url + HOOK_PATH, CALLBACK_UNREACHABLE, "ConnectError"),
+        (receiver.url, CALLBACK_UNREACHABLE, "Timeout"),
+    ]
+    for url, kind, says in cases:
+        started = time.monotonic()
+        with pytest.raises(ApplicationError) as failed:
+            await ActivityEnvironment().run(acts.job_callback, delivery(url))
+        assert time.monotonic() - started < 5
+        assert failed.value.type == kind and not failed.value.non_retryable
+        assert says in str(failed.value)
+        assert_no_url(every_text(failed.value), url)
+    receiver.hold.set()
+    receiver.answers = [503]
+    with pytest.raises(ApplicationError, match="answered HTTP 503") as refused:
+        await ActivityEnvironment().run(acts.job_callback, delivery(receiver.url))
+    assert_no_url(every_text(refused.value), receiver.url)
+    assert_no_url(logged(caplog), receiver.url)
+
+
+async def test_a_url_no_retry_can_fix_fails_at_once_without_naming_it(http: httpx.AsyncClient):
+    url = "http://[::1" + HOOK_PATH  # unbalanced bracket: not a URL
+    with pytest.raises(ApplicationError) as bad:
+        await ActivityEnvironment().run(activities(http).job_callback, delivery(url))
+    assert bad.value.type == CALLBACK_BAD_URL and bad.value.non_retryable
+    assert_no_url(every_text(bad.value), url)
+
+
+def test_the_url_stays_out_of_reprs_validation_errors_and_settings_errors(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    url = "https://hooks.example.com" + HOOK_PATH
+    assert_no_url(repr(delivery(url)), url)
+    with pytest.raises(ValidationError) as invalid:
+        CallbackDelivery.model_validate(
+            {"url": "ftp://hooks.example.com" + HOOK_PATH, "delivery_id": "d", "event": {}}
+        )
+    assert_no_url(str(invalid.value), url)
+    monkeypatch.setenv("JOB_WEBHOOK_URL", "hooks.example.com" + HOOK_PATH)
+    with pytest.raises(ConfigError, match=r"JOB_WEBHOOK_URL: .*must start with http") as bad:
+        load_callback_settings()
+    assert_no_url(str(bad.value), url)
+    monkeypatch.setenv("JOB_WEBHOOK_URL", url)
+    assert_no_url(repr(load_callback_settings()), url)
+
+
+# --- through Temporal ----------------------------------------------------------------------
+
+
+def worker(env: WorkflowEnvironment, acts: CallbackActivities, task_queue: str) -> Worker:
+    return Worker(
+        env.client,
+        task_queue=task_queue,
+        workflows=[SendCallback, JobThatCallsBack, FireAndForget],
+        activities=[acts.job_callback],
+    )
+
+
+async def test_a_receiver_failing_twice_gets_the_same_delivery_id_three_times(
+    env: WorkflowEnvironment, receiver: Receiver, http: httpx.AsyncClient
+):
+    receiver.answers = [500, 500]
+    sent, task_queue = delivery(receiver.url), f"callback-{uuid.uuid4()}"
+    async with worker(env, activities(http), task_queue):
+        result = await env.client.execute_workflow(
+            SendCallback.run, sent, id=f"callback-{uuid.uuid4()}", task_queue=task_queue
+        )
+    assert result == CallbackResult(status_code=204, signed=True)
+    ids = [r.headers["X-Spillway-Delivery"] for r in receiver.received]
+    assert ids == [sent.delivery_id] * 3
+    assert all(r.signature_valid for r in receiver.received)
+    assert len({r.body for r in receiver.received}) == 1  # the same signed bytes each time
+
+
+async def test_a_receiver_that_stays_down_fails_the_delivery_without_naming_the_url(
+    env: WorkflowEnvironment, http: httpx.AsyncClient, refused_url: str
+):
+    if not env.supports_time_skipping:
+        pytest.skip("CALLBACK_RETRY gives up after about an hour: a time-skipping server only")
+    url, task_queue = refused_url + HOOK_PATH, f"callback-{uuid.uuid4()}"
+    async with worker(env, activities(http), task_queue):
+        with pytest.raises(WorkflowFailureError) as failed:
+            await env.client.execute_workflow(
+                SendCallback.run,
+                delivery(url),
+                id=f"callback-{uuid.uuid4()}",
+                task_queue=task_queue,
+            )
+    text = every_text(failed.value)
+    assert "ConnectError" in text
+    assert_no_url(text, url)
+
+
+async def test_the_job_returns_at_once_and_its_callback_arrives_later(
+    env: WorkflowEnvironment, receiver: Receiver, http: httpx.AsyncClient
+):
+    receiver.hold = asyncio.Event()  # the receiver is slow: it answers only when released
+    receiver.answers = [500]  # and then fails once
+    sent, task_queue = delivery(receiver.url), f"callback-{uuid.uuid4()}"
+    job_id = sent.event.job_id
+    async with worker(env, activities(http), task_queue):
+        outcome = await env.client.execute_workflow(
+            JobThatCallsBack.run, sent, id=job_id, task_queue=task_queue
+        )
+        assert outcome == "completed"
+        assert receiver.answered == 0  # the job did not wait for the receiver
+        receiver.hold.set()
+        for _ in range(60):  # the retry after the 500 waits CALLBACK_RETRY's first interval
+            if len(receiver.received) == 2:
+                break
+            await env.sleep(1)  # skipped time on the time-skipping server
+        child = env.client.get_workflow_handle_for(
+            SendCallback.run, f"{job_id}-callback-job.completed"
+        )
+        delivered = await child.result()
+    assert delivered.status_code == 204
+    assert [r.headers["X-Spillway-Delivery"] for r in receiver.received] == [sent.delivery_id] * 2
+
+
+async def test_an_activity_started_without_await_is_lost_when_the_workflow_ends(
+    env: WorkflowEnvironment, receiver: Receiver, http: httpx.AsyncClient
+):
+    # Why JobThatCallsBack uses a child workflow: this shortcut never reaches the receiver.
+    task_queue = f"callback-{uuid.uuid4()}"
+    async with worker(env, activities(http), task_queue):
+        outcome = await env.client.execute_workflow(
+            FireAndForget.run,
+            delivery(receiver.url),
+            id=f"callback-{uuid.uuid4()}",
+            task_queue=task_queue,
+        )
+        await asyncio.sleep(1.5)
+    assert outcome == "completed"
+    assert receiver.received == []
