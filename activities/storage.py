@@ -11,7 +11,10 @@ writes the same key again: harmless. Uploads and staging objects left by a worke
 cleared by the next put of the same output.
 
 Credentials never reach an error or a log line: every S3 failure becomes a StoreError that names
-the operation and S3's error code, without the original exception attached.
+the operation and S3's error code, without the original exception attached. The bucket policy
+needs s3:PutObject, s3:GetObject (the copy reads the staging object; presigned URLs read outputs),
+s3:DeleteObject and s3:AbortMultipartUpload; s3:ListBucket and s3:ListBucketMultipartUploads let
+a re-run clear what a killed worker left (without them that is skipped, with a warning).
 """
 
 from __future__ import annotations
@@ -299,10 +302,7 @@ class S3OutputStore:
         self._secrets = tuple(s for s in secrets if s)
 
     def _key(self, job_id: str, name: str) -> str:
-        return "/".join([p for p in (self._prefix,) if p] + _folders(job_id, name))
-
-    def uri(self, job_id: str, name: str) -> str:
-        return f"s3://{self._bucket}/{self._key(job_id, name)}"
+        return "/".join(([self._prefix] if self._prefix else []) + _folders(job_id, name))
 
     async def put(
         self,
@@ -315,11 +315,8 @@ class S3OutputStore:
         key = self._key(job_id, name)
         content_type = mimetypes.guess_type(name)[0] or "application/octet-stream"
         await self._clear_stale(key)
-        part_bytes, digest, meter = (
-            _part_size(size_hint),
-            hashlib.sha256(),
-            _Meter(progress, size_hint),
-        )
+        part_bytes, digest = _part_size(size_hint), hashlib.sha256()
+        meter = _Meter(progress, size_hint)
         async with contextlib.aclosing(_parts(chunks, part_bytes, digest, meter)) as parts:
             first = await anext(parts)
             if len(first) < part_bytes:  # the whole body is in hand: one PUT, sha256 known
@@ -443,17 +440,23 @@ class S3OutputStore:
 
     async def _clear_stale(self, key: str) -> None:
         """Aborts the uploads and deletes the staging objects of an earlier attempt at `key`
-        (a worker killed mid-upload leaves them; S3 bills an unfinished upload's parts)."""
+        (a worker killed mid-upload leaves them; S3 bills an unfinished upload's parts). Best
+        effort: credentials allowed to write but not to list skip it (a bucket lifecycle rule
+        that aborts incomplete uploads after a day is the net either way)."""
         folder, _, base = key.rpartition("/")
         prefix = f"{folder}/.{base}."
         stale = re.compile(rf"^{re.escape(prefix)}[0-9a-f]{{12}}\.part$")
-        with self._errors("ListMultipartUploads"):
-            listed = await self._s3.list_multipart_uploads(Bucket=self._bucket, Prefix=prefix)
+        try:
+            with self._errors("ListMultipartUploads"):
+                listed = await self._s3.list_multipart_uploads(Bucket=self._bucket, Prefix=prefix)
+            with self._errors("ListObjectsV2"):
+                objects = await self._s3.list_objects_v2(Bucket=self._bucket, Prefix=prefix)
+        except StoreError as exc:
+            log.warning("left-overs of earlier uploads to %s not cleared: %s", key, exc)
+            return
         for upload in listed.get("Uploads", []):
             if stale.match(upload.get("Key", "")) and "UploadId" in upload:
                 await self._abort_quietly(upload["Key"], upload["UploadId"])
-        with self._errors("ListObjectsV2"):
-            objects = await self._s3.list_objects_v2(Bucket=self._bucket, Prefix=prefix)
         for obj in objects.get("Contents", []):
             if stale.match(obj.get("Key", "")):
                 await self._delete_quietly(obj["Key"])
