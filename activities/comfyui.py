@@ -24,6 +24,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities import files
 from activities.comfyui_client import ComfyUIClient, OutputMissing, Rejected, Unavailable
+from activities.handover import unless_shutting_down
 from activities.heartbeat import Heartbeat
 from spillway.comfyui_answers import (
     PromptFailed,
@@ -118,6 +119,9 @@ class ComfyUIActivities:
 
     @activity.defn(name="comfyui_wait")
     async def wait(self, req: ComfyUIWait) -> ComfyUIFinished:
+        return await unless_shutting_down(self._wait(req))
+
+    async def _wait(self, req: ComfyUIWait) -> ComfyUIFinished:
         # Nothing known yet: beats without details until ComfyUI says where the prompt is.
         async with Heartbeat(self._heartbeat_every_s) as heartbeat:
             watch = _Watch(req.prompt_id, heartbeat)
@@ -176,6 +180,9 @@ class ComfyUIActivities:
 
     @activity.defn(name="comfyui_download")
     async def download(self, req: ComfyUIDownload) -> Downloaded:
+        return await unless_shutting_down(self._download(req))
+
+    async def _download(self, req: ComfyUIDownload) -> Downloaded:
         outputs = []
         with _activity_errors():
             job_dir = job_folder(self._settings.SPILLWAY_OUTPUT_DIR, req.job_id)

@@ -24,6 +24,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities import files
+from activities.handover import unless_shutting_down
 from activities.heartbeat import Heartbeat
 from activities.http_errors import why
 from activities.minimax_client import (
@@ -87,9 +88,15 @@ class MiniMaxActivities:
     @activity.defn(name="minimax_create")
     async def create(self, req: MiniMaxCreate) -> MiniMaxCreated:
         key = self._key(retryable=False)
-        done = await self._guard.create(
-            req.job_id, req.authorisation, lambda: self._send_create(req, key)
-        )
+        every = self._client.timing.heartbeat_every_s
+        # Beats through the ledger's begin and settle too: a slow ledger is not a dead worker.
+        async with Heartbeat(every, Progress(phase="reserving")) as hb:
+            done = await self._guard.create(
+                req.job_id,
+                req.authorisation,
+                req.simulated,
+                lambda: self._send_create(req, key, hb),
+            )
         verdict = done.verdict
         if verdict.outcome == "created" and verdict.task_id:
             activity.logger.info(
@@ -120,7 +127,7 @@ class MiniMaxActivities:
             )
         raise self._ambiguous(req, verdict)
 
-    async def _send_create(self, req: MiniMaxCreate, key: str) -> CreateVerdict:
+    async def _send_create(self, req: MiniMaxCreate, key: str, hb: Heartbeat) -> CreateVerdict:
         """Sends the create until MiniMax answers anything but a provable "not now"."""
         cloud = req.request
         body: dict[str, Any] = {
@@ -136,36 +143,33 @@ class MiniMaxActivities:
         loop = asyncio.get_running_loop()
         started, calls = loop.time(), 0
         backoff, rate_backoff = _Backoff(t.backoff_s), _Backoff(t.rate_limit_backoff_s)
-        async with Heartbeat(t.heartbeat_every_s, Progress(phase="creating")) as hb:
-            while True:
-                calls += 1
-                hb.update(Progress(phase="creating", value=calls))
-                verdict = (await self._client.create(key, body)).model_copy(
-                    update={"attempts": calls}
+        while True:
+            calls += 1
+            hb.update(Progress(phase="creating", value=calls))
+            verdict = (await self._client.create(key, body)).model_copy(update={"attempts": calls})
+            if verdict.outcome != "retry":
+                return verdict
+            delay = rate_backoff.next() if verdict.rate_limited else backoff.next()
+            if loop.time() - started + delay > t.create_retry_budget_s:
+                return verdict.model_copy(
+                    update={
+                        "outcome": "refused",
+                        "message": f"MiniMax did not accept the create for job {req.job_id} "
+                        f"after {calls} tries in {loop.time() - started:.0f}s (last: "
+                        f"{verdict.message}). No task was created and nothing was charged: "
+                        "every try was refused before sending or answered with an explicit "
+                        "'no'. Resubmit the job later.",
+                    }
                 )
-                if verdict.outcome != "retry":
-                    return verdict
-                delay = rate_backoff.next() if verdict.rate_limited else backoff.next()
-                if loop.time() - started + delay > t.create_retry_budget_s:
-                    return verdict.model_copy(
-                        update={
-                            "outcome": "refused",
-                            "message": f"MiniMax did not accept the create for job {req.job_id} "
-                            f"after {calls} tries in {loop.time() - started:.0f}s (last: "
-                            f"{verdict.message}). No task was created and nothing was charged: "
-                            "every try was refused before sending or answered with an explicit "
-                            "'no'. Resubmit the job later.",
-                        }
-                    )
-                activity.logger.warning(
-                    "MiniMax create for job %s not accepted (%s): nothing was created, "
-                    "trying again in %.1fs",
-                    req.job_id,
-                    verdict.message,
-                    delay,
-                )
-                hb.update(Progress(phase="create_backoff", value=calls), now=True)
-                await asyncio.sleep(delay)
+            activity.logger.warning(
+                "MiniMax create for job %s not accepted (%s): nothing was created, "
+                "trying again in %.1fs",
+                req.job_id,
+                verdict.message,
+                delay,
+            )
+            hb.update(Progress(phase="create_backoff", value=calls), now=True)
+            await asyncio.sleep(delay)
 
     def _ambiguous(self, req: MiniMaxCreate, verdict: CreateVerdict) -> ApplicationError:
         sent = verdict.sent_at
@@ -191,6 +195,9 @@ class MiniMaxActivities:
 
     @activity.defn(name="minimax_poll")
     async def poll(self, req: MiniMaxPoll) -> MiniMaxDone:
+        return await unless_shutting_down(self._poll(req))
+
+    async def _poll(self, req: MiniMaxPoll) -> MiniMaxDone:
         key = self._key(retryable=True)
         t, base_interval = self._client.timing, self._settings.MINIMAX_POLL_INTERVAL_S
         interval, phase = base_interval, "polling"  # then MiniMax's own status words
@@ -255,6 +262,9 @@ class MiniMaxActivities:
 
     @activity.defn(name="minimax_download")
     async def download(self, req: MiniMaxDownload) -> Downloaded:
+        return await unless_shutting_down(self._download(req))
+
+    async def _download(self, req: MiniMaxDownload) -> Downloaded:
         key = self._key(retryable=True)
         job_dir = (self._settings.SPILLWAY_OUTPUT_DIR / req.job_id).resolve()
         stem = f"minimax-{re.sub(r'[^A-Za-z0-9_-]', '_', req.task_id)[:64]}"

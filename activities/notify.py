@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import httpx
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from spillway.models import ApprovalNotice
 from spillway.settings import Settings
@@ -21,5 +22,19 @@ class NotifyActivities:
         url = self._settings.APPROVAL_WEBHOOK_URL
         if url is None:
             return
-        response = await self._http.post(str(url), json=notice.model_dump(mode="json"), timeout=10)
-        response.raise_for_status()
+        # The URL is a credential (a Slack or Mattermost webhook): no error names it, since an
+        # activity failure lands in history, the UI and the log.
+        try:
+            response = await self._http.post(
+                str(url), json=notice.model_dump(mode="json"), timeout=10
+            )
+        except httpx.HTTPError as exc:
+            raise ApplicationError(
+                f"APPROVAL_WEBHOOK_URL could not be reached ({type(exc).__name__})",
+                type="ApprovalWebhookFailed",
+            ) from None
+        if not response.is_success:
+            raise ApplicationError(
+                f"APPROVAL_WEBHOOK_URL answered HTTP {response.status_code}",
+                type="ApprovalWebhookFailed",
+            )

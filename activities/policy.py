@@ -31,5 +31,6 @@ class PolicyActivities:
             ui_url=str(s.SPILLWAY_UI_URL).rstrip("/"),
             await_loops_per_run=s.SPILLWAY_AWAIT_LOOPS_PER_RUN,
             heartbeat_timeout_s=s.SPILLWAY_HEARTBEAT_TIMEOUT_S,
+            simulated=s.SPILLWAY_SIMULATED,
             estimated_costs_usd=dict(minimax.estimated_cost_usd) if minimax else {},
         )

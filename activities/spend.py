@@ -39,6 +39,7 @@ from spillway.spend_models import (
     BudgetView,
     LedgerInput,
     LedgerSummary,
+    PeriodTotals,
     Reservation,
     ReserveRequest,
     SettleRequest,
@@ -57,6 +58,7 @@ LEDGER_TRIES = 5
 LEDGER_PAUSE_S = 2.0
 RPC_TIMEOUT = timedelta(seconds=10)
 NOT_ARMED = "SpendNotArmed"
+WRONG_WORLD = "SpendWrongWorld"
 LEDGER_UNAVAILABLE = "SpendLedgerUnavailable"
 
 
@@ -234,22 +236,25 @@ class SpendActivities:
 
     @activity.defn(name="spend_view")
     async def view(self, req: SpendRequest) -> BudgetView:
-        """The estimate and what the budgets have left, for what a waiting job shows."""
+        """The estimate and what the budgets in force on this worker have left."""
         budgets = budgets_of(self._settings)
-        view = BudgetView(
-            estimate_usd=estimate_usd(self._tiers, req.provider, req.resolution, req.duration),
-            day_remaining_usd=budgets.daily_usd,
-            month_remaining_usd=budgets.monthly_usd,
-        )
         try:
             summary = await self._ledger.summary()
         except RPCError as exc:  # shown to people only: an unknown remainder is no reason to stop
             activity.logger.warning("spend ledger summary: %s", exc.message)
             summary = None
-        if summary is not None:
-            view.day_remaining_usd = summary.day.remaining_usd
-            view.month_remaining_usd = summary.month.remaining_usd
-        return view
+
+        def left(budget: float | None, used: PeriodTotals | None) -> float | None:
+            if budget is None:
+                return None
+            taken = used.spent_usd + used.reserved_usd if used else 0.0
+            return round(max(budget - taken, 0.0), 2)
+
+        return BudgetView(
+            estimate_usd=estimate_usd(self._tiers, req.provider, req.resolution, req.duration),
+            day_remaining_usd=left(budgets.daily_usd, summary.day if summary else None),
+            month_remaining_usd=left(budgets.monthly_usd, summary.month if summary else None),
+        )
 
 
 Send = Callable[[], Awaitable[CreateVerdict]]
@@ -267,16 +272,29 @@ class CreateGuard:
     def __init__(self, ledger: Ledger, settings: Settings) -> None:
         self._ledger, self._settings = ledger, settings
 
-    async def create(self, job_id: str, authorisation: Authorisation, send: Send) -> CreatedOnce:
+    async def create(
+        self, job_id: str, authorisation: Authorisation, simulated: bool, send: Send
+    ) -> CreatedOnce:
+        if simulated != self._settings.SPILLWAY_SIMULATED:
+            kinds = ("a simulated", "a real") if simulated else ("a real", "a simulated")
+            raise ApplicationError(
+                f"job {job_id} was decided by {kinds[0]} worker and its create reached "
+                f"{kinds[1]} one (do `spillway dev --simulate` and a real worker share a task "
+                "queue?): nothing was sent",
+                type=WRONG_WORLD,
+                non_retryable=True,
+            )
         if authorisation == "armed" and not self._settings.cloud_armed:
             raise ApplicationError(
                 "the cloud fallback is not armed on this worker any more: nothing was sent",
                 type=NOT_ARMED,
                 non_retryable=True,
             )
-        run_id = activity.info().workflow_run_id or ""
+        info = activity.info()
+        run_id = info.workflow_run_id or ""
+        attempt = f"{run_id}/{info.activity_id}/{info.attempt}"
         try:
-            await self._ledger.begin(BeginCreate(job_id=job_id, run_id=run_id))
+            await self._ledger.begin(BeginCreate(job_id=job_id, run_id=run_id, attempt=attempt))
         except SpendRefused as refused:
             raise ApplicationError(
                 f"{refused.message}: nothing was sent",

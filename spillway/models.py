@@ -162,6 +162,7 @@ class Policy(BaseModel):
     ui_url: str
     await_loops_per_run: int
     heartbeat_timeout_s: float = 30.0  # absent from histories recorded before it existed
+    simulated: bool = False  # decided by a `spillway dev --simulate` worker
     estimated_costs_usd: dict[str, float] = {}  # MiniMax tier, "768P/6s" -> USD
 
     @property

@@ -60,12 +60,32 @@ def render_health(health: Health) -> str:
         f"MINIMAX_API_KEY present {yes[cloud.key_present]})",
         f"Approval: waits {approval.timeout_s:g}s (then the job runs locally), re-probes every "
         f"{approval.recheck_s:g}s, webhook {'set' if approval.webhook_configured else 'not set'}",
+        _budget_line(health),
         "Decision:",
         *(f"  {row}" for row in health.decision),
         "Load now:",
         render_load(health.load),
     ]
     return "\n".join(lines)
+
+
+def _budget_line(health: Health) -> str:
+    budget = health.budget
+
+    def cap(value: float | None) -> str:
+        return "no cap" if value is None else f"${value:.2f}"
+
+    if budget is None:
+        return "Budget: unknown (Temporal not reachable)"
+    line = f"Budget: {cap(budget.daily_usd)} a day, {cap(budget.monthly_usd)} a month (UTC)"
+    if budget.day is not None and budget.month is not None:
+        line += (
+            f"; spent {cap(budget.day.spent_usd)} today, {cap(budget.month.spent_usd)} this "
+            f"month; left {cap(budget.day.remaining_usd)} / {cap(budget.month.remaining_usd)}"
+        )
+    elif budget.error:
+        line += f"; ledger: {budget.error}"
+    return line
 
 
 def render_plan(plan: Plan) -> str:
@@ -89,6 +109,8 @@ def render_plan(plan: Plan) -> str:
         )
     if plan.state == "awaiting_approval":
         lines.append(f"  decide    spillway approve|reject {plan.job_id} --by NAME [--reason TEXT]")
+    if plan.budget is not None:
+        lines.append("  money     " + _money(plan))
     if plan.progress is not None:
         p = plan.progress
         step = f" node {p.node}" if p.node else ""
@@ -102,18 +124,37 @@ def render_plan(plan: Plan) -> str:
         cost = (
             f", estimated ${c.estimated_cost_usd:.2f}" if c.estimated_cost_usd is not None else ""
         )
+        how = " over the budget" if c.authorisation == "approved_over_budget" else ""
         lines.append(
             f"  cloud     {c.provider} task {c.task_id or '(not created)'}{cost}, "
-            f"authorised by {c.authorised_by}"
+            f"authorised by {c.authorised_by}{how}"
         )
     for out in plan.outputs:
         lines.append(f"  output    {out.path}  {out.bytes} bytes  sha256 {out.sha256}")
     for ignored in plan.ignored_signals:
-        verdict = "approval" if ignored.approved else "rejection"
-        lines.append(f"  ignored   {verdict} by {ignored.by}: {ignored.why}")
+        verdict = {True: "approval", False: "rejection", None: "signal"}[ignored.approved]
+        who = f" by {ignored.by}" if ignored.by else ""
+        lines.append(f"  ignored   {verdict}{who}: {ignored.why}")
     if plan.error:
         lines.append(f"  error     {plan.error}")
     return "\n".join(lines)
+
+
+def _money(plan: Plan) -> str:
+    view = plan.budget
+    assert view is not None
+
+    def usd(value: float | None) -> str:
+        return "unknown" if value is None else f"${value:.2f}"
+
+    text = f"cloud estimate {usd(view.estimate_usd)}"
+    if view.day_remaining_usd is not None:
+        text += f", {usd(view.day_remaining_usd)} left today"
+    if view.month_remaining_usd is not None:
+        text += f", {usd(view.month_remaining_usd)} left this month"
+    if view.exhausted is not None:
+        text += f"; the {view.exhausted}'s budget cannot cover it: approve with --over-budget"
+    return text
 
 
 def render_jobs(jobs: list[JobSummary]) -> str:

@@ -56,6 +56,9 @@ class Settings(BaseSettings):
     # A waiting job continues as new after this many re-probes (~11 history events each).
     SPILLWAY_AWAIT_LOOPS_PER_RUN: Annotated[int, Field(ge=1)] = 200
 
+    # Set by `spillway dev --simulate` for its worker: a job decided there carries it, and a
+    # create refuses to run on a worker of the other kind (a simulated job never meets a key).
+    SPILLWAY_SIMULATED: bool = False
     SPILLWAY_OUTPUT_DIR: Path = Path("outputs")
     SPILLWAY_TASK_QUEUE: Annotated[str, Field(min_length=1)] = "spillway"
     SPILLWAY_ROUTING_TIERS: Path = PROJECT_ROOT / "routing_tiers.json"

@@ -172,6 +172,8 @@ class SpendBook:
                 f"job {req.job_id} holds no reservation (expired or never made): nothing was sent",
                 "no_reservation",
             )
+        if current.sent_at is not None and req.attempt and current.sent_by == req.attempt:
+            return current  # the same attempt asking again: its first answer was lost
         # An unsent reservation of another run is taken over: at most one run of a workflow
         # id is open, and the create that begins first is the only one that may send.
         if current.state != "reserved" or current.sent_at is not None:
@@ -184,7 +186,8 @@ class SpendBook:
 
     def begin(self, req: BeginCreate, now: datetime) -> SpendEntry:
         entry = self.check_begin(req, now)
-        entry.run_id, entry.sent_at = req.run_id, now
+        if entry.sent_at is None:
+            entry.run_id, entry.sent_at, entry.sent_by = req.run_id, now, req.attempt
         return entry
 
     def check_settle(self, req: SettleRequest, now: datetime) -> SpendEntry | None:

@@ -40,6 +40,7 @@ class SpendEntry(BaseModel):
     authorisation: Authorisation
     at: datetime  # reserved at (UTC); it counts in this day's and month's totals
     sent_at: datetime | None = None  # the create request was about to leave (begin)
+    sent_by: str | None = None  # which activity attempt began it (run/activity/attempt)
     settled_at: datetime | None = None
     note: str = ""
 
@@ -60,6 +61,9 @@ class BeginCreate(BaseModel):
 
     job_id: str
     run_id: str
+    # The activity attempt that begins (run id / activity id / attempt): the same attempt asking
+    # again (its first answer was lost) gets its entry back; any other attempt is refused.
+    attempt: str = ""
 
 
 class SettleRequest(BaseModel):

@@ -1,8 +1,8 @@
 """Records the histories the replay test replays: one job per main path, run on the
-time-skipping server with the route stubs. Re-record only on purpose (a deliberate, versioned
-change of the workflow), never to make a failing replay pass:
+time-skipping server with the route stubs. Record a new path, or re-record one only on purpose
+(a deliberate, versioned change of the workflow), never to make a failing replay pass:
 
-    .venv/bin/python -m tests.record_histories
+    .venv/bin/python -m tests.record_histories NAME...
 """
 
 from __future__ import annotations
@@ -11,13 +11,15 @@ import asyncio
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
+from temporalio.client import WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from spillway.models import ApprovalDecision
 from spillway.temporal import installed_binary, register_search_attributes
-from tests.job_fixtures import _runner
+from tests.job_fixtures import ARMED, RunJobs, _runner
 from tests.route_stubs import BUSY, FREE, RouteStubs
 from workflows.video_job import APPROVAL_SIGNAL
 
@@ -25,33 +27,69 @@ HERE = Path(__file__).parent / "histories"
 WAIT = {"MINIMAX_API_KEY": "mm-test-key", "APPROVAL_TIMEOUT_S": 900, "APPROVAL_RECHECK_S": 60}
 
 
-async def main() -> None:
+async def record(run_jobs: RunJobs, name: str) -> WorkflowHandle[Any, Any]:
+    """One job per main path; the name says which."""
+    decision = ApprovalDecision(approved=True, by="bär", reason="client deadline")
+    if name == "replay-local":
+        async with run_jobs(RouteStubs(FREE)) as jobs:
+            handle = await jobs.start(job_id=name)
+            await handle.result()
+    elif name in ("replay-approved-cloud", "replay-ledger-approved-cloud"):
+        async with run_jobs(RouteStubs(BUSY), **WAIT) as jobs:
+            handle = await jobs.start(job_id=name)
+            await jobs.until(handle, "awaiting_approval")
+            await handle.signal(APPROVAL_SIGNAL, decision)
+            await handle.result()
+    elif name == "replay-approval-timeout":
+        async with run_jobs(RouteStubs(BUSY), **WAIT) as jobs:
+            handle = await jobs.start(job_id=name)
+            await handle.result()
+    elif name == "replay-ledger-armed-cloud":
+        async with run_jobs(RouteStubs(BUSY), **ARMED) as jobs:
+            handle = await jobs.start(job_id=name)
+            await handle.result()
+    elif name == "replay-ledger-budget-over":
+        # Armed, but the budget cannot cover it: waits, a plain approval is refused, then one
+        # over the budget sends it to the cloud.
+        async with run_jobs(RouteStubs(BUSY), **(WAIT | ARMED), CLOUD_DAILY_BUDGET_USD=0.1) as jobs:
+            handle = await jobs.start(job_id=name)
+            await jobs.until(handle, "awaiting_approval")
+            await handle.signal(APPROVAL_SIGNAL, decision)
+            await handle.signal(APPROVAL_SIGNAL, decision.model_copy(update={"over_budget": True}))
+            await handle.result()
+    else:
+        raise SystemExit(f"unknown history {name}; one of {', '.join(NAMES)}")
+    return handle
+
+
+# The first three were recorded before the spend ledger existed and replay through its patches.
+NAMES = (
+    "replay-local",
+    "replay-approved-cloud",
+    "replay-approval-timeout",
+    "replay-ledger-armed-cloud",
+    "replay-ledger-approved-cloud",
+    "replay-ledger-budget-over",
+)
+
+
+async def main(names: list[str]) -> None:
     env = await WorkflowEnvironment.start_time_skipping(
         data_converter=pydantic_data_converter,
         test_server_existing_path=installed_binary("temporal-test-server"),
     )
     await register_search_attributes(env.client)
-    run_jobs = _runner(env)
-    async with run_jobs(RouteStubs(FREE)) as jobs:
-        local = await jobs.start(job_id="replay-local")
-        await local.result()
-    async with run_jobs(RouteStubs(BUSY), **WAIT) as jobs:
-        approved = await jobs.start(job_id="replay-approved-cloud")
-        await jobs.until(approved, "awaiting_approval")
-        decision = ApprovalDecision(approved=True, by="bär", reason="client deadline")
-        await approved.signal(APPROVAL_SIGNAL, decision)
-        await approved.result()
-    async with run_jobs(RouteStubs(BUSY), **WAIT) as jobs:
-        timed_out = await jobs.start(job_id="replay-approval-timeout")
-        await timed_out.result()
-    for handle in (local, approved, timed_out):
+    for name in names:
+        handle = await record(_runner(env), name)
         history = await handle.fetch_history()
-        (HERE / f"{handle.id}.json").write_text(history.to_json())
-        print(f"wrote {HERE / handle.id}.json ({len(history.events)} events)")
+        (HERE / f"{name}.json").write_text(history.to_json())
+        print(f"wrote {HERE / name}.json ({len(history.events)} events)")
     await env.shutdown()
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    if len(sys.argv) < 2:
+        raise SystemExit(f"usage: python -m tests.record_histories NAME...; names: {NAMES}")
+    asyncio.run(main(sys.argv[1:]))
     sys.stdout.flush()
     os._exit(0)  # the SDK's bridge can crash at interpreter shutdown (sdk-python#300)

@@ -76,6 +76,8 @@ class RouteStubs:
         self.probe_failures = 0  # how many probes raise before one answers
         self.fail: dict[str, ApplicationError] = {}  # activity name -> error it raises
         self.notices: list[ApprovalNotice] = []
+        self.probe_gate = asyncio.Event()
+        self.probe_gate.set()  # clear it to hold every probe until set again
         self.wait_release = asyncio.Event()
         self.wait_release.set()  # clear it to keep comfyui_wait running until set again
         self.create_hang = False  # minimax_create never returns and never heartbeats
@@ -103,6 +105,7 @@ class RouteStubs:
     @activity.defn(name="a40_load_status")
     async def load(self, req: LoadProbeRequest) -> LoadStatus:
         self.calls["a40_load_status"] += 1
+        await self.probe_gate.wait()
         if self.probe_failures:
             self.probe_failures -= 1
             raise RuntimeError("probe worker crashed")
@@ -156,7 +159,7 @@ class RouteStubs:
 
         self._count("minimax_create")
         assert self.guard is not None, "the job runner sets the guard"
-        done = await self.guard.create(req.job_id, req.authorisation, send)
+        done = await self.guard.create(req.job_id, req.authorisation, req.simulated, send)
         assert done.verdict.task_id is not None
         return MiniMaxCreated(task_id=done.verdict.task_id, settled=done.settled)
 

@@ -20,6 +20,7 @@ import pytest
 from aiohttp import web
 from pydantic import ValidationError
 from temporalio.client import WorkflowFailureError
+from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 from temporalio.worker import Worker
@@ -35,6 +36,7 @@ from spillway.callback_models import (
     JobEvent,
 )
 from spillway.errors import ConfigError
+from spillway.temporal import installed_binary
 from tests.callback_workflow import FireAndForget, JobThatCallsBack, SendCallback
 
 SECRET = "whsec-spillway-test-4c1f"
@@ -73,6 +75,18 @@ class Receiver:
             await self.hold.wait()
         self.answered += 1
         return web.Response(status=status)
+
+
+@pytest.fixture(scope="module")
+async def env() -> AsyncIterator[WorkflowEnvironment]:
+    """A time-skipping server of this module's own: the deliveries these tests leave retrying
+    (by design they outlive their jobs) would otherwise hold the shared server's clock."""
+    environment = await WorkflowEnvironment.start_time_skipping(
+        data_converter=pydantic_data_converter,
+        test_server_existing_path=installed_binary("temporal-test-server"),
+    )
+    yield environment
+    await environment.shutdown()
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from ruamel.yaml import YAML
 
+from activities.minimax_client import MiniMaxTiming
 from spillway.settings import PROJECT_ROOT, Settings
 
 COMPOSE = PROJECT_ROOT / "docker-compose.yml"
@@ -125,7 +126,9 @@ def test_worker_can_run_as_several_replicas_on_one_task_queue(compose, env_examp
     active, _ = env_example
     assert worker["expose"] == [active["SPILLWAY_METRICS_PORT"]]
     grace = _seconds(worker["stop_grace_period"])
-    assert grace > float(active["SPILLWAY_SHUTDOWN_GRACE_S"]), "Docker would kill the hand-over"
+    assert grace > float(active["SPILLWAY_SHUTDOWN_GRACE_S"]), "Docker would kill a create"
+    longest = MiniMaxTiming().longest_create_s(float(active["MINIMAX_CREATE_TIMEOUT_S"]))
+    assert float(active["SPILLWAY_SHUTDOWN_GRACE_S"]) > longest, "a create would be cut off"
     output_volume, target = worker["volumes"][0].split(":")
     assert output_volume in compose["volumes"] and target == "/app/outputs"
     assert active["SPILLWAY_OUTPUT_DIR"] == "outputs"  # /app/outputs, the WORKDIR being /app

@@ -1,5 +1,6 @@
-"""Replays recorded histories of VideoJobWorkflow (local, approved cloud, timed-out approval):
-a change to the workflow that would break running jobs fails here."""
+"""Replays recorded histories of VideoJobWorkflow (local, approved cloud, timed-out approval,
+recorded before the spend ledger; armed, approved and over-budget cloud jobs with it): a change
+to the workflow that would break running jobs fails here."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
+from tests.record_histories import NAMES
 from worker import WORKFLOWS
 
 HISTORIES = {
@@ -19,7 +21,7 @@ HISTORIES = {
 
 
 def test_there_are_histories_of_every_main_path():
-    assert {"replay-local", "replay-approved-cloud", "replay-approval-timeout"} <= set(HISTORIES)
+    assert set(NAMES) <= set(HISTORIES)
 
 
 @pytest.mark.parametrize("name", list(HISTORIES))

@@ -21,13 +21,17 @@ from tests.cli_run import free_ports
 BIN = Path(sys.executable).parent
 
 
-def tour_commands() -> list[str]:
-    """The `spillway ...` lines of the README's tour, in order."""
+def tour_lines() -> list[str]:
+    """The `export ...` and `spillway ...` lines of the README's tour, in order."""
     readme = (PROJECT_ROOT / "README.md").read_text()
     section = readme.split("## The five-minute tour", 1)[1]
     block = re.search(r"```sh\n(.*?)```", section, re.S)
     assert block is not None, "the README's tour has no sh block"
-    return [line for line in block.group(1).splitlines() if line.startswith("spillway ")]
+    return [
+        line.split("#")[0].strip()
+        for line in block.group(1).splitlines()
+        if line.startswith(("spillway ", "export "))
+    ]
 
 
 class Dev:
@@ -37,6 +41,7 @@ class Dev:
         self.port, self.ui, self.comfyui, self.guard, self.minimax = free_ports(5)
         self.state, self.env = state, env
         self.output: list[str] = []
+        self.exported: dict[str, str] = {"SPILLWAY_TASK_QUEUE": "spillway-sim"}
         self._proc: asyncio.subprocess.Process | None = None
 
     @property
@@ -46,6 +51,7 @@ class Dev:
             "TEMPORAL_ADDRESS": f"127.0.0.1:{self.port}",
             "COMFYUI_URL": f"http://127.0.0.1:{self.comfyui}",
             "PATH": f"{BIN}:{os.environ['PATH']}",
+            **self.exported,
         }
 
     async def start(self) -> None:
@@ -134,9 +140,15 @@ EXPECTED = {
 
 
 async def test_the_readme_tour_works_as_written(dev: Dev):
-    commands = tour_commands()
+    lines = tour_lines()
+    dev.exported = {}  # only what the tour itself exports
+    commands = [line for line in lines if line.startswith("spillway ")]
     assert len(commands) == len(EXPECTED)
-    for command in commands:
+    for command in lines:
+        if command.startswith("export "):
+            name, value = command.removeprefix("export ").split("=", 1)
+            dev.exported[name] = value
+            continue
         [expected] = [v for k, v in EXPECTED.items() if command.startswith(k)]
         code, out = await dev.run(command)
         assert code == 0, f"{command}\n{out}"

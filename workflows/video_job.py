@@ -34,7 +34,7 @@ from workflows.approvals import (
 
 with workflow.unsafe.imports_passed_through():
     from activities import minimax as minimax_errors
-    from activities.spend import NOT_ARMED
+    from activities.spend import NOT_ARMED, WRONG_WORLD
     from spillway import search_attributes as sa
     from spillway.comfyui_models import (
         ComfyUICancel,
@@ -88,6 +88,7 @@ class VideoJobWorkflow:
         self._published = ""
         self._notify_task: asyncio.Task[None] | None = None
         self._create_started = datetime.min
+        self._unused_reservation = False  # reserved, and no create started for it yet
         self._heartbeat = timedelta(seconds=30)
 
     @workflow.run
@@ -115,6 +116,7 @@ class VideoJobWorkflow:
             if isinstance(err, ActivityError) and not is_cancelled_exception(err):
                 self._fail(self._failure_message(err))
             await self._cancel_local_prompt()
+            await self._release_unused_reservation()
             self._set_state("cancelled")
             raise
         self._plan.progress = None
@@ -217,6 +219,7 @@ class VideoJobWorkflow:
             self._plan.reasons = [*self._plan.reasons, because]
         self._plan.state = "awaiting_approval"
         deadline = now + timedelta(seconds=policy.approval_timeout_s)
+        self._deadline = deadline  # decisions arriving from now on are judged against it
         if self._job.cloud is not None and workflow.patched(PATCH_BUDGET_VIEW):
             exhausted = self._plan.budget.exhausted if self._plan.budget else None
             try:
@@ -404,6 +407,7 @@ class VideoJobWorkflow:
         )
         self._count(choice)
         self._set_state("running_cloud")
+        self._unused_reservation = reservation is not None and reservation.granted is not None
         existing = reservation.existing if reservation else None
         if existing is not None:
             task_id = self._follow(existing)
@@ -412,6 +416,7 @@ class VideoJobWorkflow:
                 job_id=self._job.job_id,
                 request=request,
                 authorisation=choice.authorisation or "armed",
+                simulated=policy.simulated,
             )
             task_id = await self._create(create)
             if task_id == DISARMED:
@@ -429,6 +434,7 @@ class VideoJobWorkflow:
         """The task id, or DISARMED when the fallback was disarmed before anything was sent."""
         self._create_started = workflow.now()
         handle = calls.minimax_create(req, self._heartbeat)
+        self._unused_reservation = False  # the create's own guard settles it from here
         try:
             created = await asyncio.shield(handle)
         except asyncio.CancelledError:
@@ -455,7 +461,7 @@ class VideoJobWorkflow:
     async def _create_failed(self, err: ActivityError) -> str:
         cause = err.cause
         kind = cause.type if isinstance(cause, ApplicationError) else None
-        if kind in (NOT_ARMED, minimax_errors.NO_KEY):
+        if kind in (NOT_ARMED, WRONG_WORLD, minimax_errors.NO_KEY):
             await self._settle("released", None)  # nothing was sent
             if kind == NOT_ARMED:
                 return DISARMED
@@ -472,6 +478,12 @@ class VideoJobWorkflow:
             if entry is not None and entry.state == "released":
                 self._fail(texts.create_never_began(self._plan))
         self._fail(self._failure_message(err))
+
+    async def _release_unused_reservation(self) -> None:
+        """A job cancelled between its reservation and its create gives the money back."""
+        if self._unused_reservation:
+            self._unused_reservation = False
+            await self._settle("released", None)
 
     def _follow(self, entry: SpendEntry) -> str:
         """A run that finds its job already charged follows the recorded task, never creates."""

@@ -10,7 +10,8 @@ reference (DESIGN.md, "MiniMax facts"); tests and `spillway dev --simulate` use 
 
 Knobs: `set_statuses`, `fail_with`, `inject` (one-shot base_resp codes on create, query or
 retrieve), `fault_next_create` ("hang" or "drop" after the whole create was received, the task
-made or not), `release`, `expire_next_urls`, plus SimServer's per-path faults and `answers`.
+made or not), `release`, `expire_next_urls`, `create_delay_s` (a slow but normal create), plus
+SimServer's per-path faults and `answers`.
 Counters: `create_calls`, `create_calls_by_prompt`, `tasks_created`, `tasks_by_prompt`,
 `query_hits`, `retrieve_hits`, `download_hits`, `download_auth_headers`, and `requests`
 (bodies and query parameters, never the Authorization header).
@@ -112,6 +113,7 @@ class MiniMaxSim(SimServer):
             "retrieve": deque(),
         }
         self._create_faults: deque[tuple[CreateFault, bool]] = deque()
+        self.create_delay_s = 0.0  # every create answers (normally) only after this
         self._expire_next: deque[int] = deque()
         self._urls: dict[str, tuple[int, int | None]] = {}  # token -> (file_id, expired status)
         self._files: dict[int, SimTask] = {}
@@ -237,6 +239,8 @@ class MiniMaxSim(SimServer):
             if request.transport is not None:  # None: the client gave up and closed it
                 request.transport.close()
             return web.Response()
+        if self.create_delay_s:
+            await asyncio.sleep(self.create_delay_s)
         if self._injected["create"]:
             code, msg, with_task = self._injected["create"].popleft()
             made = self._new_task(body, prompt) if with_task and isinstance(body, dict) else None

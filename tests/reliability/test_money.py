@@ -1,0 +1,217 @@
+"""Scenario 7: money across everything an operator or a deploy can do to a job (issue 10). Real
+worker processes on the session's dev server, creates counted at the MiniMax double:
+
+- 300 armed jobs racing for a budget of 10 clips: exactly 10 creates, 290 wait (budget_exhausted);
+- a completed cloud job reset to its first workflow task (armed, and approved: the old approval
+  signal is re-applied by the reset): no second create, the new run follows the recorded task;
+- a job cancelled while its (slow) create is in flight: one create, its task id in the plan;
+- the fallback disarmed and the worker restarted between the decision and the create: none;
+- a job decided by a simulated worker that reaches a real one: the real key sends nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import pytest
+from temporalio.api.common.v1 import WorkflowExecution
+from temporalio.api.enums.v1 import EventType
+from temporalio.api.workflowservice.v1 import ResetWorkflowExecutionRequest
+from temporalio.client import Client
+
+from activities.spend import SpendLedger
+from spillway import search_attributes as sa
+from spillway.models import ApprovalDecision
+from spillway.sim.comfyui import ComfyUISim
+from spillway.sim.minimax import SIM_API_KEY, MiniMaxSim
+from spillway.spend_models import LedgerSummary
+from tests.minimax_fixtures import eventually
+from tests.reliability.harness import probes, until
+from workflows.video_job import APPROVAL_SIGNAL, VideoJobWorkflow
+
+CLIP = 0.28  # routing_tiers.json: MiniMax 768P/6s, the default cloud request
+
+
+async def ledger(client: Client, task_queue: str) -> LedgerSummary:
+    summary = await SpendLedger(client, task_queue).summary()
+    assert summary is not None
+    return summary
+
+
+async def count(client: Client, task_queue: str, state: str) -> int:
+    query = f"TaskQueue = '{task_queue}' AND {sa.STATE.name} = '{state}'"
+    return (await client.count_workflows(query)).count
+
+
+@pytest.mark.slow
+async def test_300_armed_jobs_racing_for_a_budget_of_10_clips_make_exactly_10_creates(
+    workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim
+):
+    comfyui.set_vram_used_pct(97)
+    worker = await workers(
+        COMFYUI_URL=comfyui.url,
+        MINIMAX_BASE_URL=minimax.url,
+        CLOUD_VIDEO_FALLBACK_ENABLED=1,
+        CLOUD_DAILY_BUDGET_USD=10 * CLIP,
+        APPROVAL_TIMEOUT_S=3600,
+        APPROVAL_RECHECK_S=3600,  # 290 waiting jobs re-probing every second would be the test
+    )
+    jobs = jobs_on(worker)
+    ids = await asyncio.gather(*(jobs.submit(f"race {n}") for n in range(300)))
+
+    async def settled() -> tuple[int, int]:
+        return (
+            await count(jobs.client, worker.task_queue, "completed"),
+            await count(jobs.client, worker.task_queue, "awaiting_approval"),
+        )
+
+    assert await until(settled, lambda c: c == (10, 290), timeout_s=400) == (10, 290)
+    assert (minimax.create_calls, minimax.tasks_created) == (10, 10)
+    summary = await ledger(jobs.client, worker.task_queue)
+    assert summary.day.spent_usd == pytest.approx(10 * CLIP)
+    assert summary.day.reserved_usd == 0
+    assert summary.day.remaining_usd == pytest.approx(0)
+    charged = [e for e in summary.entries if e.state == "charged"]
+    assert len(charged) == 10 and len(summary.entries) == 10
+    assert {e.task_id for e in charged} == set(minimax.tasks)
+    waiting = [p for p in await asyncio.gather(*map(jobs.status, ids)) if p.route is None]
+    assert len(waiting) == 290
+    for plan in waiting:
+        assert "budget_exhausted" in plan.reasons and plan.budget is not None
+        assert (plan.budget.exhausted, plan.budget.estimate_usd) == ("day", CLIP)
+
+
+async def reset_to_first_workflow_task(client: Client, job_id: str) -> str:
+    handle = client.get_workflow_handle(job_id)
+    history = await handle.fetch_history()
+    first = next(
+        e.event_id
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
+    )
+    run_id = (await handle.describe()).run_id
+    reset = await client.workflow_service.reset_workflow_execution(
+        ResetWorkflowExecutionRequest(
+            namespace=client.namespace,
+            workflow_execution=WorkflowExecution(workflow_id=job_id, run_id=run_id),
+            reason="test: an operator resets a finished cloud job",
+            workflow_task_finish_event_id=first,
+            request_id=str(uuid.uuid4()),
+        )
+    )
+    assert reset.run_id != run_id
+    return reset.run_id
+
+
+@pytest.mark.parametrize("authorised", ["armed", "approved"])
+async def test_a_completed_cloud_job_reset_to_its_first_workflow_task_creates_nothing_more(
+    workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim, authorised: str
+):
+    comfyui.set_vram_used_pct(97)
+    worker = await workers(
+        COMFYUI_URL=comfyui.url,
+        MINIMAX_BASE_URL=minimax.url,
+        CLOUD_VIDEO_FALLBACK_ENABLED=int(authorised == "armed"),
+        APPROVAL_TIMEOUT_S=600,
+    )
+    jobs = jobs_on(worker)
+    job_id = await jobs.submit(f"reset me ({authorised})")
+    if authorised == "approved":
+        await jobs.state(job_id, "awaiting_approval")
+        decision = ApprovalDecision(approved=True, by="owner", reason="deadline")
+        await jobs.client.get_workflow_handle(job_id).signal(APPROVAL_SIGNAL, decision)
+    first = await jobs.state(job_id, "completed")
+    assert first.cloud is not None and minimax.create_calls == 1
+
+    new_run = await reset_to_first_workflow_task(jobs.client, job_id)
+    handle = jobs.client.get_workflow_handle_for(VideoJobWorkflow.run, job_id, run_id=new_run)
+    again = await asyncio.wait_for(handle.result(), 60)
+
+    assert (again.state, again.route) == ("completed", "cloud")
+    assert again.cloud is not None and again.cloud.task_id == first.cloud.task_id
+    assert f"followed_recorded_task={first.cloud.task_id}" in again.reasons
+    assert (minimax.create_calls, minimax.tasks_created) == (1, 1)
+    [entry] = (await ledger(jobs.client, worker.task_queue)).entries
+    assert (entry.state, entry.task_id) == ("charged", first.cloud.task_id)
+
+
+async def test_a_job_cancelled_during_a_slow_create_records_the_task_it_ordered(
+    workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim
+):
+    comfyui.set_vram_used_pct(97)
+    minimax.create_delay_s = 3  # MiniMax takes its time; the task exists once it answers
+    worker = await workers(
+        COMFYUI_URL=comfyui.url,
+        MINIMAX_BASE_URL=minimax.url,
+        CLOUD_VIDEO_FALLBACK_ENABLED=1,
+        MINIMAX_CREATE_TIMEOUT_S=10,
+    )
+    jobs = jobs_on(worker)
+    job_id = await jobs.submit("cancel me mid-create")
+    await eventually(lambda: minimax.create_bodies, timeout_s=30)
+    await jobs.client.get_workflow_handle(job_id).cancel()
+
+    plan = await jobs.state(job_id, "cancelled", timeout_s=30)
+    [task_id] = minimax.tasks
+    assert plan.cloud is not None and plan.cloud.task_id == task_id
+    assert f"cancelled_after_create={task_id}" in plan.reasons
+    assert plan.error is not None and f"ordered task {task_id}" in plan.error
+    assert (minimax.create_calls, minimax.tasks_created) == (1, 1)
+    [entry] = (await ledger(jobs.client, worker.task_queue)).entries
+    assert (entry.state, entry.task_id) == ("charged", task_id)
+
+
+async def test_a_worker_disarmed_and_restarted_before_the_create_sends_nothing(
+    workers, jobs_on, minimax: MiniMaxSim, refused_url: str
+):
+    # ComfyUI unreachable: the job reads an ARMED policy, probes, and sleeps before the second
+    # probe; the worker is disarmed and restarted in that sleep.
+    armed = await workers(
+        COMFYUI_URL=refused_url,
+        MINIMAX_BASE_URL=minimax.url,
+        CLOUD_VIDEO_FALLBACK_ENABLED=1,
+        UNREACHABLE_CONFIRM_S=4,
+        APPROVAL_TIMEOUT_S=600,
+    )
+    jobs = jobs_on(armed)
+    job_id = await jobs.submit("disarmed in time")
+    await probes(jobs.client, job_id, at_least=1)
+    await armed.kill()
+    armed.env["CLOUD_VIDEO_FALLBACK_ENABLED"] = "0"
+    await armed.start()
+
+    plan = await jobs.state(job_id, "awaiting_approval", timeout_s=60)
+    assert "fallback_disarmed" in plan.reasons
+    assert plan.overflow.trigger == "unreachable"
+    assert minimax.create_calls == 0
+
+
+async def test_a_simulated_job_that_reaches_a_real_worker_sends_nothing_with_the_real_key(
+    workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim
+):
+    # `spillway dev --simulate` and a real worker pointed at one server and one task queue (the
+    # mistake the separate `-sim` queue prevents): the simulated job waits for approval, then
+    # only the real worker is left to run it.
+    comfyui.set_vram_used_pct(97)
+    async with MiniMaxSim(api_key=SIM_API_KEY) as simulator:
+        simulated = await workers(
+            COMFYUI_URL=comfyui.url,
+            MINIMAX_BASE_URL=simulator.url,
+            MINIMAX_API_KEY=SIM_API_KEY,
+            SPILLWAY_SIMULATED=1,
+            APPROVAL_TIMEOUT_S=600,
+        )
+        jobs = jobs_on(simulated)
+        job_id = await jobs.submit("decided in the simulator")
+        await jobs.state(job_id, "awaiting_approval")
+        await simulated.kill()
+        real: dict[str, Any] = {"MINIMAX_BASE_URL": minimax.url, "COMFYUI_URL": comfyui.url}
+        await workers(SPILLWAY_TASK_QUEUE=simulated.task_queue, **real)
+        decision = ApprovalDecision(approved=True, by="owner")
+        await jobs.client.get_workflow_handle(job_id).signal(APPROVAL_SIGNAL, decision)
+        plan = await jobs.state(job_id, "failed")
+        assert simulator.create_calls == 0
+    assert plan.error is not None and "simulated" in plan.error and "nothing was sent" in plan.error
+    assert minimax.create_calls == 0

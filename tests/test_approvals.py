@@ -1,0 +1,207 @@
+"""A person's decision and the budget, with the route stubs: what an approval does once the
+window has closed, when headroom wins the race, when it cannot be read, when the budget cannot
+cover it; armed jobs the budget cannot cover; and a start that tries to skip all of it."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import timedelta
+
+import pytest
+from temporalio.client import (
+    WorkflowFailureError,
+    WorkflowUpdateFailedError,
+    WorkflowUpdateStage,
+)
+from temporalio.exceptions import ApplicationError
+
+from spillway.models import ApprovalDecision, AwaitCarry, CloudRequest, Plan, Policy, VideoJob
+from tests.job_fixtures import ARMED, GRAPH, RunJobs
+from tests.route_stubs import BUSY, FREE, SEED, RouteStubs
+from tests.test_video_job_workflow import HOUR, cause_message
+from workflows.texts import current_details
+from workflows.video_job import APPROVAL_SIGNAL, DECIDE_UPDATE, VideoJobWorkflow
+
+KEY = {"MINIMAX_API_KEY": "mm-test-key"}
+CLIP = 0.28
+
+
+async def test_an_approval_arriving_with_the_deadline_is_refused_and_recorded(
+    run_dev_jobs: RunJobs,
+):
+    stubs, queue = RouteStubs(BUSY), f"late-{uuid.uuid4()}"
+    window = {"APPROVAL_TIMEOUT_S": 2, "APPROVAL_RECHECK_S": 3600}
+    async with run_dev_jobs(stubs, task_queue=queue, **KEY, **window) as jobs:
+        handle = await jobs.start()
+        await jobs.until(handle, "awaiting_approval")
+    await asyncio.sleep(3)  # no worker: the deadline's timer fires unseen
+    await handle.signal(APPROVAL_SIGNAL, ApprovalDecision(approved=True, by="late"))
+    async with run_dev_jobs(stubs, task_queue=queue, **KEY, **window):
+        plan: Plan = await handle.result()  # timer and signal reach the job in one activation
+
+    assert (plan.state, plan.route) == ("completed", "local")
+    assert "approval_timeout" in plan.reasons and plan.approval is None
+    [ignored] = plan.ignored_signals
+    assert ignored.by == "late" and "approval window closed" in ignored.why
+    assert stubs.creates == 0
+
+
+async def test_an_approval_that_loses_the_race_with_headroom_tells_its_caller(
+    run_dev_jobs: RunJobs,
+):
+    stubs = RouteStubs(BUSY)
+    async with run_dev_jobs(stubs, **KEY, APPROVAL_TIMEOUT_S=600, APPROVAL_RECHECK_S=1) as jobs:
+        handle = await jobs.start()
+        await jobs.until(handle, "awaiting_approval")
+        stubs.probe_gate.clear()
+        probed = stubs.calls["a40_load_status"]
+        while stubs.calls["a40_load_status"] == probed:  # the next re-probe is under way
+            await jobs.until(handle, "awaiting_approval")
+        update = await handle.start_update(
+            DECIDE_UPDATE,
+            ApprovalDecision(approved=True, by="bär"),
+            wait_for_stage=WorkflowUpdateStage.ACCEPTED,
+            result_type=str,
+        )
+        stubs.loads = [FREE]
+        stubs.probe_gate.set()
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await update.result()
+        plan: Plan = await handle.result()
+
+    assert isinstance(refused.value.cause, ApplicationError)
+    assert "headroom" in refused.value.cause.message
+    assert (plan.state, plan.route) == ("completed", "local")
+    assert "headroom_returned" in plan.reasons
+    assert [i.by for i in plan.ignored_signals] == ["bär"]
+    assert "headroom" in plan.ignored_signals[0].why
+    assert stubs.creates == 0
+
+
+async def test_signals_that_cannot_be_read_are_recorded_not_dropped(run_jobs: RunJobs):
+    stubs = RouteStubs(BUSY)
+    async with run_jobs(stubs, **KEY, **HOUR) as jobs:
+        handle = await jobs.start()
+        await jobs.until(handle, "awaiting_approval")
+        await handle.signal(APPROVAL_SIGNAL, {"approved": True})  # the UI, "by" forgotten
+        await handle.signal(APPROVAL_SIGNAL, "yes")
+        await handle.signal(APPROVAL_SIGNAL)
+        await handle.signal(APPROVAL_SIGNAL, ApprovalDecision(approved=False, by="bär"))
+        plan: Plan = await handle.result()
+
+    assert (plan.state, plan.route) == ("completed", "local")
+    whys = [i.why for i in plan.ignored_signals]
+    assert len(whys) == 3 and all(i.by is None for i in plan.ignored_signals)
+    assert "by: Field required" in whys[0] and '{"approved":true}' in str(
+        plan.ignored_signals[0].raw
+    ).replace(" ", "")
+    assert "not a decision" in whys[1] and "carried no input" in whys[2]
+    assert stubs.creates == 0
+
+
+async def test_a_hand_made_carry_on_a_fresh_start_fails_without_a_probe_or_a_create(
+    run_jobs: RunJobs,
+):
+    stubs = RouteStubs(BUSY)
+    async with run_jobs(stubs, **ARMED) as jobs:
+        job_id = f"carry-{uuid.uuid4().hex[:8]}"
+        now = BUSY.measured_at
+        policy = Policy(
+            fallback_enabled=True,
+            key_present=True,
+            thresholds=SEED,
+            approval_timeout_s=60,
+            approval_recheck_s=60,
+            unreachable_confirm_s=5,
+            unreachable_give_up_s=600,
+            comfyui_max_attempts=3,
+            webhook_configured=False,
+            ui_url="http://ui",
+            await_loops_per_run=10,
+        )
+        carry = AwaitCarry(
+            plan=Plan(job_id=job_id, state="awaiting_approval"),
+            policy=policy,
+            approval_deadline=now + timedelta(hours=1),
+            give_up_at=now + timedelta(hours=1),
+            pending_approval=ApprovalDecision(approved=True, by="nobody"),
+        )
+        job = VideoJob(
+            job_id=job_id, graph=GRAPH, cloud=CloudRequest(prompt="free video?"), carry=carry
+        )
+        handle = await jobs.client.start_workflow(
+            VideoJobWorkflow.run, job, id=job_id, task_queue=jobs.task_queue
+        )
+        with pytest.raises(WorkflowFailureError) as failed:
+            await handle.result()
+
+    assert "set by continue-as-new only" in cause_message(failed)
+    assert stubs.calls["a40_load_status"] == 0 and stubs.creates == 0
+
+
+# --- the budget -------------------------------------------------------------------------------
+
+
+async def test_an_armed_job_the_budget_cannot_cover_waits_saying_so(run_jobs: RunJobs):
+    stubs = RouteStubs(BUSY)
+    async with run_jobs(stubs, **ARMED, **HOUR, CLOUD_DAILY_BUDGET_USD=0.1) as jobs:
+        handle = await jobs.start()
+        plan = await jobs.until(handle, "awaiting_approval")
+        await handle.cancel()
+        with pytest.raises(WorkflowFailureError):  # a job left pending stops the shared clock
+            await handle.result()
+
+    assert "budget_exhausted" in plan.reasons and plan.budget is not None
+    assert (plan.budget.exhausted, plan.budget.estimate_usd) == ("day", CLIP)
+    assert plan.budget.day_remaining_usd == pytest.approx(0.1)
+    assert stubs.creates == 0 and stubs.calls["minimax_create"] == 0
+    details = current_details(plan)  # what the UI shows
+    assert "budget cannot cover" in details and "$0.10 left today" in details
+    assert f"spillway approve {plan.job_id} --by NAME --over-budget" in details
+
+
+async def test_a_plain_approval_beyond_the_budget_is_refused_and_over_budget_goes_past_it(
+    run_jobs: RunJobs,
+):
+    stubs = RouteStubs(BUSY)
+    async with run_jobs(stubs, **KEY, **HOUR, CLOUD_DAILY_BUDGET_USD=0.1) as jobs:
+        handle = await jobs.start()
+        waiting = await jobs.until(handle, "awaiting_approval")
+        assert waiting.budget is not None and waiting.budget.estimate_usd == CLIP
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await handle.execute_update(
+                DECIDE_UPDATE, ApprovalDecision(approved=True, by="bär"), result_type=str
+            )
+        still = await jobs.until(handle, "awaiting_approval")
+        answer = await handle.execute_update(
+            DECIDE_UPDATE,
+            ApprovalDecision(approved=True, by="bär", reason="client", over_budget=True),
+            result_type=str,
+        )
+        plan: Plan = await handle.result()
+
+    assert isinstance(refused.value.cause, ApplicationError)
+    message = refused.value.cause.message
+    assert "$0.10 left" in message and "$0.28" in message and "--over-budget" in message
+    assert still.approval is None and [i.by for i in still.ignored_signals] == ["bär"]
+    assert answer == "approved"
+    assert (plan.state, plan.route) == ("completed", "cloud")
+    assert plan.cloud is not None and plan.cloud.authorisation == "approved_over_budget"
+    assert plan.approval is not None and plan.approval.over_budget
+    assert stubs.creates == 1
+
+
+async def test_an_approval_signal_beyond_the_budget_keeps_the_job_waiting(run_jobs: RunJobs):
+    stubs = RouteStubs(BUSY)
+    async with run_jobs(stubs, **KEY, **HOUR, CLOUD_MONTHLY_BUDGET_USD=0) as jobs:
+        handle = await jobs.start()
+        await jobs.until(handle, "awaiting_approval")
+        await handle.signal(APPROVAL_SIGNAL, ApprovalDecision(approved=True, by="bär"))
+        plan: Plan = await handle.result()  # the window closes: local, nothing spent
+
+    assert (plan.state, plan.route) == ("completed", "local")
+    [ignored] = plan.ignored_signals
+    assert "monthly cloud budget" in ignored.why and "--over-budget" in ignored.why
+    assert plan.budget is not None and plan.budget.exhausted == "month"
+    assert stubs.creates == 0

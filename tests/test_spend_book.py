@@ -1,0 +1,209 @@
+"""The spend ledger's rules as plain code (SpendBook): one create per job whatever runs come and
+go, takeovers only before a create began, budgets per UTC day and month, and the totals."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Literal
+
+import pytest
+
+from spillway.spend_book import SpendBook, SpendRefused
+from spillway.spend_models import (
+    Authorisation,
+    BeginCreate,
+    Budgets,
+    ReserveRequest,
+    SettleRequest,
+)
+
+SettleState = Literal["charged", "maybe_charged", "released"]
+NOW = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
+CLIP = 0.28
+
+
+def ask(
+    job: str = "job-1",
+    run: str = "run-a",
+    cost: float | None = CLIP,
+    authorisation: Authorisation = "armed",
+    daily: float | None = None,
+    monthly: float | None = None,
+) -> ReserveRequest:
+    return ReserveRequest(
+        job_id=job,
+        run_id=run,
+        provider="minimax",
+        cost_usd=cost,
+        authorised_by="armed" if authorisation == "armed" else "bär",
+        authorisation=authorisation,
+        budgets=Budgets(daily_usd=daily, monthly_usd=monthly),
+    )
+
+
+def settle(state: SettleState, run: str = "run-a", task: str | None = None) -> SettleRequest:
+    return SettleRequest(job_id="job-1", run_id=run, state=state, task_id=task)
+
+
+def refused(kind: str, call) -> SpendRefused:
+    with pytest.raises(SpendRefused) as raised:
+        call()
+    assert raised.value.kind == kind, raised.value.message
+    return raised.value
+
+
+def test_a_retried_reservation_of_the_same_run_gets_its_own_entry_back():
+    book = SpendBook([], Budgets())
+    first = book.reserve(ask(), NOW)
+    again = book.reserve(ask(), NOW + timedelta(seconds=1))
+    assert again is first and len(book.entries) == 1
+
+
+def test_a_job_whose_create_was_sent_gets_no_second_reservation_from_any_run():
+    book = SpendBook([], Budgets())
+    book.reserve(ask(), NOW)
+    book.begin(BeginCreate(job_id="job-1", run_id="run-a"), NOW)
+    for run in ("run-a", "run-b"):
+        error = refused("exists", lambda r=run: book.reserve(ask(run=r), NOW))
+        assert error.entry is not None and error.entry.sent_at == NOW
+    book.settle(settle("charged", task="task-1"), NOW)
+    error = refused("exists", lambda: book.reserve(ask(run="run-after-reset"), NOW))
+    assert error.entry is not None and error.entry.task_id == "task-1"
+    assert "task task-1" in error.message
+
+
+def test_an_unsent_reservation_is_taken_over_and_the_old_run_can_no_longer_begin():
+    book = SpendBook([], Budgets())
+    book.reserve(ask(run="run-a"), NOW)
+    taken = book.reserve(ask(run="run-b"), NOW)  # a reset after the reservation
+    assert taken.run_id == "run-b"
+    book.begin(BeginCreate(job_id="job-1", run_id="run-b"), NOW)
+    refused("exists", lambda: book.begin(BeginCreate(job_id="job-1", run_id="run-a"), NOW))
+    assert book.totals("day", NOW).reserved_usd == CLIP  # counted once
+
+
+def test_a_create_begins_only_once():
+    book = SpendBook([], Budgets())
+    book.reserve(ask(), NOW)
+    book.begin(BeginCreate(job_id="job-1", run_id="run-a"), NOW)
+    refused("exists", lambda: book.begin(BeginCreate(job_id="job-1", run_id="run-a"), NOW))
+
+
+def test_a_reset_run_replaying_an_old_reservation_takes_it_over_at_begin():
+    book = SpendBook([], Budgets())
+    book.reserve(ask(run="run-a"), NOW)
+    entry = book.begin(BeginCreate(job_id="job-1", run_id="run-b"), NOW)
+    assert entry.run_id == "run-b" and entry.sent_at == NOW
+
+
+def test_nothing_begins_without_a_reservation():
+    book = SpendBook([], Budgets())
+    refused("no_reservation", lambda: book.begin(BeginCreate(job_id="job-1", run_id="r"), NOW))
+
+
+def test_a_provable_refusal_releases_the_job_for_the_next_try():
+    book = SpendBook([], Budgets(daily_usd=CLIP))
+    book.reserve(ask(daily=CLIP), NOW)
+    book.begin(BeginCreate(job_id="job-1", run_id="run-a"), NOW)
+    book.settle(settle("released"), NOW)
+    assert book.totals("day", NOW).remaining_usd == CLIP
+    again = book.reserve(ask(run="run-a", daily=CLIP), NOW)
+    assert again.state == "reserved" and len(book.entries) == 2
+
+
+def test_an_unsent_reservation_settled_as_maybe_charged_is_released_instead():
+    book = SpendBook([], Budgets())
+    book.reserve(ask(), NOW)
+    entry = book.settle(settle("maybe_charged", run="run-b"), NOW)
+    assert entry.state == "released" and "never began" in entry.note
+
+
+def test_an_ambiguous_create_counts_as_spent_and_may_learn_its_task_later():
+    book = SpendBook([], Budgets())
+    book.reserve(ask(), NOW)
+    book.begin(BeginCreate(job_id="job-1", run_id="run-a"), NOW)
+    book.settle(settle("maybe_charged", run="run-b"), NOW)  # a later run records it
+    assert book.totals("day", NOW).spent_usd == CLIP
+    assert book.settle(settle("charged", task="task-9"), NOW).task_id == "task-9"
+    refused("settled", lambda: book.settle(settle("released"), NOW))
+
+
+def test_a_charged_entry_is_final_and_a_repeated_settle_is_a_no_op():
+    book = SpendBook([], Budgets())
+    book.reserve(ask(), NOW)
+    book.begin(BeginCreate(job_id="job-1", run_id="run-a"), NOW)
+    book.settle(settle("charged", task="task-1"), NOW)
+    assert book.settle(settle("charged", task="task-1"), NOW).task_id == "task-1"
+    refused("settled", lambda: book.settle(settle("maybe_charged"), NOW))
+    refused("settled", lambda: book.settle(settle("released"), NOW))
+
+
+@pytest.mark.parametrize(
+    ("daily", "monthly", "period"), [(1.0, None, "day"), (None, 1.0, "month"), (5.0, 1.0, "month")]
+)
+def test_armed_spending_stops_where_the_budget_would_be_exceeded(daily, monthly, period):
+    book = SpendBook([], Budgets())
+    granted = 0
+    for n in range(10):
+        try:
+            book.reserve(ask(job=f"job-{n}", daily=daily, monthly=monthly), NOW)
+            granted += 1
+        except SpendRefused as error:
+            assert error.kind == "budget" and error.shortfall is not None
+            assert error.shortfall.period == period
+            assert error.shortfall.remaining_usd == pytest.approx(1.0 - 3 * CLIP)
+    assert granted == 3  # 3 x 0.28 = 0.84 <= 1.00 < 4 x 0.28
+
+
+def test_a_plain_approval_respects_the_budget_and_over_budget_goes_past_it():
+    book = SpendBook([], Budgets())
+    book.reserve(ask(job="job-0", daily=0.3), NOW)
+    refused("budget", lambda: book.reserve(ask(authorisation="approved", daily=0.3), NOW))
+    entry = book.reserve(ask(authorisation="approved_over_budget", daily=0.3), NOW)
+    assert entry.authorisation == "approved_over_budget"
+    assert book.totals("day", NOW).remaining_usd == pytest.approx(0.3 - 2 * CLIP)
+
+
+def test_an_unknown_estimate_is_refused_when_a_budget_is_set():
+    book = SpendBook([], Budgets())
+    error = refused("budget", lambda: book.reserve(ask(cost=None, daily=10), NOW))
+    assert error.shortfall is not None and error.shortfall.estimate_usd is None
+    assert book.reserve(ask(cost=None), NOW).cost_usd is None  # no budget: no limit
+
+
+def test_days_and_months_are_utc_and_a_new_day_has_its_budget_back():
+    book = SpendBook([], Budgets())
+    book.reserve(ask(job="a", daily=CLIP, monthly=3 * CLIP), NOW)
+    book.begin(BeginCreate(job_id="a", run_id="run-a"), NOW)  # sent: it keeps counting
+    refused("budget", lambda: book.reserve(ask(job="b", daily=CLIP, monthly=1), NOW))
+    tomorrow = NOW + timedelta(days=1)
+    book.reserve(ask(job="b", daily=CLIP, monthly=3 * CLIP), tomorrow)
+    assert book.totals("day", tomorrow).reserved_usd == CLIP
+    assert book.totals("month", tomorrow).reserved_usd == pytest.approx(2 * CLIP)
+    next_month = datetime(2027, 1, 1, 0, 0, tzinfo=UTC)
+    assert book.totals("month", next_month).reserved_usd == 0
+
+
+def test_an_unsent_reservation_expires_and_stops_counting():
+    book = SpendBook([], Budgets())
+    book.reserve(ask(daily=CLIP), NOW)
+    later = NOW + timedelta(hours=2)
+    assert book.totals("day", later).reserved_usd == 0
+    refused(
+        "no_reservation", lambda: book.begin(BeginCreate(job_id="job-1", run_id="run-a"), later)
+    )
+    assert book.reserve(ask(daily=CLIP), later).at == later
+
+
+def test_a_continued_ledger_keeps_open_entries_and_this_months_but_drops_old_settled_ones():
+    book = SpendBook([], Budgets())
+    old = NOW - timedelta(days=60)
+    for job, at in (("old", old), ("new", NOW)):
+        book.reserve(ask(job=job), at)
+        book.begin(BeginCreate(job_id=job, run_id="run-a"), at)
+        book.settle(
+            SettleRequest(job_id=job, run_id="run-a", state="charged", task_id=f"t-{job}"), at
+        )
+    book.reserve(ask(job="open"), old)
+    book.begin(BeginCreate(job_id="open", run_id="run-a"), old)
+    assert [e.job_id for e in book.kept(NOW)] == ["new", "open"]
