@@ -25,6 +25,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from spillway import activity_names as names
 from spillway.callback_models import (
     CALLBACK_BAD_URL,
     CALLBACK_REFUSED,
@@ -82,7 +83,7 @@ class CallbackActivities:
     def __init__(self, http: httpx.AsyncClient, settings: CallbackSettings) -> None:
         self._http, self._settings = http, settings
 
-    @activity.defn(name="job_callback")
+    @activity.defn(name=names.JOB_CALLBACK)
     async def job_callback(self, delivery: CallbackDelivery) -> CallbackResult:
         url = delivery.url
         if url is None and self._settings.JOB_WEBHOOK_URL is not None:

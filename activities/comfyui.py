@@ -26,6 +26,7 @@ from activities import files
 from activities.comfyui_client import ComfyUIClient, OutputMissing, Rejected, Unavailable
 from activities.handover import unless_shutting_down
 from activities.heartbeat import Heartbeat
+from spillway import activity_names as names
 from spillway.comfyui_answers import (
     PromptFailed,
     Seen,
@@ -71,7 +72,7 @@ class ComfyUIActivities:
 
     # --- submit ------------------------------------------------------------------------------
 
-    @activity.defn(name="comfyui_submit")
+    @activity.defn(name=names.COMFYUI_SUBMIT)
     async def submit(self, req: ComfyUISubmit) -> ComfyUISubmitted:
         with _activity_errors():
             seen = await self._client.locate(req.prompt_id)
@@ -117,7 +118,7 @@ class ComfyUIActivities:
 
     # --- wait --------------------------------------------------------------------------------
 
-    @activity.defn(name="comfyui_wait")
+    @activity.defn(name=names.COMFYUI_WAIT)
     async def wait(self, req: ComfyUIWait) -> ComfyUIFinished:
         return await unless_shutting_down(self._wait(req))
 
@@ -178,7 +179,7 @@ class ComfyUIActivities:
 
     # --- download ----------------------------------------------------------------------------
 
-    @activity.defn(name="comfyui_download")
+    @activity.defn(name=names.COMFYUI_DOWNLOAD)
     async def download(self, req: ComfyUIDownload) -> Downloaded:
         return await unless_shutting_down(self._download(req))
 
@@ -207,7 +208,7 @@ class ComfyUIActivities:
 
     # --- cancel ------------------------------------------------------------------------------
 
-    @activity.defn(name="comfyui_cancel")
+    @activity.defn(name=names.COMFYUI_CANCEL)
     async def cancel(self, req: ComfyUICancel) -> ComfyUICancelled:
         pause = min(self._settings.COMFYUI_HISTORY_POLL_S, 1.0)
         was: Literal["pending", "running", "gone"] = "gone"

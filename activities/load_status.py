@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, 
 from temporalio import activity
 
 from activities.nvml import GpuReader, GpuReadError
+from spillway import activity_names as names
 from spillway.load import Readings, assess, vram_pct
 from spillway.models import LoadProbeRequest, LoadStatus
 from spillway.settings import Settings
@@ -77,7 +78,7 @@ class LoadStatusActivities:
         self._http, self._settings, self._gpu = http, settings, gpu
         self._timeout = settings.LOAD_PROBE_TIMEOUT_S
 
-    @activity.defn(name="a40_load_status")
+    @activity.defn(name=names.PROBE)
     async def a40_load_status(self, req: LoadProbeRequest) -> LoadStatus:
         started = time.monotonic()
         status = await self.probe()

@@ -34,6 +34,7 @@ from activities.minimax_client import (
     MiniMaxUnavailable,
 )
 from activities.spend import CreateGuard, Ledger
+from spillway import activity_names as names
 from spillway.cloud_models import CreateVerdict
 from spillway.minimax_answers import (
     PERMANENT_CODES,
@@ -85,7 +86,7 @@ class MiniMaxActivities:
 
     # --- create: the only call that costs money -----------------------------------------
 
-    @activity.defn(name="minimax_create")
+    @activity.defn(name=names.MINIMAX_CREATE)
     async def create(self, req: MiniMaxCreate) -> MiniMaxCreated:
         key = self._key(retryable=False)
         every = self._client.timing.heartbeat_every_s
@@ -193,7 +194,7 @@ class MiniMaxActivities:
 
     # --- poll: free, retried by Temporal without limit -------------------------------------
 
-    @activity.defn(name="minimax_poll")
+    @activity.defn(name=names.MINIMAX_POLL)
     async def poll(self, req: MiniMaxPoll) -> MiniMaxDone:
         return await unless_shutting_down(self._poll(req))
 
@@ -260,7 +261,7 @@ class MiniMaxActivities:
 
     # --- download: free; a re-run never fetches a finished file again ---------------------
 
-    @activity.defn(name="minimax_download")
+    @activity.defn(name=names.MINIMAX_DOWNLOAD)
     async def download(self, req: MiniMaxDownload) -> Downloaded:
         return await unless_shutting_down(self._download(req))
 

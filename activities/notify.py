@@ -9,6 +9,7 @@ import httpx
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from spillway import activity_names as names
 from spillway.models import ApprovalNotice
 from spillway.settings import Settings
 
@@ -17,7 +18,7 @@ class NotifyActivities:
     def __init__(self, http: httpx.AsyncClient, settings: Settings) -> None:
         self._http, self._settings = http, settings
 
-    @activity.defn(name="notify_approval_needed")
+    @activity.defn(name=names.NOTIFY_APPROVAL)
     async def notify_approval_needed(self, notice: ApprovalNotice) -> None:
         url = self._settings.APPROVAL_WEBHOOK_URL
         if url is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from temporalio import activity
 
+from spillway import activity_names as names
 from spillway.models import Policy, PolicyRequest
 from spillway.settings import Settings
 from spillway.tiers import RoutingTiers
@@ -14,7 +15,7 @@ class PolicyActivities:
     def __init__(self, settings: Settings, tiers: RoutingTiers) -> None:
         self._settings, self._tiers = settings, tiers
 
-    @activity.defn(name="read_policy")
+    @activity.defn(name=names.READ_POLICY)
     async def read_policy(self, req: PolicyRequest) -> Policy:
         s = self._settings
         minimax = self._tiers.by_provider("minimax")

@@ -28,6 +28,7 @@ from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
+from spillway import activity_names as names
 from spillway.cloud_models import CreateVerdict
 from spillway.settings import Settings
 from spillway.spend_book import SpendRefused
@@ -184,7 +185,7 @@ class SpendActivities:
     def __init__(self, ledger: Ledger, settings: Settings, tiers: RoutingTiers) -> None:
         self._ledger, self._settings, self._tiers = ledger, settings, tiers
 
-    @activity.defn(name="spend_reserve")
+    @activity.defn(name=names.SPEND_RESERVE)
     async def reserve(self, req: SpendRequest) -> Reservation:
         s = self._settings
         if req.authorisation == "armed" and not s.cloud_armed:
@@ -216,7 +217,7 @@ class SpendActivities:
             raise ApplicationError(refused.message, type=REFUSED) from None
         return Reservation(granted=entry)
 
-    @activity.defn(name="spend_settle")
+    @activity.defn(name=names.SPEND_SETTLE)
     async def settle(self, req: SpendSettle) -> SpendEntry | None:
         """After a create that failed without settling (a lost worker): records maybe_charged,
         or released when the create never began. None when the ledger holds nothing for it."""
@@ -234,7 +235,7 @@ class SpendActivities:
             activity.logger.warning("spend ledger: %s", refused.message)
             return refused.entry
 
-    @activity.defn(name="spend_view")
+    @activity.defn(name=names.SPEND_VIEW)
     async def view(self, req: SpendRequest) -> BudgetView:
         """The estimate and what the budgets in force on this worker have left."""
         budgets = budgets_of(self._settings)

@@ -15,6 +15,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.spend import CreateGuard
+from spillway import activity_names as names
 from spillway.cloud_models import CreateVerdict
 from spillway.comfyui_models import (
     ComfyUICancel,
@@ -102,7 +103,7 @@ class RouteStubs:
         if name in self.fail:
             raise self.fail[name]
 
-    @activity.defn(name="a40_load_status")
+    @activity.defn(name=names.PROBE)
     async def load(self, req: LoadProbeRequest) -> LoadStatus:
         self.calls["a40_load_status"] += 1
         await self.probe_gate.wait()
@@ -112,13 +113,13 @@ class RouteStubs:
         current = self.loads.pop(0) if len(self.loads) > 1 else self.loads[0]
         return current.model_copy(update={"measured_at": datetime.now(UTC)})
 
-    @activity.defn(name="comfyui_submit")
+    @activity.defn(name=names.COMFYUI_SUBMIT)
     async def submit(self, req: ComfyUISubmit) -> ComfyUISubmitted:
         self._count("comfyui_submit")
         self.submitted.append(req.prompt_id)
         return ComfyUISubmitted(prompt_id=req.prompt_id, number=len(self.submitted), posted=True)
 
-    @activity.defn(name="comfyui_wait")
+    @activity.defn(name=names.COMFYUI_WAIT)
     async def wait(self, req: ComfyUIWait) -> ComfyUIFinished:
         self._count("comfyui_wait")
         while not self.wait_release.is_set():
@@ -131,7 +132,7 @@ class RouteStubs:
         video = ComfyUIFile(node_id="3", kind="images", filename="v_00001_.mp4", subfolder="video")
         return ComfyUIFinished(prompt_id=req.prompt_id, outcome="success", files=[video])
 
-    @activity.defn(name="comfyui_download")
+    @activity.defn(name=names.COMFYUI_DOWNLOAD)
     async def download(self, req: ComfyUIDownload) -> Downloaded:
         self._count("comfyui_download")
         return Downloaded(
@@ -141,12 +142,12 @@ class RouteStubs:
             ]
         )
 
-    @activity.defn(name="comfyui_cancel")
+    @activity.defn(name=names.COMFYUI_CANCEL)
     async def cancel(self, req: ComfyUICancel) -> ComfyUICancelled:
         self._count("comfyui_cancel")
         return ComfyUICancelled(prompt_id=req.prompt_id, was="running")
 
-    @activity.defn(name="minimax_create")
+    @activity.defn(name=names.MINIMAX_CREATE)
     async def create(self, req: MiniMaxCreate) -> MiniMaxCreated:
         """Inside the real CreateGuard (armed now? the ledger's begin and settle): only the
         request to MiniMax is stubbed. `creates` counts the requests that would have left."""
@@ -163,18 +164,18 @@ class RouteStubs:
         assert done.verdict.task_id is not None
         return MiniMaxCreated(task_id=done.verdict.task_id, settled=done.settled)
 
-    @activity.defn(name="minimax_poll")
+    @activity.defn(name=names.MINIMAX_POLL)
     async def poll(self, req: MiniMaxPoll) -> MiniMaxDone:
         self._count("minimax_poll")
         return MiniMaxDone(task_id=req.task_id, file_id="205258526306433", video_width=1366)
 
-    @activity.defn(name="minimax_download")
+    @activity.defn(name=names.MINIMAX_DOWNLOAD)
     async def cloud_download(self, req: MiniMaxDownload) -> Downloaded:
         self._count("minimax_download")
         path = f"outputs/{req.job_id}/{req.task_id}.mp4"
         return Downloaded(outputs=[OutputFile(path=path, bytes=2048, sha256="cd" * 32)])
 
-    @activity.defn(name="notify_approval_needed")
+    @activity.defn(name=names.NOTIFY_APPROVAL)
     async def notify(self, notice: ApprovalNotice) -> None:
         self._count("notify_approval_needed")
         self.notices.append(notice)

@@ -30,4 +30,3 @@ async def test_a_poll_hands_over_when_its_worker_shuts_down(minimax, minimax_act
         await asyncio.wait_for(polling, 5)
     assert handed.value.type == "WorkerShuttingDown" and not handed.value.non_retryable
     assert "another one continues it" in handed.value.message
-

@@ -35,6 +35,7 @@ from workflows.approvals import (
 with workflow.unsafe.imports_passed_through():
     from activities import minimax as minimax_errors
     from activities.spend import NOT_ARMED, WRONG_WORLD
+    from spillway import activity_names as names
     from spillway import search_attributes as sa
     from spillway.comfyui_models import (
         ComfyUICancel,
@@ -543,7 +544,7 @@ class VideoJobWorkflow:
 
     def _failure_message(self, err: ActivityError) -> str:
         cause = err.cause
-        if err.activity_type == "minimax_create" and isinstance(cause, ActivityTimeout):
+        if err.activity_type == names.MINIMAX_CREATE and isinstance(cause, ActivityTimeout):
             return texts.ambiguous_create(self._plan, self._create_started)
         if isinstance(cause, ApplicationError | ActivityTimeout):
             return cause.message

@@ -1,0 +1,24 @@
+"""Every activity's registered name, in one place for the activities, the stand-ins tests use
+and the tests that count calls. These names are on the wire: a running job's history schedules
+them, so renaming one breaks the jobs that are running (the replay test says so)."""
+
+from __future__ import annotations
+
+READ_POLICY = "read_policy"
+PROBE = "a40_load_status"
+NOTIFY_APPROVAL = "notify_approval_needed"
+
+COMFYUI_SUBMIT = "comfyui_submit"
+COMFYUI_WAIT = "comfyui_wait"
+COMFYUI_DOWNLOAD = "comfyui_download"
+COMFYUI_CANCEL = "comfyui_cancel"
+
+MINIMAX_CREATE = "minimax_create"
+MINIMAX_POLL = "minimax_poll"
+MINIMAX_DOWNLOAD = "minimax_download"
+
+SPEND_RESERVE = "spend_reserve"
+SPEND_SETTLE = "spend_settle"
+SPEND_VIEW = "spend_view"
+
+JOB_CALLBACK = "job_callback"
