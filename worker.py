@@ -20,13 +20,14 @@ from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.worker import Worker
 
 from activities.comfyui import ComfyUIActivities
+from activities.ledger_client import Ledger, SpendLedger
 from activities.load_status import LoadStatusActivities
 from activities.minimax import MiniMaxActivities
 from activities.minimax_client import MiniMaxTiming
 from activities.notify import NotifyActivities
 from activities.nvml import GpuReader, NvmlReader
 from activities.policy import PolicyActivities
-from activities.spend import Ledger, SpendActivities, SpendLedger, budgets_of
+from activities.spend import SpendActivities, budgets_of
 from spillway import search_attributes as sa
 from spillway.errors import ConfigError
 from spillway.settings import Settings, load_settings

@@ -10,7 +10,7 @@ with CALLBACK_RETRY (spillway/callback_models.py says why and how): the job neve
 fails because of it.
 
 A webhook URL is a credential (a Slack or Mattermost URL posts as the app): no error, log line or
-repr here contains it (DESIGN.md, money invariant 3).
+repr here contains it (docs/design.md, money invariant 3).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The fail-open load probe: `a40_load_status` (DESIGN.md, "The load probe").
+"""The fail-open load probe: `a40_load_status` (docs/design.md, "The load probe").
 
 The three sources run concurrently, each under LOAD_PROBE_TIMEOUT_S, so a probe takes as long as
 its slowest source, never their sum. Every failure becomes a line in `errors` and a reading of
@@ -19,6 +19,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, model_validator
 from temporalio import activity
 
+from activities.http_errors import why
 from activities.nvml import GpuReader, GpuReadError
 from spillway import activity_names as names
 from spillway.load import Readings, assess, vram_pct
@@ -161,7 +162,7 @@ class LoadStatusActivities:
                 source, False, error=f"{source}: no answer from {url} within {self._timeout:g}s"
             )
         except httpx.HTTPError as exc:
-            return _Answer(source, False, error=f"{source}: no answer from {url} ({_why(exc)})")
+            return _Answer(source, False, error=f"{source}: no answer from {url} ({why(exc)})")
         if not response.is_success:
             return _Answer(source, True, error=f"{source}: HTTP {response.status_code} from {url}")
         try:
@@ -185,8 +186,3 @@ def _parse(answer: _Answer, model: type[_M], errors: list[str]) -> _M | None:
         )
         errors.append(f"{answer.source}: unexpected answer ({problems})")
         return None
-
-
-def _why(exc: httpx.HTTPError) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -27,13 +27,14 @@ from activities import files
 from activities.handover import unless_shutting_down
 from activities.heartbeat import Heartbeat
 from activities.http_errors import why
+from activities.ledger_client import Ledger
 from activities.minimax_client import (
     MiniMaxClient,
     MiniMaxKeyProblem,
     MiniMaxTiming,
     MiniMaxUnavailable,
 )
-from activities.spend import CreateGuard, Ledger
+from activities.spend import CreateGuard
 from spillway import activity_names as names
 from spillway.cloud_models import CreateVerdict
 from spillway.minimax_answers import (

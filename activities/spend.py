@@ -1,33 +1,21 @@
-"""The spend ledger seen from activities (docs/design.md, "The spend ledger and the budget").
-
-`SpendLedger` is a small client of SpendLedgerWorkflow (update-with-start, so the ledger exists
-the first time anyone needs it). `SpendActivities` are what VideoJobWorkflow calls: reserve
-before any create, settle after a create that failed, and a read-only view of the budget.
-`CreateGuard` wraps every provider's create: armed checked against the worker's settings NOW,
-`begin` in the ledger right before the request leaves (only one create per reservation ever
-begins, whatever resets or re-runs happened), and the outcome recorded the moment it is known.
-Money fails closed: when the ledger cannot answer, nothing is sent.
+"""The spend ledger seen from the activities that spend (docs/design.md, "The spend ledger and the
+budget"). `SpendActivities` are what VideoJobWorkflow calls: reserve before any create, settle
+after a create that failed, and a read-only view of the budget. `CreateGuard` wraps every
+provider's create: armed checked against the worker's settings NOW, `begin` in the ledger right
+before the request leaves (only one create per reservation ever begins, whatever resets or
+re-runs happened), and the outcome recorded the moment it is known.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import timedelta
-from typing import Protocol, TypeVar
 
 from temporalio import activity
-from temporalio.client import (
-    Client,
-    WithStartWorkflowOperation,
-    WorkflowUpdateFailedError,
-)
-from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError
-from temporalio.service import RPCError, RPCStatusCode
+from temporalio.service import RPCError
 
+from activities.ledger_client import Ledger
 from spillway import activity_names as names
 from spillway.cloud_models import CreateVerdict
 from spillway.settings import Settings
@@ -36,10 +24,7 @@ from spillway.spend_models import (
     Authorisation,
     BeginCreate,
     Budgets,
-    BudgetShortfall,
     BudgetView,
-    LedgerInput,
-    LedgerSummary,
     PeriodTotals,
     Reservation,
     ReserveRequest,
@@ -49,123 +34,10 @@ from spillway.spend_models import (
     SpendSettle,
 )
 from spillway.tiers import RoutingTiers
-from workflows.spend_ledger import REFUSED, SpendLedgerWorkflow, ledger_id
+from workflows.spend_ledger import REFUSED
 
-log = logging.getLogger(__name__)
-_T = TypeVar("_T")
-
-# The ledger answers in milliseconds; a worker that cannot reach it for this long sends nothing.
-LEDGER_TRIES = 5
-LEDGER_PAUSE_S = 2.0
-RPC_TIMEOUT = timedelta(seconds=10)
 NOT_ARMED = "SpendNotArmed"
 WRONG_WORLD = "SpendWrongWorld"
-LEDGER_UNAVAILABLE = "SpendLedgerUnavailable"
-
-
-class Ledger(Protocol):
-    """What activities need of the ledger: `SpendLedger` (the workflow) in production; tests of
-    a single activity may pass an in-process SpendBook behind the same five calls."""
-
-    async def reserve(self, req: ReserveRequest) -> SpendEntry: ...
-    async def begin(self, req: BeginCreate) -> SpendEntry: ...
-    async def settle(self, req: SettleRequest) -> SpendEntry: ...
-    async def configure(self, budgets: Budgets) -> None: ...
-    async def summary(self) -> LedgerSummary | None: ...
-
-
-class SpendLedger:
-    """A client of SpendLedgerWorkflow (update-with-start for what may come first)."""
-
-    def __init__(self, client: Client, task_queue: str) -> None:
-        self._client, self._task_queue = client, task_queue
-        self.workflow_id = ledger_id(task_queue)
-
-    async def reserve(self, req: ReserveRequest) -> SpendEntry:
-        return await self._call(
-            lambda: self._client.execute_update_with_start_workflow(
-                SpendLedgerWorkflow.reserve,
-                req,
-                start_workflow_operation=self._start(),
-                rpc_timeout=RPC_TIMEOUT,
-            )
-        )
-
-    async def begin(self, req: BeginCreate) -> SpendEntry:
-        handle = self._client.get_workflow_handle_for(SpendLedgerWorkflow.run, self.workflow_id)
-        return await self._call(
-            lambda: handle.execute_update(SpendLedgerWorkflow.begin, req, rpc_timeout=RPC_TIMEOUT)
-        )
-
-    async def settle(self, req: SettleRequest) -> SpendEntry:
-        handle = self._client.get_workflow_handle_for(SpendLedgerWorkflow.run, self.workflow_id)
-        return await self._call(
-            lambda: handle.execute_update(SpendLedgerWorkflow.settle, req, rpc_timeout=RPC_TIMEOUT)
-        )
-
-    async def configure(self, budgets: Budgets) -> None:
-        await self._call(
-            lambda: self._client.execute_update_with_start_workflow(
-                SpendLedgerWorkflow.configure,
-                budgets,
-                start_workflow_operation=self._start(),
-                rpc_timeout=RPC_TIMEOUT,
-            )
-        )
-
-    async def summary(self) -> LedgerSummary | None:
-        """None when no ledger exists yet (nothing was ever reserved on this task queue)."""
-        handle = self._client.get_workflow_handle_for(SpendLedgerWorkflow.run, self.workflow_id)
-        try:
-            return await handle.query(SpendLedgerWorkflow.summary, rpc_timeout=RPC_TIMEOUT)
-        except RPCError as exc:
-            if exc.status == RPCStatusCode.NOT_FOUND:
-                return None
-            raise
-
-    def _start(self) -> WithStartWorkflowOperation[SpendLedgerWorkflow, None]:
-        return WithStartWorkflowOperation(
-            SpendLedgerWorkflow.run,
-            LedgerInput(),
-            id=self.workflow_id,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-            task_queue=self._task_queue,
-            static_summary="spillway spend ledger: every cloud create and the budgets",
-        )
-
-    async def _call(self, call: Callable[[], Awaitable[_T]]) -> _T:
-        """Refusals become SpendRefused; an unreachable ledger is tried a few times."""
-        for attempt in range(1, LEDGER_TRIES + 1):
-            try:
-                return await call()
-            except WorkflowUpdateFailedError as err:
-                raise _refusal(err) from None
-            except RPCError as exc:
-                # Also what an update racing the ledger's continue-as-new gets: try again.
-                if attempt == LEDGER_TRIES:
-                    raise ApplicationError(
-                        f"the spend ledger ({self.workflow_id}) did not answer ({exc.message}): "
-                        "nothing was sent to any cloud provider",
-                        type=LEDGER_UNAVAILABLE,
-                    ) from None
-                log.warning("spend ledger: %s; trying again", exc.message)
-                await asyncio.sleep(LEDGER_PAUSE_S)
-        raise AssertionError("unreachable")
-
-
-def _refusal(err: WorkflowUpdateFailedError) -> SpendRefused:
-    cause = err.cause
-    if not isinstance(cause, ApplicationError) or cause.type != REFUSED:
-        return SpendRefused(f"the spend ledger refused: {cause or err}", "error")
-    details = cause.details[0] if cause.details else {}
-    entry = details.get("entry") if isinstance(details, dict) else None
-    shortfall = details.get("shortfall") if isinstance(details, dict) else None
-    return SpendRefused(
-        cause.message,
-        str(details.get("kind", "error")) if isinstance(details, dict) else "error",
-        entry=SpendEntry.model_validate(entry) if entry else None,
-        shortfall=BudgetShortfall.model_validate(shortfall) if shortfall else None,
-    )
 
 
 def estimate_usd(

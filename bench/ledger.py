@@ -25,7 +25,7 @@ from temporalio.worker import Worker
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from activities.spend import SpendLedger
+from activities.ledger_client import SpendLedger
 from spillway.spend_book import SpendRefused
 from spillway.spend_models import BeginCreate, Budgets, ReserveRequest, SettleRequest
 from spillway.temporal import installed_binary

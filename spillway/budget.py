@@ -6,7 +6,8 @@ from __future__ import annotations
 from temporalio.client import Client
 from temporalio.service import RPCError
 
-from activities.spend import SpendLedger, budgets_of
+from activities.ledger_client import SpendLedger
+from activities.spend import budgets_of
 from spillway.errors import Failed
 from spillway.settings import Settings
 from spillway.spend_models import LedgerSummary, PeriodTotals

@@ -1,50 +1,86 @@
-"""The routing decision of DESIGN.md as a pure function: no I/O, no clock, no randomness, so the
-workflow can call it and replay it, and a table-driven test pins every row.
+"""The routing decision (docs/design.md, "The decision") as a pure function: no I/O, no clock, no
+randomness, so the workflow can call it and replay it. `TABLE` is the one written form of the
+decision: `spillway health` prints it, a test checks that the README shows the same rows, and
+the table-driven test pins `decide` to it row by row.
 
-| ComfyUI reachable | overloaded | armed | route |
-| yes | no  | any | LOCAL |
-| yes | yes | yes | CLOUD |
-| yes | yes | no  | AWAIT approval |
-| no  | -   | yes | CLOUD |
-| no  | -   | no  | AWAIT approval (else wait for ComfyUI) |
-
-"Armed" means CLOUD_VIDEO_FALLBACK_ENABLED=1 AND a MiniMax key on the worker AND a cloud request
-in the job; `reachable=False` must already be confirmed by a second probe.
+"Armed" is `is_armed` and nothing else. The budget is the one part of "armed" that is not
+known here: the spend ledger checks it when the cost is reserved, and an armed job it cannot
+cover waits for a person (`budget_exhausted`), like an unarmed one.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel
 
-from spillway.models import LoadStatus
+if TYPE_CHECKING:  # models import is_armed from here
+    from spillway.models import LoadStatus
+
+Route = Literal["local", "cloud", "await"]
+
+
+@dataclass(frozen=True)
+class Row:
+    reachable: bool
+    overloaded: bool | None  # None: any (not measured when ComfyUI is unreachable)
+    armed: bool | None  # None: any
+    route: Route
+    says: str  # the route column as people read it
+
+
+TABLE = (
+    Row(True, False, None, "local", "LOCAL: submit to ComfyUI"),
+    Row(True, True, True, "cloud", "CLOUD: MiniMax (tier 5)"),
+    Row(True, True, False, "await", "AWAIT approval"),
+    Row(False, None, True, "cloud", "CLOUD"),
+    Row(False, None, False, "await", "AWAIT approval; without one, wait for ComfyUI to come back"),
+)
+
+
+def is_armed(fallback_enabled: bool, key_present: bool, has_cloud_request: bool) -> bool:
+    """CLOUD_VIDEO_FALLBACK_ENABLED=1 AND a provider key on the worker AND a cloud request in the
+    job (the budget is the ledger's to check)."""
+    return fallback_enabled and key_present and has_cloud_request
+
+
+def table_rows() -> list[tuple[str, str, str, str]]:
+    """The table as the README and `spillway health` write it: yes / no / a dash / any."""
+
+    def cell(value: bool | None, unset: str) -> str:
+        return unset if value is None else ("yes" if value else "no")
+
+    return [
+        (cell(r.reachable, "any"), cell(r.overloaded, "\N{EN DASH}"), cell(r.armed, "any"), r.says)
+        for r in TABLE
+    ]
 
 
 class Decision(BaseModel):
-    route: Literal["local", "cloud", "await"]
+    route: Route
     trigger: Literal["overloaded", "unreachable"] | None
     reasons: list[str]
     why: str
 
 
 def decide(load: LoadStatus, armed: bool) -> Decision:
+    """`reachable=False` must already be confirmed by a second probe."""
     if load.reachable and not load.overloaded:
         return Decision(route="local", trigger=None, reasons=[], why="the A40 has headroom")
     trigger: Literal["overloaded", "unreachable"] = (
         "overloaded" if load.reachable else "unreachable"
     )
-    what = "overloaded" if load.reachable else "unreachable"
     if armed:
         return Decision(
             route="cloud",
             trigger=trigger,
             reasons=load.reasons,
-            why=f"the A40 is {what} and the cloud fallback is armed",
+            why=f"the A40 is {trigger} and the cloud fallback is armed",
         )
     return Decision(
         route="await",
         trigger=trigger,
         reasons=load.reasons,
-        why=f"the A40 is {what} and the cloud fallback is not armed: a person decides",
+        why=f"the A40 is {trigger} and the cloud fallback is not armed: a person decides",
     )

@@ -1,5 +1,6 @@
 """`spillway load` and `spillway health`: the live load status and the whole trigger logic, the way
-the seed's /health showed them. Never shows a key, only whether one is present."""
+the original system's /health showed them (docs/design.md, "What spillway is and where it came
+from"). Never shows a key, only whether one is present."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pydantic import BaseModel
 
 from activities.load_status import LoadStatusActivities
 from activities.nvml import NvmlReader
+from spillway.decision import table_rows
 from spillway.errors import Failed
 from spillway.models import LoadStatus
 from spillway.settings import Settings
@@ -21,11 +23,7 @@ TRIGGER = (
     "a source that fails counts as not overloaded (fail-open)"
 )
 DECISION = [
-    "ComfyUI reachable, not overloaded -> LOCAL",
-    "reachable, overloaded, armed -> CLOUD (MiniMax)",
-    "reachable, overloaded, not armed -> AWAIT approval (timeout or reject -> LOCAL)",
-    "unreachable (confirmed twice), armed -> CLOUD (MiniMax)",
-    "unreachable (confirmed twice), not armed -> AWAIT approval, else wait for ComfyUI",
+    f"reachable {r}, overloaded {o}, armed {a} -> {route}" for r, o, a, route in table_rows()
 ]
 
 

@@ -1,5 +1,5 @@
 """Kling's answers, read without I/O: what a create proves (money invariant 2), what a query
-says, the request bodies, and the JWT every request carries (DESIGN.md, "Kling facts").
+says, the request bodies, and the JWT every request carries (docs/design.md, "Kling facts").
 
 Kling differs from MiniMax in one way that matters for money: `external_task_id` must be unique
 per account and a task can be queried by it, so an ambiguous create is resolved by asking Kling
@@ -34,9 +34,9 @@ DURATIONS = ("5", "10")
 TOKEN_TTL_S = 1800  # exp = now + 1800, as Kling's own signing example
 TOKEN_EARLY_S = 5  # nbf = now - 5: a little clock skew between us and Kling is tolerated
 
-# Kling's error-code table: code -> (HTTP status, meaning). The first block is DESIGN.md's; the
+# Kling's error-code table: code -> (HTTP status, meaning). The first block is docs/design.md's; the
 # rest is from Kling's API reference ("General Information" → "Error Code", as copied in
-# public repositories) but is not adopted by DESIGN.md, so on a create those codes stay
+# public repositories) but is not adopted by docs/design.md, so on a create those codes stay
 # unknown (ambiguous, then reconcile); they only make messages and the double's answers precise.
 CODES: dict[int, tuple[int, str]] = {
     0: (200, "request successful"),

@@ -1,7 +1,7 @@
 """Turning raw readings into a LoadStatus: the OR of the three sources and the reason codes.
 
-Pure (no I/O) so the rules of DESIGN.md are tested without servers. A reading that is `None` was
-not measured and never makes the GPU overloaded: that is the fail-open rule.
+Pure (no I/O) so the rules (docs/design.md, "The load probe") are tested without servers. A
+reading that is `None` was not measured and never makes the GPU overloaded: fail-open.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from spillway.decision import is_armed
 from spillway.spend_models import Authorisation, BudgetView
 
 
@@ -28,7 +29,7 @@ class LoadProbeRequest(BaseModel):
 
 
 class LoadStatus(BaseModel):
-    """One measurement of the A40's load (DESIGN.md, "The load probe").
+    """One measurement of the A40's load (docs/design.md, "The load probe").
 
     `None` in a reading means "not measured" (source skipped or failed; see `errors`).
     `overloaded` is the OR of the three sources, and a failed source never contributes to it.
@@ -165,9 +166,8 @@ class Policy(BaseModel):
     simulated: bool = False  # decided by a `spillway dev --simulate` worker
     estimated_costs_usd: dict[str, float] = {}  # MiniMax tier, "768P/6s" -> USD
 
-    @property
-    def armed(self) -> bool:
-        return self.fallback_enabled and self.key_present
+    def armed_for(self, job_has_cloud_request: bool) -> bool:
+        return is_armed(self.fallback_enabled, self.key_present, job_has_cloud_request)
 
 
 class ApprovalDecision(BaseModel):
@@ -224,7 +224,8 @@ FINAL_STATES: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
 
 
 class Plan(BaseModel):
-    """What `spillway status` and the `plan` query show (DESIGN.md's status JSON)."""
+    """What `spillway status` and the `plan` query show (docs/design.md, "The command-line
+    contract")."""
 
     job_id: str
     state: JobState = "probing"

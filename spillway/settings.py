@@ -1,4 +1,5 @@
-"""Configuration from the environment, with the seed's names and defaults.
+"""Configuration from the environment, with the names and defaults of the system spillway came
+from (docs/design.md, "What spillway is and where it came from").
 
 The worker and every CLI command read the same model, so a threshold means the same thing
 everywhere. The MiniMax key is a SecretStr: it prints as '**********' and only the activity that
@@ -13,6 +14,7 @@ from typing import Annotated
 from pydantic import AnyHttpUrl, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from spillway.decision import is_armed
 from spillway.errors import ConfigError
 from spillway.models import Thresholds
 
@@ -92,8 +94,8 @@ class Settings(BaseSettings):
 
     @property
     def cloud_armed(self) -> bool:
-        """DESIGN.md's "armed": the switch is on AND a key is there to spend with."""
-        return self.CLOUD_VIDEO_FALLBACK_ENABLED and self.minimax_key_present
+        """Armed for a job that has a cloud request (spillway.decision.is_armed)."""
+        return is_armed(self.CLOUD_VIDEO_FALLBACK_ENABLED, self.minimax_key_present, True)
 
     @property
     def thresholds(self) -> Thresholds:

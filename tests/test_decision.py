@@ -1,4 +1,5 @@
-"""Every row of DESIGN.md's decision table, and the fail-open cases around it."""
+"""Every row of the decision table (docs/design.md, "The decision"; spillway.decision.TABLE), the
+README and `spillway health` showing that same table, and the fail-open cases around it."""
 
 from __future__ import annotations
 
@@ -6,8 +7,10 @@ from datetime import UTC, datetime
 
 import pytest
 
-from spillway.decision import decide
+from spillway.decision import TABLE, Row, decide, is_armed, table_rows
+from spillway.health import DECISION
 from spillway.models import LoadStatus, Thresholds
+from spillway.settings import PROJECT_ROOT
 
 
 def load(reachable: bool, overloaded: bool, reasons: list[str] | None = None) -> LoadStatus:
@@ -49,3 +52,29 @@ def test_a_probe_whose_sources_all_failed_routes_local_even_when_armed():
     broken = load(True, False, reasons=[])
     broken.errors.extend(["system_stats: HTTP 500", "queue: HTTP 500", "nvml: absent"])
     assert decide(broken, armed=True).route == "local"
+
+
+@pytest.mark.parametrize("row", TABLE, ids=lambda r: r.says)
+def test_decide_follows_every_row_of_the_one_written_table(row: Row):
+    for overloaded in (True, False) if row.overloaded is None else (row.overloaded,):
+        for armed in (True, False) if row.armed is None else (row.armed,):
+            assert decide(load(row.reachable, overloaded), armed).route == row.route
+
+
+def test_the_readme_and_health_show_the_same_table():
+    readme = (PROJECT_ROOT / "README.md").read_text(encoding="utf-8")
+    header = "| ComfyUI reachable | overloaded | armed | route |"
+    block = readme.split(header, 1)[1].split("\n\n", 1)[0]
+    rows = [
+        tuple(cell.strip() for cell in line.strip("|").split("|"))
+        for line in block.strip().splitlines()[1:]  # the |---| line first
+    ]
+    assert rows == table_rows()
+    assert [f"reachable {r}, overloaded {o}, armed {a} -> {t}" for r, o, a, t in rows] == DECISION
+
+
+def test_armed_is_one_definition_used_by_the_worker_and_the_job():
+    assert not is_armed(fallback_enabled=True, key_present=True, has_cloud_request=False)
+    assert not is_armed(fallback_enabled=True, key_present=False, has_cloud_request=True)
+    assert not is_armed(fallback_enabled=False, key_present=True, has_cloud_request=True)
+    assert is_armed(fallback_enabled=True, key_present=True, has_cloud_request=True)

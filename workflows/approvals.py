@@ -1,11 +1,11 @@
-"""What VideoJobWorkflow needs to take a person's decision: the route a job takes and who allowed
-it, a decision on its way through the workflow (a ticket the update waits on), and reading the
-`approval` signal's raw payload so that even an unreadable one is recorded, not dropped.
-Deterministic helpers only (workflow code)."""
+"""A person's decision in VideoJobWorkflow: the route a job takes and who allowed it, a decision
+on its way through the workflow (a ticket the update waits on), reading the `approval`
+signal's raw payload so that even an unreadable one is recorded, not dropped, and using a
+decision (refused, recorded, or reserved in the spend ledger). Workflow code."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from pydantic import ValidationError
@@ -13,10 +13,15 @@ from temporalio import workflow
 from temporalio.api.common.v1 import Payload
 from temporalio.common import RawValue
 
-with workflow.unsafe.imports_passed_through():
-    from spillway.models import ApprovalDecision
-    from spillway.spend_models import Authorisation, Reservation
+from workflows import calls
+from workflows.job_base import JobBase
 
+with workflow.unsafe.imports_passed_through():
+    from spillway.models import ApprovalDecision, ApprovalRecord, IgnoredSignal, Policy
+    from spillway.spend_models import Authorisation, Reservation
+    from workflows import texts
+
+MAX_IGNORED_SIGNALS = 20
 # Patch ids (workflow.patched): histories recorded before the spend ledger replay without it.
 PATCH_LEDGER = "spend-ledger-reserve"
 PATCH_BUDGET_VIEW = "spend-ledger-budget-view"
@@ -85,3 +90,57 @@ def raw_text(raw: RawValue, limit: int = 200) -> str | None:
         return None
     text = raw.payload.data.decode("utf-8", errors="replace")
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class Approvals(JobBase):
+    """What the workflow does with a decision: refuse it, record it, or use it."""
+
+    def _refusal(self, decision: ApprovalDecision) -> str | None:
+        if self._plan.state != "awaiting_approval":
+            return f"job {self._job.job_id} is not awaiting approval (state: {self._plan.state})"
+        if workflow.now() >= self._deadline:
+            return f"job {self._job.job_id}'s approval window closed at {self._deadline:%H:%M:%S}"
+        if self._pending is not None:
+            return f"job {self._job.job_id} already has a decision by {self._pending.decision.by}"
+        if decision.approved and self._job.cloud is None:
+            return f"job {self._job.job_id} has no cloud prompt: it can only run locally"
+        return None
+
+    def _ignore(self, ignored: IgnoredSignal) -> None:
+        self._plan.ignored_signals = [*self._plan.ignored_signals, ignored][-MAX_IGNORED_SIGNALS:]
+        workflow.logger.info("approval ignored: %s", ignored.why)
+        self._publish()
+
+    def _unused(self, ticket: Ticket, why: str) -> None:
+        """An accepted decision the job could not use: its caller hears why, the plan keeps it."""
+        ticket.refusal = why
+        self._ignore(IgnoredSignal(**ticket.decision.model_dump(), at=workflow.now(), why=why))
+
+    async def _use_decision(self, ticket: Ticket, policy: Policy) -> RouteChoice | None:
+        decision = ticket.decision
+        self._plan.approval = ApprovalRecord(**decision.model_dump(), at=workflow.now())
+        if not decision.approved:
+            self._plan.reasons = [*self._plan.reasons, f"rejected_by={decision.by}"]
+            self._plan.state = "probing"  # rejected: local as soon as ComfyUI answers
+            ticket.answer = "rejected"
+            return None
+        over = decision.over_budget
+        choice = RouteChoice(
+            "cloud", authorisation="approved_over_budget" if over else "approved", by=decision.by
+        )
+        if not workflow.patched(PATCH_LEDGER):
+            if not policy.key_present:
+                self._fail(texts.approved_without_key(decision.by))
+            ticket.answer = "approved"
+            return choice
+        reservation = await calls.spend_reserve(self._spend_request(choice))
+        if reservation.refused is not None:
+            ticket.refusal = texts.approved_without_key(decision.by)
+            self._fail(ticket.refusal)
+        if reservation.shortfall is not None:
+            self._plan.approval = None
+            self._plan.budget = texts.exhausted_view(self._plan.budget, reservation.shortfall)
+            self._unused(ticket, texts.over_budget(reservation.shortfall, self._job.job_id))
+            return None
+        ticket.answer = "approved"
+        return replace(choice, reservation=reservation)

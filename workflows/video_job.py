@@ -10,14 +10,12 @@ spend ledger first (docs/design.md, "The spend ledger and the budget").
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import Any, Literal, NoReturn
+from typing import NoReturn
 
 from temporalio import workflow
-from temporalio.common import RawValue, SearchAttributeUpdate
+from temporalio.common import RawValue
 from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
-from temporalio.exceptions import TimeoutError as ActivityTimeout
 
 from workflows import calls
 from workflows.approvals import (
@@ -25,56 +23,36 @@ from workflows.approvals import (
     LOCAL,
     NO_INPUT,
     PATCH_BUDGET_VIEW,
-    PATCH_LEDGER,
+    Approvals,
     RouteChoice,
     Ticket,
     raw_text,
     read_signal,
 )
+from workflows.routes import Routes
 
 with workflow.unsafe.imports_passed_through():
-    from activities import minimax as minimax_errors
-    from activities.spend import NOT_ARMED, WRONG_WORLD
-    from spillway import activity_names as names
-    from spillway import search_attributes as sa
-    from spillway.comfyui_models import (
-        ComfyUICancel,
-        ComfyUIDownload,
-        ComfyUISubmit,
-        ComfyUIWait,
-        client_id_for,
-        prompt_id_for,
-    )
     from spillway.decision import decide
-    from spillway.minimax_models import MiniMaxCreate, MiniMaxDownload, MiniMaxPoll
     from spillway.models import (
         ApprovalDecision,
         ApprovalNotice,
-        ApprovalRecord,
         AwaitCarry,
-        CloudInfo,
         IgnoredSignal,
-        JobState,
         LoadStatus,
         Plan,
         Policy,
         VideoJob,
     )
-    from spillway.spend_models import SpendEntry, SpendRequest, SpendSettle
     from workflows import texts
-    from workflows.spend_ledger import REFUSED
 
-MAX_IGNORED_SIGNALS = 20
 # Client-side names: the signal takes a raw payload (read in the handler) and the update is
 # async, so the SDK cannot type calls made with the methods themselves.
 APPROVAL_SIGNAL = "approval"
 DECIDE_UPDATE = "decide_approval"
-DISARMED = "fallback_disarmed"  # the reason a job waits when armed spending is refused now
-SettleState = Literal["charged", "maybe_charged", "released"]
 
 
 @workflow.defn(name="VideoJobWorkflow")
-class VideoJobWorkflow:
+class VideoJobWorkflow(Approvals, Routes):
     @workflow.init
     def __init__(self, job: VideoJob) -> None:
         self._job = job
@@ -161,27 +139,6 @@ class VideoJobWorkflow:
         if refusal is not None:
             raise ValueError(refusal)
 
-    def _refusal(self, decision: ApprovalDecision) -> str | None:
-        if self._plan.state != "awaiting_approval":
-            return f"job {self._job.job_id} is not awaiting approval (state: {self._plan.state})"
-        if workflow.now() >= self._deadline:
-            return f"job {self._job.job_id}'s approval window closed at {self._deadline:%H:%M:%S}"
-        if self._pending is not None:
-            return f"job {self._job.job_id} already has a decision by {self._pending.decision.by}"
-        if decision.approved and self._job.cloud is None:
-            return f"job {self._job.job_id} has no cloud prompt: it can only run locally"
-        return None
-
-    def _ignore(self, ignored: IgnoredSignal) -> None:
-        self._plan.ignored_signals = [*self._plan.ignored_signals, ignored][-MAX_IGNORED_SIGNALS:]
-        workflow.logger.info("approval ignored: %s", ignored.why)
-        self._publish()
-
-    def _unused(self, ticket: Ticket, why: str) -> None:
-        """An accepted decision the job could not use: its caller hears why, the plan keeps it."""
-        ticket.refusal = why
-        self._ignore(IgnoredSignal(**ticket.decision.model_dump(), at=workflow.now(), why=why))
-
     # --- deciding ----------------------------------------------------------------------------
 
     async def _route(self, job: VideoJob, policy: Policy) -> RouteChoice:
@@ -193,7 +150,7 @@ class VideoJobWorkflow:
             # One network blip never moves a job: "unreachable" needs a second silent probe.
             await workflow.sleep(timedelta(seconds=policy.unreachable_confirm_s))
             load = await calls.probe(job.job_id)
-        armed = policy.armed and job.cloud is not None
+        armed = policy.armed_for(job.cloud is not None)
         decision = decide(load, armed=armed)
         workflow.logger.info(
             "decision job=%s route=%s trigger=%s armed=%s reasons=%s errors=%s why=%r",
@@ -287,35 +244,6 @@ class VideoJobWorkflow:
                 return LOCAL
             self._note_load(load)
 
-    async def _use_decision(self, ticket: Ticket, policy: Policy) -> RouteChoice | None:
-        decision = ticket.decision
-        self._plan.approval = ApprovalRecord(**decision.model_dump(), at=workflow.now())
-        if not decision.approved:
-            self._plan.reasons = [*self._plan.reasons, f"rejected_by={decision.by}"]
-            self._plan.state = "probing"  # rejected: local as soon as ComfyUI answers
-            ticket.answer = "rejected"
-            return None
-        over = decision.over_budget
-        choice = RouteChoice(
-            "cloud", authorisation="approved_over_budget" if over else "approved", by=decision.by
-        )
-        if not workflow.patched(PATCH_LEDGER):
-            if not policy.key_present:
-                self._fail(texts.approved_without_key(decision.by))
-            ticket.answer = "approved"
-            return choice
-        reservation = await calls.spend_reserve(self._spend_request(choice))
-        if reservation.refused is not None:
-            ticket.refusal = texts.approved_without_key(decision.by)
-            self._fail(ticket.refusal)
-        if reservation.shortfall is not None:
-            self._plan.approval = None
-            self._plan.budget = texts.exhausted_view(self._plan.budget, reservation.shortfall)
-            self._unused(ticket, texts.over_budget(reservation.shortfall, self._job.job_id))
-            return None
-        ticket.answer = "approved"
-        return replace(choice, reservation=reservation)
-
     def _continue_as_new(
         self, policy: Policy, approval_deadline: datetime, give_up_at: datetime
     ) -> NoReturn:
@@ -344,208 +272,3 @@ class VideoJobWorkflow:
         except ActivityError as err:
             # A failing webhook never blocks or fails the job; the UI and `list` still show it.
             workflow.logger.warning("approval webhook failed: %s", err.cause or err)
-
-    # --- LOCAL ---------------------------------------------------------------------------------
-
-    async def _run_local(self, policy: Policy) -> None:
-        self._plan.route = "local"
-        client_id = client_id_for(self._job.job_id)
-        while self._plan.local_attempts < policy.comfyui_max_attempts:
-            self._plan.local_attempts += 1
-            prompt_id = prompt_id_for(self._job.job_id, self._plan.local_attempts)
-            self._plan.prompt_id = prompt_id
-            self._set_state("running_local")
-            submit = ComfyUISubmit(
-                job_id=self._job.job_id,
-                prompt_id=prompt_id,
-                client_id=client_id,
-                graph=self._job.graph,
-            )
-            await calls.comfyui_submit(submit, self._heartbeat)
-            wait = ComfyUIWait(job_id=self._job.job_id, prompt_id=prompt_id, client_id=client_id)
-            finished = await calls.comfyui_wait(wait, self._heartbeat)
-            if finished.outcome == "lost":
-                # ComfyUI restarted and forgot the prompt: resubmitting locally costs nothing.
-                self._plan.reasons = [*self._plan.reasons, f"comfyui_lost_prompt={prompt_id}"]
-                continue
-            download = ComfyUIDownload(job_id=self._job.job_id, files=finished.files)
-            self._plan.outputs = (await calls.comfyui_download(download, self._heartbeat)).outputs
-            return
-        self._fail(texts.lost_too_often(self._plan.local_attempts))
-
-    async def _cancel_local_prompt(self) -> None:
-        if self._plan.route != "local" or self._plan.prompt_id is None:
-            return
-        # A job shows `cancelled` only once ComfyUI no longer holds its prompt.
-        cancel = ComfyUICancel(prompt_id=self._plan.prompt_id)
-        cancelled = await calls.comfyui_cancel(cancel, self._heartbeat)
-        self._plan.reasons = [*self._plan.reasons, f"comfyui_prompt_{cancelled.was}_cancelled"]
-
-    # --- CLOUD ---------------------------------------------------------------------------------
-
-    async def _run_cloud(self, policy: Policy, choice: RouteChoice) -> str | None:
-        """Reserves (unless the approval did), creates once, polls, downloads. Returns why the
-        job must wait for a person instead (the budget, a disarmed fallback), else None."""
-        request = self._job.cloud
-        if request is None:  # decide() and the approval checks make this unreachable
-            self._fail(f"job {self._job.job_id} has no cloud prompt: it can only run locally")
-        reservation = choice.reservation
-        if reservation is None and workflow.patched(PATCH_LEDGER):
-            reservation = await calls.spend_reserve(self._spend_request(choice))
-            if reservation.shortfall is not None:
-                self._plan.budget = texts.exhausted_view(self._plan.budget, reservation.shortfall)
-                return "budget_exhausted"
-            if reservation.refused is not None:
-                return reservation.refused_code or DISARMED
-        cost = policy.estimated_costs_usd.get(f"{request.resolution}/{request.duration}s")
-        if reservation is not None and reservation.granted is not None:
-            cost = reservation.granted.cost_usd
-        self._plan.route = "cloud"
-        self._plan.cloud = CloudInfo(
-            authorised_by=choice.by or "armed",
-            authorisation=choice.authorisation,
-            estimated_cost_usd=cost,
-        )
-        self._count(choice)
-        self._set_state("running_cloud")
-        self._unused_reservation = reservation is not None and reservation.granted is not None
-        existing = reservation.existing if reservation else None
-        if existing is not None:
-            task_id = self._follow(existing)
-        else:
-            create = MiniMaxCreate(
-                job_id=self._job.job_id,
-                request=request,
-                authorisation=choice.authorisation or "armed",
-                simulated=policy.simulated,
-            )
-            task_id = await self._create(create)
-            if task_id == DISARMED:
-                return DISARMED
-        self._plan.cloud.task_id = task_id
-        self._publish()
-        done = await calls.minimax_poll(
-            MiniMaxPoll(job_id=self._job.job_id, task_id=task_id), self._heartbeat
-        )
-        download = MiniMaxDownload(job_id=self._job.job_id, task_id=task_id, file_id=done.file_id)
-        self._plan.outputs = (await calls.minimax_download(download, self._heartbeat)).outputs
-        return None
-
-    async def _create(self, req: MiniMaxCreate) -> str:
-        """The task id, or DISARMED when the fallback was disarmed before anything was sent."""
-        self._create_started = workflow.now()
-        handle = calls.minimax_create(req, self._heartbeat)
-        self._unused_reservation = False  # the create's own guard settles it from here
-        try:
-            created = await asyncio.shield(handle)
-        except asyncio.CancelledError:
-            # A create once scheduled is never abandoned: the job ends cancelled, but only after
-            # recording what it ordered (a task that will be charged).
-            try:
-                ordered = await handle
-            except ActivityError as err:
-                self._plan.error = self._failure_message(err)
-                raise asyncio.CancelledError() from None
-            assert self._plan.cloud is not None
-            self._plan.cloud.task_id = ordered.task_id
-            self._plan.reasons = [*self._plan.reasons, f"cancelled_after_create={ordered.task_id}"]
-            self._plan.error = texts.cancelled_after_create(ordered.task_id)
-            if not ordered.settled:
-                await self._settle("charged", ordered.task_id)
-            raise
-        except ActivityError as err:
-            return await self._create_failed(err)
-        if not created.settled:
-            await self._settle("charged", created.task_id)
-        return created.task_id
-
-    async def _create_failed(self, err: ActivityError) -> str:
-        cause = err.cause
-        kind = cause.type if isinstance(cause, ApplicationError) else None
-        if kind in (NOT_ARMED, WRONG_WORLD, minimax_errors.NO_KEY):
-            await self._settle("released", None)  # nothing was sent
-            if kind == NOT_ARMED:
-                return DISARMED
-            self._fail(self._failure_message(err))
-        if kind == REFUSED and isinstance(cause, ApplicationError):
-            details = cause.details[0] if cause.details else {}
-            entry = details.get("entry") if isinstance(details, dict) else None
-            if entry:
-                return self._follow(SpendEntry.model_validate(entry))
-            self._fail(cause.message)
-        if isinstance(cause, ActivityTimeout):
-            # The worker was lost during the create: did it begin? The ledger knows.
-            entry = await self._settle("maybe_charged", None)
-            if entry is not None and entry.state == "released":
-                self._fail(texts.create_never_began(self._plan))
-        self._fail(self._failure_message(err))
-
-    async def _release_unused_reservation(self) -> None:
-        """A job cancelled between its reservation and its create gives the money back."""
-        if self._unused_reservation:
-            self._unused_reservation = False
-            await self._settle("released", None)
-
-    def _follow(self, entry: SpendEntry) -> str:
-        """A run that finds its job already charged follows the recorded task, never creates."""
-        if entry.state != "charged" or not entry.task_id or entry.provider != "minimax":
-            self._fail(texts.create_exists(self._plan, entry))
-        self._plan.reasons = [*self._plan.reasons, f"followed_recorded_task={entry.task_id}"]
-        return entry.task_id
-
-    async def _settle(self, state: SettleState, task_id: str | None) -> SpendEntry | None:
-        settle = SpendSettle(job_id=self._job.job_id, state=state, task_id=task_id)
-        return await calls.spend_settle(settle)
-
-    def _spend_request(self, choice: RouteChoice) -> SpendRequest:
-        request = self._job.cloud
-        assert request is not None
-        return SpendRequest(
-            job_id=self._job.job_id,
-            provider="minimax",
-            resolution=request.resolution,
-            duration=request.duration,
-            authorised_by=choice.by or "armed",
-            authorisation=choice.authorisation or "armed",
-        )
-
-    # --- what people see -------------------------------------------------------------------------
-
-    def _count(self, choice: RouteChoice) -> None:
-        workflow.metric_meter().create_counter(
-            "spillway_jobs_routed", "jobs by the route they took and who allowed the cloud"
-        ).add(1, {"route": choice.route, "authorised": choice.metric_label})
-
-    def _set_state(self, state: JobState) -> None:
-        self._plan.state = state
-        self._publish()
-
-    def _publish(self) -> None:
-        plan = self._plan
-        snapshot = plan.model_dump_json()
-        if snapshot == self._published:  # every upsert is a history event: skip no-ops
-            return
-        self._published = snapshot
-        updates: list[SearchAttributeUpdate[Any]] = [sa.STATE.value_set(plan.state)]
-        if plan.route is not None:
-            updates.append(sa.ROUTE.value_set(plan.route))
-        if plan.overflow.trigger is not None:
-            updates.append(sa.TRIGGER.value_set(plan.overflow.trigger))
-        if plan.overflow.last_signal is not None:
-            updates.append(sa.OVERLOADED.value_set(plan.overflow.last_signal.overloaded))
-        workflow.upsert_search_attributes(updates)
-        workflow.upsert_memo({"plan": plan})
-        workflow.set_current_details(texts.current_details(plan))
-
-    def _fail(self, message: str) -> NoReturn:
-        self._plan.error = message
-        self._set_state("failed")
-        raise ApplicationError(message, type="JobFailed", non_retryable=True)
-
-    def _failure_message(self, err: ActivityError) -> str:
-        cause = err.cause
-        if err.activity_type == names.MINIMAX_CREATE and isinstance(cause, ActivityTimeout):
-            return texts.ambiguous_create(self._plan, self._create_started)
-        if isinstance(cause, ApplicationError | ActivityTimeout):
-            return cause.message
-        return str(cause or err)

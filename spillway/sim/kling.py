@@ -1,5 +1,5 @@
 """A Kling double over real loopback HTTP, answering in the shapes of Kling's API reference
-(DESIGN.md, "Kling facts"); tests use it, and later `spillway dev --simulate`.
+(docs/design.md, "Kling facts"); tests use it, and later `spillway dev --simulate`.
 
 - Every API request needs `Authorization: Bearer <JWT>` signed with this account's secret key,
   iss = its access key, within nbf..exp: else HTTP 401 with code 1001 (no header), 1002 (bad

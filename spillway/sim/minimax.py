@@ -1,5 +1,5 @@
 """A MiniMax double over real loopback HTTP, answering in the shapes of MiniMax's public API
-reference (DESIGN.md, "MiniMax facts"); tests and `spillway dev --simulate` use it.
+reference (docs/design.md, "MiniMax facts"); tests and `spillway dev --simulate` use it.
 
 - `POST /v1/video_generation` (Bearer key) → `{task_id, base_resp}`, HTTP 200 even for errors.
 - `GET /v1/query/video_generation?task_id=` → `{task_id, status, file_id (a string, on

@@ -21,7 +21,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.api.workflowservice.v1 import ResetWorkflowExecutionRequest
 from temporalio.client import Client
 
-from activities.spend import SpendLedger
+from activities.ledger_client import SpendLedger
 from spillway import search_attributes as sa
 from spillway.models import ApprovalDecision
 from spillway.sim.comfyui import ComfyUISim

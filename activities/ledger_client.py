@@ -1,0 +1,150 @@
+"""A client of SpendLedgerWorkflow for activities and the CLI (docs/design.md, "The spend ledger
+and the budget"): update-with-start for what may come first (a reservation, the budgets a worker
+announces), plain updates for `begin` and `settle`, a query for the summary. Refusals come back
+as SpendRefused with what stands in the way; a ledger that does not answer is tried a few times,
+then reported (money fails closed: nothing is sent on a guess).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import Protocol, TypeVar
+
+from temporalio.client import (
+    Client,
+    WithStartWorkflowOperation,
+    WorkflowUpdateFailedError,
+)
+from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
+
+from spillway.spend_book import SpendRefused
+from spillway.spend_models import (
+    BeginCreate,
+    Budgets,
+    BudgetShortfall,
+    LedgerInput,
+    LedgerSummary,
+    ReserveRequest,
+    SettleRequest,
+    SpendEntry,
+)
+from workflows.spend_ledger import REFUSED, SpendLedgerWorkflow, ledger_id
+
+log = logging.getLogger(__name__)
+_T = TypeVar("_T")
+
+# The ledger answers in milliseconds; a worker that cannot reach it for this long sends nothing.
+LEDGER_TRIES = 5
+LEDGER_PAUSE_S = 2.0
+RPC_TIMEOUT = timedelta(seconds=10)
+LEDGER_UNAVAILABLE = "SpendLedgerUnavailable"
+
+
+class Ledger(Protocol):
+    """What activities need of the ledger: `SpendLedger` (the workflow) in production; tests of
+    a single activity may pass an in-process SpendBook behind the same five calls."""
+
+    async def reserve(self, req: ReserveRequest) -> SpendEntry: ...
+    async def begin(self, req: BeginCreate) -> SpendEntry: ...
+    async def settle(self, req: SettleRequest) -> SpendEntry: ...
+    async def configure(self, budgets: Budgets) -> None: ...
+    async def summary(self) -> LedgerSummary | None: ...
+
+
+class SpendLedger:
+    """A client of SpendLedgerWorkflow (update-with-start for what may come first)."""
+
+    def __init__(self, client: Client, task_queue: str) -> None:
+        self._client, self._task_queue = client, task_queue
+        self.workflow_id = ledger_id(task_queue)
+
+    async def reserve(self, req: ReserveRequest) -> SpendEntry:
+        return await self._call(
+            lambda: self._client.execute_update_with_start_workflow(
+                SpendLedgerWorkflow.reserve,
+                req,
+                start_workflow_operation=self._start(),
+                rpc_timeout=RPC_TIMEOUT,
+            )
+        )
+
+    async def begin(self, req: BeginCreate) -> SpendEntry:
+        handle = self._client.get_workflow_handle_for(SpendLedgerWorkflow.run, self.workflow_id)
+        return await self._call(
+            lambda: handle.execute_update(SpendLedgerWorkflow.begin, req, rpc_timeout=RPC_TIMEOUT)
+        )
+
+    async def settle(self, req: SettleRequest) -> SpendEntry:
+        handle = self._client.get_workflow_handle_for(SpendLedgerWorkflow.run, self.workflow_id)
+        return await self._call(
+            lambda: handle.execute_update(SpendLedgerWorkflow.settle, req, rpc_timeout=RPC_TIMEOUT)
+        )
+
+    async def configure(self, budgets: Budgets) -> None:
+        await self._call(
+            lambda: self._client.execute_update_with_start_workflow(
+                SpendLedgerWorkflow.configure,
+                budgets,
+                start_workflow_operation=self._start(),
+                rpc_timeout=RPC_TIMEOUT,
+            )
+        )
+
+    async def summary(self) -> LedgerSummary | None:
+        """None when no ledger exists yet (nothing was ever reserved on this task queue)."""
+        handle = self._client.get_workflow_handle_for(SpendLedgerWorkflow.run, self.workflow_id)
+        try:
+            return await handle.query(SpendLedgerWorkflow.summary, rpc_timeout=RPC_TIMEOUT)
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.NOT_FOUND:
+                return None
+            raise
+
+    def _start(self) -> WithStartWorkflowOperation[SpendLedgerWorkflow, None]:
+        return WithStartWorkflowOperation(
+            SpendLedgerWorkflow.run,
+            LedgerInput(),
+            id=self.workflow_id,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            task_queue=self._task_queue,
+            static_summary="spillway spend ledger: every cloud create and the budgets",
+        )
+
+    async def _call(self, call: Callable[[], Awaitable[_T]]) -> _T:
+        """Refusals become SpendRefused; an unreachable ledger is tried a few times."""
+        for attempt in range(1, LEDGER_TRIES + 1):
+            try:
+                return await call()
+            except WorkflowUpdateFailedError as err:
+                raise _refusal(err) from None
+            except RPCError as exc:
+                # Also what an update racing the ledger's continue-as-new gets: try again.
+                if attempt == LEDGER_TRIES:
+                    raise ApplicationError(
+                        f"the spend ledger ({self.workflow_id}) did not answer ({exc.message}): "
+                        "nothing was sent to any cloud provider",
+                        type=LEDGER_UNAVAILABLE,
+                    ) from None
+                log.warning("spend ledger: %s; trying again", exc.message)
+                await asyncio.sleep(LEDGER_PAUSE_S)
+        raise AssertionError("unreachable")
+
+
+def _refusal(err: WorkflowUpdateFailedError) -> SpendRefused:
+    cause = err.cause
+    if not isinstance(cause, ApplicationError) or cause.type != REFUSED:
+        return SpendRefused(f"the spend ledger refused: {cause or err}", "error")
+    details = cause.details[0] if cause.details else {}
+    entry = details.get("entry") if isinstance(details, dict) else None
+    shortfall = details.get("shortfall") if isinstance(details, dict) else None
+    return SpendRefused(
+        cause.message,
+        str(details.get("kind", "error")) if isinstance(details, dict) else "error",
+        entry=SpendEntry.model_validate(entry) if entry else None,
+        shortfall=BudgetShortfall.model_validate(shortfall) if shortfall else None,
+    )

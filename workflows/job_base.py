@@ -1,0 +1,96 @@
+"""What every part of VideoJobWorkflow shares: the job, its plan, and how the plan is published
+(memo for `spillway status`, search attributes for lists, current details for the UI), failed,
+and counted. The workflow is split by concern (deciding and waiting in video_job.py, a person's
+decision in approvals.py, the routes in routes.py); all of it is workflow code."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
+
+from temporalio import workflow
+from temporalio.common import SearchAttributeUpdate
+from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import TimeoutError as ActivityTimeout
+
+from workflows import calls
+
+with workflow.unsafe.imports_passed_through():
+    from spillway import activity_names as names
+    from spillway import search_attributes as sa
+    from spillway.models import JobState, Plan, VideoJob
+    from spillway.spend_models import SpendEntry, SpendRequest, SpendSettle
+    from workflows import texts
+
+if TYPE_CHECKING:
+    from workflows.approvals import RouteChoice, Ticket
+
+SettleState = Literal["charged", "maybe_charged", "released"]
+
+
+class JobBase:
+    _job: VideoJob
+    _plan: Plan
+    _pending: Ticket | None
+    _deadline: datetime  # of the current approval window (datetime.max outside one)
+    _published: str
+    _create_started: datetime
+    _unused_reservation: bool  # reserved, and no create started for it yet
+    _heartbeat: timedelta
+
+    def _count(self, choice: RouteChoice) -> None:
+        workflow.metric_meter().create_counter(
+            "spillway_jobs_routed", "jobs by the route they took and who allowed the cloud"
+        ).add(1, {"route": choice.route, "authorised": choice.metric_label})
+
+    def _set_state(self, state: JobState) -> None:
+        self._plan.state = state
+        self._publish()
+
+    def _publish(self) -> None:
+        plan = self._plan
+        snapshot = plan.model_dump_json()
+        if snapshot == self._published:  # every upsert is a history event: skip no-ops
+            return
+        self._published = snapshot
+        updates: list[SearchAttributeUpdate[Any]] = [sa.STATE.value_set(plan.state)]
+        if plan.route is not None:
+            updates.append(sa.ROUTE.value_set(plan.route))
+        if plan.overflow.trigger is not None:
+            updates.append(sa.TRIGGER.value_set(plan.overflow.trigger))
+        if plan.overflow.last_signal is not None:
+            updates.append(sa.OVERLOADED.value_set(plan.overflow.last_signal.overloaded))
+        workflow.upsert_search_attributes(updates)
+        workflow.upsert_memo({"plan": plan})
+        workflow.set_current_details(texts.current_details(plan))
+
+    def _fail(self, message: str) -> NoReturn:
+        self._plan.error = message
+        self._set_state("failed")
+        raise ApplicationError(message, type="JobFailed", non_retryable=True)
+
+    def _failure_message(self, err: ActivityError) -> str:
+        cause = err.cause
+        if err.activity_type == names.MINIMAX_CREATE and isinstance(cause, ActivityTimeout):
+            return texts.ambiguous_create(self._plan, self._create_started)
+        if isinstance(cause, ApplicationError | ActivityTimeout):
+            return cause.message
+        return str(cause or err)
+
+    # --- the spend ledger, from the workflow's side ----------------------------------------------
+
+    async def _settle(self, state: SettleState, task_id: str | None) -> SpendEntry | None:
+        settle = SpendSettle(job_id=self._job.job_id, state=state, task_id=task_id)
+        return await calls.spend_settle(settle)
+
+    def _spend_request(self, choice: RouteChoice) -> SpendRequest:
+        request = self._job.cloud
+        assert request is not None
+        return SpendRequest(
+            job_id=self._job.job_id,
+            provider="minimax",
+            resolution=request.resolution,
+            duration=request.duration,
+            authorised_by=choice.by or "armed",
+            authorisation=choice.authorisation or "armed",
+        )
