@@ -41,7 +41,7 @@ from spillway.models import OutputFile
 from spillway.settings import Settings
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.comfyui_graph import content_sha256, file_key
-from tests.comfyui_fixtures import VIDEO_GRAPH as TEST_GRAPH
+from tests.support.graphs import VIDEO_GRAPH as TEST_GRAPH
 
 MIB = 1024 * 1024
 # The tests' video graph, saving under its own prefix.

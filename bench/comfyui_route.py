@@ -40,7 +40,7 @@ from spillway.models import VideoJob
 from spillway.settings import Settings
 from spillway.temporal import installed_binary, register_search_attributes
 from spillway.tiers import load_tiers
-from tests.comfyui_fixtures import VIDEO_GRAPH
+from tests.support.graphs import VIDEO_GRAPH
 from worker import WORKFLOWS, activities
 from workflows.video_job import VideoJobWorkflow
 

@@ -30,7 +30,7 @@ from spillway.jobs import submit
 from spillway.models import ApprovalDecision, CloudRequest, VideoJob
 from spillway.settings import PROJECT_ROOT
 from spillway.temporal import installed_binary, register_search_attributes
-from tests.comfyui_fixtures import VIDEO_GRAPH
+from tests.support.graphs import VIDEO_GRAPH
 from workflows.video_job import DECIDE_UPDATE
 
 

@@ -19,12 +19,13 @@ from temporalio.testing import WorkflowEnvironment
 
 from spillway.models import ApprovalDecision
 from spillway.temporal import installed_binary, register_search_attributes
-from tests.job_fixtures import ARMED, RunJobs, _runner
-from tests.route_stubs import BUSY, FREE, RouteStubs
+from tests.support.jobs import RunJobs, job_runner
+from tests.support.route_stubs import BUSY, FREE, RouteStubs
+from tests.support.settings import ARMED, KEY
 from workflows.video_job import APPROVAL_SIGNAL
 
 HERE = Path(__file__).parent / "histories"
-WAIT = {"MINIMAX_API_KEY": "mm-test-key", "APPROVAL_TIMEOUT_S": 900, "APPROVAL_RECHECK_S": 60}
+WAIT = KEY | {"APPROVAL_TIMEOUT_S": 900, "APPROVAL_RECHECK_S": 60}
 
 
 async def record(run_jobs: RunJobs, name: str) -> WorkflowHandle[Any, Any]:
@@ -80,7 +81,7 @@ async def main(names: list[str]) -> None:
     )
     await register_search_attributes(env.client)
     for name in names:
-        handle = await record(_runner(env), name)
+        handle = await record(job_runner(env), name)
         history = await handle.fetch_history()
         (HERE / f"{name}.json").write_text(history.to_json())
         print(f"wrote {HERE / name}.json ({len(history.events)} events)")

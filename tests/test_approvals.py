@@ -16,15 +16,17 @@ from temporalio.client import (
 )
 from temporalio.exceptions import ApplicationError
 
+from spillway import activity_names as names
 from spillway.models import ApprovalDecision, AwaitCarry, CloudRequest, Plan, Policy, VideoJob
-from tests.job_fixtures import ARMED, GRAPH, RunJobs
-from tests.route_stubs import BUSY, FREE, SEED, RouteStubs
+from tests.support.constants import CLIP_USD
+from tests.support.graphs import VIDEO_GRAPH
+from tests.support.jobs import RunJobs
+from tests.support.route_stubs import BUSY, FREE, SEED, RouteStubs
+from tests.support.settings import ARMED, KEY
+from tests.support.waiting import until
 from tests.test_video_job_workflow import HOUR, cause_message
 from workflows.texts import current_details
 from workflows.video_job import APPROVAL_SIGNAL, DECIDE_UPDATE, VideoJobWorkflow
-
-KEY = {"MINIMAX_API_KEY": "mm-test-key"}
-CLIP = 0.28
 
 
 async def test_an_approval_arriving_with_the_deadline_is_refused_and_recorded(
@@ -55,9 +57,9 @@ async def test_an_approval_that_loses_the_race_with_headroom_tells_its_caller(
         handle = await jobs.start()
         await jobs.until(handle, "awaiting_approval")
         stubs.probe_gate.clear()
-        probed = stubs.calls["a40_load_status"]
-        while stubs.calls["a40_load_status"] == probed:  # the next re-probe is under way
-            await jobs.until(handle, "awaiting_approval")
+        probed = stubs.calls[names.PROBE]
+        await until(lambda: stubs.calls[names.PROBE] > probed)  # the next re-probe is under way
+        await jobs.until(handle, "awaiting_approval")  # and the job still waits meanwhile
         update = await handle.start_update(
             DECIDE_UPDATE,
             ApprovalDecision(approved=True, by="bär"),
@@ -128,7 +130,7 @@ async def test_a_hand_made_carry_on_a_fresh_start_fails_without_a_probe_or_a_cre
             pending_approval=ApprovalDecision(approved=True, by="nobody"),
         )
         job = VideoJob(
-            job_id=job_id, graph=GRAPH, cloud=CloudRequest(prompt="free video?"), carry=carry
+            job_id=job_id, graph=VIDEO_GRAPH, cloud=CloudRequest(prompt="free video?"), carry=carry
         )
         handle = await jobs.client.start_workflow(
             VideoJobWorkflow.run, job, id=job_id, task_queue=jobs.task_queue
@@ -137,7 +139,7 @@ async def test_a_hand_made_carry_on_a_fresh_start_fails_without_a_probe_or_a_cre
             await handle.result()
 
     assert "set by continue-as-new only" in cause_message(failed)
-    assert stubs.calls["a40_load_status"] == 0 and stubs.creates == 0
+    assert stubs.calls[names.PROBE] == 0 and stubs.creates == 0
 
 
 # --- the budget -------------------------------------------------------------------------------
@@ -153,9 +155,9 @@ async def test_an_armed_job_the_budget_cannot_cover_waits_saying_so(run_jobs: Ru
             await handle.result()
 
     assert "budget_exhausted" in plan.reasons and plan.budget is not None
-    assert (plan.budget.exhausted, plan.budget.estimate_usd) == ("day", CLIP)
+    assert (plan.budget.exhausted, plan.budget.estimate_usd) == ("day", CLIP_USD)
     assert plan.budget.day_remaining_usd == pytest.approx(0.1)
-    assert stubs.creates == 0 and stubs.calls["minimax_create"] == 0
+    assert stubs.creates == 0 and stubs.calls[names.MINIMAX_CREATE] == 0
     details = current_details(plan)  # what the UI shows
     assert "budget cannot cover" in details and "$0.10 left today" in details
     assert f"spillway approve {plan.job_id} --by NAME --over-budget" in details
@@ -168,7 +170,7 @@ async def test_a_plain_approval_beyond_the_budget_is_refused_and_over_budget_goe
     async with run_jobs(stubs, **KEY, **HOUR, CLOUD_DAILY_BUDGET_USD=0.1) as jobs:
         handle = await jobs.start()
         waiting = await jobs.until(handle, "awaiting_approval")
-        assert waiting.budget is not None and waiting.budget.estimate_usd == CLIP
+        assert waiting.budget is not None and waiting.budget.estimate_usd == CLIP_USD
         with pytest.raises(WorkflowUpdateFailedError) as refused:
             await handle.execute_update(
                 DECIDE_UPDATE, ApprovalDecision(approved=True, by="bär"), result_type=str
@@ -183,7 +185,7 @@ async def test_a_plain_approval_beyond_the_budget_is_refused_and_over_budget_goe
 
     assert isinstance(refused.value.cause, ApplicationError)
     message = refused.value.cause.message
-    assert "$0.10 left" in message and "$0.28" in message and "--over-budget" in message
+    assert "$0.10 left" in message and f"${CLIP_USD}" in message and "--over-budget" in message
     assert still.approval is None and [i.by for i in still.ignored_signals] == ["bär"]
     assert answer == "approved"
     assert (plan.state, plan.route) == ("completed", "cloud")

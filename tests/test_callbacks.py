@@ -37,7 +37,7 @@ from spillway.callback_models import (
 )
 from spillway.errors import ConfigError
 from spillway.temporal import installed_binary
-from tests.callback_workflow import FireAndForget, JobThatCallsBack, SendCallback
+from tests.support.callback_workflow import FireAndForget, JobThatCallsBack, SendCallback
 
 SECRET = "whsec-spillway-test-4c1f"
 # Shaped like a Slack incoming webhook: the path is the credential.

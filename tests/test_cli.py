@@ -14,7 +14,8 @@ from temporalio.api.workflowservice.v1 import RegisterNamespaceRequest
 from temporalio.testing import WorkflowEnvironment
 
 from spillway import search_attributes
-from tests.cli_run import one_line, spillway
+from tests.support.cli import one_line, spillway
+from tests.support.constants import FREE_VRAM_PCT
 
 LOAD_KEYS = {
     "reachable",
@@ -53,7 +54,7 @@ async def test_load_json_shows_the_seed_guard_case(cli_env, comfyui, guard):
     status = json.loads(out)
     assert set(status) >= LOAD_KEYS
     assert status["reachable"] and status["overloaded"] and status["guard_busy"]
-    assert status["vram_pct"] == 42.4
+    assert status["vram_pct"] == FREE_VRAM_PCT
     assert status["reasons"] == ["a40_guard_busy_job=sim_video_job_123"]
     # No NVIDIA driver here: the probe still answers and lists that once.
     assert [e for e in status["errors"] if e.startswith("nvml: ")] == [status["errors"][0]]
@@ -114,7 +115,7 @@ async def test_health_shows_trigger_logic_and_never_the_key(cli_env, comfyui, gu
         "armed": True,
     }
     assert health["approval"]["timeout_s"] == 600
-    assert health["load"]["vram_pct"] == 42.4
+    assert health["load"]["vram_pct"] == FREE_VRAM_PCT
 
     code, text, _ = await spillway("health", env=env)
     assert code == 0 and "armed yes" in text and "waits 600s" in text

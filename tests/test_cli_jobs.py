@@ -13,9 +13,13 @@ import pytest
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
-from tests.cli_run import one_line, spillway, temporal
-from tests.job_fixtures import ARMED, GRAPH, Jobs, RunJobs
-from tests.route_stubs import BUSY, FREE, RouteStubs
+from spillway import activity_names as names
+from tests.support.cli import one_line, spillway, temporal
+from tests.support.constants import CLIP_USD
+from tests.support.graphs import VIDEO_GRAPH
+from tests.support.jobs import Jobs, RunJobs
+from tests.support.route_stubs import BUSY, FREE, RouteStubs
+from tests.support.settings import ARMED, KEY
 
 STATUS_KEYS = {
     "job_id",
@@ -34,7 +38,7 @@ STATUS_KEYS = {
 @pytest.fixture
 def graph_file(tmp_path: Path) -> Path:
     path = tmp_path / "graph.json"
-    path.write_text(json.dumps(GRAPH))
+    path.write_text(json.dumps(VIDEO_GRAPH))
     return path
 
 
@@ -155,7 +159,7 @@ async def test_waiting_job_shows_why_in_status_list_and_the_ui_then_approve_send
 ):
     job_id = new_id()
     stubs = RouteStubs(BUSY)
-    async with run_dev_jobs(stubs, MINIMAX_API_KEY="mm-test-key", APPROVAL_TIMEOUT_S=3600) as jobs:
+    async with run_dev_jobs(stubs, **KEY, APPROVAL_TIMEOUT_S=3600) as jobs:
         env = job_env(jobs)
         code, _, err = await spillway(
             "submit", "--graph", str(graph_file), "--job-id", job_id, "--prompt", "a lighthouse",
@@ -169,7 +173,7 @@ async def test_waiting_job_shows_why_in_status_list_and_the_ui_then_approve_send
         assert (
             status["state"] == "awaiting_approval" and status["overflow"]["trigger"] == "overloaded"
         )
-        assert status["overflow"]["last_signal"]["reasons"] == ["vram_used_91.2pct_ge_85.0pct"]
+        assert status["overflow"]["last_signal"]["reasons"] == BUSY.reasons
 
         code, out, _ = await spillway("list", "--state", "awaiting_approval", "--json", env=env)
         listed = {j["job_id"]: j for j in json.loads(out)}
@@ -178,7 +182,7 @@ async def test_waiting_job_shows_why_in_status_list_and_the_ui_then_approve_send
 
         # The Temporal UI's "current details", read with the real temporal CLI.
         details = await temporal_metadata(env, job_id)
-        assert "Waiting for approval" in details and "vram_used_91.2pct_ge_85.0pct" in details
+        assert "Waiting for approval" in details and BUSY.reasons[0] in details
         assert f"spillway approve {job_id}" in details
 
         code, out, err = await spillway(
@@ -193,8 +197,8 @@ async def test_waiting_job_shows_why_in_status_list_and_the_ui_then_approve_send
     assert (status["state"], status["route"]) == ("completed", "cloud")
     assert status["approval"]["by"] == "bär" and status["approval"]["reason"] == "deadline"
     assert status["cloud"]["task_id"] == f"task-{job_id}"
-    assert status["cloud"]["estimated_cost_usd"] == 0.28
-    assert stubs.calls["minimax_create"] == 1
+    assert status["cloud"]["estimated_cost_usd"] == CLIP_USD
+    assert stubs.calls[names.MINIMAX_CREATE] == 1
 
 
 async def temporal_metadata(env: dict[str, str], job_id: str) -> str:
@@ -229,7 +233,7 @@ async def test_a_failed_job_is_a_failed_execution_whose_message_status_shows(
 
     stubs = RouteStubs(FREE)
     message = "ComfyUI rejected the graph: node 2 (SaveVideo): Required input is missing: video"
-    stubs.fail["comfyui_submit"] = ApplicationError(message, non_retryable=True)
+    stubs.fail[names.COMFYUI_SUBMIT] = ApplicationError(message, non_retryable=True)
     job_id = new_id()
     async with run_dev_jobs(stubs) as jobs:
         env = job_env(jobs)
@@ -264,7 +268,7 @@ async def test_the_ui_signal_with_plain_json_rejects_a_waiting_job(
     # What the Temporal UI's "Send a Signal" sends: the signal name and a JSON object.
     job_id = new_id()
     stubs = RouteStubs(BUSY)
-    async with run_dev_jobs(stubs, MINIMAX_API_KEY="mm-test-key", APPROVAL_TIMEOUT_S=3600) as jobs:
+    async with run_dev_jobs(stubs, **KEY, APPROVAL_TIMEOUT_S=3600) as jobs:
         env = job_env(jobs)
         args = ("submit", "--graph", str(graph_file), "--job-id", job_id, "--prompt", "x")
         assert (await spillway(*args, env=env))[0] == 0
@@ -279,7 +283,7 @@ async def test_the_ui_signal_with_plain_json_rejects_a_waiting_job(
     assert code == 0 and "completed on the local route" in out
     assert "rejected by ui-user" in out and "too expensive" in out
     assert summary is not None and summary.startswith(f"video job {job_id}: 3 nodes")
-    assert stubs.calls["minimax_create"] == 0
+    assert stubs.calls[names.MINIMAX_CREATE] == 0
 
 
 async def test_an_approval_without_a_running_worker_is_applied_when_one_starts(
@@ -287,7 +291,7 @@ async def test_an_approval_without_a_running_worker_is_applied_when_one_starts(
 ):
     job_id = new_id()
     stubs = RouteStubs(BUSY)
-    settings = {"MINIMAX_API_KEY": "mm-test-key", "APPROVAL_TIMEOUT_S": 3600}
+    settings = KEY | {"APPROVAL_TIMEOUT_S": 3600}
     async with run_dev_jobs(stubs, **settings) as jobs:
         env = job_env(jobs)
         args = ("submit", "--graph", str(graph_file), "--job-id", job_id, "--prompt", "x")
@@ -298,4 +302,4 @@ async def test_an_approval_without_a_running_worker_is_applied_when_one_starts(
     async with run_dev_jobs(stubs, task_queue=jobs.task_queue, **settings):
         code, out, _ = await spillway("watch", job_id, env=env)
     assert code == 0 and "completed on the cloud route" in out and "approved by bär" in out
-    assert stubs.calls["minimax_create"] == 1
+    assert stubs.calls[names.MINIMAX_CREATE] == 1

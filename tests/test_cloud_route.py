@@ -14,29 +14,28 @@ from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
-from spillway.models import CloudRequest, Plan, VideoJob
+from spillway.models import Plan
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
-from tests.cli_run import spillway, temporal_show
-from tests.job_fixtures import GRAPH
-from tests.minimax_fixtures import CANARY_KEY, eventually
-from workflows.video_job import VideoJobWorkflow
+from tests.support.cli import spillway, temporal_show
+from tests.support.constants import BUSY_VRAM_PCT, CANARY_KEY
+from tests.support.jobs import Jobs
+from tests.support.waiting import until
+from tests.support.worker_process import FAST_CLOUD
 
 
 @pytest.fixture
 def cloud_worker(worker_process, comfyui: ComfyUISim, minimax: MiniMaxSim):
     """A worker whose A40 is overloaded and whose fallback is armed: every job goes to MiniMax."""
-    comfyui.set_vram_used_pct(97)
+    comfyui.set_vram_used_pct(BUSY_VRAM_PCT)
 
     async def start(**overrides: Any):
         return await worker_process(
-            **{
+            **FAST_CLOUD
+            | {
                 "COMFYUI_URL": comfyui.url,
                 "CLOUD_VIDEO_FALLBACK_ENABLED": "1",
-                "MINIMAX_API_KEY": CANARY_KEY,
                 "MINIMAX_BASE_URL": minimax.url,
-                "MINIMAX_POLL_INTERVAL_S": "0.2",
-                "MINIMAX_CREATE_TIMEOUT_S": "2",
             }
             | overrides
         )
@@ -45,14 +44,8 @@ def cloud_worker(worker_process, comfyui: ComfyUISim, minimax: MiniMaxSim):
 
 
 async def start_job(dev_env: WorkflowEnvironment, task_queue: str) -> Any:
-    job = VideoJob(
-        job_id=f"cloud-{uuid.uuid4().hex[:10]}",
-        graph=GRAPH,
-        cloud=CloudRequest(prompt=f"a lighthouse at dusk {uuid.uuid4().hex[:6]}"),
-    )
-    return await dev_env.client.start_workflow(
-        VideoJobWorkflow.run, job, id=job.job_id, task_queue=task_queue
-    )
+    prompt = f"a lighthouse at dusk {uuid.uuid4().hex[:6]}"
+    return await Jobs(dev_env.client, task_queue).start(prompt)
 
 
 def failure(err: pytest.ExceptionInfo[WorkflowFailureError]) -> str:
@@ -84,7 +77,7 @@ async def test_a_full_cloud_job_never_shows_the_key_anywhere(
 async def test_an_overloaded_job_nobody_approves_never_reaches_minimax(
     worker_process, dev_env, comfyui: ComfyUISim, minimax: MiniMaxSim
 ):
-    comfyui.set_vram_used_pct(97)
+    comfyui.set_vram_used_pct(BUSY_VRAM_PCT)
     comfyui.execution_s = 0.2
     worker = await worker_process(
         COMFYUI_URL=comfyui.url,
@@ -118,7 +111,7 @@ async def test_a_worker_killed_while_polling_resumes_and_never_creates_again(
     minimax.set_statuses(["Preparing", *["Processing"] * 15, "Success"])
     worker = await cloud_worker()
     handle = await start_job(dev_env, worker.task_queue)
-    await eventually(lambda: minimax.query_hits >= 3, timeout_s=30)
+    await until(lambda: minimax.query_hits >= 3, timeout_s=30)
     await worker.kill()
     await worker.start()
     plan: Plan = await asyncio.wait_for(handle.result(), 90)
@@ -131,7 +124,7 @@ async def test_a_worker_killed_right_after_the_create_answer_never_creates_again
 ):
     worker = await cloud_worker()
     handle = await start_job(dev_env, worker.task_queue)
-    await eventually(lambda: minimax.tasks_created >= 1, timeout_s=30)
+    await until(lambda: minimax.tasks_created >= 1, timeout_s=30)
     await worker.kill()  # the answer is on its way, or read, or the activity just completed
     await worker.start()
     try:

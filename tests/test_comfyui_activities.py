@@ -28,15 +28,10 @@ from spillway.comfyui_models import (
 from spillway.models import Downloaded, Progress
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.comfyui_graph import Failure
-from tests.comfyui_fixtures import (
-    ANIMATION_GRAPH,
-    SLOW_GRAPH,
-    VIDEO_GRAPH,
-    graph_without,
-    submit_request,
-    wait_request,
-)
-from tests.comfyui_workflow import RenderLocally, SubmitOnce
+from tests.support.comfyui import submit_request, wait_request
+from tests.support.graphs import ANIMATION_GRAPH, SLOW_GRAPH, VIDEO_GRAPH, graph_without
+from tests.support.waiting import until
+from tests.support.workflows import RenderLocally, SubmitOnce
 
 
 def new_job() -> str:
@@ -93,7 +88,7 @@ async def test_video_job_is_submitted_followed_and_downloaded_with_matching_sha2
 
 
 async def test_download_run_again_keeps_the_completed_files_and_fetches_nothing(
-    comfyui: ComfyUISim, comfyui_activities, run_comfyui_activity
+    comfyui: ComfyUISim, comfyui_activities, run_activity
 ):
     comfyui.execution_s = 0
     acts = comfyui_activities()
@@ -102,15 +97,15 @@ async def test_download_run_again_keeps_the_completed_files_and_fetches_nothing(
         "3": VIDEO_GRAPH["3"] | {"inputs": VIDEO_GRAPH["3"]["inputs"] | {"video": ["4", 0]}},
     }
     req = submit_request(new_job(), graph)
-    await run_comfyui_activity(acts.submit, req)
-    finished, _ = await run_comfyui_activity(acts.wait, wait_request(req))
+    await run_activity(acts.submit, req)
+    finished, _ = await run_activity(acts.wait, wait_request(req))
     assert isinstance(finished, ComfyUIFinished) and len(finished.files) == 2
 
-    first, _ = await run_comfyui_activity(
+    first, _ = await run_activity(
         acts.download, ComfyUIDownload(job_id=req.job_id, files=finished.files)
     )
     views = comfyui.hits["GET /view"]
-    again, heartbeats = await run_comfyui_activity(
+    again, heartbeats = await run_activity(
         acts.download, ComfyUIDownload(job_id=req.job_id, files=finished.files)
     )
 
@@ -121,38 +116,38 @@ async def test_download_run_again_keeps_the_completed_files_and_fetches_nothing(
 
 
 async def test_dropped_download_leaves_no_file_behind_and_the_retry_completes_it(
-    comfyui: ComfyUISim, comfyui_activities, run_comfyui_activity
+    comfyui: ComfyUISim, comfyui_activities, run_activity
 ):
     comfyui.execution_s = 0
     acts = comfyui_activities()
     req = submit_request(new_job(), VIDEO_GRAPH)
-    await run_comfyui_activity(acts.submit, req)
-    finished, _ = await run_comfyui_activity(acts.wait, wait_request(req))
+    await run_activity(acts.submit, req)
+    finished, _ = await run_activity(acts.wait, wait_request(req))
     download = ComfyUIDownload(job_id=req.job_id, files=finished.files)
 
     comfyui.faults["/view"] = "drop"
-    failed, _ = await run_comfyui_activity(acts.download, download)
+    failed, _ = await run_activity(acts.download, download)
     assert isinstance(failed, ApplicationError)
     assert failed.type == "ComfyUIUnavailable" and not failed.non_retryable
     job_dir = acts._settings.SPILLWAY_OUTPUT_DIR / req.job_id
     assert not [p for p in job_dir.rglob("*") if p.is_file()]
 
     del comfyui.faults["/view"]
-    downloaded, _ = await run_comfyui_activity(acts.download, download)
+    downloaded, _ = await run_activity(acts.download, download)
     assert isinstance(downloaded, Downloaded)
     assert downloaded.outputs[0].sha256 == comfyui.expected_sha256("job_00001_.mp4", "video")
 
 
 async def test_download_reports_bytes_in_its_heartbeats(
-    comfyui: ComfyUISim, comfyui_activities, run_comfyui_activity
+    comfyui: ComfyUISim, comfyui_activities, run_activity
 ):
     comfyui.execution_s = 0
     comfyui.output_bytes = 8 * 1024 * 1024
     acts = comfyui_activities()
     req = submit_request(new_job(), VIDEO_GRAPH)
-    await run_comfyui_activity(acts.submit, req)
-    finished, _ = await run_comfyui_activity(acts.wait, wait_request(req))
-    _, heartbeats = await run_comfyui_activity(
+    await run_activity(acts.submit, req)
+    finished, _ = await run_activity(acts.wait, wait_request(req))
+    _, heartbeats = await run_activity(
         acts.download, ComfyUIDownload(job_id=req.job_id, files=finished.files)
     )
     last = [p for p in heartbeats if p][-1]
@@ -172,10 +167,10 @@ async def test_download_reports_bytes_in_its_heartbeats(
     ],
 )
 async def test_output_names_that_would_leave_the_job_folder_are_refused_before_any_request(
-    comfyui: ComfyUISim, comfyui_activities, run_comfyui_activity, tmp_path, subfolder, filename
+    comfyui: ComfyUISim, comfyui_activities, run_activity, tmp_path, subfolder, filename
 ):
     bad = ComfyUIFile(node_id="9", kind="images", filename=filename, subfolder=subfolder)
-    refused, _ = await run_comfyui_activity(
+    refused, _ = await run_activity(
         comfyui_activities().download, ComfyUIDownload(job_id="job-1", files=[bad])
     )
     assert isinstance(refused, ApplicationError)
@@ -185,10 +180,10 @@ async def test_output_names_that_would_leave_the_job_folder_are_refused_before_a
 
 
 async def test_output_comfyui_no_longer_has_fails_without_retry(
-    comfyui: ComfyUISim, comfyui_activities, run_comfyui_activity
+    comfyui: ComfyUISim, comfyui_activities, run_activity
 ):
     gone = ComfyUIFile(node_id="3", kind="images", filename="job_00009_.mp4", subfolder="video")
-    failed, _ = await run_comfyui_activity(
+    failed, _ = await run_activity(
         comfyui_activities().download, ComfyUIDownload(job_id="job-1", files=[gone])
     )
     assert isinstance(failed, ApplicationError)
@@ -223,12 +218,10 @@ async def test_invalid_graph_fails_once_without_retries_naming_node_class_and_re
 
 
 async def test_unknown_node_class_is_rejected_naming_the_node_and_its_class(
-    comfyui: ComfyUISim, comfyui_activities, run_comfyui_activity
+    comfyui: ComfyUISim, comfyui_activities, run_activity
 ):
     graph = {**ANIMATION_GRAPH, "1": {"class_type": "NoSuchNode", "inputs": {}}}
-    rejected, _ = await run_comfyui_activity(
-        comfyui_activities().submit, submit_request(new_job(), graph)
-    )
+    rejected, _ = await run_activity(comfyui_activities().submit, submit_request(new_job(), graph))
     assert isinstance(rejected, ApplicationError) and rejected.non_retryable
     assert rejected.message == (
         "ComfyUI rejected the graph: node 1 (NoSuchNode): "
@@ -237,25 +230,23 @@ async def test_unknown_node_class_is_rejected_naming_the_node_and_its_class(
 
 
 async def test_graph_without_a_save_node_is_rejected_saying_what_is_missing(
-    comfyui: ComfyUISim, comfyui_activities, run_comfyui_activity
+    comfyui: ComfyUISim, comfyui_activities, run_activity
 ):
     graph = {"1": ANIMATION_GRAPH["1"]}
-    rejected, _ = await run_comfyui_activity(
-        comfyui_activities().submit, submit_request(new_job(), graph)
-    )
+    rejected, _ = await run_activity(comfyui_activities().submit, submit_request(new_job(), graph))
     assert isinstance(rejected, ApplicationError) and rejected.type == "ComfyUIGraphRejected"
     assert "Prompt has no outputs" in rejected.message and "SaveVideo" in rejected.message
 
 
 async def test_graph_accepted_with_node_errors_is_rejected_and_taken_out_of_the_queue(
-    comfyui: ComfyUISim, comfyui_activities, run_comfyui_activity
+    comfyui: ComfyUISim, comfyui_activities, run_activity
 ):
     comfyui.pause()  # so the accepted half cannot start before it is taken back
     half_broken = {**ANIMATION_GRAPH, "3": copy.deepcopy(ANIMATION_GRAPH["2"])}
     del half_broken["3"]["inputs"]["fps"]
     req = submit_request(new_job(), half_broken)
 
-    rejected, _ = await run_comfyui_activity(comfyui_activities().submit, req)
+    rejected, _ = await run_activity(comfyui_activities().submit, req)
 
     assert isinstance(rejected, ApplicationError)
     assert rejected.type == "ComfyUIGraphRejected" and rejected.non_retryable
@@ -267,13 +258,13 @@ async def test_graph_accepted_with_node_errors_is_rejected_and_taken_out_of_the_
 
 
 async def test_retried_submit_finding_its_prompt_queued_does_not_post_again(
-    comfyui: ComfyUISim, comfyui_activities, run_comfyui_activity
+    comfyui: ComfyUISim, comfyui_activities, run_activity
 ):
     comfyui.pause()
     acts = comfyui_activities()
     req = submit_request(new_job(), VIDEO_GRAPH)
-    first, _ = await run_comfyui_activity(acts.submit, req)
-    again, _ = await run_comfyui_activity(acts.submit, req)
+    first, _ = await run_activity(acts.submit, req)
+    again, _ = await run_activity(acts.submit, req)
     assert first == ComfyUISubmitted(prompt_id=req.prompt_id, number=0, posted=True)
     assert again == ComfyUISubmitted(prompt_id=req.prompt_id, posted=False)
     assert comfyui.prompt_posts[req.prompt_id] == 1
@@ -281,14 +272,14 @@ async def test_retried_submit_finding_its_prompt_queued_does_not_post_again(
 
 
 async def test_retried_submit_finding_its_prompt_in_history_does_not_post_again(
-    comfyui: ComfyUISim, comfyui_activities, run_comfyui_activity
+    comfyui: ComfyUISim, comfyui_activities, run_activity
 ):
     comfyui.execution_s = 0
     acts = comfyui_activities()
     req = submit_request(new_job(), VIDEO_GRAPH)
-    await run_comfyui_activity(acts.submit, req)
+    await run_activity(acts.submit, req)
     await comfyui.wait_until(req.prompt_id, "done")
-    again, _ = await run_comfyui_activity(acts.submit, req)
+    again, _ = await run_activity(acts.submit, req)
     assert again == ComfyUISubmitted(prompt_id=req.prompt_id, posted=False)
     assert comfyui.prompt_posts[req.prompt_id] == 1
 
@@ -310,11 +301,11 @@ async def test_submit_whose_answer_was_lost_is_retried_by_temporal_without_a_sec
 
 
 async def test_comfyui_ignoring_the_callers_prompt_id_is_refused_as_unsupported(
-    comfyui: ComfyUISim, comfyui_activities, run_comfyui_activity
+    comfyui: ComfyUISim, comfyui_activities, run_activity
 ):
     # Older ComfyUIs answer with a prompt_id of their own: retries could no longer find it.
     comfyui.answers["/prompt"] = {"prompt_id": "f00-generated", "number": 3, "node_errors": {}}
-    failed, _ = await run_comfyui_activity(
+    failed, _ = await run_activity(
         comfyui_activities().submit, submit_request(new_job(), VIDEO_GRAPH)
     )
     assert isinstance(failed, ApplicationError)
@@ -323,19 +314,19 @@ async def test_comfyui_ignoring_the_callers_prompt_id_is_refused_as_unsupported(
 
 
 async def test_submit_to_a_comfyui_that_refuses_connections_is_retryable(
-    comfyui_activities, run_comfyui_activity, refused_url
+    comfyui_activities, run_activity, refused_url
 ):
     acts = comfyui_activities(COMFYUI_URL=refused_url)
-    failed, _ = await run_comfyui_activity(acts.submit, submit_request(new_job(), VIDEO_GRAPH))
+    failed, _ = await run_activity(acts.submit, submit_request(new_job(), VIDEO_GRAPH))
     assert isinstance(failed, ApplicationError)
     assert failed.type == "ComfyUIUnavailable" and not failed.non_retryable
 
 
 async def test_submit_answered_500_is_retryable(
-    comfyui: ComfyUISim, comfyui_activities, run_comfyui_activity
+    comfyui: ComfyUISim, comfyui_activities, run_activity
 ):
     comfyui.faults["/prompt"] = "http500"
-    failed, _ = await run_comfyui_activity(
+    failed, _ = await run_activity(
         comfyui_activities().submit, submit_request(new_job(), VIDEO_GRAPH)
     )
     assert isinstance(failed, ApplicationError)
@@ -346,7 +337,7 @@ async def test_submit_answered_500_is_retryable(
 
 
 async def test_wait_heartbeats_queued_then_running_with_node_progress(
-    comfyui: ComfyUISim, comfyui_activities, run_comfyui_activity
+    comfyui: ComfyUISim, comfyui_activities, run_activity
 ):
     comfyui.execution_s = 1.0
     comfyui.progress_nodes.add("ImageBlur")
@@ -354,12 +345,10 @@ async def test_wait_heartbeats_queued_then_running_with_node_progress(
     comfyui.pause()
     acts = comfyui_activities()
     req = submit_request(new_job(), SLOW_GRAPH)
-    await run_comfyui_activity(acts.submit, req)
+    await run_activity(acts.submit, req)
     reads = comfyui.hits["GET /queue"]
-    waiting = asyncio.create_task(run_comfyui_activity(acts.wait, wait_request(req)))
-    async with asyncio.timeout(5):
-        while comfyui.hits["GET /queue"] == reads:  # noqa: ASYNC110 (a counter, no event)
-            await asyncio.sleep(0.005)
+    waiting = asyncio.create_task(run_activity(acts.wait, wait_request(req)))
+    await until(lambda: comfyui.hits["GET /queue"] > reads, timeout_s=5, every_s=0.005)
     await asyncio.sleep(0.1)  # seen in the queue, and said so
     comfyui.resume()
     finished, heartbeats = await waiting
@@ -372,13 +361,13 @@ async def test_wait_heartbeats_queued_then_running_with_node_progress(
 
 
 async def test_wait_keeps_heartbeating_while_nothing_changes(
-    comfyui: ComfyUISim, comfyui_activities, run_comfyui_activity
+    comfyui: ComfyUISim, comfyui_activities, run_activity
 ):
     comfyui.pause()
     acts = comfyui_activities()  # heartbeats every 0.05 s here, every 5 s in production
     req = submit_request(new_job(), VIDEO_GRAPH)
-    await run_comfyui_activity(acts.submit, req)
-    waiting = asyncio.create_task(run_comfyui_activity(acts.wait, wait_request(req)))
+    await run_activity(acts.submit, req)
+    waiting = asyncio.create_task(run_activity(acts.wait, wait_request(req)))
     await asyncio.sleep(0.6)
     comfyui.execution_s = 0
     comfyui.resume()
@@ -388,7 +377,7 @@ async def test_wait_keeps_heartbeating_while_nothing_changes(
 
 
 async def test_wait_returns_every_output_file_with_its_kind(
-    comfyui: ComfyUISim, comfyui_activities, run_comfyui_activity
+    comfyui: ComfyUISim, comfyui_activities, run_activity
 ):
     comfyui.execution_s = 0
     graph = {
@@ -413,8 +402,8 @@ async def test_wait_returns_every_output_file_with_its_kind(
     graph["1"]["inputs"]["batch_size"] = 2
     acts = comfyui_activities()
     req = submit_request(new_job(), graph)
-    await run_comfyui_activity(acts.submit, req)
-    finished, _ = await run_comfyui_activity(acts.wait, wait_request(req))
+    await run_activity(acts.submit, req)
+    finished, _ = await run_activity(acts.wait, wait_request(req))
 
     assert isinstance(finished, ComfyUIFinished)
     assert [(f.node_id, f.kind, f.subfolder, f.filename, f.animated) for f in finished.files] == [
@@ -426,14 +415,14 @@ async def test_wait_returns_every_output_file_with_its_kind(
 
 
 async def test_execution_error_fails_without_retry_carrying_comfyuis_exception_and_node(
-    comfyui: ComfyUISim, comfyui_activities, run_comfyui_activity
+    comfyui: ComfyUISim, comfyui_activities, run_activity
 ):
     comfyui.execution_s = 0.05
     comfyui.fail_next()
     acts = comfyui_activities()
     req = submit_request(new_job(), VIDEO_GRAPH)
-    await run_comfyui_activity(acts.submit, req)
-    failed, _ = await run_comfyui_activity(acts.wait, wait_request(req))
+    await run_activity(acts.submit, req)
+    failed, _ = await run_activity(acts.wait, wait_request(req))
 
     assert isinstance(failed, ApplicationError)
     assert failed.type == "ComfyUIExecutionFailed" and failed.non_retryable
@@ -445,7 +434,7 @@ async def test_execution_error_fails_without_retry_carrying_comfyuis_exception_a
 
 
 async def test_out_of_memory_in_a_chosen_node_names_that_node(
-    comfyui: ComfyUISim, comfyui_activities, run_comfyui_activity
+    comfyui: ComfyUISim, comfyui_activities, run_activity
 ):
     comfyui.execution_s = 0
     acts = comfyui_activities()
@@ -454,8 +443,8 @@ async def test_out_of_memory_in_a_chosen_node_names_that_node(
         req.prompt_id,
         Failure("Allocation on device", "torch.OutOfMemoryError", node_id="11"),
     )
-    await run_comfyui_activity(acts.submit, req)
-    failed, _ = await run_comfyui_activity(acts.wait, wait_request(req))
+    await run_activity(acts.submit, req)
+    failed, _ = await run_activity(acts.wait, wait_request(req))
     assert isinstance(failed, ApplicationError)
     assert failed.message == (
         "ComfyUI failed in node 11 (ImageBlur): torch.OutOfMemoryError: Allocation on device"
@@ -463,13 +452,13 @@ async def test_out_of_memory_in_a_chosen_node_names_that_node(
 
 
 async def test_interrupted_prompt_fails_without_retry_naming_the_node(
-    comfyui: ComfyUISim, comfyui_activities, run_comfyui_activity, http: httpx.AsyncClient
+    comfyui: ComfyUISim, comfyui_activities, run_activity, http: httpx.AsyncClient
 ):
     comfyui.execution_s = 1.0
     acts = comfyui_activities()
     req = submit_request(new_job(), SLOW_GRAPH)
-    await run_comfyui_activity(acts.submit, req)
-    waiting = asyncio.create_task(run_comfyui_activity(acts.wait, wait_request(req)))
+    await run_activity(acts.submit, req)
+    waiting = asyncio.create_task(run_activity(acts.wait, wait_request(req)))
     await comfyui.wait_until(req.prompt_id, "running")
     # Someone presses "cancel" in ComfyUI's own UI.
     await http.post(f"{comfyui.url}/interrupt", json={"prompt_id": req.prompt_id})
@@ -481,14 +470,14 @@ async def test_interrupted_prompt_fails_without_retry_naming_the_node(
 
 
 async def test_socket_going_silent_mid_job_is_finished_by_the_history_poll(
-    comfyui: ComfyUISim, comfyui_activities, run_comfyui_activity
+    comfyui: ComfyUISim, comfyui_activities, run_activity
 ):
     comfyui.execution_s = 0.5
     comfyui.ws_silent_after = 4  # greeting, execution_start, ... then nothing more arrives
     acts = comfyui_activities()
     req = submit_request(new_job(), SLOW_GRAPH)
-    await run_comfyui_activity(acts.submit, req)
-    finished, _ = await run_comfyui_activity(acts.wait, wait_request(req))
+    await run_activity(acts.submit, req)
+    finished, _ = await run_activity(acts.wait, wait_request(req))
 
     assert isinstance(finished, ComfyUIFinished) and finished.outcome == "success"
     assert [f.filename for f in finished.files] == ["s_00001_.webp"]
@@ -496,26 +485,26 @@ async def test_socket_going_silent_mid_job_is_finished_by_the_history_poll(
 
 
 async def test_wait_started_after_the_prompt_finished_reads_it_from_history(
-    comfyui: ComfyUISim, comfyui_activities, run_comfyui_activity
+    comfyui: ComfyUISim, comfyui_activities, run_activity
 ):
     comfyui.execution_s = 0
     acts = comfyui_activities()
     req = submit_request(new_job(), VIDEO_GRAPH)
-    await run_comfyui_activity(acts.submit, req)
+    await run_activity(acts.submit, req)
     await comfyui.wait_until(req.prompt_id, "done")  # finished while no worker watched
-    finished, _ = await run_comfyui_activity(acts.wait, wait_request(req))
+    finished, _ = await run_activity(acts.wait, wait_request(req))
     assert isinstance(finished, ComfyUIFinished) and finished.outcome == "success"
     assert [f.filename for f in finished.files] == ["job_00001_.mp4"]
 
 
 async def test_comfyui_restart_mid_job_reports_the_prompt_lost(
-    comfyui: ComfyUISim, comfyui_activities, run_comfyui_activity
+    comfyui: ComfyUISim, comfyui_activities, run_activity
 ):
     comfyui.execution_s = 5.0
     acts = comfyui_activities()
     req = submit_request(new_job(), SLOW_GRAPH)
-    await run_comfyui_activity(acts.submit, req)
-    waiting = asyncio.create_task(run_comfyui_activity(acts.wait, wait_request(req)))
+    await run_activity(acts.submit, req)
+    waiting = asyncio.create_task(run_activity(acts.wait, wait_request(req)))
     await comfyui.wait_until(req.prompt_id, "running")
     await comfyui.restart(down_s=0.2)
     finished, _ = await waiting
@@ -523,19 +512,17 @@ async def test_comfyui_restart_mid_job_reports_the_prompt_lost(
 
 
 async def test_prompt_missing_from_one_poll_only_is_not_lost(
-    comfyui: ComfyUISim, comfyui_activities, run_comfyui_activity
+    comfyui: ComfyUISim, comfyui_activities, run_activity
 ):
     comfyui.pause()
     acts = comfyui_activities(COMFYUI_HISTORY_POLL_S=0.5)
     req = submit_request(new_job(), VIDEO_GRAPH)
-    await run_comfyui_activity(acts.submit, req)
+    await run_activity(acts.submit, req)
     # One glitched answer: the queue looks empty once while history says `{}`.
     comfyui.answers["/queue"] = {"queue_running": [], "queue_pending": []}
     reads = comfyui.hits["GET /queue"]
-    waiting = asyncio.create_task(run_comfyui_activity(acts.wait, wait_request(req)))
-    async with asyncio.timeout(5):
-        while comfyui.hits["GET /queue"] == reads:  # noqa: ASYNC110 (a counter, no event)
-            await asyncio.sleep(0.005)
+    waiting = asyncio.create_task(run_activity(acts.wait, wait_request(req)))
+    await until(lambda: comfyui.hits["GET /queue"] > reads, timeout_s=5, every_s=0.005)
     del comfyui.answers["/queue"]
     comfyui.execution_s = 0
     comfyui.resume()
@@ -547,13 +534,13 @@ async def test_prompt_missing_from_one_poll_only_is_not_lost(
 
 
 async def test_cancel_while_pending_deletes_the_prompt_from_the_queue(
-    comfyui: ComfyUISim, comfyui_activities, run_comfyui_activity
+    comfyui: ComfyUISim, comfyui_activities, run_activity
 ):
     comfyui.pause()
     acts = comfyui_activities()
     req = submit_request(new_job(), VIDEO_GRAPH)
-    await run_comfyui_activity(acts.submit, req)
-    cancelled, _ = await run_comfyui_activity(acts.cancel, ComfyUICancel(prompt_id=req.prompt_id))
+    await run_activity(acts.submit, req)
+    cancelled, _ = await run_activity(acts.cancel, ComfyUICancel(prompt_id=req.prompt_id))
     assert cancelled == ComfyUICancelled(prompt_id=req.prompt_id, was="pending")
     assert comfyui.state_of(req.prompt_id) == "unknown"
     comfyui.resume()
@@ -562,14 +549,14 @@ async def test_cancel_while_pending_deletes_the_prompt_from_the_queue(
 
 
 async def test_cancel_while_running_interrupts_and_returns_once_comfyui_let_go(
-    comfyui: ComfyUISim, comfyui_activities, run_comfyui_activity
+    comfyui: ComfyUISim, comfyui_activities, run_activity
 ):
     comfyui.execution_s = 1.0
     acts = comfyui_activities()
     req = submit_request(new_job(), SLOW_GRAPH)
-    await run_comfyui_activity(acts.submit, req)
+    await run_activity(acts.submit, req)
     await comfyui.wait_until(req.prompt_id, "running")
-    cancelled, _ = await run_comfyui_activity(acts.cancel, ComfyUICancel(prompt_id=req.prompt_id))
+    cancelled, _ = await run_activity(acts.cancel, ComfyUICancel(prompt_id=req.prompt_id))
 
     assert cancelled == ComfyUICancelled(prompt_id=req.prompt_id, was="running")
     assert comfyui.state_of(req.prompt_id) == "done"
@@ -579,9 +566,9 @@ async def test_cancel_while_running_interrupts_and_returns_once_comfyui_let_go(
 
 
 async def test_cancel_of_a_prompt_comfyui_no_longer_holds_reports_gone(
-    comfyui: ComfyUISim, comfyui_activities, run_comfyui_activity
+    comfyui: ComfyUISim, comfyui_activities, run_activity
 ):
-    cancelled, _ = await run_comfyui_activity(
+    cancelled, _ = await run_activity(
         comfyui_activities().cancel, ComfyUICancel(prompt_id="spillway-never-submitted-1")
     )
     assert cancelled == ComfyUICancelled(prompt_id="spillway-never-submitted-1", was="gone")

@@ -11,7 +11,7 @@ from temporalio.testing import ActivityEnvironment
 
 from spillway.minimax_models import MiniMaxCreate, MiniMaxPoll
 from spillway.models import CloudRequest
-from tests.minimax_fixtures import eventually
+from tests.support.waiting import until
 
 
 async def test_a_poll_hands_over_when_its_worker_shuts_down(minimax, minimax_activities):
@@ -24,7 +24,7 @@ async def test_a_poll_hands_over_when_its_worker_shuts_down(minimax, minimax_act
     polling = asyncio.create_task(
         env.run(minimax_activities().poll, MiniMaxPoll(job_id="job-1", task_id=created.task_id))
     )
-    await eventually(lambda: minimax.query_hits >= 1)
+    await until(lambda: minimax.query_hits >= 1)
     env.worker_shutdown()
     with pytest.raises(ApplicationError) as handed:
         await asyncio.wait_for(polling, 5)

@@ -11,15 +11,16 @@ from temporalio.worker import Worker
 from activities.spend import SpendLedger
 from spillway.models import LoadProbeRequest, LoadStatus
 from spillway.tiers import load_tiers
-from tests.probe_workflow import ProbeOnce
+from tests.support.constants import FREE_VRAM_PCT
+from tests.support.workflows import ProbeOnce
 from worker import activities
 
 
 async def test_measurement_travels_through_temporal_and_stays_in_history(
-    env: WorkflowEnvironment, http, settings_for, gpu
+    env: WorkflowEnvironment, http, comfyui_settings, gpu
 ):
     task_queue = f"probe-{uuid.uuid4()}"
-    settings = settings_for(A40_VRAM_BUSY_PCT=1)
+    settings = comfyui_settings(A40_VRAM_BUSY_PCT=1)
     async with Worker(
         env.client,
         task_queue=task_queue,
@@ -41,7 +42,7 @@ async def test_measurement_travels_through_temporal_and_stays_in_history(
         status = await handle.result()
 
     assert isinstance(status, LoadStatus)
-    assert status.overloaded and status.reasons == ["vram_used_42.4pct_ge_1.0pct"]
+    assert status.overloaded and status.reasons == [f"vram_used_{FREE_VRAM_PCT}pct_ge_1.0pct"]
     assert status.measured_at.tzinfo is not None
     history = await handle.fetch_history()
     recorded = [

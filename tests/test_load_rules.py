@@ -8,6 +8,7 @@ import pytest
 
 from spillway.load import Readings, assess, vram_pct
 from spillway.models import Thresholds
+from tests.support.constants import FREE_VRAM_PCT
 
 SEED = Thresholds(vram_busy_pct=85, util_busy_pct=95)
 NOW = datetime(2026, 7, 24, 11, 34, 45, tzinfo=UTC)
@@ -16,7 +17,7 @@ NOW = datetime(2026, 7, 24, 11, 34, 45, tzinfo=UTC)
 @pytest.mark.parametrize(
     ("readings", "overloaded", "reasons"),
     [
-        (Readings(True, vram_pct=42.4), False, []),
+        (Readings(True, vram_pct=FREE_VRAM_PCT), False, []),
         (Readings(True, vram_pct=85.0), True, ["vram_used_85.0pct_ge_85.0pct"]),
         (Readings(True, vram_pct=84.9), False, []),
         (Readings(True, gpu_util_pct=99, queue_pending=0), False, []),
@@ -50,7 +51,7 @@ def test_readings_give_verdict_and_reason_codes(readings, overloaded, reasons):
 
 def test_seed_vram_reading_is_42_4_percent():
     # "VRAM 25.9/45GB frei = 42.4% belegt"
-    assert vram_pct(vram_total=45_000, vram_free=25_900) == 42.4
+    assert vram_pct(vram_total=45_000, vram_free=25_900) == FREE_VRAM_PCT == 42.4
 
 
 def test_shown_vram_figure_and_verdict_agree_at_the_threshold():
@@ -61,6 +62,6 @@ def test_shown_vram_figure_and_verdict_agree_at_the_threshold():
 
 def test_threshold_of_one_percent_formats_like_the_seed():
     status = assess(
-        Readings(True, vram_pct=42.4), Thresholds(vram_busy_pct=1, util_busy_pct=95), NOW
+        Readings(True, vram_pct=FREE_VRAM_PCT), Thresholds(vram_busy_pct=1, util_busy_pct=95), NOW
     )
     assert status.reasons == ["vram_used_42.4pct_ge_1.0pct"]

@@ -20,13 +20,14 @@ from temporalio.worker import Worker
 
 from activities.spend import SpendLedger
 from spillway.comfyui_models import prompt_id_for
-from spillway.models import Plan, VideoJob
+from spillway.models import Plan
 from spillway.settings import Settings
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.comfyui_graph import Failure
 from spillway.tiers import load_tiers
-from tests.comfyui_fixtures import SLOW_GRAPH, VIDEO_GRAPH, graph_without
-from tests.minimax_fixtures import eventually
+from tests.support.graphs import SLOW_GRAPH, VIDEO_GRAPH, graph_without
+from tests.support.jobs import Jobs
+from tests.support.waiting import until
 from worker import WORKFLOWS, activities
 from workflows.video_job import VideoJobWorkflow
 
@@ -46,6 +47,7 @@ def local_jobs(dev_env: WorkflowEnvironment, comfyui_settings, http, gpu, comfyu
         settings: Settings = comfyui_settings(SPILLWAY_HEARTBEAT_TIMEOUT_S=2, **overrides)
         tiers = load_tiers(settings.SPILLWAY_ROUTING_TIERS)
         queue = f"local-{uuid.uuid4()}"
+        jobs = Jobs(env.client, queue)
         async with Worker(
             env.client,
             task_queue=queue,
@@ -54,10 +56,7 @@ def local_jobs(dev_env: WorkflowEnvironment, comfyui_settings, http, gpu, comfyu
         ):
 
             async def start(graph: dict[str, Any] = VIDEO_GRAPH) -> WorkflowHandle[Any, Plan]:
-                job = VideoJob(job_id=f"local-{uuid.uuid4().hex[:10]}", graph=graph)
-                return await env.client.start_workflow(
-                    VideoJobWorkflow.run, job, id=job.job_id, task_queue=queue
-                )
+                return await jobs.start(prompt=None, graph=graph)  # no cloud request
 
             yield start
 
@@ -146,12 +145,9 @@ async def test_a_worker_killed_right_after_the_post_never_posts_twice(
     comfyui.execution_s = 0.3
     comfyui.hang_prompt_answers = 1  # queued, then the worker dies waiting for the answer
     worker = await worker_process(COMFYUI_URL=comfyui.url, COMFYUI_HISTORY_POLL_S="0.2")
-    job = VideoJob(job_id=f"once-{uuid.uuid4().hex[:10]}", graph=VIDEO_GRAPH)
-    handle = await dev_env.client.start_workflow(
-        VideoJobWorkflow.run, job, id=job.job_id, task_queue=worker.task_queue
-    )
-    prompt = prompt_id_for(job.job_id, 1)
-    await eventually(lambda: comfyui.prompt_posts[prompt] >= 1, timeout_s=30)
+    handle = await Jobs(dev_env.client, worker.task_queue).start(prompt=None)
+    prompt = prompt_id_for(handle.id, 1)
+    await until(lambda: comfyui.prompt_posts[prompt] >= 1, timeout_s=30)
     await worker.kill()
     await worker.start()
     plan: Plan = await asyncio.wait_for(handle.result(), 90)

@@ -4,7 +4,6 @@ arrives, every refusal says what to do, and no failure ever leads to a second pa
 from __future__ import annotations
 
 import asyncio
-import base64
 import hashlib
 import json
 import logging
@@ -28,8 +27,11 @@ from spillway.minimax_models import (
     MiniMaxPoll,
 )
 from spillway.models import CloudRequest, Downloaded
-from tests.minimax_fixtures import CANARY_KEY, FAST, VIDEO_SIZE, BookLedger, eventually
-from tests.minimax_workflow import CloudOnce, CreateOnce, CreateOnceInput
+from tests.support.cli import decoded
+from tests.support.constants import CANARY_KEY
+from tests.support.minimax import FAST, VIDEO_SIZE, BookLedger
+from tests.support.waiting import until
+from tests.support.workflows import CloudOnce, CreateOnce, CreateOnceInput
 
 PROMPT = "a heron lifting off over a spillway at dawn"
 
@@ -60,20 +62,6 @@ async def run_route(acts: MiniMaxActivities, run_activity, req: MiniMaxCreate):
         MiniMaxDownload(job_id=req.job_id, task_id=done.task_id, file_id=done.file_id),
     )
     return created, done, downloaded, create_beats + poll_beats + download_beats
-
-
-def readable(node: object) -> str:
-    """A history's JSON as text with every payload's base64 `data` decoded."""
-    if isinstance(node, dict):
-        parts = []
-        for key, value in node.items():
-            if key == "data" and isinstance(value, str):
-                parts.append(base64.b64decode(value).decode("utf-8", "replace"))
-            parts.append(f"{key}: {readable(value)}")
-        return "\n".join(parts)
-    if isinstance(node, list):
-        return "\n".join(readable(item) for item in node)
-    return str(node)
 
 
 def on_disk(path: Path) -> tuple[int, str, list[str]]:
@@ -126,10 +114,10 @@ async def test_cloud_job_creates_polls_and_downloads_the_video_with_matching_sha
 
 
 async def test_full_cloud_route_through_temporal_keeps_the_key_out_of_history(
-    env: WorkflowEnvironment, minimax, http, minimax_settings
+    env: WorkflowEnvironment, minimax, minimax_activities
 ):
     task_queue = f"minimax-{uuid.uuid4()}"
-    acts = MiniMaxActivities(http, minimax_settings(), BookLedger(), FAST)
+    acts = minimax_activities()
     req = create_request()
     async with Worker(
         env.client,
@@ -146,7 +134,7 @@ async def test_full_cloud_route_through_temporal_keeps_the_key_out_of_history(
     [task] = minimax.tasks.values()
     assert downloaded.outputs[0].sha256 == minimax.sha256_of_task(task.task_id)
     assert (minimax.create_calls, minimax.tasks_created) == (1, 1)
-    history = readable(json.loads((await handle.fetch_history()).to_json()))
+    history = decoded(json.loads((await handle.fetch_history()).to_json()))
     assert task.task_id in history and PROMPT in history  # payloads decoded: the check can see
     assert CANARY_KEY not in history
 
@@ -265,11 +253,11 @@ async def test_create_refused_until_the_budget_ends_gives_up_saying_nothing_was_
     "default_retry_policy", [False, True], ids=["max_attempts_1", "default_policy"]
 )
 async def test_create_hanging_after_minimax_received_it_fails_ambiguous_and_is_never_resent(
-    env: WorkflowEnvironment, minimax, http, minimax_settings, default_retry_policy
+    env: WorkflowEnvironment, minimax, minimax_activities, default_retry_policy
 ):
     minimax.fault_next_create("hang")  # MiniMax made the task; its answer never comes
     task_queue = f"minimax-{uuid.uuid4()}"
-    acts = MiniMaxActivities(http, minimax_settings(), BookLedger(), FAST)
+    acts = minimax_activities()
     req = create_request()
     async with Worker(
         env.client, task_queue=task_queue, workflows=[CreateOnce], activities=[acts.create]
@@ -333,7 +321,7 @@ async def test_create_cancelled_with_the_request_in_flight_reports_ambiguous_not
     running = asyncio.create_task(
         env.run(minimax_activities(MINIMAX_CREATE_TIMEOUT_S=30).create, create_request())
     )
-    await eventually(lambda: minimax.create_bodies)
+    await until(lambda: minimax.create_bodies)
     env.cancel()
     with pytest.raises(ApplicationError) as raised:
         await running

@@ -11,7 +11,9 @@ import httpx
 import pytest
 
 from spillway.sim.minimax import MiniMaxSim
-from tests.minimax_fixtures import CANARY_KEY, VIDEO_SIZE, eventually
+from tests.support.constants import CANARY_KEY
+from tests.support.minimax import VIDEO_SIZE
+from tests.support.waiting import until
 
 AUTH = {"Authorization": f"Bearer {CANARY_KEY}"}
 BODY = {
@@ -165,7 +167,7 @@ async def test_hang_after_create_reads_it_counts_it_and_never_answers_until_rele
 ):
     minimax.fault_next_create("hang", creates_task=creates_task)
     pending = asyncio.create_task(create(http, minimax))
-    await eventually(lambda: minimax.create_bodies)
+    await until(lambda: minimax.create_bodies)
     await asyncio.sleep(0.1)
     assert not pending.done()
     assert minimax.create_bodies == [BODY]

@@ -13,7 +13,7 @@ from temporalio.testing import ActivityEnvironment
 from activities.notify import NotifyActivities
 from spillway.models import ApprovalNotice
 from spillway.settings import Settings
-from tests.route_stubs import BUSY
+from tests.support.route_stubs import BUSY
 
 SECRET_PATH = "/services/T000/B000/XXXX-secret-webhook-token"
 

@@ -16,16 +16,16 @@ from spillway.spend_models import (
     ReserveRequest,
     SettleRequest,
 )
+from tests.support.constants import CLIP_USD
 
 SettleState = Literal["charged", "maybe_charged", "released"]
 NOW = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
-CLIP = 0.28
 
 
 def ask(
     job: str = "job-1",
     run: str = "run-a",
-    cost: float | None = CLIP,
+    cost: float | None = CLIP_USD,
     authorisation: Authorisation = "armed",
     daily: float | None = None,
     monthly: float | None = None,
@@ -79,7 +79,7 @@ def test_an_unsent_reservation_is_taken_over_and_the_old_run_can_no_longer_begin
     assert taken.run_id == "run-b"
     book.begin(BeginCreate(job_id="job-1", run_id="run-b"), NOW)
     refused("exists", lambda: book.begin(BeginCreate(job_id="job-1", run_id="run-a"), NOW))
-    assert book.totals("day", NOW).reserved_usd == CLIP  # counted once
+    assert book.totals("day", NOW).reserved_usd == CLIP_USD  # counted once
 
 
 def test_a_create_begins_only_once():
@@ -102,12 +102,12 @@ def test_nothing_begins_without_a_reservation():
 
 
 def test_a_provable_refusal_releases_the_job_for_the_next_try():
-    book = SpendBook([], Budgets(daily_usd=CLIP))
-    book.reserve(ask(daily=CLIP), NOW)
+    book = SpendBook([], Budgets(daily_usd=CLIP_USD))
+    book.reserve(ask(daily=CLIP_USD), NOW)
     book.begin(BeginCreate(job_id="job-1", run_id="run-a"), NOW)
     book.settle(settle("released"), NOW)
-    assert book.totals("day", NOW).remaining_usd == CLIP
-    again = book.reserve(ask(run="run-a", daily=CLIP), NOW)
+    assert book.totals("day", NOW).remaining_usd == CLIP_USD
+    again = book.reserve(ask(run="run-a", daily=CLIP_USD), NOW)
     assert again.state == "reserved" and len(book.entries) == 2
 
 
@@ -123,7 +123,7 @@ def test_an_ambiguous_create_counts_as_spent_and_may_learn_its_task_later():
     book.reserve(ask(), NOW)
     book.begin(BeginCreate(job_id="job-1", run_id="run-a"), NOW)
     book.settle(settle("maybe_charged", run="run-b"), NOW)  # a later run records it
-    assert book.totals("day", NOW).spent_usd == CLIP
+    assert book.totals("day", NOW).spent_usd == CLIP_USD
     assert book.settle(settle("charged", task="task-9"), NOW).task_id == "task-9"
     refused("settled", lambda: book.settle(settle("released"), NOW))
 
@@ -151,7 +151,7 @@ def test_armed_spending_stops_where_the_budget_would_be_exceeded(daily, monthly,
         except SpendRefused as error:
             assert error.kind == "budget" and error.shortfall is not None
             assert error.shortfall.period == period
-            assert error.shortfall.remaining_usd == pytest.approx(1.0 - 3 * CLIP)
+            assert error.shortfall.remaining_usd == pytest.approx(1.0 - 3 * CLIP_USD)
     assert granted == 3  # 3 x 0.28 = 0.84 <= 1.00 < 4 x 0.28
 
 
@@ -161,7 +161,7 @@ def test_a_plain_approval_respects_the_budget_and_over_budget_goes_past_it():
     refused("budget", lambda: book.reserve(ask(authorisation="approved", daily=0.3), NOW))
     entry = book.reserve(ask(authorisation="approved_over_budget", daily=0.3), NOW)
     assert entry.authorisation == "approved_over_budget"
-    assert book.totals("day", NOW).remaining_usd == pytest.approx(0.3 - 2 * CLIP)
+    assert book.totals("day", NOW).remaining_usd == pytest.approx(0.3 - 2 * CLIP_USD)
 
 
 def test_an_unknown_estimate_is_refused_when_a_budget_is_set():
@@ -173,26 +173,26 @@ def test_an_unknown_estimate_is_refused_when_a_budget_is_set():
 
 def test_days_and_months_are_utc_and_a_new_day_has_its_budget_back():
     book = SpendBook([], Budgets())
-    book.reserve(ask(job="a", daily=CLIP, monthly=3 * CLIP), NOW)
+    book.reserve(ask(job="a", daily=CLIP_USD, monthly=3 * CLIP_USD), NOW)
     book.begin(BeginCreate(job_id="a", run_id="run-a"), NOW)  # sent: it keeps counting
-    refused("budget", lambda: book.reserve(ask(job="b", daily=CLIP, monthly=1), NOW))
+    refused("budget", lambda: book.reserve(ask(job="b", daily=CLIP_USD, monthly=1), NOW))
     tomorrow = NOW + timedelta(days=1)
-    book.reserve(ask(job="b", daily=CLIP, monthly=3 * CLIP), tomorrow)
-    assert book.totals("day", tomorrow).reserved_usd == CLIP
-    assert book.totals("month", tomorrow).reserved_usd == pytest.approx(2 * CLIP)
+    book.reserve(ask(job="b", daily=CLIP_USD, monthly=3 * CLIP_USD), tomorrow)
+    assert book.totals("day", tomorrow).reserved_usd == CLIP_USD
+    assert book.totals("month", tomorrow).reserved_usd == pytest.approx(2 * CLIP_USD)
     next_month = datetime(2027, 1, 1, 0, 0, tzinfo=UTC)
     assert book.totals("month", next_month).reserved_usd == 0
 
 
 def test_an_unsent_reservation_expires_and_stops_counting():
     book = SpendBook([], Budgets())
-    book.reserve(ask(daily=CLIP), NOW)
+    book.reserve(ask(daily=CLIP_USD), NOW)
     later = NOW + timedelta(hours=2)
     assert book.totals("day", later).reserved_usd == 0
     refused(
         "no_reservation", lambda: book.begin(BeginCreate(job_id="job-1", run_id="run-a"), later)
     )
-    assert book.reserve(ask(daily=CLIP), later).at == later
+    assert book.reserve(ask(daily=CLIP_USD), later).at == later
 
 
 def test_a_continued_ledger_keeps_open_entries_and_this_months_but_drops_old_settled_ones():

@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 
 from spillway.settings import PROJECT_ROOT
-from tests.cli_run import free_ports
+from tests.support.cli import free_ports
+from tests.support.constants import CLIP_USD, FREE_VRAM_PCT
+from tests.support.waiting import until
 
 BIN = Path(sys.executable).parent
 
@@ -101,12 +103,14 @@ class Dev:
         return proc.returncode, out.decode()
 
     async def until_state(self, job_id: str, state: str) -> None:
-        for _ in range(100):
-            code, out = await self.run(f"spillway status {job_id} --json")
-            if code == 0 and json.loads(out)["state"] == state:
-                return
-            await asyncio.sleep(0.2)
-        raise AssertionError(f"{job_id} never reached {state}")
+        async def status() -> tuple[int, str]:
+            return await self.run(f"spillway status {job_id} --json")
+
+        def reached(answer: tuple[int, str]) -> bool:
+            code, out = answer
+            return code == 0 and json.loads(out)["state"] == state
+
+        await until(status, reached, timeout_s=120, every_s=0.2, what=f"{job_id} in {state}")
 
 
 @pytest.fixture
@@ -133,9 +137,9 @@ EXPECTED = {
     "spillway watch tour-2": [
         "job tour-2: completed on the cloud route",
         "approved by owner",
-        "estimated $0.28",
+        f"estimated ${CLIP_USD}",
     ],
-    "spillway sim gpu --free": ["'vram_used_pct': 42.4"],
+    "spillway sim gpu --free": [f"'vram_used_pct': {FREE_VRAM_PCT}"],
 }
 
 

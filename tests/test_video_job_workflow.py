@@ -9,9 +9,12 @@ from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
+from spillway import activity_names as names
 from spillway.models import ApprovalDecision, Plan
-from tests.job_fixtures import ARMED, RunJobs
-from tests.route_stubs import BUSY, DOWN, FREE, RouteStubs
+from tests.support.constants import CLIP_USD
+from tests.support.jobs import RunJobs
+from tests.support.route_stubs import BUSY, DOWN, FREE, RouteStubs
+from tests.support.settings import ARMED, KEY
 from workflows.video_job import APPROVAL_SIGNAL, DECIDE_UPDATE, VideoJobWorkflow
 
 
@@ -30,7 +33,7 @@ async def test_free_gpu_renders_locally(run_jobs: RunJobs):
         plan: Plan = await (await jobs.start()).result()
     assert (plan.state, plan.route, plan.overflow.trigger) == ("completed", "local", None)
     assert plan.outputs[0].path.endswith("v_00001_.mp4")
-    assert stubs.calls["minimax_create"] == 0 and stubs.calls["comfyui_submit"] == 1
+    assert stubs.calls[names.MINIMAX_CREATE] == 0 and stubs.calls[names.COMFYUI_SUBMIT] == 1
 
 
 async def test_overloaded_armed_job_goes_to_the_cloud_once(run_jobs: RunJobs):
@@ -39,18 +42,18 @@ async def test_overloaded_armed_job_goes_to_the_cloud_once(run_jobs: RunJobs):
         plan: Plan = await (await jobs.start()).result()
     assert (plan.state, plan.route, plan.overflow.trigger) == ("completed", "cloud", "overloaded")
     assert plan.cloud is not None and plan.cloud.authorised_by == "armed"
-    assert plan.cloud.task_id is not None and plan.cloud.estimated_cost_usd == 0.28
+    assert plan.cloud.task_id is not None and plan.cloud.estimated_cost_usd == CLIP_USD
     assert plan.overflow.last_signal is not None and plan.overflow.last_signal.overloaded
-    assert stubs.calls["minimax_create"] == 1 and stubs.calls["comfyui_submit"] == 0
+    assert stubs.calls[names.MINIMAX_CREATE] == 1 and stubs.calls[names.COMFYUI_SUBMIT] == 0
 
 
 async def test_overloaded_unarmed_job_waits_and_approval_sends_it_to_the_cloud(run_jobs: RunJobs):
     stubs = RouteStubs(BUSY)
-    async with run_jobs(stubs, MINIMAX_API_KEY="mm-test-key", **HOUR) as jobs:
+    async with run_jobs(stubs, **KEY, **HOUR) as jobs:
         handle = await jobs.start()
         waiting = await jobs.until(handle, "awaiting_approval")
-        assert waiting.reasons == ["vram_used_91.2pct_ge_85.0pct"]
-        assert stubs.calls["minimax_create"] == 0
+        assert waiting.reasons == BUSY.reasons
+        assert stubs.calls[names.MINIMAX_CREATE] == 0
         await handle.signal(
             APPROVAL_SIGNAL,
             ApprovalDecision(approved=True, by="bär", reason="client deadline"),
@@ -62,7 +65,7 @@ async def test_overloaded_unarmed_job_waits_and_approval_sends_it_to_the_cloud(r
         "client deadline",
     )
     assert plan.cloud is not None and plan.cloud.authorised_by == "bär"
-    assert stubs.calls["minimax_create"] == 1
+    assert stubs.calls[names.MINIMAX_CREATE] == 1
 
 
 async def test_rejected_job_runs_locally_and_spends_nothing(run_jobs: RunJobs):
@@ -74,19 +77,19 @@ async def test_rejected_job_runs_locally_and_spends_nothing(run_jobs: RunJobs):
         plan: Plan = await handle.result()
     assert (plan.state, plan.route) == ("completed", "local")
     assert "rejected_by=bär" in plan.reasons and plan.approval and not plan.approval.approved
-    assert stubs.calls["minimax_create"] == 0
+    assert stubs.calls[names.MINIMAX_CREATE] == 0
 
 
 async def test_overloaded_unarmed_job_times_out_and_runs_locally(run_jobs: RunJobs):
     stubs = RouteStubs(BUSY)
-    async with run_jobs(stubs, MINIMAX_API_KEY="mm-test-key", **HOUR) as jobs:
+    async with run_jobs(stubs, **KEY, **HOUR) as jobs:
         plan: Plan = await (await jobs.start()).result()  # the hour passes instantly
     assert (plan.state, plan.route) == ("completed", "local")
     assert plan.reasons[-1] == "approval_timeout" and plan.approval is None
     assert plan.overflow.trigger == "overloaded"  # the load signal stays recorded
-    assert stubs.calls["minimax_create"] == 0
+    assert stubs.calls[names.MINIMAX_CREATE] == 0
     # Re-probed every minute for an hour, then queued locally after all.
-    assert 55 <= stubs.calls["a40_load_status"] <= 62
+    assert 55 <= stubs.calls[names.PROBE] <= 62
 
 
 async def test_headroom_returning_while_waiting_runs_the_job_locally_at_once(run_jobs: RunJobs):
@@ -94,7 +97,7 @@ async def test_headroom_returning_while_waiting_runs_the_job_locally_at_once(run
     async with run_jobs(stubs, **HOUR) as jobs:
         plan: Plan = await (await jobs.start()).result()
     assert (plan.route, plan.reasons[-1]) == ("local", "headroom_returned")
-    assert stubs.calls["a40_load_status"] == 4 and stubs.calls["minimax_create"] == 0
+    assert stubs.calls[names.PROBE] == 4 and stubs.calls[names.MINIMAX_CREATE] == 0
 
 
 async def test_a_single_dropped_probe_changes_nothing(run_jobs: RunJobs):
@@ -102,7 +105,7 @@ async def test_a_single_dropped_probe_changes_nothing(run_jobs: RunJobs):
     async with run_jobs(stubs, **ARMED) as jobs:
         plan: Plan = await (await jobs.start()).result()
     assert (plan.route, plan.overflow.trigger) == ("local", None)
-    assert stubs.calls["a40_load_status"] == 2 and stubs.calls["minimax_create"] == 0
+    assert stubs.calls[names.PROBE] == 2 and stubs.calls[names.MINIMAX_CREATE] == 0
 
 
 async def test_confirmed_unreachable_comfyui_with_armed_fallback_goes_to_the_cloud(
@@ -112,7 +115,7 @@ async def test_confirmed_unreachable_comfyui_with_armed_fallback_goes_to_the_clo
     async with run_jobs(stubs, **ARMED) as jobs:
         plan: Plan = await (await jobs.start()).result()
     assert (plan.route, plan.overflow.trigger) == ("cloud", "unreachable")
-    assert plan.reasons == ["comfyui_unreachable"] and stubs.calls["minimax_create"] == 1
+    assert plan.reasons == ["comfyui_unreachable"] and stubs.calls[names.MINIMAX_CREATE] == 1
 
 
 async def test_unreachable_then_back_runs_locally_without_approval(run_jobs: RunJobs):
@@ -123,7 +126,7 @@ async def test_unreachable_then_back_runs_locally_without_approval(run_jobs: Run
         assert waiting.overflow.trigger == "unreachable"
         plan: Plan = await handle.result()
     assert (plan.state, plan.route) == ("completed", "local")
-    assert stubs.calls["minimax_create"] == 0
+    assert stubs.calls[names.MINIMAX_CREATE] == 0
 
 
 async def test_unreachable_after_the_approval_window_keeps_waiting_then_fails_clearly(
@@ -137,7 +140,7 @@ async def test_unreachable_after_the_approval_window_keeps_waiting_then_fails_cl
         plan: Plan = await handle.query(VideoJobWorkflow.plan)
     assert "ComfyUI did not answer for 3:00:00" in str(failed.value.cause)
     assert plan.state == "failed" and plan.error and "Resubmit" in plan.error
-    assert stubs.calls["minimax_create"] == 0 and stubs.calls["comfyui_submit"] == 0
+    assert stubs.calls[names.MINIMAX_CREATE] == 0 and stubs.calls[names.COMFYUI_SUBMIT] == 0
 
 
 async def test_approval_without_a_key_fails_naming_the_key_and_calls_nothing(run_jobs: RunJobs):
@@ -149,13 +152,13 @@ async def test_approval_without_a_key_fails_naming_the_key_and_calls_nothing(run
         with pytest.raises(WorkflowFailureError) as failed:
             await handle.result()
     assert "MINIMAX_API_KEY" in str(failed.value.cause)
-    assert stubs.calls["minimax_create"] == 0
+    assert stubs.calls[names.MINIMAX_CREATE] == 0
 
 
 async def test_duplicate_and_late_approvals_change_nothing_and_are_recorded(run_jobs: RunJobs):
     stubs = RouteStubs(BUSY)
     stubs.wait_release.clear()  # keep the local render running
-    async with run_jobs(stubs, MINIMAX_API_KEY="mm-test-key", **HOUR) as jobs:
+    async with run_jobs(stubs, **KEY, **HOUR) as jobs:
         handle = await jobs.start()
         await jobs.until(handle, "awaiting_approval")
         await handle.signal(APPROVAL_SIGNAL, ApprovalDecision(approved=False, by="a"))
@@ -170,7 +173,7 @@ async def test_duplicate_and_late_approvals_change_nothing_and_are_recorded(run_
     assert plan.ignored_signals[1].why == (
         f"job {plan.job_id} is not awaiting approval (state: running_local)"
     )
-    assert stubs.calls["minimax_create"] == 0
+    assert stubs.calls[names.MINIMAX_CREATE] == 0
 
 
 async def test_an_approve_update_for_a_job_that_is_not_waiting_is_refused(run_jobs: RunJobs):
@@ -186,12 +189,12 @@ async def test_an_approve_update_for_a_job_that_is_not_waiting_is_refused(run_jo
         assert "is not awaiting approval (state: running_local)" in str(refused.value.cause)
         stubs.wait_release.set()
         plan: Plan = await handle.result()
-    assert plan.ignored_signals == [] and stubs.calls["minimax_create"] == 0
+    assert plan.ignored_signals == [] and stubs.calls[names.MINIMAX_CREATE] == 0
 
 
 async def test_an_approve_update_while_waiting_is_accepted(run_jobs: RunJobs):
     stubs = RouteStubs(BUSY)
-    async with run_jobs(stubs, MINIMAX_API_KEY="mm-test-key", **HOUR) as jobs:
+    async with run_jobs(stubs, **KEY, **HOUR) as jobs:
         handle = await jobs.start()
         await jobs.until(handle, "awaiting_approval")
         answer = await handle.execute_update(
@@ -205,9 +208,7 @@ async def test_continue_as_new_keeps_the_waiting_job_and_its_approval(
     run_jobs: RunJobs, env: WorkflowEnvironment
 ):
     stubs = RouteStubs(BUSY)
-    async with run_jobs(
-        stubs, MINIMAX_API_KEY="mm-test-key", SPILLWAY_AWAIT_LOOPS_PER_RUN=2, **HOUR
-    ) as jobs:
+    async with run_jobs(stubs, **KEY, SPILLWAY_AWAIT_LOOPS_PER_RUN=2, **HOUR) as jobs:
         handle = await jobs.start()
         first = await jobs.until(handle, "awaiting_approval")
         await env.sleep(10 * 60)  # ten re-probes: several runs
@@ -219,7 +220,7 @@ async def test_continue_as_new_keeps_the_waiting_job_and_its_approval(
         await latest.signal(APPROVAL_SIGNAL, ApprovalDecision(approved=True, by="bär"))
         plan = await latest.result()
     assert plan.route == "cloud" and plan.approval and plan.approval.by == "bär"
-    assert stubs.calls["minimax_create"] == 1
+    assert stubs.calls[names.MINIMAX_CREATE] == 1
 
 
 async def test_waiting_job_posts_one_approval_notice(run_jobs: RunJobs):
@@ -229,7 +230,7 @@ async def test_waiting_job_posts_one_approval_notice(run_jobs: RunJobs):
         handle = await jobs.start(job_id="notice-1")
         await handle.result()
     [notice] = stubs.notices
-    assert notice.job_id == "notice-1" and notice.reasons == ["vram_used_91.2pct_ge_85.0pct"]
+    assert notice.job_id == "notice-1" and notice.reasons == BUSY.reasons
     assert notice.approve_command == "spillway approve notice-1 --by NAME --reason TEXT"
     assert notice.ui_link == "http://ui:8233/namespaces/default/workflows/notice-1"
     assert notice.last_signal is not None and notice.last_signal.overloaded
@@ -237,11 +238,11 @@ async def test_waiting_job_posts_one_approval_notice(run_jobs: RunJobs):
 
 async def test_a_failing_webhook_never_blocks_or_fails_the_job(run_jobs: RunJobs):
     stubs = RouteStubs(BUSY)
-    stubs.fail["notify_approval_needed"] = ApplicationError("webhook answered 500")
+    stubs.fail[names.NOTIFY_APPROVAL] = ApplicationError("webhook answered 500")
     async with run_jobs(stubs, APPROVAL_WEBHOOK_URL="http://127.0.0.1:9/hook", **HOUR) as jobs:
         plan: Plan = await (await jobs.start()).result()
     assert (plan.state, plan.route) == ("completed", "local")
-    assert stubs.calls["notify_approval_needed"] == 5  # retried, then given up
+    assert stubs.calls[names.NOTIFY_APPROVAL] == 5  # retried, then given up
 
 
 async def test_a_probe_that_fails_is_retried_and_never_leads_to_the_cloud(run_jobs: RunJobs):
@@ -250,8 +251,8 @@ async def test_a_probe_that_fails_is_retried_and_never_leads_to_the_cloud(run_jo
     stubs.probe_failures = 2
     async with run_jobs(stubs, **ARMED) as jobs:
         plan: Plan = await (await jobs.start()).result()
-    assert plan.route == "local" and stubs.calls["minimax_create"] == 0
-    assert stubs.calls["a40_load_status"] == 3
+    assert plan.route == "local" and stubs.calls[names.MINIMAX_CREATE] == 0
+    assert stubs.calls[names.PROBE] == 3
 
 
 async def test_cancelling_a_waiting_job_ends_it_cancelled(run_jobs: RunJobs):
@@ -263,7 +264,7 @@ async def test_cancelling_a_waiting_job_ends_it_cancelled(run_jobs: RunJobs):
         with pytest.raises(WorkflowFailureError):
             await handle.result()
         plan: Plan = await handle.query(VideoJobWorkflow.plan)
-    assert plan.state == "cancelled" and stubs.calls["comfyui_cancel"] == 0
+    assert plan.state == "cancelled" and stubs.calls[names.COMFYUI_CANCEL] == 0
 
 
 async def test_cancelling_a_local_render_removes_the_prompt_from_comfyui(run_jobs: RunJobs):
@@ -276,7 +277,7 @@ async def test_cancelling_a_local_render_removes_the_prompt_from_comfyui(run_job
         with pytest.raises(WorkflowFailureError):
             await handle.result()
         plan: Plan = await handle.query(VideoJobWorkflow.plan)
-    assert plan.state == "cancelled" and stubs.calls["comfyui_cancel"] == 1
+    assert plan.state == "cancelled" and stubs.calls[names.COMFYUI_CANCEL] == 1
     assert "comfyui_prompt_running_cancelled" in plan.reasons
 
 
@@ -284,10 +285,12 @@ async def test_a_lost_prompt_is_resubmitted_once_with_a_new_attempt_id(run_jobs:
     stubs = RouteStubs(FREE)
     stubs.lost = 1
     async with run_jobs(stubs) as jobs:
-        plan: Plan = await (await jobs.start(job_id="lost-1")).result()
+        handle = await jobs.start(job_id="lost-1")
+        plan: Plan = await handle.result()
+    run = (await handle.describe()).run_id[:8]  # prompt ids are unique per run
     assert plan.state == "completed" and plan.local_attempts == 2
-    assert stubs.submitted == ["spillway-lost-1-1", "spillway-lost-1-2"]
-    assert "comfyui_lost_prompt=spillway-lost-1-1" in plan.reasons
+    assert stubs.submitted == [f"spillway-lost-1-{run}-1", f"spillway-lost-1-{run}-2"]
+    assert f"comfyui_lost_prompt=spillway-lost-1-{run}-1" in plan.reasons
 
 
 async def test_a_prompt_lost_on_every_attempt_fails_after_the_limit(run_jobs: RunJobs):
@@ -297,7 +300,7 @@ async def test_a_prompt_lost_on_every_attempt_fails_after_the_limit(run_jobs: Ru
         with pytest.raises(WorkflowFailureError) as failed:
             await (await jobs.start()).result()
     assert "lost the prompt 3 times" in str(failed.value.cause)
-    assert stubs.calls["comfyui_submit"] == 3
+    assert stubs.calls[names.COMFYUI_SUBMIT] == 3
 
 
 async def test_a_rejected_graph_fails_the_job_with_comfyuis_reason_without_retry(
@@ -307,7 +310,7 @@ async def test_a_rejected_graph_fails_the_job_with_comfyuis_reason_without_retry
     message = (
         "ComfyUI rejected the graph: node 2 (SaveAnimatedWEBP): Required input is missing: fps"
     )
-    stubs.fail["comfyui_submit"] = ApplicationError(
+    stubs.fail[names.COMFYUI_SUBMIT] = ApplicationError(
         message, type="ComfyUIGraphRejected", non_retryable=True
     )
     async with run_jobs(stubs) as jobs:
@@ -316,7 +319,7 @@ async def test_a_rejected_graph_fails_the_job_with_comfyuis_reason_without_retry
             await handle.result()
         plan: Plan = await handle.query(VideoJobWorkflow.plan)
     assert cause_message(failed) == message and plan.error == message
-    assert stubs.calls["comfyui_submit"] == 1
+    assert stubs.calls[names.COMFYUI_SUBMIT] == 1
 
 
 async def test_a_create_whose_worker_vanished_fails_with_a_charge_may_exist(run_jobs: RunJobs):
@@ -327,16 +330,16 @@ async def test_a_create_whose_worker_vanished_fails_with_a_charge_may_exist(run_
         with pytest.raises(WorkflowFailureError) as failed:
             await handle.result()
     assert "a charge may exist" in str(failed.value.cause)
-    assert stubs.calls["minimax_create"] == 1  # never retried
+    assert stubs.calls[names.MINIMAX_CREATE] == 1  # never retried
 
 
 async def test_a_permanent_minimax_error_fails_once_with_its_message(run_jobs: RunJobs):
     stubs = RouteStubs(BUSY)
     message = "MiniMax balance is empty (code 1008): top up, then resubmit the job"
-    stubs.fail["minimax_create"] = ApplicationError(
+    stubs.fail[names.MINIMAX_CREATE] = ApplicationError(
         message, type="MiniMaxPermanent", non_retryable=True
     )
     async with run_jobs(stubs, **ARMED) as jobs:
         with pytest.raises(WorkflowFailureError) as failed:
             await (await jobs.start()).result()
-    assert cause_message(failed) == message and stubs.calls["minimax_create"] == 1
+    assert cause_message(failed) == message and stubs.calls[names.MINIMAX_CREATE] == 1

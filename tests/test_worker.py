@@ -4,15 +4,13 @@ on SIGTERM."""
 from __future__ import annotations
 
 import asyncio
-import uuid
 
 import httpx
 
-from spillway.models import Plan, VideoJob
+from spillway.models import Plan
 from spillway.sim.comfyui import ComfyUISim
-from tests.cli_run import free_ports
-from tests.comfyui_fixtures import VIDEO_GRAPH
-from workflows.video_job import VideoJobWorkflow
+from tests.support.cli import free_ports
+from tests.support.jobs import Jobs
 
 
 async def test_the_worker_serves_job_probe_and_sdk_metrics_then_stops_on_sigterm(
@@ -21,10 +19,7 @@ async def test_the_worker_serves_job_probe_and_sdk_metrics_then_stops_on_sigterm
     comfyui.execution_s = 0.1
     [port] = free_ports(1)
     worker = await worker_process(COMFYUI_URL=comfyui.url, SPILLWAY_METRICS_PORT=port)
-    job = VideoJob(job_id=f"metrics-{uuid.uuid4().hex[:8]}", graph=VIDEO_GRAPH)
-    handle = await dev_env.client.start_workflow(
-        VideoJobWorkflow.run, job, id=job.job_id, task_queue=worker.task_queue
-    )
+    handle = await Jobs(dev_env.client, worker.task_queue).start(prompt=None)
     plan: Plan = await asyncio.wait_for(handle.result(), 60)
     assert plan.state == "completed"
 

@@ -14,7 +14,9 @@ from typing import Any
 
 import pytest
 
-from tests.reliability.harness import WORKER_DEFAULTS, DevServer, Jobs, Sightings, Worker
+from tests.reliability.harness import WORKER_DEFAULTS, DevServer, Sightings, Worker
+from tests.support.jobs import Jobs
+from tests.support.worker_process import worker_env
 
 SECRETS_MODULE = "tests/reliability/test_secrets.py"
 
@@ -56,14 +58,12 @@ async def workers(
     started: list[Worker] = []
 
     async def start(server: DevServer = temporal_server, **overrides: Any) -> Worker:
-        env = cli_env(
-            **WORKER_DEFAULTS
-            | {
-                "TEMPORAL_ADDRESS": server.address,
-                "SPILLWAY_TASK_QUEUE": f"rel-{uuid.uuid4()}",
-                "SPILLWAY_OUTPUT_DIR": str(tmp_path / "outputs"),
-            }
-            | {k: str(v) for k, v in overrides.items()}
+        env = worker_env(
+            cli_env,
+            address=server.address,
+            task_queue=f"rel-{uuid.uuid4()}",
+            outputs=tmp_path / "outputs",
+            **WORKER_DEFAULTS | overrides,
         )
         worker = Worker(env)
         started.append(worker)
@@ -80,9 +80,10 @@ async def workers(
 
 @pytest.fixture
 def jobs_on(temporal_server: DevServer, sightings: Sightings) -> Callable[[Worker], Jobs]:
-    """Jobs on a worker's task queue of the session's dev server."""
+    """Jobs on a worker's task queue of the session's dev server, each noted in `sightings`
+    (their histories and UI answers are read at the end)."""
 
     def make(worker: Worker) -> Jobs:
-        return Jobs(temporal_server.client, worker.task_queue, sightings)
+        return Jobs(temporal_server.client, worker.task_queue, started=sightings.jobs)
 
     return make

@@ -1,20 +1,16 @@
-"""What the reliability scenarios share: the Temporal dev server as a process a test can stop and
-start again, worker processes that can also be frozen and scraped for metrics, a small job
-client, and `Sightings`, every text a person or a tool could read (worker logs, CLI output,
-history exports, metrics, UI API answers), which the secrets scenario checks for the key."""
+"""What the reliability scenarios share beyond tests/support: the Temporal dev server as a
+process a test can stop and start again, worker processes that can also be frozen and scraped for
+metrics, and `Sightings`, every text a person or a tool could read (worker logs, CLI output,
+history exports, metrics, UI API answers), which the secrets scenario checks for the key. Jobs
+are started and watched with tests/support's `Jobs`, waits are tests/support's `until`."""
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import contextlib
-import itertools
 import json
 import signal
-import uuid
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, TypeVar
 
 import httpx
 from temporalio.api.enums.v1 import EventType, TaskQueueType
@@ -23,27 +19,21 @@ from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-from spillway import jobs as job_ops
+from spillway import activity_names as names
 from spillway.comfyui_models import prompt_id_for
-from spillway.models import FINAL_STATES, CloudRequest, LoadStatus, Plan, VideoJob
+from spillway.models import LoadStatus
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
 from spillway.temporal import installed_binary, register_search_attributes
-from tests.cli_run import free_ports, spillway
-from tests.comfyui_fixtures import VIDEO_GRAPH
-from tests.minimax_fixtures import CANARY_KEY
-from tests.worker_process import WorkerProcess
+from tests.support.cli import decoded, free_ports, spillway
+from tests.support.constants import CANARY_KEY
+from tests.support.waiting import until
+from tests.support.worker_process import FAST_CLOUD, FAST_WORKER, WorkerProcess
 
 # Every worker of this suite holds the canary key: finding it (or its distinctive middle, which
 # would betray a truncated or partly masked key) in anything a person can read is a leak.
 SECRETS = (CANARY_KEY, "CANARY-7f3a9c2e")
 assert SECRETS[1] in CANARY_KEY
-T = TypeVar("T")
-
-
-def free_port() -> int:
-    [port] = free_ports(1)
-    return port
 
 
 class Sightings:
@@ -129,8 +119,9 @@ class DevServer:
 
 
 class Worker(WorkerProcess):
-    """`python worker.py` (see tests/worker_process.py) that also serves Prometheus metrics on a
-    fresh port each start, and can be frozen (SIGSTOP) to hold whatever it was just handed."""
+    """`python worker.py` (see tests/support/worker_process.py) that also serves Prometheus
+    metrics on a fresh port each start, and can be frozen (SIGSTOP) to hold whatever it was just
+    handed."""
 
     frozen = False
 
@@ -141,7 +132,8 @@ class Worker(WorkerProcess):
 
     async def start(self) -> None:
         self.frozen = False
-        self.env["SPILLWAY_METRICS_PORT"] = str(free_port())
+        [port] = free_ports(1)
+        self.env["SPILLWAY_METRICS_PORT"] = str(port)
         await super().start()
 
     async def metrics(self) -> str:
@@ -153,85 +145,15 @@ class Worker(WorkerProcess):
 
 
 # Settings every worker of this suite runs with: production logic on a test's clock.
-WORKER_DEFAULTS = {
-    "MINIMAX_API_KEY": CANARY_KEY,
-    "SPILLWAY_HEARTBEAT_TIMEOUT_S": "2",
-    "SPILLWAY_SHUTDOWN_GRACE_S": "1",
-    "LOAD_PROBE_TIMEOUT_S": "1",
-    "UNREACHABLE_CONFIRM_S": "1",
-    "APPROVAL_RECHECK_S": "1",
-    "COMFYUI_HISTORY_POLL_S": "0.2",
-    "MINIMAX_POLL_INTERVAL_S": "0.2",
-    "MINIMAX_CREATE_TIMEOUT_S": "2",
-}
-
-
-class Jobs:
-    """Jobs on one task queue, started and read as the CLI does (spillway.jobs), in-process."""
-
-    def __init__(self, client: Client, task_queue: str, sightings: Sightings | None) -> None:
-        # Jobs of the session's server are listed in `sightings` (read again at the end).
-        self.client, self.task_queue, self.sightings = client, task_queue, sightings
-
-    async def submit(
-        self,
-        prompt: str | None = "a lighthouse at dusk, slow pan",
-        graph: dict[str, Any] = VIDEO_GRAPH,
-        job_id: str | None = None,
-    ) -> str:
-        job_id = job_id or f"rel-{uuid.uuid4().hex[:12]}"
-        cloud = CloudRequest(prompt=prompt) if prompt is not None else None
-        await job_ops.submit(
-            self.client, VideoJob(job_id=job_id, graph=graph, cloud=cloud), self.task_queue
-        )
-        if self.sightings is not None:
-            self.sightings.jobs.append(job_id)
-        return job_id
-
-    async def status(self, job_id: str) -> Plan:
-        return await job_ops.status(self.client, job_id)
-
-    async def until(self, job_id: str, done: Callable[[Plan], bool], timeout_s: float = 60) -> Plan:
-        return await until(lambda: self.status(job_id), done, timeout_s)
-
-    async def state(self, job_id: str, state: str, timeout_s: float = 60) -> Plan:
-        return await self.until(job_id, lambda p: p.state == state, timeout_s)
-
-    async def finished(self, job_id: str, timeout_s: float = 90) -> Plan:
-        return await self.until(job_id, lambda p: p.state in FINAL_STATES, timeout_s)
-
-
-async def until(
-    read: Callable[[], Awaitable[T]], good: Callable[[T], object], timeout_s: float = 30
-) -> T:
-    """Reads again every 50 ms until `good(reading)`; the last reading."""
-    async with asyncio.timeout(timeout_s):
-        for _ in itertools.count():
-            reading = await read()
-            if good(reading):
-                break
-            await asyncio.sleep(0.05)
-    return reading
-
-
-def decoded(node: Any) -> str:
-    """A JSON document as text, with every payload's base64 `data` decoded next to it, so a key
-    inside a payload would show as well."""
-    found: list[str] = []
-
-    def walk(value: Any) -> None:
-        if isinstance(value, dict):
-            for key, item in value.items():
-                if key == "data" and isinstance(item, str):
-                    with contextlib.suppress(ValueError):  # not base64: shown as it is
-                        found.append(base64.b64decode(item, validate=True).decode(errors="replace"))
-                walk(item)
-        elif isinstance(value, list):
-            for item in value:
-                walk(item)
-
-    walk(node)
-    return json.dumps(node) + "\n" + "\n".join(found)
+WORKER_DEFAULTS = (
+    FAST_WORKER
+    | FAST_CLOUD
+    | {
+        "SPILLWAY_SHUTDOWN_GRACE_S": "1",
+        "APPROVAL_RECHECK_S": "1",
+        "COMFYUI_HISTORY_POLL_S": "0.2",
+    }
+)
 
 
 async def history_text(client: Client, job_id: str) -> str:
@@ -253,7 +175,11 @@ async def api_texts(http: httpx.AsyncClient, base: str, job_id: str) -> str:
 async def probes(client: Client, job_id: str, at_least: int = 0) -> list[LoadStatus]:
     """The load measurements in a job's history, in order (what the UI's event list shows);
     with `at_least`, once there are that many."""
-    return await until(lambda: _probes(client, job_id), lambda found: len(found) >= at_least)
+    return await until(
+        lambda: _probes(client, job_id),
+        lambda found: len(found) >= at_least,
+        what=f"{at_least} load probes in the history of job {job_id}",
+    )
 
 
 async def _probes(client: Client, job_id: str) -> list[LoadStatus]:
@@ -262,7 +188,7 @@ async def _probes(client: Client, job_id: str) -> list[LoadStatus]:
         e.event_id
         for e in history.events
         if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
-        and e.activity_task_scheduled_event_attributes.activity_type.name == "a40_load_status"
+        and e.activity_task_scheduled_event_attributes.activity_type.name == names.PROBE
     }
     found = []
     for e in history.events:
@@ -283,7 +209,11 @@ async def polling(client: Client, task_queue: str) -> None:
         task_queue=TaskQueue(name=task_queue),
         task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
     )
-    await until(lambda: client.workflow_service.describe_task_queue(request), lambda r: r.pollers)
+    await until(
+        lambda: client.workflow_service.describe_task_queue(request),
+        lambda r: r.pollers,
+        what=f"a workflow poller on {task_queue}",
+    )
 
 
 async def cli(sightings: Sightings, *args: str, env: dict[str, str]) -> tuple[int, str, str]:

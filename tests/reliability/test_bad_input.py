@@ -6,7 +6,6 @@ good job completes on it) and never a cloud call the job was not entitled to.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -15,14 +14,17 @@ import pytest
 from temporalio.client import Client
 from temporalio.service import RPCError
 
+from spillway import activity_names as names
 from spillway.comfyui_models import prompt_id_for
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.guard import GuardSim
 from spillway.sim.minimax import CREATE_PATH, QUERY_PATH, MiniMaxSim
-from tests.cli_run import one_line
-from tests.comfyui_fixtures import VIDEO_GRAPH
-from tests.minimax_fixtures import eventually
-from tests.reliability.harness import DevServer, Jobs, Sightings, Worker, cli, probes
+from tests.reliability.harness import DevServer, Sightings, Worker, cli, probes
+from tests.support.cli import one_line
+from tests.support.constants import BUSY_VRAM_PCT, FREE_VRAM_PCT
+from tests.support.graphs import VIDEO_GRAPH
+from tests.support.jobs import Jobs
+from tests.support.waiting import until
 
 HTML = "<html><body>502 Bad Gateway</body></html>"  # what SimServer's "html" fault answers
 
@@ -36,13 +38,18 @@ async def a_good_job_still_completes(worker: Worker, jobs: Jobs) -> None:
 async def pending_failure(client: Client, job_id: str, activity: str, attempts: int) -> str:
     """The last failure of a job's running activity once it has been tried `attempts` times:
     what `temporal workflow describe` and the UI's pending activities show."""
-    async with asyncio.timeout(30):
-        while True:
-            described = await client.get_workflow_handle(job_id).describe()
-            for pending in described.raw_description.pending_activities:
-                if pending.activity_type.name == activity and pending.attempt > attempts:
-                    return pending.last_failure.message
-            await asyncio.sleep(0.1)
+
+    async def failure() -> str | None:
+        described = await client.get_workflow_handle(job_id).describe()
+        for pending in described.raw_description.pending_activities:
+            if pending.activity_type.name == activity and pending.attempt > attempts:
+                return pending.last_failure.message
+        return None
+
+    what = f"{activity} of job {job_id} tried {attempts} times"
+    message: str | None = await until(failure, lambda m: m is not None, every_s=0.1, what=what)
+    assert message is not None
+    return message
 
 
 async def test_prompts_and_save_names_with_unicode_and_shell_metacharacters_arrive_unchanged(
@@ -72,7 +79,7 @@ async def test_prompts_and_save_names_with_unicode_and_shell_metacharacters_arri
     assert Path(video["path"]).parent.name == "vidéo"
     assert video["sha256"] == comfyui.expected_sha256(f"{name}_00001_.mp4", "vidéo")
 
-    comfyui.set_vram_used_pct(97)  # busy and armed: the cloud
+    comfyui.set_vram_used_pct(BUSY_VRAM_PCT)  # busy and armed: the cloud
     code, out, err = await cli(sightings, *submit, env=worker.env)
     assert code == 0, err
     assert (json.loads(out)["state"], json.loads(out)["route"]) == ("completed", "cloud")
@@ -125,7 +132,7 @@ async def test_comfyui_answering_html_to_the_submit_is_retried_with_the_reason_a
     comfyui.faults["/prompt"] = "html"  # a proxy in front of ComfyUI answering its error page
     job_id = await jobs.submit("html to the submit")
 
-    failure = await pending_failure(jobs.client, job_id, "comfyui_submit", attempts=2)
+    failure = await pending_failure(jobs.client, job_id, names.COMFYUI_SUBMIT, attempts=2)
     assert failure == f"ComfyUI: POST /prompt answered 200 {HTML!r}"
     assert (await jobs.status(job_id)).state == "running_local"
     del comfyui.faults["/prompt"]
@@ -146,13 +153,13 @@ async def test_comfyui_answering_html_to_the_history_poll_is_never_taken_for_a_l
     jobs = jobs_on(worker)
     job_id = await jobs.submit("html to the history poll")
     prompt = prompt_id_for(job_id, 1)
-    await eventually(lambda: comfyui.prompt_posts[prompt] == 1, timeout_s=30)
+    await until(lambda: comfyui.prompt_posts[prompt] == 1, timeout_s=30)
     history = f"/history/{prompt}"
     comfyui.faults[history] = "html"
 
     await comfyui.wait_until(prompt, "done")
     seen = comfyui.hits[f"GET {history}"]
-    await eventually(lambda: comfyui.hits[f"GET {history}"] >= seen + 3, timeout_s=30)
+    await until(lambda: comfyui.hits[f"GET {history}"] >= seen + 3, timeout_s=30)
     assert (await jobs.status(job_id)).state == "running_local"
     assert f"polling prompt {prompt}: ComfyUI: GET /history answered 200 {HTML!r}" in worker.log
     del comfyui.faults[history]
@@ -168,7 +175,7 @@ async def test_comfyui_answering_html_to_the_history_poll_is_never_taken_for_a_l
 @pytest.fixture
 async def busy_and_armed(workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim) -> Any:
     comfyui.execution_s = 0.1
-    comfyui.set_vram_used_pct(97)
+    comfyui.set_vram_used_pct(BUSY_VRAM_PCT)
     worker = await workers(
         COMFYUI_URL=comfyui.url, MINIMAX_BASE_URL=minimax.url, CLOUD_VIDEO_FALLBACK_ENABLED=1
     )
@@ -182,7 +189,7 @@ async def test_minimax_answering_html_with_200_while_polling_is_retried_and_neve
     minimax.faults[QUERY_PATH] = "html"
     job_id = await jobs.submit("html while polling")
 
-    failure = await pending_failure(jobs.client, job_id, "minimax_poll", attempts=2)
+    failure = await pending_failure(jobs.client, job_id, names.MINIMAX_POLL, attempts=2)
     assert failure == f"MiniMax query answer is not MiniMax's ({HTML!r})"
     assert (await jobs.status(job_id)).state == "running_cloud"
     del minimax.faults[QUERY_PATH]
@@ -190,7 +197,7 @@ async def test_minimax_answering_html_with_200_while_polling_is_retried_and_neve
     plan = await jobs.finished(job_id)
     assert (plan.state, plan.route) == ("completed", "cloud")
     assert (minimax.create_calls, minimax.tasks_created) == (1, 1)
-    comfyui.set_vram_used_pct(42.4)
+    comfyui.set_vram_used_pct(FREE_VRAM_PCT)
     await a_good_job_still_completes(worker, jobs)
     assert minimax.create_calls == 1
 

@@ -25,7 +25,7 @@ async def test_comfyui_down_for_a_while_makes_the_job_wait_then_it_runs_locally_
     await comfyui.stop()
     job_id = await jobs.submit("comfyui down for a while")
 
-    plan = await jobs.state(job_id, "awaiting_approval")
+    plan = await jobs.until(job_id, "awaiting_approval")
     assert plan.overflow.trigger == "unreachable"
     assert plan.overflow.last_signal is not None
     assert plan.overflow.last_signal.reasons == ["comfyui_unreachable"]
@@ -33,7 +33,7 @@ async def test_comfyui_down_for_a_while_makes_the_job_wait_then_it_runs_locally_
     assert not first.reachable and not confirmation.reachable  # two probes before deciding
 
     # The approval window closes: a timeout never means "spend"; the job waits for ComfyUI.
-    plan = await jobs.state(job_id, "probing")
+    plan = await jobs.until(job_id, "probing")
     assert plan.overflow.trigger == "unreachable" and "approval_timeout" in plan.reasons
     await probes(jobs.client, job_id, at_least=5)  # re-probed, still down
     assert (await jobs.status(job_id)).state == "probing"

@@ -25,8 +25,10 @@ from spillway.comfyui_models import prompt_id_for
 from spillway.models import ApprovalDecision, Plan
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
-from tests.comfyui_fixtures import VIDEO_GRAPH, graph_without
-from tests.reliability.harness import Jobs, Sightings, cli
+from tests.reliability.harness import Sightings, cli
+from tests.support.constants import BUSY_VRAM_PCT, FREE_VRAM_PCT
+from tests.support.graphs import VIDEO_GRAPH, graph_without
+from tests.support.jobs import Jobs
 from workflows.video_job import APPROVAL_SIGNAL, DECIDE_UPDATE
 
 JOBS = 300
@@ -37,9 +39,9 @@ REJECT = ApprovalDecision(approved=False, by="owner", reason="load test")
 async def flip(comfyui: ComfyUISim) -> None:
     """The A40 busy for a second, free for half a second, again and again."""
     while True:
-        comfyui.set_vram_used_pct(97)
+        comfyui.set_vram_used_pct(BUSY_VRAM_PCT)
         await asyncio.sleep(1.0)
-        comfyui.set_vram_used_pct(42.4)
+        comfyui.set_vram_used_pct(FREE_VRAM_PCT)
         await asyncio.sleep(0.5)
 
 

@@ -27,11 +27,10 @@ from spillway.models import ApprovalDecision
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import SIM_API_KEY, MiniMaxSim
 from spillway.spend_models import LedgerSummary
-from tests.minimax_fixtures import eventually
-from tests.reliability.harness import probes, until
+from tests.reliability.harness import probes
+from tests.support.constants import BUSY_VRAM_PCT, CLIP_USD
+from tests.support.waiting import until
 from workflows.video_job import APPROVAL_SIGNAL, VideoJobWorkflow
-
-CLIP = 0.28  # routing_tiers.json: MiniMax 768P/6s, the default cloud request
 
 
 async def ledger(client: Client, task_queue: str) -> LedgerSummary:
@@ -49,12 +48,12 @@ async def count(client: Client, task_queue: str, state: str) -> int:
 async def test_300_armed_jobs_racing_for_a_budget_of_10_clips_make_exactly_10_creates(
     workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim
 ):
-    comfyui.set_vram_used_pct(97)
+    comfyui.set_vram_used_pct(BUSY_VRAM_PCT)
     worker = await workers(
         COMFYUI_URL=comfyui.url,
         MINIMAX_BASE_URL=minimax.url,
         CLOUD_VIDEO_FALLBACK_ENABLED=1,
-        CLOUD_DAILY_BUDGET_USD=10 * CLIP,
+        CLOUD_DAILY_BUDGET_USD=10 * CLIP_USD,
         APPROVAL_TIMEOUT_S=3600,
         APPROVAL_RECHECK_S=3600,  # 290 waiting jobs re-probing every second would be the test
     )
@@ -70,7 +69,7 @@ async def test_300_armed_jobs_racing_for_a_budget_of_10_clips_make_exactly_10_cr
     assert await until(settled, lambda c: c == (10, 290), timeout_s=400) == (10, 290)
     assert (minimax.create_calls, minimax.tasks_created) == (10, 10)
     summary = await ledger(jobs.client, worker.task_queue)
-    assert summary.day.spent_usd == pytest.approx(10 * CLIP)
+    assert summary.day.spent_usd == pytest.approx(10 * CLIP_USD)
     assert summary.day.reserved_usd == 0
     assert summary.day.remaining_usd == pytest.approx(0)
     charged = [e for e in summary.entries if e.state == "charged"]
@@ -80,7 +79,7 @@ async def test_300_armed_jobs_racing_for_a_budget_of_10_clips_make_exactly_10_cr
     assert len(waiting) == 290
     for plan in waiting:
         assert "budget_exhausted" in plan.reasons and plan.budget is not None
-        assert (plan.budget.exhausted, plan.budget.estimate_usd) == ("day", CLIP)
+        assert (plan.budget.exhausted, plan.budget.estimate_usd) == ("day", CLIP_USD)
 
 
 async def reset_to_first_workflow_task(client: Client, job_id: str) -> str:
@@ -109,7 +108,7 @@ async def reset_to_first_workflow_task(client: Client, job_id: str) -> str:
 async def test_a_completed_cloud_job_reset_to_its_first_workflow_task_creates_nothing_more(
     workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim, authorised: str
 ):
-    comfyui.set_vram_used_pct(97)
+    comfyui.set_vram_used_pct(BUSY_VRAM_PCT)
     worker = await workers(
         COMFYUI_URL=comfyui.url,
         MINIMAX_BASE_URL=minimax.url,
@@ -119,10 +118,10 @@ async def test_a_completed_cloud_job_reset_to_its_first_workflow_task_creates_no
     jobs = jobs_on(worker)
     job_id = await jobs.submit(f"reset me ({authorised})")
     if authorised == "approved":
-        await jobs.state(job_id, "awaiting_approval")
+        await jobs.until(job_id, "awaiting_approval")
         decision = ApprovalDecision(approved=True, by="owner", reason="deadline")
         await jobs.client.get_workflow_handle(job_id).signal(APPROVAL_SIGNAL, decision)
-    first = await jobs.state(job_id, "completed")
+    first = await jobs.until(job_id, "completed")
     assert first.cloud is not None and minimax.create_calls == 1
 
     new_run = await reset_to_first_workflow_task(jobs.client, job_id)
@@ -140,7 +139,7 @@ async def test_a_completed_cloud_job_reset_to_its_first_workflow_task_creates_no
 async def test_a_job_cancelled_during_a_slow_create_records_the_task_it_ordered(
     workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim
 ):
-    comfyui.set_vram_used_pct(97)
+    comfyui.set_vram_used_pct(BUSY_VRAM_PCT)
     minimax.create_delay_s = 3  # MiniMax takes its time; the task exists once it answers
     worker = await workers(
         COMFYUI_URL=comfyui.url,
@@ -150,10 +149,10 @@ async def test_a_job_cancelled_during_a_slow_create_records_the_task_it_ordered(
     )
     jobs = jobs_on(worker)
     job_id = await jobs.submit("cancel me mid-create")
-    await eventually(lambda: minimax.create_bodies, timeout_s=30)
+    await until(lambda: minimax.create_bodies, timeout_s=30)
     await jobs.client.get_workflow_handle(job_id).cancel()
 
-    plan = await jobs.state(job_id, "cancelled", timeout_s=30)
+    plan = await jobs.until(job_id, "cancelled", timeout_s=30)
     [task_id] = minimax.tasks
     assert plan.cloud is not None and plan.cloud.task_id == task_id
     assert f"cancelled_after_create={task_id}" in plan.reasons
@@ -182,7 +181,7 @@ async def test_a_worker_disarmed_and_restarted_before_the_create_sends_nothing(
     armed.env["CLOUD_VIDEO_FALLBACK_ENABLED"] = "0"
     await armed.start()
 
-    plan = await jobs.state(job_id, "awaiting_approval", timeout_s=60)
+    plan = await jobs.until(job_id, "awaiting_approval", timeout_s=60)
     assert "fallback_disarmed" in plan.reasons
     assert plan.overflow.trigger == "unreachable"
     assert minimax.create_calls == 0
@@ -194,7 +193,7 @@ async def test_a_simulated_job_that_reaches_a_real_worker_sends_nothing_with_the
     # `spillway dev --simulate` and a real worker pointed at one server and one task queue (the
     # mistake the separate `-sim` queue prevents): the simulated job waits for approval, then
     # only the real worker is left to run it.
-    comfyui.set_vram_used_pct(97)
+    comfyui.set_vram_used_pct(BUSY_VRAM_PCT)
     async with MiniMaxSim(api_key=SIM_API_KEY) as simulator:
         simulated = await workers(
             COMFYUI_URL=comfyui.url,
@@ -205,13 +204,13 @@ async def test_a_simulated_job_that_reaches_a_real_worker_sends_nothing_with_the
         )
         jobs = jobs_on(simulated)
         job_id = await jobs.submit("decided in the simulator")
-        await jobs.state(job_id, "awaiting_approval")
+        await jobs.until(job_id, "awaiting_approval")
         await simulated.kill()
         real: dict[str, Any] = {"MINIMAX_BASE_URL": minimax.url, "COMFYUI_URL": comfyui.url}
         await workers(SPILLWAY_TASK_QUEUE=simulated.task_queue, **real)
         decision = ApprovalDecision(approved=True, by="owner")
         await jobs.client.get_workflow_handle(job_id).signal(APPROVAL_SIGNAL, decision)
-        plan = await jobs.state(job_id, "failed")
+        plan = await jobs.until(job_id, "failed")
         assert simulator.create_calls == 0
     assert plan.error is not None and "simulated" in plan.error and "nothing was sent" in plan.error
     assert minimax.create_calls == 0

@@ -14,17 +14,9 @@ import httpx
 
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
-from tests.cli_run import temporal_show
-from tests.minimax_fixtures import CANARY_KEY
-from tests.reliability.harness import (
-    SECRETS,
-    DevServer,
-    Sightings,
-    api_texts,
-    cli,
-    decoded,
-    history_text,
-)
+from tests.reliability.harness import SECRETS, DevServer, Sightings, api_texts, cli, history_text
+from tests.support.cli import decoded, temporal_show
+from tests.support.constants import BUSY_VRAM_PCT, CANARY_KEY
 
 KINDS = {"worker log", "metrics", "cli", "history", "ui api"}
 
@@ -37,7 +29,7 @@ async def test_the_key_never_shows_in_histories_logs_metrics_cli_output_or_the_u
     sightings: Sightings,
     temporal_server: DevServer,
 ):
-    comfyui.set_vram_used_pct(97)
+    comfyui.set_vram_used_pct(BUSY_VRAM_PCT)
     worker = await workers(
         COMFYUI_URL=comfyui.url, MINIMAX_BASE_URL=minimax.url, CLOUD_VIDEO_FALLBACK_ENABLED=1
     )

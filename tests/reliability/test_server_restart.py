@@ -22,20 +22,14 @@ from typing import Any
 import httpx
 
 from spillway import jobs as job_ops
-from spillway.models import ApprovalDecision, Plan
+from spillway.models import ApprovalDecision, JobState, Plan
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import QUERY_PATH, MiniMaxSim
-from tests.comfyui_fixtures import VIDEO_GRAPH, graph_without
-from tests.minimax_fixtures import eventually
-from tests.reliability.harness import (
-    DevServer,
-    Jobs,
-    Sightings,
-    api_texts,
-    cli,
-    history_text,
-    posts_of,
-)
+from tests.reliability.harness import DevServer, Sightings, api_texts, cli, history_text, posts_of
+from tests.support.constants import BUSY_VRAM_PCT, FREE_VRAM_PCT
+from tests.support.graphs import VIDEO_GRAPH, graph_without
+from tests.support.jobs import Jobs
+from tests.support.waiting import until
 
 BEFORE = {
     "completed": 10,
@@ -76,17 +70,17 @@ async def _scenario(
         server, COMFYUI_URL=comfyui.url, MINIMAX_BASE_URL=minimax.url, APPROVAL_TIMEOUT_S=600
     )
     async with ComfyUISim() as gone:
-        gone.set_vram_used_pct(42.4)
+        gone.set_vram_used_pct(FREE_VRAM_PCT)
         gone.execution_s = 0.02
         await gone.stop()  # refuses connections on its port until started again
         waiting = await workers(server, COMFYUI_URL=gone.url, APPROVAL_TIMEOUT_S=1)
-        on_local = Jobs(server.client, local.task_queue, None)
-        on_waiting = Jobs(server.client, waiting.task_queue, None)
+        on_local = Jobs(server.client, local.task_queue)
+        on_waiting = Jobs(server.client, waiting.task_queue)
         by_state: dict[str, list[str]] = {}
 
-        async def put(state: str, jobs: Jobs, n: int, **submit: Any) -> None:
+        async def put(state: JobState, jobs: Jobs, n: int, **submit: Any) -> None:
             ids = [await jobs.submit(**submit) for _ in range(n)]
-            await asyncio.gather(*(jobs.state(j, state) for j in ids))
+            await asyncio.gather(*(jobs.until(j, state) for j in ids))
             by_state[state] = ids
 
         await asyncio.gather(
@@ -97,8 +91,8 @@ async def _scenario(
         comfyui.pause()
         await put("running_local", on_local, 8)
         posted = by_state["running_local"]
-        await eventually(lambda: posts_of(comfyui, posted) == dict.fromkeys(posted, 1))
-        comfyui.set_vram_used_pct(97)
+        await until(lambda: posts_of(comfyui, posted) == dict.fromkeys(posted, 1))
+        comfyui.set_vram_used_pct(BUSY_VRAM_PCT)
         await put("awaiting_approval", on_local, 16)
         minimax.answers[QUERY_PATH] = STILL_PROCESSING
         by_state["running_cloud"] = by_state["awaiting_approval"][8:]
@@ -184,11 +178,14 @@ async def _listed(
 ) -> dict[str, str]:
     """`spillway list --json` as {job: state}; with `expected`, until visibility shows those
     counts (it follows the jobs' own state by a moment)."""
-    for _ in range(100):
+
+    async def listed() -> dict[str, str]:
         code, out, err = await cli(sightings, "list", "--json", env=env)
         assert code == 0, err
-        listed = {j["job_id"]: j["state"] for j in json.loads(out)}
-        if expected is None or Counter(listed.values()) == Counter(expected):
-            return listed
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"spillway list never showed {expected}: {Counter(listed.values())}")
+        return {j["job_id"]: j["state"] for j in json.loads(out)}
+
+    def shows(jobs: dict[str, str]) -> bool:
+        return expected is None or Counter(jobs.values()) == Counter(expected)
+
+    what = f"spillway list to show {expected}"
+    return await until(listed, shows, timeout_s=60, every_s=0.2, what=what)

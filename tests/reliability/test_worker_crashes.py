@@ -19,8 +19,9 @@ from temporalio.api.enums.v1 import PendingWorkflowTaskState
 
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
-from tests.minimax_fixtures import eventually
-from tests.reliability.harness import Sightings, cli, creates_of, polling, posts_of, until
+from tests.reliability.harness import Sightings, cli, creates_of, polling, posts_of
+from tests.support.constants import BUSY_VRAM_PCT, FREE_VRAM_PCT
+from tests.support.waiting import until
 
 
 async def test_a_worker_killed_before_the_probe_leaves_jobs_that_complete_after_restart(
@@ -60,7 +61,7 @@ async def test_a_worker_killed_before_the_probe_leaves_jobs_that_complete_after_
 async def test_a_worker_killed_while_jobs_await_approval_keeps_every_decision(
     workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim, sightings: Sightings
 ):
-    comfyui.set_vram_used_pct(97)
+    comfyui.set_vram_used_pct(BUSY_VRAM_PCT)
     comfyui.execution_s = 0.1
     worker = await workers(
         COMFYUI_URL=comfyui.url, MINIMAX_BASE_URL=minimax.url, APPROVAL_TIMEOUT_S=600
@@ -71,7 +72,7 @@ async def test_a_worker_killed_while_jobs_await_approval_keeps_every_decision(
     prompts = dict(zip(ids, texts, strict=True))
     approved, rejected, freed = ids
     for job_id in ids:
-        await jobs.state(job_id, "awaiting_approval")
+        await jobs.until(job_id, "awaiting_approval")
 
     await worker.kill()
     # No worker answers the update: the CLI sends the decision as a signal instead.
@@ -86,7 +87,7 @@ async def test_a_worker_killed_while_jobs_await_approval_keeps_every_decision(
     assert code == 0 and "rejected" in out, err
     plan = await jobs.finished(rejected)
     assert (plan.state, plan.route) == ("completed", "local")
-    comfyui.set_vram_used_pct(42.4)
+    comfyui.set_vram_used_pct(FREE_VRAM_PCT)
 
     approved_plan, freed_plan = [await jobs.finished(j) for j in (approved, freed)]
     assert (approved_plan.state, approved_plan.route) == ("completed", "cloud")
@@ -114,7 +115,7 @@ async def test_a_worker_killed_mid_download_fetches_the_whole_video_again_after_
                 total += part.stat().st_size
         return total
 
-    await eventually(lambda: partial_bytes() >= 16 * 1024**2, timeout_s=30)
+    await until(lambda: partial_bytes() >= 16 * 1024**2, timeout_s=30)
     await worker.kill()
     assert 0 < partial_bytes() < comfyui.output_bytes  # killed with the video part-way home
 

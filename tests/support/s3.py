@@ -2,9 +2,9 @@
 speaking S3 over HTTP to the same aiobotocore client the worker uses. Nothing is mocked inside
 the client and nothing is downloaded.
 
-    pytest_plugins = ["tests.support.s3"]  # in a test module: the `s3` fixture, a fresh bucket
-
-or, outside pytest (the benchmark), `with moto_server() as url: ...`.
+Loaded by conftest: the `s3` fixture, a fresh bucket on the session's server; outside pytest
+(the benchmark), `with moto_server() as url: ...`. moto and aiobotocore are imported only when
+used, so the other tests do not pay for them.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import pytest
-from aiobotocore.session import get_session
 
 from activities.storage import OutputSettings
 
@@ -67,6 +66,8 @@ class S3Endpoint:
 
     def client(self) -> AbstractAsyncContextManager[S3Client]:
         """A separate client, for looking at what the server holds."""
+        from aiobotocore.session import get_session
+
         return get_session().create_client(
             "s3",
             region_name=REGION,

@@ -42,20 +42,22 @@ from spillway.models import (
     OutputFile,
     Thresholds,
 )
+from tests.support.constants import BUSY_VRAM_PCT, FREE_VRAM_PCT
 
 SEED = Thresholds(vram_busy_pct=85, util_busy_pct=95)
 
 
 def reading(reachable: bool = True, overloaded: bool = False, **extra: Any) -> LoadStatus:
+    """A measurement as the probe reports it: the A40 free, busy (VRAM), or ComfyUI not there."""
     reasons = []
     if not reachable:
         reasons.append("comfyui_unreachable")
     if overloaded:
-        reasons.append("vram_used_91.2pct_ge_85.0pct")
+        reasons.append(f"vram_used_{BUSY_VRAM_PCT:.1f}pct_ge_{SEED.vram_busy_pct:.1f}pct")
     return LoadStatus(
         reachable=reachable,
         overloaded=overloaded,
-        vram_pct=91.2 if overloaded else (42.4 if reachable else None),
+        vram_pct=BUSY_VRAM_PCT if overloaded else (FREE_VRAM_PCT if reachable else None),
         reasons=reasons,
         measured_at=datetime.now(UTC),
         thresholds=SEED,
@@ -80,8 +82,8 @@ class RouteStubs:
         self.probe_gate = asyncio.Event()
         self.probe_gate.set()  # clear it to hold every probe until set again
         self.wait_release = asyncio.Event()
-        self.wait_release.set()  # clear it to keep comfyui_wait running until set again
-        self.create_hang = False  # minimax_create never returns and never heartbeats
+        self.wait_release.set()  # clear it to keep the wait running until set again
+        self.create_hang = False  # the create never returns and never heartbeats
         self.creates = 0  # create requests that got past the guard (would have cost money)
         self.guard: CreateGuard | None = None
 
@@ -105,7 +107,7 @@ class RouteStubs:
 
     @activity.defn(name=names.PROBE)
     async def load(self, req: LoadProbeRequest) -> LoadStatus:
-        self.calls["a40_load_status"] += 1
+        self.calls[names.PROBE] += 1
         await self.probe_gate.wait()
         if self.probe_failures:
             self.probe_failures -= 1
@@ -115,13 +117,13 @@ class RouteStubs:
 
     @activity.defn(name=names.COMFYUI_SUBMIT)
     async def submit(self, req: ComfyUISubmit) -> ComfyUISubmitted:
-        self._count("comfyui_submit")
+        self._count(names.COMFYUI_SUBMIT)
         self.submitted.append(req.prompt_id)
         return ComfyUISubmitted(prompt_id=req.prompt_id, number=len(self.submitted), posted=True)
 
     @activity.defn(name=names.COMFYUI_WAIT)
     async def wait(self, req: ComfyUIWait) -> ComfyUIFinished:
-        self._count("comfyui_wait")
+        self._count(names.COMFYUI_WAIT)
         while not self.wait_release.is_set():
             activity.heartbeat()
             with contextlib.suppress(TimeoutError):
@@ -134,7 +136,7 @@ class RouteStubs:
 
     @activity.defn(name=names.COMFYUI_DOWNLOAD)
     async def download(self, req: ComfyUIDownload) -> Downloaded:
-        self._count("comfyui_download")
+        self._count(names.COMFYUI_DOWNLOAD)
         return Downloaded(
             outputs=[
                 OutputFile(path=f"outputs/{req.job_id}/{f.filename}", bytes=1024, sha256="ab" * 32)
@@ -144,7 +146,7 @@ class RouteStubs:
 
     @activity.defn(name=names.COMFYUI_CANCEL)
     async def cancel(self, req: ComfyUICancel) -> ComfyUICancelled:
-        self._count("comfyui_cancel")
+        self._count(names.COMFYUI_CANCEL)
         return ComfyUICancelled(prompt_id=req.prompt_id, was="running")
 
     @activity.defn(name=names.MINIMAX_CREATE)
@@ -158,7 +160,7 @@ class RouteStubs:
                 await asyncio.sleep(3600)
             return CreateVerdict(outcome="created", task_id=f"task-{req.job_id}")
 
-        self._count("minimax_create")
+        self._count(names.MINIMAX_CREATE)
         assert self.guard is not None, "the job runner sets the guard"
         done = await self.guard.create(req.job_id, req.authorisation, req.simulated, send)
         assert done.verdict.task_id is not None
@@ -166,16 +168,16 @@ class RouteStubs:
 
     @activity.defn(name=names.MINIMAX_POLL)
     async def poll(self, req: MiniMaxPoll) -> MiniMaxDone:
-        self._count("minimax_poll")
+        self._count(names.MINIMAX_POLL)
         return MiniMaxDone(task_id=req.task_id, file_id="205258526306433", video_width=1366)
 
     @activity.defn(name=names.MINIMAX_DOWNLOAD)
     async def cloud_download(self, req: MiniMaxDownload) -> Downloaded:
-        self._count("minimax_download")
+        self._count(names.MINIMAX_DOWNLOAD)
         path = f"outputs/{req.job_id}/{req.task_id}.mp4"
         return Downloaded(outputs=[OutputFile(path=path, bytes=2048, sha256="cd" * 32)])
 
     @activity.defn(name=names.NOTIFY_APPROVAL)
     async def notify(self, notice: ApprovalNotice) -> None:
-        self._count("notify_approval_needed")
+        self._count(names.NOTIFY_APPROVAL)
         self.notices.append(notice)

@@ -1,5 +1,10 @@
 """`python worker.py` as a real process that a test can SIGKILL and start again, against the dev
-server and the doubles running in the test process. Its output is kept (to look for leaks)."""
+server and the doubles running in the test process. Its output is kept (to look for leaks).
+Loaded by conftest: `await worker_process(**env)` starts one on its own task queue.
+
+`worker_env` is the environment every worker process of the tests runs with (FAST_WORKER:
+production logic on a test's clock); FAST_CLOUD adds what a worker needs to reach the MiniMax
+double quickly."""
 
 from __future__ import annotations
 
@@ -15,6 +20,36 @@ import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from spillway.settings import PROJECT_ROOT
+from tests.support.constants import CANARY_KEY
+
+FAST_WORKER = {
+    "SPILLWAY_HEARTBEAT_TIMEOUT_S": "2",
+    "LOAD_PROBE_TIMEOUT_S": "1",
+    "UNREACHABLE_CONFIRM_S": "1",
+}
+FAST_CLOUD = {
+    "MINIMAX_API_KEY": CANARY_KEY,
+    "MINIMAX_POLL_INTERVAL_S": "0.2",
+    "MINIMAX_CREATE_TIMEOUT_S": "2",
+}
+
+
+def worker_env(
+    cli_env: Callable[..., dict[str, str]],
+    *,
+    address: str,
+    task_queue: str,
+    outputs: Path,
+    **overrides: Any,
+) -> dict[str, str]:
+    """FAST_WORKER, the server, task queue and output folder, then `overrides` (any values,
+    written as text), on top of `cli_env`'s clean environment."""
+    place = {
+        "TEMPORAL_ADDRESS": address,
+        "SPILLWAY_TASK_QUEUE": task_queue,
+        "SPILLWAY_OUTPUT_DIR": str(outputs),
+    }
+    return cli_env(**FAST_WORKER | place | {k: str(v) for k, v in overrides.items()})
 
 
 class WorkerProcess:
@@ -84,19 +119,18 @@ class WorkerProcess:
 async def worker_process(
     cli_env: Callable[..., dict[str, str]], dev_env: WorkflowEnvironment, tmp_path: Path
 ) -> AsyncIterator[Callable[..., Any]]:
-    """`await worker_process(**env)` starts a worker process on its own task queue."""
+    """`await worker_process(**env)` starts a worker process on its own task queue of the dev
+    server; every one started is killed at the end."""
     started: list[WorkerProcess] = []
 
     async def start(**overrides: Any) -> WorkerProcess:
-        defaults = {
-            "TEMPORAL_ADDRESS": dev_env.client.service_client.config.target_host,
-            "SPILLWAY_TASK_QUEUE": f"proc-{uuid.uuid4()}",
-            "SPILLWAY_OUTPUT_DIR": str(tmp_path / "outputs"),
-            "SPILLWAY_HEARTBEAT_TIMEOUT_S": "2",
-            "LOAD_PROBE_TIMEOUT_S": "1",
-            "UNREACHABLE_CONFIRM_S": "1",
-        }
-        env = cli_env(**defaults | {k: str(v) for k, v in overrides.items()})
+        env = worker_env(
+            cli_env,
+            address=dev_env.client.service_client.config.target_host,
+            task_queue=f"proc-{uuid.uuid4()}",
+            outputs=tmp_path / "outputs",
+            **overrides,
+        )
         worker = WorkerProcess(env)
         await worker.start()
         started.append(worker)

@@ -11,6 +11,7 @@ from temporalio import workflow
 from temporalio.exceptions import WorkflowAlreadyStartedError
 
 with workflow.unsafe.imports_passed_through():
+    from spillway import activity_names as names
     from spillway.callback_models import (
         CALLBACK_RETRY,
         CALLBACK_TIMEOUT,
@@ -27,7 +28,7 @@ class SendCallback:
     @workflow.run
     async def run(self, delivery: CallbackDelivery) -> CallbackResult:
         result: CallbackResult = await workflow.execute_activity(
-            "job_callback",
+            names.JOB_CALLBACK,
             delivery,
             result_type=CallbackResult,
             start_to_close_timeout=CALLBACK_TIMEOUT,
@@ -64,7 +65,7 @@ class FireAndForget:
     @workflow.run
     async def run(self, delivery: CallbackDelivery) -> str:
         workflow.start_activity(
-            "job_callback",
+            names.JOB_CALLBACK,
             delivery,
             result_type=CallbackResult,
             start_to_close_timeout=CALLBACK_TIMEOUT,

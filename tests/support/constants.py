@@ -1,0 +1,16 @@
+"""Figures several tests share, named for what they are."""
+
+from __future__ import annotations
+
+from spillway.dev import FREE_VRAM_PCT  # the seed's free A40: 42.4 % of its VRAM used
+
+# An A40 well past the 85 % VRAM threshold: what a test sets to make the GPU busy.
+BUSY_VRAM_PCT = 97.0
+# routing_tiers.json: MiniMax 768P/6s, the default cloud request's estimated cost.
+CLIP_USD = 0.28
+# Distinctive on purpose: finding it anywhere but in the MiniMax double's expectation is a leak.
+CANARY_KEY = "sk-spillway-CANARY-7f3a9c2e-do-not-log"
+# A key for workers whose create is a stand-in: present (so a job may be approved), never sent.
+TEST_KEY = "mm-test-key"
+
+__all__ = ["BUSY_VRAM_PCT", "CANARY_KEY", "CLIP_USD", "FREE_VRAM_PCT", "TEST_KEY"]

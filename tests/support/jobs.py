@@ -1,0 +1,139 @@
+"""Jobs for tests: `Jobs`, the one client tests start jobs with and watch them through, and the
+in-process job runner; loaded by conftest.
+
+- `Jobs(client, task_queue)`: `start` starts a job as `spillway submit` does (spillway.jobs) and
+  returns its handle, `submit` the same returning its id; `status(job)` reads it; `until(job,
+  state)` waits for a state (or any condition on the plan); `finished(job)` for its end. A job
+  given by its handle is asked directly (a query: the live plan, a worker must be running); one
+  given by its id is read as `spillway status` reads it (no worker needed).
+- `run_jobs(stubs, task_queue=None, **settings)` (`run_dev_jobs` on the real dev server): an
+  async context with a worker running VideoJobWorkflow and the spend ledger with the route
+  stubs and the real policy and spend activities; it yields a `Jobs` on that worker's queue.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from temporalio.client import Client, WorkflowHandle
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from activities.ledger_client import SpendLedger
+from activities.policy import PolicyActivities
+from activities.spend import CreateGuard, SpendActivities
+from spillway import jobs as job_ops
+from spillway.models import FINAL_STATES, CloudRequest, JobState, Plan, VideoJob
+from spillway.tiers import load_tiers
+from tests.support.graphs import VIDEO_GRAPH
+from tests.support.route_stubs import RouteStubs
+from tests.support.settings import make_settings
+from tests.support.waiting import until
+from worker import WORKFLOWS
+from workflows.video_job import VideoJobWorkflow
+
+PROMPT = "a lighthouse at dusk, slow pan"
+Job = str | WorkflowHandle[Any, Plan]
+
+
+@dataclass
+class Jobs:
+    client: Client
+    task_queue: str
+    stubs: RouteStubs | None = None  # the in-process runner's stand-ins
+    started: list[str] | None = None  # where every job started is noted, if anywhere
+
+    async def start(
+        self,
+        prompt: str | None = PROMPT,
+        graph: dict[str, Any] = VIDEO_GRAPH,
+        job_id: str | None = None,
+    ) -> WorkflowHandle[Any, Plan]:
+        """A job with `graph`, and a cloud request for `prompt` unless it is None."""
+        job = VideoJob(
+            job_id=job_id or f"job-{uuid.uuid4().hex[:12]}",
+            graph=graph,
+            cloud=CloudRequest(prompt=prompt) if prompt is not None else None,
+        )
+        handle = await job_ops.submit(self.client, job, self.task_queue)
+        if self.started is not None:
+            self.started.append(job.job_id)
+        return handle
+
+    async def submit(
+        self,
+        prompt: str | None = PROMPT,
+        graph: dict[str, Any] = VIDEO_GRAPH,
+        job_id: str | None = None,
+    ) -> str:
+        """`start`, for a test that follows the job by its id, as an operator does."""
+        return (await self.start(prompt, graph, job_id)).id
+
+    async def status(self, job: Job) -> Plan:
+        if isinstance(job, str):
+            return await job_ops.status(self.client, job)
+        plan: Plan = await job.query(VideoJobWorkflow.plan)
+        return plan
+
+    async def until(
+        self, job: Job, want: JobState | Callable[[Plan], bool], timeout_s: float = 60
+    ) -> Plan:
+        """The plan once the job is in state `want` (or `want(plan)` holds). Polled in real time:
+        a time-skipping server does not skip while a test polls."""
+        done = want if callable(want) else lambda plan: plan.state == want
+        name = job if isinstance(job, str) else job.id
+        return await until(
+            lambda: self.status(job), done, timeout_s=timeout_s, what=f"job {name}: {want}"
+        )
+
+    async def finished(self, job: Job, timeout_s: float = 90) -> Plan:
+        return await self.until(job, lambda plan: plan.state in FINAL_STATES, timeout_s)
+
+
+RunJobs = Callable[..., AbstractAsyncContextManager[Jobs]]
+
+
+def job_runner(environment: WorkflowEnvironment) -> RunJobs:
+    @asynccontextmanager
+    async def run(
+        stubs: RouteStubs, task_queue: str | None = None, **settings: Any
+    ) -> AsyncIterator[Jobs]:
+        config = make_settings(**settings)
+        tiers = load_tiers(config.SPILLWAY_ROUTING_TIERS)
+        policy = PolicyActivities(config, tiers)
+        task_queue = task_queue or f"jobs-{uuid.uuid4()}"
+        ledger = SpendLedger(environment.client, task_queue)
+        spend = SpendActivities(ledger, config, tiers)
+        stubs.guard = CreateGuard(ledger, config)
+        async with Worker(
+            environment.client,
+            task_queue=task_queue,
+            workflows=WORKFLOWS,
+            activities=[
+                *stubs.activities(),
+                policy.read_policy,
+                spend.reserve,
+                spend.settle,
+                spend.view,
+            ],
+        ):
+            yield Jobs(environment.client, task_queue, stubs)
+
+    return run
+
+
+@pytest.fixture
+def run_jobs(env: WorkflowEnvironment) -> RunJobs:
+    """A worker on the switchable `env` (time-skipping by default)."""
+    return job_runner(env)
+
+
+@pytest.fixture
+def run_dev_jobs(dev_env: WorkflowEnvironment) -> RunJobs:
+    """A worker on the real dev server (visibility: lists, metadata, the temporal CLI)."""
+    return job_runner(dev_env)

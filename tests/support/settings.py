@@ -1,0 +1,79 @@
+"""Settings for tests: one factory, `make_settings(*layers, **overrides)`, and named layers of
+values. Later layers win, the test's own keyword arguments (env names) last.
+
+- QUIET, always first: nothing armed, no key, no webhook, no guard, whatever this process's
+  environment holds. `KEY`: a MiniMax key, the fallback not armed. `ARMED`: key and fallback.
+- `comfyui_values(sim, outputs)`: pointed at the ComfyUI double, with a short history poll and
+  probe timeout; `minimax_values(sim, outputs)`: at the MiniMax double with the canary key and
+  short intervals. Both write outputs to a folder of the test's own.
+- Fixtures: `comfyui_settings(**overrides)` and `minimax_settings(**overrides)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spillway.settings import Settings
+from spillway.sim.comfyui import ComfyUISim
+from spillway.sim.minimax import MiniMaxSim
+from tests.support.constants import CANARY_KEY, TEST_KEY
+
+SettingsFactory = Callable[..., Settings]
+
+QUIET: dict[str, Any] = {
+    "CLOUD_VIDEO_FALLBACK_ENABLED": False,
+    "MINIMAX_API_KEY": None,
+    "APPROVAL_WEBHOOK_URL": None,
+    "A40_GUARD_URL": None,
+}
+KEY: dict[str, Any] = {"MINIMAX_API_KEY": TEST_KEY}
+ARMED: dict[str, Any] = KEY | {"CLOUD_VIDEO_FALLBACK_ENABLED": True}
+
+# Production polls and waits for seconds; the same logic runs here in milliseconds.
+COMFYUI_POLL_S = 0.1
+
+
+def make_settings(*layers: Mapping[str, Any], **overrides: Any) -> Settings:
+    values = dict(QUIET)
+    for layer in layers:
+        values |= layer
+    return Settings(**(values | overrides))
+
+
+def comfyui_values(comfyui: ComfyUISim, outputs: Path) -> dict[str, Any]:
+    return {
+        "COMFYUI_URL": comfyui.url,
+        "COMFYUI_HISTORY_POLL_S": COMFYUI_POLL_S,
+        "LOAD_PROBE_TIMEOUT_S": 1.0,  # a hanging source costs a second, not two
+        "SPILLWAY_OUTPUT_DIR": outputs,
+    }
+
+
+def minimax_values(minimax: MiniMaxSim, outputs: Path) -> dict[str, Any]:
+    return {
+        "MINIMAX_API_KEY": CANARY_KEY,
+        "MINIMAX_BASE_URL": minimax.url,
+        "MINIMAX_POLL_INTERVAL_S": 0.05,
+        "MINIMAX_CREATE_TIMEOUT_S": 0.5,
+        "SPILLWAY_OUTPUT_DIR": outputs,
+    }
+
+
+@pytest.fixture
+def comfyui_settings(comfyui: ComfyUISim, tmp_path: Path) -> SettingsFactory:
+    def make(**overrides: Any) -> Settings:
+        return make_settings(comfyui_values(comfyui, tmp_path / "outputs"), **overrides)
+
+    return make
+
+
+@pytest.fixture
+def minimax_settings(minimax: MiniMaxSim, tmp_path: Path) -> SettingsFactory:
+    def make(**overrides: Any) -> Settings:
+        return make_settings(minimax_values(minimax, tmp_path / "outputs"), **overrides)
+
+    return make

@@ -1,0 +1,79 @@
+"""The one way a test waits: `until(read, good)` reads again until the reading is good and
+returns it, or fails saying what it waited for and what it read last.
+
+    await until(lambda: minimax.create_bodies)                       # a condition
+    plan = await until(lambda: jobs.status(job_id), lambda p: p.route is not None)  # a reading
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar, overload
+
+T = TypeVar("T")
+
+
+@overload
+async def until(
+    read: Callable[[], Awaitable[T]],
+    good: Callable[[T], object] = ...,
+    *,
+    timeout_s: float = ...,
+    every_s: float = ...,
+    what: str | None = ...,
+) -> T: ...
+
+
+@overload
+async def until(
+    read: Callable[[], T],
+    good: Callable[[T], object] = ...,
+    *,
+    timeout_s: float = ...,
+    every_s: float = ...,
+    what: str | None = ...,
+) -> T: ...
+
+
+async def until(
+    read: Callable[[], Any],
+    good: Callable[[Any], object] = bool,
+    *,
+    timeout_s: float = 30.0,
+    every_s: float = 0.05,
+    what: str | None = None,
+) -> Any:
+    """Calls `read` (a function or a coroutine function) every `every_s` seconds until
+    `good(reading)` is true; the good reading. Past `timeout_s` (wall clock, a hanging read
+    included) it fails with an AssertionError naming `what` (by default the line that called
+    it) and the last reading."""
+    reading: Any = None
+    scope = asyncio.timeout(timeout_s)
+    try:
+        async with scope:
+            while True:
+                reading = read()
+                if inspect.isawaitable(reading):
+                    reading = await reading
+                if good(reading):
+                    return reading
+                await asyncio.sleep(every_s)
+    except TimeoutError:
+        if not scope.expired():
+            raise  # the read itself timed out: its own error says more
+        waited_for = what or _caller()
+        raise AssertionError(
+            f"waited {timeout_s:g} s for {waited_for}; last reading: {reading!r}"
+        ) from None
+
+
+def _caller() -> str:
+    """Where `until` was called from (its source line), as the description of what it waited
+    for."""
+    for frame in inspect.stack()[2:]:
+        if frame.filename != __file__:
+            line = frame.code_context[0].strip() if frame.code_context else "the condition"
+            return f"{line} ({frame.filename}:{frame.lineno})"
+    return "the condition"
