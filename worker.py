@@ -1,16 +1,26 @@
-"""The spillway worker: `python worker.py` (or `spillway worker`, later).
+"""The spillway worker: `python worker.py` (= `spillway worker`), and the GPU agents
+(`spillway agent --host NAME`) (docs/design.md, "GPU hosts and agents").
 
-Connects through temporalio.envconfig like every spillway command, validates the configuration
-before polling, and serves the task queue SPILLWAY_TASK_QUEUE. Several workers may share it.
+The worker serves SPILLWAY_TASK_QUEUE: the workflows, the policy, the spend ledger's activities,
+the approval webhook and the cloud create; the long cloud activities (poll, download) on
+`<queue>-waits`, a slot pool of their own. Unless told `--no-agents` it also runs the agent of
+every configured GPU host in the same process, so one machine stays one command.
+
+An agent runs next to one GPU: its load probe (NVML reads the GPU of the machine it runs on),
+submit and cancel on `<queue>-gpu-<host>`, and the long waits on ComfyUI and the downloads on
+`<queue>-gpu-<host>-waits`, whose slots (SPILLWAY_MAX_WAITS) never hold up a probe or a create.
+Several workers and agents may share their queues.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -30,53 +40,138 @@ from activities.policy import PolicyActivities
 from activities.spend import SpendActivities, budgets_of
 from spillway import search_attributes as sa
 from spillway.errors import ConfigError
+from spillway.hosts import WAITS_SUFFIX, GpuHost, gpu_hosts, host_settings, ref
 from spillway.settings import Settings, load_settings
 from spillway.temporal import TemporalUnreachable, connect
 from spillway.tiers import RoutingTiers, load_tiers
+from workflows.health import HealthWorkflow
 from workflows.spend_ledger import SpendLedgerWorkflow
 from workflows.video_job import VideoJobWorkflow
 
 log = logging.getLogger("spillway.worker")
 
-WORKFLOWS = [VideoJobWorkflow, SpendLedgerWorkflow]
+WORKFLOWS = [VideoJobWorkflow, SpendLedgerWorkflow, HealthWorkflow]
 
 
-def activities(
-    http: httpx.AsyncClient,
-    settings: Settings,
-    tiers: RoutingTiers,
-    gpu: GpuReader,
-    ledger: Ledger,
-) -> list[Callable[..., Any]]:
-    """Every activity the worker serves, bound to its clients (tests register the same list)."""
-    load = LoadStatusActivities(http, settings, gpu)
+@dataclass
+class QueueWork:
+    """What one Temporal worker (one task queue, one slot pool) serves."""
+
+    task_queue: str
+    activities: list[Callable[..., Any]]
+    workflows: list[type] = field(default_factory=list)
+    max_activities: int | None = None  # None: the SDK's default
+
+
+def main_work(
+    http: httpx.AsyncClient, settings: Settings, tiers: RoutingTiers, ledger: Ledger
+) -> list[QueueWork]:
     policy = PolicyActivities(settings, tiers)
     notify = NotifyActivities(http, settings)
-    comfyui = ComfyUIActivities(http, settings)
     minimax = MiniMaxActivities(http, settings, ledger)
     spend = SpendActivities(ledger, settings, tiers)
-    return [
-        load.a40_load_status,
+    queue = settings.SPILLWAY_TASK_QUEUE
+    decisions: list[Callable[..., Any]] = [
         policy.read_policy,
         notify.notify_approval_needed,
-        comfyui.submit,
-        comfyui.wait,
-        comfyui.download,
-        comfyui.cancel,
-        minimax.create,
-        minimax.poll,
-        minimax.download,
         spend.reserve,
         spend.settle,
         spend.view,
+        minimax.create,
+    ]
+    waits: list[Callable[..., Any]] = [minimax.poll, minimax.download]
+    return [
+        # Polls scheduled before the waits queue existed still run here.
+        QueueWork(queue, [*decisions, *waits], WORKFLOWS),
+        QueueWork(queue + WAITS_SUFFIX, waits, max_activities=settings.SPILLWAY_MAX_WAITS),
     ]
 
 
-async def run_worker(settings: Settings, tiers: RoutingTiers, client: Client) -> None:
-    gpu = NvmlReader()
-    ledger = SpendLedger(client, settings.SPILLWAY_TASK_QUEUE)
+def agent_work(
+    http: httpx.AsyncClient, settings: Settings, host: GpuHost, gpu: GpuReader
+) -> list[QueueWork]:
+    mine = host_settings(settings, host)
+    load = LoadStatusActivities(http, mine, gpu)
+    comfyui = ComfyUIActivities(http, mine)
+    queues = ref(settings.SPILLWAY_TASK_QUEUE, host.name)
+    return [
+        QueueWork(queues.task_queue, [load.a40_load_status, comfyui.submit, comfyui.cancel]),
+        QueueWork(
+            queues.waits_queue,
+            [comfyui.wait, comfyui.download],
+            max_activities=settings.SPILLWAY_MAX_WAITS,
+        ),
+    ]
+
+
+def legacy_work(
+    http: httpx.AsyncClient, settings: Settings, host: GpuHost, gpu: GpuReader
+) -> list[Callable[..., Any]]:
+    """Jobs started before GPU hosts existed schedule their probe and ComfyUI activities on the
+    main queue; the worker that runs the agents serves them there for the first host."""
+    return [a for work in agent_work(http, settings, host, gpu) for a in work.activities]
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    client: Client,
+    settings: Settings,
+    tiers: RoutingTiers,
+    *,
+    agents: bool = True,
+    only_host: str | None = None,
+    gpu: GpuReader | None = None,
+) -> AsyncIterator[list[QueueWork]]:
+    """Runs the Temporal workers for the worker (unless `only_host`: an agent alone) and the
+    agents of every host (or `only_host`) until the block ends."""
+    hosts = gpu_hosts(settings, tiers)
+    if only_host is not None:
+        hosts = [h for h in hosts if h.name == only_host]
+    owned = None
+    if gpu is None:
+        gpu = owned = NvmlReader()
+    async with httpx.AsyncClient() as http:
+        works: list[QueueWork] = []
+        if only_host is None:
+            ledger = SpendLedger(client, settings.SPILLWAY_TASK_QUEUE)
+            works = main_work(http, settings, tiers, ledger)
+            if agents:
+                works[0].activities += legacy_work(http, settings, hosts[0], gpu)
+        if agents or only_host is not None:
+            for host in hosts:
+                works += agent_work(http, settings, host, gpu)
+        workers = [
+            Worker(
+                client,
+                task_queue=w.task_queue,
+                workflows=w.workflows,
+                activities=w.activities,
+                max_concurrent_activities=w.max_activities,
+                # On SIGTERM a create in flight gets this long to end; waits hand over at once.
+                graceful_shutdown_timeout=timedelta(seconds=settings.SPILLWAY_SHUTDOWN_GRACE_S),
+            )
+            for w in works
+        ]
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                for w in workers:
+                    await stack.enter_async_context(w)
+                yield works
+        finally:
+            if owned is not None:
+                owned.close()
+
+
+async def run_worker(
+    settings: Settings,
+    tiers: RoutingTiers,
+    client: Client,
+    *,
+    agents: bool = True,
+    only_host: str | None = None,
+) -> None:
     longest = MiniMaxTiming().longest_create_s(settings.MINIMAX_CREATE_TIMEOUT_S)
-    if longest > settings.SPILLWAY_SHUTDOWN_GRACE_S:
+    if only_host is None and longest > settings.SPILLWAY_SHUTDOWN_GRACE_S:
         log.warning(
             "SPILLWAY_SHUTDOWN_GRACE_S=%g is shorter than the longest MiniMax create (%gs): a "
             "create still running when it ends is cut off and its job fails as ambiguous",
@@ -87,29 +182,20 @@ async def run_worker(settings: Settings, tiers: RoutingTiers, client: Client) ->
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    try:
-        async with httpx.AsyncClient() as http:
-            worker = Worker(
-                client,
-                task_queue=settings.SPILLWAY_TASK_QUEUE,
-                workflows=WORKFLOWS,
-                activities=activities(http, settings, tiers, gpu, ledger),
-                # On SIGTERM running activities get this long to finish; after that they are
-                # cancelled and, heartbeats stopping, resume on another worker.
-                graceful_shutdown_timeout=timedelta(seconds=settings.SPILLWAY_SHUTDOWN_GRACE_S),
-            )
+    async with serving(client, settings, tiers, agents=agents, only_host=only_host) as works:
+        queues = ", ".join(repr(w.task_queue) for w in works)
+        log.info("worker polling task queues %s", queues)
+        gauge = None
+        if only_host is None:
             gauge = asyncio.create_task(_count_waiting_jobs(client))
-            async with worker:
-                log.info("worker polling task queue %r", settings.SPILLWAY_TASK_QUEUE)
-                await _announce_budgets(ledger, settings)
-                await stop.wait()
-                log.info(
-                    "shutting down: running activities get %gs to finish",
-                    settings.SPILLWAY_SHUTDOWN_GRACE_S,
-                )
+            await _announce_budgets(SpendLedger(client, settings.SPILLWAY_TASK_QUEUE), settings)
+        await stop.wait()
+        log.info(
+            "shutting down: waits hand over now, a create in flight gets %gs to end",
+            settings.SPILLWAY_SHUTDOWN_GRACE_S,
+        )
+        if gauge is not None:
             gauge.cancel()
-    finally:
-        gpu.close()
 
 
 async def _count_waiting_jobs(client: Client) -> None:
@@ -143,22 +229,27 @@ def _runtime(settings: Settings) -> Runtime | None:
     return Runtime(telemetry=TelemetryConfig(metrics=PrometheusConfig(bind_address=address)))
 
 
-async def main() -> int:
+async def main(*, agents: bool = True, only_host: str | None = None) -> int:
+    """`python worker.py`, `spillway worker [--no-agents]`, `spillway agent --host NAME`."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
+    what = "spillway agent" if only_host else "spillway worker"
     try:
         settings = load_settings()
         tiers = load_tiers(settings.SPILLWAY_ROUTING_TIERS)
+        names = [h.name for h in gpu_hosts(settings, tiers)]
+        if only_host is not None and only_host not in names:
+            raise ConfigError(f"no GPU host {only_host!r} in routing tiers; hosts: {names}")
         client = await connect(_runtime(settings))
     except ConfigError as exc:
-        print(f"spillway worker: {exc}", file=sys.stderr)
+        print(f"{what}: {exc}", file=sys.stderr)
         return 2
     except TemporalUnreachable as exc:
-        print(f"spillway worker: {exc}", file=sys.stderr)
+        print(f"{what}: {exc}", file=sys.stderr)
         return 1
     if settings.SPILLWAY_METRICS_PORT is not None:
         log.info("Prometheus metrics on :%d/metrics", settings.SPILLWAY_METRICS_PORT)
-    await run_worker(settings, tiers, client)
+    await run_worker(settings, tiers, client, agents=agents, only_host=only_host)
     return 0
 
 

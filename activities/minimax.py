@@ -147,7 +147,7 @@ class MiniMaxActivities:
         backoff, rate_backoff = _Backoff(t.backoff_s), _Backoff(t.rate_limit_backoff_s)
         while True:
             calls += 1
-            hb.update(Progress(phase="creating", value=calls))
+            hb.update(Progress(phase="creating", value=calls), now=True)
             verdict = (await self._client.create(key, body)).model_copy(update={"attempts": calls})
             if verdict.outcome != "retry":
                 return verdict

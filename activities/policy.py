@@ -6,6 +6,7 @@ from __future__ import annotations
 from temporalio import activity
 
 from spillway import activity_names as names
+from spillway.hosts import gpu_hosts, ref
 from spillway.models import Policy, PolicyRequest
 from spillway.settings import Settings
 from spillway.tiers import RoutingTiers
@@ -33,5 +34,7 @@ class PolicyActivities:
             await_loops_per_run=s.SPILLWAY_AWAIT_LOOPS_PER_RUN,
             heartbeat_timeout_s=s.SPILLWAY_HEARTBEAT_TIMEOUT_S,
             simulated=s.SPILLWAY_SIMULATED,
+            # Each host's agent polls queues named after the queue this worker serves.
+            hosts=[ref(activity.info().task_queue, h.name) for h in gpu_hosts(s, self._tiers)],
             estimated_costs_usd=dict(minimax.estimated_cost_usd) if minimax else {},
         )

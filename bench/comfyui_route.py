@@ -24,7 +24,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -33,15 +32,13 @@ from temporalio.worker import Worker
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from activities.nvml import NvmlReader
-from activities.spend import SpendLedger
 from bench.bare_workflow import BareWorkflow, noop
 from spillway.models import VideoJob
 from spillway.settings import Settings
 from spillway.temporal import installed_binary, register_search_attributes
 from spillway.tiers import load_tiers
 from tests.support.graphs import VIDEO_GRAPH
-from worker import WORKFLOWS, activities
+from worker import serving
 from workflows.video_job import VideoJobWorkflow
 
 STEPS = 5  # read_policy, a40_load_status, comfyui_submit, comfyui_wait, comfyui_download
@@ -100,46 +97,42 @@ async def main(jobs: int) -> None:
         dev_server_existing_path=installed_binary("temporal"),
     )
     await register_search_attributes(env.client)
+    queue = f"bench-{uuid.uuid4()}"
     settings = Settings(
+        SPILLWAY_TASK_QUEUE=queue,
         COMFYUI_URL=urls["comfyui"],
         SPILLWAY_OUTPUT_DIR=Path(tempfile.mkdtemp(prefix="spillway-bench-")),
         A40_GUARD_URL=None,
         MINIMAX_API_KEY=None,
     )
-    queue = f"bench-{uuid.uuid4()}"
-    async with httpx.AsyncClient() as http:
-        tiers = load_tiers(settings.SPILLWAY_ROUTING_TIERS)
-        async with Worker(
-            env.client,
-            task_queue=queue,
-            workflows=[*WORKFLOWS, BareWorkflow],
-            activities=[
-                *activities(http, settings, tiers, NvmlReader(), SpendLedger(env.client, queue)),
-                noop,
-            ],
-        ):
-            started = time.perf_counter()
-            bare = [
-                await env.client.start_workflow(
-                    BareWorkflow.run, STEPS, id=f"bare-{uuid.uuid4()}", task_queue=queue
-                )
-                for _ in range(jobs)
-            ]
-            await asyncio.gather(*(h.result() for h in bare))
-            bare_s = time.perf_counter() - started
+    tiers = load_tiers(settings.SPILLWAY_ROUTING_TIERS)
+    # The bare workflow and its no-op activities in the same process, on a queue of its own.
+    bare_worker = Worker(
+        env.client, task_queue=queue + "-bare", workflows=[BareWorkflow], activities=[noop]
+    )
+    async with serving(env.client, settings, tiers), bare_worker:
+        started = time.perf_counter()
+        bare = [
+            await env.client.start_workflow(
+                BareWorkflow.run, STEPS, id=f"bare-{uuid.uuid4()}", task_queue=queue + "-bare"
+            )
+            for _ in range(jobs)
+        ]
+        await asyncio.gather(*(h.result() for h in bare))
+        bare_s = time.perf_counter() - started
 
-            started = time.perf_counter()
-            handles = [
-                await env.client.start_workflow(
-                    VideoJobWorkflow.run,
-                    VideoJob(job_id=job_id, graph=VIDEO_GRAPH),
-                    id=job_id,
-                    task_queue=queue,
-                )
-                for job_id in (f"bench-{uuid.uuid4().hex[:12]}" for _ in range(jobs))
-            ]
-            plans = await asyncio.gather(*(h.result() for h in handles))
-            spillway_s = time.perf_counter() - started
+        started = time.perf_counter()
+        handles = [
+            await env.client.start_workflow(
+                VideoJobWorkflow.run,
+                VideoJob(job_id=job_id, graph=VIDEO_GRAPH),
+                id=job_id,
+                task_queue=queue,
+            )
+            for job_id in (f"bench-{uuid.uuid4().hex[:12]}" for _ in range(jobs))
+        ]
+        plans = await asyncio.gather(*(h.result() for h in handles))
+        spillway_s = time.perf_counter() - started
 
     assert all(p.state == "completed" and p.route == "local" for p in plans)
     to_post = [await start_to_post_s(env.client, h) for h in handles]

@@ -3,7 +3,7 @@ it) and how a workflow runs the `job_callback` activity (activities/callbacks.py
 
 How to send one, from the end of VideoJobWorkflow: start a child workflow that runs the activity
 with CALLBACK_RETRY, with `parent_close_policy=ParentClosePolicy.ABANDON`, await only its start,
-and return (tests/callback_workflow.py: JobThatCallsBack and SendCallback). Not
+and return (tests/support/callback_workflow.py: JobThatCallsBack and SendCallback). Not
 `workflow.start_activity` without awaiting it: an activity still scheduled when its workflow
 completes is never run nor retried (the server drops it with the closed run; a test shows it), and
 awaiting it would hold the job open for as long as the receiver is down."""

@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
         cmd.cmd_init,
         "register spillway's search attributes on the Temporal namespace (idempotent)",
         "Register the custom search attributes (SpillwayState, SpillwayRoute, SpillwayTrigger, "
-        "SpillwayOverloaded) on the connected namespace. Safe to run again.",
+        "SpillwayOverloaded, SpillwayHost) on the connected namespace. Safe to run again.",
     )
     load = command(
         "load",
@@ -190,12 +190,28 @@ def build_parser() -> argparse.ArgumentParser:
     guard.add_argument("--job", help="job the guard names while busy")
     guard.add_argument("--guard-url", default="http://127.0.0.1:8189", help="simulator URL")
 
-    command(
+    worker = command(
         "worker",
         cmd.cmd_worker,
-        "run the worker (same as python worker.py)",
-        "Run the worker for VideoJobWorkflow and every activity on SPILLWAY_TASK_QUEUE.",
+        "run the worker (same as python worker.py), with the GPU hosts' agents",
+        "Run the worker: the workflows, the policy, the spend ledger and the cloud on "
+        "SPILLWAY_TASK_QUEUE (long cloud waits on SPILLWAY_TASK_QUEUE-waits), and the agent of "
+        "every GPU host of routing_tiers.json in the same process.",
     )
+    worker.add_argument(
+        "--no-agents",
+        action="store_true",
+        help="leave the GPU hosts to agents that run next to their GPUs (spillway agent)",
+    )
+    agent = command(
+        "agent",
+        cmd.cmd_agent,
+        "run the agent of one GPU host, next to its GPU and ComfyUI",
+        "Serve one GPU host's load probe (NVML reads this machine's GPU) and its ComfyUI "
+        "activities on SPILLWAY_TASK_QUEUE-gpu-HOST, and its long waits and downloads on "
+        "SPILLWAY_TASK_QUEUE-gpu-HOST-waits. HOST is a local tier's name in routing_tiers.json.",
+    )
+    agent.add_argument("--host", required=True, help="the GPU host's name (a local tier's name)")
     return parser
 
 

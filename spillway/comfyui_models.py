@@ -21,9 +21,13 @@ UNSUPPORTED = "ComfyUIUnsupported"  # a ComfyUI that ignores the caller's prompt
 UNAVAILABLE = "ComfyUIUnavailable"  # retryable: no answer, 5xx, or an answer that is not JSON
 
 
-def prompt_id_for(job_id: str, attempt: int) -> str:
-    """Attempt 1 is the first submit; the workflow resubmits with attempt + 1 only after LOST."""
-    return f"spillway-{job_id}-{attempt}"
+def prompt_id_for(job_id: str, attempt: int, run_id: str | None = None) -> str:
+    """Attempt 1 is the first submit; the workflow resubmits with attempt + 1 only after LOST.
+    With the run id (jobs since prompt ids are unique per run) a reset or re-run of a job never
+    meets the earlier run's prompt in a long-lived ComfyUI's history."""
+    if run_id is None:
+        return f"spillway-{job_id}-{attempt}"
+    return f"spillway-{job_id}-{run_id[:8]}-{attempt}"
 
 
 def client_id_for(job_id: str) -> str:

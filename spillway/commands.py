@@ -60,14 +60,22 @@ async def cmd_load(args: argparse.Namespace) -> int:
 
 
 async def cmd_health(args: argparse.Namespace) -> int:
-    from spillway.health import budget_health, health_report, probe_once, temporal_health
+    from spillway.health import (
+        budget_health,
+        health_report,
+        probe_once,
+        temporal_health,
+        workers_health,
+    )
     from spillway.render import render_health
 
     settings, tiers = _config()
     load, temporal = await asyncio.gather(probe_once(settings), temporal_health(settings))
     health = health_report(settings, tiers, load, temporal)
     if temporal.reachable:
-        health.budget = await budget_health(settings)
+        health.workers, health.budget = await asyncio.gather(
+            workers_health(settings), budget_health(settings)
+        )
     print(health.model_dump_json(indent=2) if args.json else render_health(health))
     return OK
 
@@ -162,7 +170,13 @@ async def cmd_watch(args: argparse.Namespace) -> int:
 async def cmd_worker(args: argparse.Namespace) -> int:
     import worker
 
-    return await worker.main()
+    return await worker.main(agents=not args.no_agents)
+
+
+async def cmd_agent(args: argparse.Namespace) -> int:
+    import worker
+
+    return await worker.main(only_host=args.host)
 
 
 async def cmd_dev(args: argparse.Namespace) -> int:

@@ -13,7 +13,7 @@ from activities.load_status import LoadStatusActivities
 from activities.nvml import NvmlReader
 from spillway.decision import table_rows
 from spillway.errors import Failed
-from spillway.models import LoadStatus
+from spillway.models import LoadStatus, WorkersView
 from spillway.settings import Settings
 from spillway.spend_models import PeriodTotals
 from spillway.tiers import RoutingTiers
@@ -74,8 +74,18 @@ class BudgetHealth(BaseModel):
     error: str | None = None
 
 
+class WorkersHealth(BaseModel):
+    """The workers' own view, or why there is none (no worker answered)."""
+
+    view: WorkersView | None = None
+    error: str | None = None
+
+
 class Health(BaseModel):
     temporal: TemporalHealth
+    # What the workers see: their policy and every GPU host's reading through its agent. The
+    # fields below it are this shell's own configuration, and its own probe of COMFYUI_URL.
+    workers: WorkersHealth | None = None
     trigger: str
     sources: list[Source]
     probe_timeout_s: float
@@ -142,6 +152,36 @@ async def temporal_health(settings: Settings) -> TemporalHealth:
     query = f"WorkflowType = 'VideoJobWorkflow' AND {sa.STATE.name} = 'awaiting_approval'"
     report.awaiting_approval = (await client.count_workflows(query)).count
     return report
+
+
+async def workers_health(settings: Settings, timeout_s: float = 20) -> WorkersHealth:
+    """Runs SpillwayHealthWorkflow on the workers' task queue."""
+    import uuid
+    from datetime import timedelta
+
+    from temporalio.client import WorkflowFailureError
+    from temporalio.service import RPCError
+
+    from spillway.temporal import TemporalUnreachable, connect
+    from workflows.health import HealthWorkflow
+
+    queue = settings.SPILLWAY_TASK_QUEUE
+    try:
+        client = await connect()
+        view = await client.execute_workflow(
+            HealthWorkflow.run,
+            id=f"spillway-health-{uuid.uuid4().hex[:12]}",
+            task_queue=queue,
+            execution_timeout=timedelta(seconds=timeout_s),
+        )
+    except WorkflowFailureError:
+        return WorkersHealth(
+            error=f"no worker answered on task queue {queue!r} within {timeout_s:g}s: start one "
+            "(spillway worker)"
+        )
+    except (TemporalUnreachable, RPCError) as exc:
+        return WorkersHealth(error=str(exc))
+    return WorkersHealth(view=view)
 
 
 async def budget_health(settings: Settings) -> BudgetHealth:

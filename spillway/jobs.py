@@ -41,6 +41,7 @@ class JobSummary(BaseModel):
     state: str
     route: str | None
     started: datetime
+    host: str | None = None  # the GPU host of a local job
 
 
 def read_graph(path: Path) -> dict[str, Any]:
@@ -156,6 +157,7 @@ async def list_jobs(client: Client, state: JobState | None) -> list[JobSummary]:
                 state=attributes.get(sa.STATE) or "probing",
                 route=attributes.get(sa.ROUTE),
                 started=execution.start_time,
+                host=attributes.get(sa.HOST),
             )
         )
     return jobs

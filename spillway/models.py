@@ -47,6 +47,11 @@ class LoadStatus(BaseModel):
     errors: list[str] = []
     measured_at: datetime
     thresholds: Thresholds
+    host: str | None = None  # the GPU host measured
+    agent: str | None = None  # the agent that measured it (pid@hostname)
+    # With several hosts, the decision's reading keeps every host's own (docs/design.md, "GPU
+    # hosts and agents"): overloaded only when every host that answered is.
+    hosts: dict[str, LoadStatus] = {}
 
 
 # --- what a job is -------------------------------------------------------------------------
@@ -145,6 +150,31 @@ def _check_graph(graph: dict[str, Any]) -> dict[str, Any]:
 ComfyGraph = Annotated[dict[str, Any], AfterValidator(_check_graph)]
 
 
+class HostRef(BaseModel):
+    """What a job needs to reach a GPU host: its agent's task queues (read with the policy)."""
+
+    name: str
+    task_queue: str  # probe, submit, cancel: short
+    waits_queue: str  # waiting on ComfyUI and downloading: long, many at a time
+
+
+class HostView(BaseModel):
+    """One GPU host as `spillway health` shows it: the reading its agent gave, or why none."""
+
+    name: str
+    task_queue: str
+    load: LoadStatus | None = None
+    error: str | None = None  # e.g. no agent picked the probe up
+
+
+class WorkersView(BaseModel):
+    """What the workers see (docs/design.md, "GPU hosts and agents"): the policy in force on
+    them and a probe of every host, run on the hosts' own task queues."""
+
+    policy: Policy
+    hosts: list[HostView]
+
+
 class Policy(BaseModel):
     """The worker's configuration that decides routes, read by an activity so that it is in the
     job's history. Never the key itself: only whether one is present."""
@@ -164,6 +194,8 @@ class Policy(BaseModel):
     await_loops_per_run: int
     heartbeat_timeout_s: float = 30.0  # absent from histories recorded before it existed
     simulated: bool = False  # decided by a `spillway dev --simulate` worker
+    # The GPU hosts; empty in histories from before hosts existed: then the job's own task queue.
+    hosts: list[HostRef] = []
     estimated_costs_usd: dict[str, float] = {}  # MiniMax tier, "768P/6s" -> USD
 
     def armed_for(self, job_has_cloud_request: bool) -> bool:
@@ -239,6 +271,7 @@ class Plan(BaseModel):
     error: str | None = None
     prompt_id: str | None = None  # ComfyUI's, on the LOCAL route
     local_attempts: int = 0
+    host: str | None = None  # the GPU host it runs (or ran) on, on the LOCAL route
     ignored_signals: list[IgnoredSignal] = []
     # While a job waits for a person: its cloud estimate and what the budgets have left.
     budget: BudgetView | None = None
@@ -281,3 +314,6 @@ class VideoJob(BaseModel):
     graph: ComfyGraph
     cloud: CloudRequest | None = None  # None: this job can only run locally
     carry: AwaitCarry | None = None  # set only by continue-as-new
+
+
+WorkersView.model_rebuild()

@@ -49,6 +49,7 @@ def render_health(health: Health) -> str:
         ]
     else:
         lines = [f"Temporal: NOT reachable: {temporal.error}"]
+    lines += _workers_lines(health)
     lines.append(f"Trigger: {health.trigger}")
     for s in health.sources:
         lines.append(f"  {s.name:<20} {s.rule:<45} {s.endpoint or 'not configured: skipped'}")
@@ -67,6 +68,35 @@ def render_health(health: Health) -> str:
         render_load(health.load),
     ]
     return "\n".join(lines)
+
+
+def _workers_lines(health: Health) -> list[str]:
+    workers = health.workers
+    if workers is None:
+        return []
+    if workers.view is None:
+        return [f"Workers: {workers.error}"]
+    view, yes = workers.view, {True: "yes", False: "no"}
+    p = view.policy
+    lines = [
+        f"Workers see: cloud fallback armed {yes[p.fallback_enabled and p.key_present]} "
+        f"(switch {yes[p.fallback_enabled]}, key present {yes[p.key_present]}); VRAM busy at "
+        f">= {p.thresholds.vram_busy_pct:g}%, util at >= {p.thresholds.util_busy_pct:g}%; "
+        f"approval window {p.approval_timeout_s:g}s",
+    ]
+    for host in view.hosts:
+        if host.load is None:
+            lines.append(f"  host {host.name:<14} NO AGENT: {host.error}")
+            continue
+        load = host.load
+        verdict = "OVERLOADED" if load.overloaded else "headroom"
+        if not load.reachable:
+            verdict = "ComfyUI unreachable"
+        lines.append(
+            f"  host {host.name:<14} {verdict}; VRAM {_pct(load.vram_pct)}, queue "
+            f"{load.queue_running} running / {load.queue_pending} pending; agent {load.agent}"
+        )
+    return lines
 
 
 def _budget_line(health: Health) -> str:
@@ -118,7 +148,8 @@ def render_plan(plan: Plan) -> str:
         pct = f" ({p.percent:.0f}%)" if p.percent is not None else ""
         lines.append(f"  progress  {p.phase}{step}{done}{pct}")
     if plan.prompt_id is not None:
-        lines.append(f"  comfyui   prompt {plan.prompt_id} (submit {plan.local_attempts})")
+        host = f" on host {plan.host}" if plan.host else ""
+        lines.append(f"  comfyui   prompt {plan.prompt_id}{host} (submit {plan.local_attempts})")
     if plan.cloud is not None:
         c = plan.cloud
         cost = (
@@ -161,10 +192,10 @@ def render_jobs(jobs: list[JobSummary]) -> str:
     if not jobs:
         return "no jobs"
     width = max(len(j.job_id) for j in jobs)
-    lines = [f"{'JOB':<{width}}  {'STATE':<17}  {'ROUTE':<5}  STARTED (UTC)"]
+    lines = [f"{'JOB':<{width}}  {'STATE':<17}  {'ROUTE':<5}  {'HOST':<12}  STARTED (UTC)"]
     for j in jobs:
         lines.append(
-            f"{j.job_id:<{width}}  {j.state:<17}  {j.route or '-':<5}  "
+            f"{j.job_id:<{width}}  {j.state:<17}  {j.route or '-':<5}  {j.host or '-':<12}  "
             f"{j.started:%Y-%m-%d %H:%M:%S}"
         )
     return "\n".join(lines)

@@ -10,5 +10,6 @@ STATE = SearchAttributeKey.for_keyword("SpillwayState")
 ROUTE = SearchAttributeKey.for_keyword("SpillwayRoute")
 TRIGGER = SearchAttributeKey.for_keyword("SpillwayTrigger")
 OVERLOADED = SearchAttributeKey.for_bool("SpillwayOverloaded")
+HOST = SearchAttributeKey.for_keyword("SpillwayHost")  # the GPU host of a local job
 
-ALL = (STATE, ROUTE, TRIGGER, OVERLOADED)
+ALL = (STATE, ROUTE, TRIGGER, OVERLOADED, HOST)

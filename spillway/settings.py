@@ -70,6 +70,9 @@ class Settings(BaseSettings):
     # longer than the longest create (LONGEST_CREATE_S). Waits hand over to another worker.
     SPILLWAY_SHUTDOWN_GRACE_S: Annotated[float, Field(ge=0)] = 330.0
     SPILLWAY_METRICS_PORT: Annotated[int, Field(ge=1, le=65535)] | None = None  # unset: off
+    # Jobs one worker or agent follows at once while they wait (on ComfyUI, on MiniMax) or
+    # download: a slot pool apart from probes, decisions and creates, so those never starve.
+    SPILLWAY_MAX_WAITS: Annotated[int, Field(ge=1)] = 2000
     SPILLWAY_UI_URL: AnyHttpUrl = AnyHttpUrl("http://localhost:8233")  # links in notifications
 
     @field_validator(

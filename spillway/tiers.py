@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from spillway.errors import ConfigError
 from spillway.settings import describe_validation_error
@@ -16,13 +16,21 @@ class VideoTier(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     tier: Annotated[int, Field(ge=1, le=9)]
-    name: Annotated[str, Field(min_length=1)]
+    # A local tier's name names its GPU host and its agent's task queue.
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")]
     provider: Literal["comfyui", "minimax", "kling"]
     location: Literal["local", "cloud"]
     description: str = ""
     enabled: bool = True
     # Planning figure per clip, keyed "<resolution>/<duration>s", e.g. "768P/6s".
     estimated_cost_usd: dict[str, Annotated[float, Field(ge=0)]] = {}
+    # A local tier is a GPU host (docs/design.md, "GPU hosts and agents"); unset fields come from
+    # the environment's COMFYUI_URL, A40_GUARD_URL and A40_* when it is the only local tier.
+    comfyui_url: AnyHttpUrl | None = None
+    guard_url: AnyHttpUrl | None = None
+    nvml_index: Annotated[int, Field(ge=0)] = 0
+    vram_busy_pct: Annotated[float, Field(gt=0, le=100)] | None = None
+    util_busy_pct: Annotated[float, Field(gt=0, le=100)] | None = None
 
 
 class RoutingTiers(BaseModel):
@@ -36,8 +44,17 @@ class RoutingTiers(BaseModel):
         numbers = [t.tier for t in self.video_tiers]
         if len(numbers) != len(set(numbers)):
             raise ValueError(f"tier numbers must be unique, got {numbers}")
-        if not any(t.location == "local" and t.enabled for t in self.video_tiers):
+        local = [t for t in self.video_tiers if t.location == "local" and t.enabled]
+        if not local:
             raise ValueError("at least one enabled local tier (the A40 via ComfyUI) is required")
+        if len(local) > 1 and any(t.comfyui_url is None for t in local):
+            raise ValueError(
+                "with several local tiers (GPU hosts) each needs its comfyui_url: "
+                + ", ".join(t.name for t in local if t.comfyui_url is None)
+            )
+        names = [t.name for t in local]
+        if len(names) != len(set(names)):
+            raise ValueError(f"local tier names must be unique (they name GPU hosts), got {names}")
         return self
 
     def by_provider(self, provider: str) -> VideoTier | None:

@@ -148,7 +148,8 @@ async def test_init_registers_search_attributes_once(cli_env, dev_env: WorkflowE
 
     code, out, err = await spillway("init", env=env)
     assert code == 0, err
-    assert "added SpillwayOverloaded, SpillwayRoute, SpillwayState, SpillwayTrigger" in out
+    added = "SpillwayHost, SpillwayOverloaded, SpillwayRoute, SpillwayState, SpillwayTrigger"
+    assert f"added {added}" in out
     code, out, _ = await spillway("init", env=env)
     assert code == 0 and "all present already" in out
 

@@ -178,7 +178,7 @@ async def test_waiting_job_shows_why_in_status_list_and_the_ui_then_approve_send
         code, out, _ = await spillway("list", "--state", "awaiting_approval", "--json", env=env)
         listed = {j["job_id"]: j for j in json.loads(out)}
         assert listed[job_id]["state"] == "awaiting_approval" and listed[job_id]["route"] is None
-        assert set(listed[job_id]) == {"job_id", "state", "route", "started"}
+        assert set(listed[job_id]) == {"job_id", "state", "route", "started", "host"}
 
         # The Temporal UI's "current details", read with the real temporal CLI.
         details = await temporal_metadata(env, job_id)

@@ -34,6 +34,7 @@ WORKER_EXTRAS = {
     "TEMPORAL_API_KEY",
     "SPILLWAY_METRICS_PORT",
     "SPILLWAY_SHUTDOWN_GRACE_S",
+    "SPILLWAY_AGENT_HOST",  # docker-compose.yml's, for the agent service's --host
 }
 # Deliberately not the default: the real hosts, the compose stack's UI, metrics switched on.
 NOT_DEFAULT = {"COMFYUI_URL", "A40_GUARD_URL", "SPILLWAY_UI_URL", "SPILLWAY_METRICS_PORT"}
@@ -108,6 +109,7 @@ def test_start_order_schema_then_server_then_namespace_then_init_then_workers(co
         "temporal-ui": ("temporal", "service_healthy"),
         "spillway-init": ("temporal-create-namespace", "service_completed_successfully"),
         "worker": ("spillway-init", "service_completed_successfully"),
+        "agent": ("spillway-init", "service_completed_successfully"),
     }
     for name, (dependency, condition) in needs.items():
         assert services[name]["depends_on"][dependency]["condition"] == condition, name
@@ -212,3 +214,16 @@ def test_dockerignore_keeps_keys_and_local_state_out_of_the_image():
     ignored = set(DOCKERIGNORE.read_text(encoding="utf-8").split())
     for entry in (".env", ".git", ".venv", "outputs", ".spillway", "tests", "bench"):
         assert entry in ignored, entry
+
+
+def test_the_gpu_hosts_work_is_the_agents_alone(compose):
+    services = compose["services"]
+    assert services["worker"]["command"] == ["spillway", "worker", "--no-agents"]
+    agent = services["agent"]
+    assert agent["command"][:3] == ["spillway", "agent", "--host"]
+    [device] = agent["deploy"]["resources"]["reservations"]["devices"]
+    assert set(device["capabilities"]) == {"gpu", "utility"}  # utility: NVML
+    assert "deploy" not in services["worker"] or "resources" not in services["worker"]["deploy"]
+    # ComfyUI has no authentication: the network it shares with the agent has no route out.
+    assert compose["networks"]["gpu"]["internal"] is True
+    assert "gpu" in agent["networks"] and "gpu" not in services["worker"].get("networks", [])

@@ -8,12 +8,10 @@ import uuid
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.spend import SpendLedger
+from activities.load_status import LoadStatusActivities
 from spillway.models import LoadProbeRequest, LoadStatus
-from spillway.tiers import load_tiers
 from tests.support.constants import FREE_VRAM_PCT
 from tests.support.workflows import ProbeOnce
-from worker import activities
 
 
 async def test_measurement_travels_through_temporal_and_stays_in_history(
@@ -25,13 +23,7 @@ async def test_measurement_travels_through_temporal_and_stays_in_history(
         env.client,
         task_queue=task_queue,
         workflows=[ProbeOnce],
-        activities=activities(
-            http,
-            settings,
-            load_tiers(settings.SPILLWAY_ROUTING_TIERS),
-            gpu,
-            SpendLedger(env.client, task_queue),
-        ),
+        activities=[LoadStatusActivities(http, settings, gpu).a40_load_status],
     ):
         handle = await env.client.start_workflow(
             ProbeOnce.run,

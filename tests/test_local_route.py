@@ -16,19 +16,18 @@ import pytest
 from temporalio.client import WorkflowFailureError, WorkflowHandle
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
-from temporalio.worker import Worker
 
-from activities.spend import SpendLedger
 from spillway.comfyui_models import prompt_id_for
 from spillway.models import Plan
 from spillway.settings import Settings
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.comfyui_graph import Failure
 from spillway.tiers import load_tiers
+from tests.support.comfyui import posts_for
 from tests.support.graphs import SLOW_GRAPH, VIDEO_GRAPH, graph_without
 from tests.support.jobs import Jobs
 from tests.support.waiting import until
-from worker import WORKFLOWS, activities
+from worker import serving
 from workflows.video_job import VideoJobWorkflow
 
 Start = Callable[..., "asyncio.Future[WorkflowHandle[Any, Plan]]"]
@@ -44,16 +43,13 @@ def local_jobs(dev_env: WorkflowEnvironment, comfyui_settings, http, gpu, comfyu
 
     @asynccontextmanager
     async def run(**overrides: Any) -> AsyncIterator[Callable[..., Any]]:
-        settings: Settings = comfyui_settings(SPILLWAY_HEARTBEAT_TIMEOUT_S=2, **overrides)
-        tiers = load_tiers(settings.SPILLWAY_ROUTING_TIERS)
         queue = f"local-{uuid.uuid4()}"
+        settings: Settings = comfyui_settings(
+            SPILLWAY_HEARTBEAT_TIMEOUT_S=2, SPILLWAY_TASK_QUEUE=queue, **overrides
+        )
+        tiers = load_tiers(settings.SPILLWAY_ROUTING_TIERS)
         jobs = Jobs(env.client, queue)
-        async with Worker(
-            env.client,
-            task_queue=queue,
-            workflows=WORKFLOWS,
-            activities=activities(http, settings, tiers, gpu, SpendLedger(env.client, queue)),
-        ):
+        async with serving(env.client, settings, tiers, gpu=gpu):
 
             async def start(graph: dict[str, Any] = VIDEO_GRAPH) -> WorkflowHandle[Any, Plan]:
                 return await jobs.start(prompt=None, graph=graph)  # no cloud request
@@ -78,7 +74,7 @@ async def test_a_local_job_brings_the_video_home_with_its_sha256(local_jobs, com
     assert path.suffix == ".mp4" and path.name.startswith("job_")
     assert video.sha256 == comfyui.expected_sha256(path.name, "video")
     assert video.sha256 == hashlib.sha256(await asyncio.to_thread(path.read_bytes)).hexdigest()
-    assert comfyui.prompt_posts[prompt_id_for(handle.id, 1)] == 1
+    assert posts_for(comfyui, handle.id) == 1
 
 
 async def test_a_rejected_graph_fails_once_naming_the_node(local_jobs, comfyui):
@@ -87,7 +83,7 @@ async def test_a_rejected_graph_fails_once_naming_the_node(local_jobs, comfyui):
         with pytest.raises(WorkflowFailureError) as failed:
             await handle.result()
     assert "node 2 (CreateVideo)" in failure(failed) and "fps" in failure(failed)
-    assert comfyui.prompt_posts[prompt_id_for(handle.id, 1)] == 1
+    assert posts_for(comfyui, handle.id) == 1
 
 
 async def test_an_execution_error_fails_the_job_with_comfyuis_message(local_jobs, comfyui):
@@ -111,14 +107,14 @@ async def test_a_comfyui_restart_mid_job_resubmits_once_and_succeeds(local_jobs,
     comfyui.execution_s = 2.0
     async with local_jobs() as start:
         handle = await start()
-        first = prompt_id_for(handle.id, 1)
+        first = prompt_id_for(handle.id, 1, handle.first_execution_run_id)
         await comfyui.wait_until(first, "running")
         await comfyui.restart()
         plan: Plan = await handle.result()
     assert (plan.state, plan.local_attempts) == ("completed", 2)
     assert f"comfyui_lost_prompt={first}" in plan.reasons
     assert comfyui.prompt_posts[first] == 1
-    assert comfyui.prompt_posts[prompt_id_for(handle.id, 2)] == 1
+    assert comfyui.prompt_posts[prompt_id_for(handle.id, 2, handle.first_execution_run_id)] == 1
 
 
 @pytest.mark.parametrize("where", ["pending", "running"])
@@ -128,7 +124,7 @@ async def test_cancelling_removes_the_prompt_from_comfyui(local_jobs, comfyui, w
         comfyui.pause()
     async with local_jobs() as start:
         handle = await start(SLOW_GRAPH)
-        prompt = prompt_id_for(handle.id, 1)
+        prompt = prompt_id_for(handle.id, 1, handle.first_execution_run_id)
         await comfyui.wait_until(prompt, where)
         await handle.cancel()
         with pytest.raises(WorkflowFailureError):
@@ -146,7 +142,7 @@ async def test_a_worker_killed_right_after_the_post_never_posts_twice(
     comfyui.hang_prompt_answers = 1  # queued, then the worker dies waiting for the answer
     worker = await worker_process(COMFYUI_URL=comfyui.url, COMFYUI_HISTORY_POLL_S="0.2")
     handle = await Jobs(dev_env.client, worker.task_queue).start(prompt=None)
-    prompt = prompt_id_for(handle.id, 1)
+    prompt = prompt_id_for(handle.id, 1, handle.first_execution_run_id)
     await until(lambda: comfyui.prompt_posts[prompt] >= 1, timeout_s=30)
     await worker.kill()
     await worker.start()

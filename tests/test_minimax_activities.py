@@ -18,6 +18,7 @@ from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities.minimax import MiniMaxActivities
+from spillway.hosts import WAITS_SUFFIX
 from spillway.minimax_answers import PERMANENT_CODES, RATE_LIMIT_CODES, SERVER_TROUBLE_CODES
 from spillway.minimax_models import (
     MiniMaxCreate,
@@ -119,11 +120,17 @@ async def test_full_cloud_route_through_temporal_keeps_the_key_out_of_history(
     task_queue = f"minimax-{uuid.uuid4()}"
     acts = minimax_activities()
     req = create_request()
-    async with Worker(
-        env.client,
-        task_queue=task_queue,
-        workflows=[CloudOnce],
-        activities=[acts.create, acts.poll, acts.download],
+    async with (
+        Worker(
+            env.client,
+            task_queue=task_queue,
+            workflows=[CloudOnce],
+            activities=[acts.create, acts.poll, acts.download],
+        ),
+        # Poll and download run on the waits queue, as in the real worker.
+        Worker(
+            env.client, task_queue=task_queue + WAITS_SUFFIX, activities=[acts.poll, acts.download]
+        ),
     ):
         handle = await env.client.start_workflow(
             CloudOnce.run, req, id=req.job_id, task_queue=task_queue

@@ -267,10 +267,12 @@ async def test_cancelling_a_waiting_job_ends_it_cancelled(run_jobs: RunJobs):
     assert plan.state == "cancelled" and stubs.calls[names.COMFYUI_CANCEL] == 0
 
 
-async def test_cancelling_a_local_render_removes_the_prompt_from_comfyui(run_jobs: RunJobs):
+async def test_cancelling_a_local_render_removes_the_prompt_from_comfyui(run_dev_jobs: RunJobs):
+    # On the dev server: the time-skipping server keeps a cancelled job's running activity
+    # pending, which holds its shared clock for every later test.
     stubs = RouteStubs(FREE)
     stubs.wait_release.clear()
-    async with run_jobs(stubs) as jobs:
+    async with run_dev_jobs(stubs) as jobs:
         handle = await jobs.start()
         await jobs.until(handle, "running_local")
         await handle.cancel()

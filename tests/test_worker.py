@@ -32,5 +32,5 @@ async def test_the_worker_serves_job_probe_and_sdk_metrics_then_stops_on_sigterm
     assert "temporal_workflow_completed" in metrics  # the SDK's own
 
     await worker.stop()  # SIGTERM
-    assert "shutting down: running activities get" in worker.log
+    assert "shutting down: waits hand over now, a create in flight gets" in worker.log
     assert "Traceback" not in worker.log

@@ -25,6 +25,8 @@ MAX_IGNORED_SIGNALS = 20
 # Patch ids (workflow.patched): histories recorded before the spend ledger replay without it.
 PATCH_LEDGER = "spend-ledger-reserve"
 PATCH_BUDGET_VIEW = "spend-ledger-budget-view"
+PATCH_HOSTS = "gpu-hosts"
+PATCH_PROMPT_PER_RUN = "prompt-id-per-run"
 
 
 # What the signal handler gets when a signal carried no input at all (the SDK decodes a handler's

@@ -31,6 +31,7 @@ with workflow.unsafe.imports_passed_through():
         ComfyUISubmitted,
         ComfyUIWait,
     )
+    from spillway.hosts import WAITS_SUFFIX
     from spillway.minimax_models import (
         MiniMaxCreate,
         MiniMaxCreated,
@@ -41,6 +42,7 @@ with workflow.unsafe.imports_passed_through():
     from spillway.models import (
         ApprovalNotice,
         Downloaded,
+        HostRef,
         LoadProbeRequest,
         LoadStatus,
         Policy,
@@ -61,6 +63,9 @@ FREE_RETRY = RetryPolicy(
 # A create is never run twice by Temporal (money invariant 2); the ledger guards the rest.
 NEVER_RETRY = RetryPolicy(maximum_attempts=1)
 CREATE_TIMEOUT = timedelta(minutes=10)
+# How long a probe may wait for a host's agent to pick it up: a host whose agent is down is
+# "unreachable" for that probe after this, never a hang.
+PROBE_BOUND = timedelta(seconds=10)
 
 
 async def read_policy(job_id: str) -> Policy:
@@ -72,11 +77,25 @@ async def read_policy(job_id: str) -> Policy:
     )
 
 
-async def probe(job_id: str) -> LoadStatus:
+async def probe(job_id: str, host: HostRef | None) -> LoadStatus:
+    """On a host's agent, bounded (docs/design.md, "GPU hosts and agents"): an agent that does
+    not pick the probe up within PROBE_BOUND (down, or gone mid-probe and not back) fails it,
+    and the caller reads that as "no answer" (fail-open: unreachable needs two). A probe that
+    raises is retried, as it always was. Without a host (a job from before hosts existed): on
+    the job's own task queue."""
+    if host is None:
+        return await workflow.execute_activity_method(
+            LoadStatusActivities.a40_load_status,
+            LoadProbeRequest(job_id=job_id),
+            start_to_close_timeout=timedelta(seconds=90),
+            retry_policy=FREE_RETRY,
+        )
     return await workflow.execute_activity_method(
         LoadStatusActivities.a40_load_status,
         LoadProbeRequest(job_id=job_id),
-        start_to_close_timeout=timedelta(seconds=90),
+        task_queue=host.task_queue,
+        schedule_to_start_timeout=PROBE_BOUND,  # never retried: the agent is not there
+        start_to_close_timeout=timedelta(seconds=60),
         retry_policy=FREE_RETRY,
     )
 
@@ -93,13 +112,18 @@ async def notify(notice: ApprovalNotice) -> None:
 # --- LOCAL ---------------------------------------------------------------------------------
 
 
-async def comfyui_submit(req: ComfyUISubmit, heartbeat: timedelta) -> ComfyUISubmitted:
+async def comfyui_submit(
+    req: ComfyUISubmit, heartbeat: timedelta, host: HostRef | None
+) -> ComfyUISubmitted:
     return await workflow.execute_activity_method(
         ComfyUIActivities.submit,
         req,
-        # Short, so a worker that died mid-submit is replaced quickly: a retried submit looks
-        # for its prompt_id in ComfyUI before posting, so it never posts twice.
-        start_to_close_timeout=max(2 * heartbeat, timedelta(seconds=10)),
+        task_queue=host.task_queue if host else None,
+        # Longer than one attempt can take (its requests and their timeouts), so two attempts
+        # never overlap; a dead agent is noticed by its heartbeat instead. A retried submit
+        # looks for its prompt_id in ComfyUI before posting, so it never posts twice.
+        start_to_close_timeout=timedelta(minutes=5),
+        heartbeat_timeout=heartbeat,
         retry_policy=RetryPolicy(
             maximum_interval=timedelta(seconds=30),
             non_retryable_error_types=[comfyui.GRAPH_REJECTED],
@@ -107,10 +131,14 @@ async def comfyui_submit(req: ComfyUISubmit, heartbeat: timedelta) -> ComfyUISub
     )
 
 
-async def comfyui_wait(req: ComfyUIWait, heartbeat: timedelta) -> ComfyUIFinished:
+async def comfyui_wait(
+    req: ComfyUIWait, heartbeat: timedelta, host: HostRef | None
+) -> ComfyUIFinished:
     return await workflow.execute_activity_method(
         ComfyUIActivities.wait,
         req,
+        # Its own queue and slot pool: thousands of waits never starve a probe or a create.
+        task_queue=host.waits_queue if host else None,
         start_to_close_timeout=timedelta(hours=24),
         heartbeat_timeout=heartbeat,
         retry_policy=RetryPolicy(
@@ -120,20 +148,26 @@ async def comfyui_wait(req: ComfyUIWait, heartbeat: timedelta) -> ComfyUIFinishe
     )
 
 
-async def comfyui_download(req: ComfyUIDownload, heartbeat: timedelta) -> Downloaded:
+async def comfyui_download(
+    req: ComfyUIDownload, heartbeat: timedelta, host: HostRef | None
+) -> Downloaded:
     return await workflow.execute_activity_method(
         ComfyUIActivities.download,
         req,
+        task_queue=host.waits_queue if host else None,
         start_to_close_timeout=timedelta(hours=6),
         heartbeat_timeout=heartbeat,
         retry_policy=FREE_RETRY,
     )
 
 
-async def comfyui_cancel(req: ComfyUICancel, heartbeat: timedelta) -> ComfyUICancelled:
+async def comfyui_cancel(
+    req: ComfyUICancel, heartbeat: timedelta, host: HostRef | None
+) -> ComfyUICancelled:
     return await workflow.execute_activity_method(
         ComfyUIActivities.cancel,
         req,
+        task_queue=host.task_queue if host else None,
         start_to_close_timeout=timedelta(minutes=10),
         heartbeat_timeout=heartbeat,
         retry_policy=FREE_RETRY,
@@ -186,10 +220,16 @@ def minimax_create(req: MiniMaxCreate, heartbeat: timedelta) -> ActivityHandle[M
     )
 
 
+def waits_queue() -> str:
+    """Long cloud activities (poll, download) have a queue and a slot pool of their own."""
+    return workflow.info().task_queue + WAITS_SUFFIX
+
+
 async def minimax_poll(req: MiniMaxPoll, heartbeat: timedelta) -> MiniMaxDone:
     return await workflow.execute_activity_method(
         MiniMaxActivities.poll,
         req,
+        task_queue=waits_queue(),
         start_to_close_timeout=timedelta(hours=24),
         heartbeat_timeout=heartbeat,
         retry_policy=RetryPolicy(
@@ -203,6 +243,7 @@ async def minimax_download(req: MiniMaxDownload, heartbeat: timedelta) -> Downlo
     return await workflow.execute_activity_method(
         MiniMaxActivities.download,
         req,
+        task_queue=waits_queue(),
         start_to_close_timeout=timedelta(hours=2),
         heartbeat_timeout=heartbeat,
         retry_policy=RetryPolicy(

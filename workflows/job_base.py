@@ -18,7 +18,7 @@ from workflows import calls
 with workflow.unsafe.imports_passed_through():
     from spillway import activity_names as names
     from spillway import search_attributes as sa
-    from spillway.models import JobState, Plan, VideoJob
+    from spillway.models import HostRef, JobState, Plan, VideoJob
     from spillway.spend_models import SpendEntry, SpendRequest, SpendSettle
     from workflows import texts
 
@@ -37,11 +37,20 @@ class JobBase:
     _create_started: datetime
     _unused_reservation: bool  # reserved, and no create started for it yet
     _heartbeat: timedelta
+    _hosts: list[HostRef]  # empty: a job from before GPU hosts (its own task queue)
+    _next_host: str | None  # where the latest measurement would run it locally
 
     def _count(self, choice: RouteChoice) -> None:
         workflow.metric_meter().create_counter(
             "spillway_jobs_routed", "jobs by the route they took and who allowed the cloud"
-        ).add(1, {"route": choice.route, "authorised": choice.metric_label})
+        ).add(
+            1,
+            {
+                "route": choice.route,
+                "authorised": choice.metric_label,
+                "host": self._plan.host or "-",
+            },
+        )
 
     def _set_state(self, state: JobState) -> None:
         self._plan.state = state
@@ -60,6 +69,8 @@ class JobBase:
             updates.append(sa.TRIGGER.value_set(plan.overflow.trigger))
         if plan.overflow.last_signal is not None:
             updates.append(sa.OVERLOADED.value_set(plan.overflow.last_signal.overloaded))
+        if plan.host is not None:
+            updates.append(sa.HOST.value_set(plan.host))
         workflow.upsert_search_attributes(updates)
         workflow.upsert_memo({"plan": plan})
         workflow.set_current_details(texts.current_details(plan))

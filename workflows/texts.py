@@ -58,14 +58,18 @@ def current_details(plan: Plan) -> str:
             )
         return "**Measuring the A40's load** before deciding where to render."
     if state == "running_local":
-        return f"**Rendering locally** on the A40 (ComfyUI prompt `{plan.prompt_id}`)."
+        where = f"on host `{plan.host}`" if plan.host else "on the A40"
+        return f"**Rendering locally** {where} (ComfyUI prompt `{plan.prompt_id}`)."
     if state == "running_cloud":
         cloud = plan.cloud
         who = cloud.authorised_by if cloud else "?"
         task = f", task `{cloud.task_id}`" if cloud and cloud.task_id else ""
         return f"**Rendering in the cloud** (MiniMax{task}), authorised by {who}."
     if state == "completed":
-        return f"**Completed** on the {plan.route} route: {len(plan.outputs)} output file(s)."
+        where = f" (host `{plan.host}`)" if plan.host else ""
+        return (
+            f"**Completed** on the {plan.route} route{where}: {len(plan.outputs)} output file(s)."
+        )
     if state == "cancelled":
         return f"**Cancelled**. {plan.error}" if plan.error else "**Cancelled**."
     return f"**Failed**: {plan.error}"

@@ -15,7 +15,12 @@ from typing import NoReturn
 
 from temporalio import workflow
 from temporalio.common import RawValue
-from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
+from temporalio.exceptions import (
+    ActivityError,
+    ApplicationError,
+    FailureError,
+    is_cancelled_exception,
+)
 
 from workflows import calls
 from workflows.approvals import (
@@ -23,6 +28,7 @@ from workflows.approvals import (
     LOCAL,
     NO_INPUT,
     PATCH_BUDGET_VIEW,
+    PATCH_HOSTS,
     Approvals,
     RouteChoice,
     Ticket,
@@ -33,10 +39,12 @@ from workflows.routes import Routes
 
 with workflow.unsafe.imports_passed_through():
     from spillway.decision import decide
+    from spillway.hosts import no_answer, pick_host
     from spillway.models import (
         ApprovalDecision,
         ApprovalNotice,
         AwaitCarry,
+        HostRef,
         IgnoredSignal,
         LoadStatus,
         Plan,
@@ -69,6 +77,8 @@ class VideoJobWorkflow(Approvals, Routes):
         self._create_started = datetime.min
         self._unused_reservation = False  # reserved, and no create started for it yet
         self._heartbeat = timedelta(seconds=30)
+        self._hosts: list[HostRef] = []
+        self._next_host: str | None = None
 
     @workflow.run
     async def run(self, job: VideoJob) -> Plan:
@@ -82,6 +92,7 @@ class VideoJobWorkflow(Approvals, Routes):
                 policy = await calls.read_policy(job.job_id)
             # A dead worker's long activity moves to another worker after this (at most 30 s).
             self._heartbeat = timedelta(seconds=policy.heartbeat_timeout_s)
+            self._hosts = policy.hosts
             choice = await self._route(job, policy)
             while choice.route == "cloud":
                 wait_because = await self._run_cloud(policy, choice)
@@ -89,7 +100,6 @@ class VideoJobWorkflow(Approvals, Routes):
                     break
                 choice = await self._await_person(policy, wait_because)
             if choice.route == "local":
-                self._count(choice)
                 await self._run_local(policy)
         except (asyncio.CancelledError, ActivityError) as err:
             if isinstance(err, ActivityError) and not is_cancelled_exception(err):
@@ -145,11 +155,11 @@ class VideoJobWorkflow(Approvals, Routes):
         if self._carry is not None:
             carry = self._carry
             return await self._wait(policy, carry.approval_deadline, carry.give_up_at)
-        load = await calls.probe(job.job_id)
+        load = await self._measure(policy)
         if not load.reachable:
             # One network blip never moves a job: "unreachable" needs a second silent probe.
             await workflow.sleep(timedelta(seconds=policy.unreachable_confirm_s))
-            load = await calls.probe(job.job_id)
+            load = await self._measure(policy)
         armed = policy.armed_for(job.cloud is not None)
         decision = decide(load, armed=armed)
         workflow.logger.info(
@@ -234,7 +244,7 @@ class VideoJobWorkflow(Approvals, Routes):
                 continue
             except TimeoutError:
                 pass
-            load = await calls.probe(self._job.job_id)
+            load = await self._measure(policy)
             if load.reachable and not load.overloaded:
                 self._plan.reasons = [*self._plan.reasons, "headroom_returned"]
                 self._plan.overflow.last_signal = load
@@ -255,6 +265,28 @@ class VideoJobWorkflow(Approvals, Routes):
             pending_approval=self._pending.decision if self._pending else None,
         )
         workflow.continue_as_new(self._job.model_copy(update={"carry": carry}))
+
+    async def _measure(self, policy: Policy) -> LoadStatus:
+        """Every GPU host at once; the job takes the one with headroom (docs/design.md, "GPU hosts
+        and agents"). A job from before hosts existed reads the policy again to find them."""
+        if not self._hosts and workflow.patched(PATCH_HOSTS):
+            self._hosts = (await calls.read_policy(self._job.job_id)).hosts
+        if not self._hosts:
+            return await calls.probe(self._job.job_id, None)
+        readings = await asyncio.gather(*(self._probe(host, policy) for host in self._hosts))
+        choice = pick_host({r.host or "": r for r in readings})
+        self._next_host = choice.host or choice.fallback
+        return choice.load
+
+    async def _probe(self, host: HostRef, policy: Policy) -> LoadStatus:
+        try:
+            load = await calls.probe(self._job.job_id, host)
+        except ActivityError as err:
+            # Its agent is down or did not answer in time: this probe saw no ComfyUI there.
+            cause = err.cause
+            why = cause.message if isinstance(cause, FailureError) else str(cause or err)
+            load = no_answer(host.name, policy.thresholds, workflow.now(), why)
+        return load.model_copy(update={"host": host.name})
 
     def _note_load(self, load: LoadStatus) -> None:
         """Keeps the latest measurement that explains why the job still waits."""

@@ -57,7 +57,10 @@ async def workers(
     kept for the secrets check, then it is killed."""
     started: list[Worker] = []
 
-    async def start(server: DevServer = temporal_server, **overrides: Any) -> Worker:
+    async def start(
+        server: DevServer = temporal_server, args: list[str] | None = None, **overrides: Any
+    ) -> Worker:
+        """`args`: a `spillway` command instead of `python worker.py` (e.g. an agent)."""
         env = worker_env(
             cli_env,
             address=server.address,
@@ -65,7 +68,7 @@ async def workers(
             outputs=tmp_path / "outputs",
             **WORKER_DEFAULTS | overrides,
         )
-        worker = Worker(env)
+        worker = Worker(env, args)
         started.append(worker)
         await worker.start()
         return worker

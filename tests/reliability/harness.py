@@ -20,12 +20,12 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from spillway import activity_names as names
-from spillway.comfyui_models import prompt_id_for
 from spillway.models import LoadStatus
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
 from spillway.temporal import installed_binary, register_search_attributes
 from tests.support.cli import decoded, free_ports, spillway
+from tests.support.comfyui import posts_for
 from tests.support.constants import CANARY_KEY
 from tests.support.waiting import until
 from tests.support.worker_process import FAST_CLOUD, FAST_WORKER, WorkerProcess
@@ -225,7 +225,7 @@ async def cli(sightings: Sightings, *args: str, env: dict[str, str]) -> tuple[in
 
 def posts_of(comfyui: ComfyUISim, job_ids: Iterable[str]) -> dict[str, int]:
     """POST /prompt that reached ComfyUI for each job's first attempt."""
-    return {job: comfyui.prompt_posts[prompt_id_for(job, 1)] for job in job_ids}
+    return {job: posts_for(comfyui, job) for job in job_ids}
 
 
 def creates_of(minimax: MiniMaxSim, prompts: dict[str, str]) -> dict[str, int]:

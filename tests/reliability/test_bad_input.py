@@ -15,12 +15,12 @@ from temporalio.client import Client
 from temporalio.service import RPCError
 
 from spillway import activity_names as names
-from spillway.comfyui_models import prompt_id_for
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.guard import GuardSim
 from spillway.sim.minimax import CREATE_PATH, QUERY_PATH, MiniMaxSim
 from tests.reliability.harness import DevServer, Sightings, Worker, cli, probes
 from tests.support.cli import one_line
+from tests.support.comfyui import posts_for, prompts_of
 from tests.support.constants import BUSY_VRAM_PCT, FREE_VRAM_PCT
 from tests.support.graphs import VIDEO_GRAPH
 from tests.support.jobs import Jobs
@@ -139,7 +139,7 @@ async def test_comfyui_answering_html_to_the_submit_is_retried_with_the_reason_a
 
     plan = await jobs.finished(job_id)
     assert (plan.state, plan.route, plan.local_attempts) == ("completed", "local", 1)
-    assert comfyui.prompt_posts[prompt_id_for(job_id, 1)] == 1
+    assert posts_for(comfyui, job_id) == 1
     assert comfyui.hits["POST /prompt"] >= 3  # two HTML pages, then the one real POST
     await a_good_job_still_completes(worker, jobs)
     assert minimax.create_calls == 0
@@ -152,8 +152,8 @@ async def test_comfyui_answering_html_to_the_history_poll_is_never_taken_for_a_l
     worker = await workers(COMFYUI_URL=comfyui.url, MINIMAX_BASE_URL=minimax.url)
     jobs = jobs_on(worker)
     job_id = await jobs.submit("html to the history poll")
-    prompt = prompt_id_for(job_id, 1)
-    await until(lambda: comfyui.prompt_posts[prompt] == 1, timeout_s=30)
+    await until(lambda: posts_for(comfyui, job_id) == 1, timeout_s=30)
+    [prompt] = prompts_of(comfyui, job_id)
     history = f"/history/{prompt}"
     comfyui.faults[history] = "html"
 

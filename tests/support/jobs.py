@@ -13,6 +13,7 @@ in-process job runner; loaded by conftest.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -28,6 +29,7 @@ from activities.ledger_client import SpendLedger
 from activities.policy import PolicyActivities
 from activities.spend import CreateGuard, SpendActivities
 from spillway import jobs as job_ops
+from spillway.hosts import WAITS_SUFFIX, gpu_hosts, ref
 from spillway.models import FINAL_STATES, CloudRequest, JobState, Plan, VideoJob
 from spillway.tiers import load_tiers
 from tests.support.graphs import VIDEO_GRAPH
@@ -110,18 +112,31 @@ def job_runner(environment: WorkflowEnvironment) -> RunJobs:
         ledger = SpendLedger(environment.client, task_queue)
         spend = SpendActivities(ledger, config, tiers)
         stubs.guard = CreateGuard(ledger, config)
-        async with Worker(
-            environment.client,
-            task_queue=task_queue,
-            workflows=WORKFLOWS,
-            activities=[
-                *stubs.activities(),
-                policy.read_policy,
-                spend.reserve,
-                spend.settle,
-                spend.view,
-            ],
-        ):
+        # The stand-ins serve every queue a job uses: the worker's, its waits queue, and the
+        # GPU hosts' agents' queues (docs/design.md, "GPU hosts and agents").
+        host_queues = [task_queue + WAITS_SUFFIX]
+        for host in gpu_hosts(config, tiers):
+            queues = ref(task_queue, host.name)
+            host_queues += [queues.task_queue, queues.waits_queue]
+        async with contextlib.AsyncExitStack() as stack:
+            for queue in host_queues:
+                await stack.enter_async_context(
+                    Worker(environment.client, task_queue=queue, activities=stubs.activities())
+                )
+            await stack.enter_async_context(
+                Worker(
+                    environment.client,
+                    task_queue=task_queue,
+                    workflows=WORKFLOWS,
+                    activities=[
+                        *stubs.activities(),
+                        policy.read_policy,
+                        spend.reserve,
+                        spend.settle,
+                        spend.view,
+                    ],
+                )
+            )
             yield Jobs(environment.client, task_queue, stubs)
 
     return run

@@ -53,8 +53,11 @@ def worker_env(
 
 
 class WorkerProcess:
-    def __init__(self, env: dict[str, str]) -> None:
-        self.env = env
+    """`python worker.py` by default; `args` runs the `spillway` command instead (e.g. `agent
+    --host NAME`, `worker --no-agents`)."""
+
+    def __init__(self, env: dict[str, str], args: list[str] | None = None) -> None:
+        self.env, self.args = env, args
         self.task_queue = env["SPILLWAY_TASK_QUEUE"]
         self.output: list[str] = []
         self._proc: asyncio.subprocess.Process | None = None
@@ -73,9 +76,13 @@ class WorkerProcess:
         self._proc.send_signal(sig)
 
     async def start(self) -> None:
+        command = (
+            [str(Path(sys.executable).parent / "spillway"), *self.args]
+            if self.args
+            else [sys.executable, str(PROJECT_ROOT / "worker.py")]
+        )
         proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            str(PROJECT_ROOT / "worker.py"),
+            *command,
             env=self.env,
             cwd=PROJECT_ROOT,
             stdout=asyncio.subprocess.PIPE,

@@ -37,7 +37,9 @@ class ProbeOnce:
 
     @workflow.run
     async def run(self, req: LoadProbeRequest) -> LoadStatus:
-        return await calls.probe(req.job_id or "-")  # "-": unlabelled, as the activity logs it
+        return await calls.probe(
+            req.job_id or "-", None
+        )  # "-": unlabelled, as the activity logs it
 
 
 # --- LOCAL ---------------------------------------------------------------------------------
@@ -47,7 +49,7 @@ class ProbeOnce:
 class SubmitOnce:
     @workflow.run
     async def run(self, req: ComfyUISubmit) -> ComfyUISubmitted:
-        return await calls.comfyui_submit(req, HEARTBEAT)
+        return await calls.comfyui_submit(req, HEARTBEAT, None)
 
 
 @workflow.defn
@@ -56,11 +58,11 @@ class RenderLocally:
 
     @workflow.run
     async def run(self, req: ComfyUISubmit) -> Downloaded:
-        await calls.comfyui_submit(req, HEARTBEAT)
+        await calls.comfyui_submit(req, HEARTBEAT, None)
         wait = ComfyUIWait(job_id=req.job_id, prompt_id=req.prompt_id, client_id=req.client_id)
-        finished = await calls.comfyui_wait(wait, HEARTBEAT)
+        finished = await calls.comfyui_wait(wait, HEARTBEAT, None)
         download = ComfyUIDownload(job_id=req.job_id, files=finished.files)
-        return await calls.comfyui_download(download, HEARTBEAT)
+        return await calls.comfyui_download(download, HEARTBEAT, None)
 
 
 # --- CLOUD ---------------------------------------------------------------------------------

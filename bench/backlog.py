@@ -1,0 +1,158 @@
+"""A backlog that must not starve a decision (docs/design.md, "GPU hosts and agents"): N local
+jobs wait on a slow ComfyUI, then M armed jobs arrive for a GPU that is now busy.
+
+    .venv/bin/python bench/backlog.py [--waiting 1000] [--new 50]
+
+Prints, for the new jobs, the time from their start to their decision (the `spend_reserve` the
+cloud route schedules first: policy read, every host probed, decided), p50 and p99; and the
+worker process's RSS and open sockets while the backlog waits. The worker is a real
+`python worker.py` (agent in process), the doubles run in their own process, the server is the
+Temporal dev server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from spillway import activity_names as names
+from spillway import search_attributes as sa
+from spillway.jobs import submit
+from spillway.models import CloudRequest, VideoJob
+from spillway.settings import PROJECT_ROOT
+from spillway.temporal import installed_binary, register_search_attributes
+from tests.support.graphs import VIDEO_GRAPH
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def sockets(pid: int) -> int:
+    fds = Path(f"/proc/{pid}/fd")
+    return sum(1 for fd in fds.iterdir() if os.readlink(fd).startswith("socket:"))
+
+
+async def count(client: Client, queue: str, state: str) -> int:
+    query = f"TaskQueue = '{queue}' AND {sa.STATE.name} = '{state}'"
+    return (await client.count_workflows(query)).count
+
+
+async def decision_s(client: Client, job_id: str) -> float:
+    """From the job's start to the first `spend_reserve` it schedules (its decision)."""
+    history = await client.get_workflow_handle(job_id).fetch_history()
+    started = history.events[0].event_time.ToDatetime()
+    for event in history.events:
+        attributes = event.activity_task_scheduled_event_attributes
+        if (
+            event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+            and attributes.activity_type.name == names.SPEND_RESERVE
+        ):
+            return (event.event_time.ToDatetime() - started).total_seconds()
+    raise SystemExit(f"{job_id} never decided")
+
+
+async def main(waiting: int, new: int) -> None:
+    sims = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "spillway.sim", "--execution-s", "3600",
+        stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert sims.stdout is not None
+    urls = json.loads(await sims.stdout.readline())
+    env = await WorkflowEnvironment.start_local(
+        data_converter=pydantic_data_converter,
+        dev_server_existing_path=installed_binary("temporal"),
+    )
+    await register_search_attributes(env.client)
+    queue = f"bench-{uuid.uuid4()}"
+    worker = await asyncio.create_subprocess_exec(
+        sys.executable, str(PROJECT_ROOT / "worker.py"),
+        env=os.environ | {
+            "TEMPORAL_ADDRESS": env.client.service_client.config.target_host,
+            "SPILLWAY_TASK_QUEUE": queue,
+            "COMFYUI_URL": urls["comfyui"],
+            "MINIMAX_BASE_URL": urls["minimax"],
+            "MINIMAX_API_KEY": urls["minimax_key"],
+            "CLOUD_VIDEO_FALLBACK_ENABLED": "1",
+            "MINIMAX_POLL_INTERVAL_S": "2",
+            "SPILLWAY_OUTPUT_DIR": tempfile.mkdtemp(prefix="spillway-bench-"),
+        },
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    await asyncio.sleep(3)
+    idle_rss, idle_sockets = rss_mb(worker.pid), sockets(worker.pid)
+
+    # The backlog: local jobs (no cloud prompt) that ComfyUI queues and renders for an hour.
+    for n in range(waiting):
+        job = VideoJob(job_id=f"backlog-{n:04d}-{uuid.uuid4().hex[:6]}", graph=VIDEO_GRAPH)
+        await submit(env.client, job, queue)
+    started = time.perf_counter()
+    while await count(env.client, queue, "running_local") < waiting:
+        if time.perf_counter() - started > 900:
+            raise SystemExit("the backlog never formed")
+        await asyncio.sleep(1)
+    await asyncio.sleep(10)  # every wait is under way
+    backlog_rss, backlog_sockets = rss_mb(worker.pid), sockets(worker.pid)
+
+    # The GPU is busy now: armed jobs must reach the cloud without waiting behind the backlog.
+    async with httpx.AsyncClient() as http:
+        await http.post(f"{urls['comfyui']}/sim/gpu", json={"vram_used_pct": 97})
+    cloud = CloudRequest(prompt="a lighthouse at dusk")
+    ids = [f"new-{n:03d}-{uuid.uuid4().hex[:6]}" for n in range(new)]
+    await asyncio.gather(
+        *(
+            submit(env.client, VideoJob(job_id=i, graph=VIDEO_GRAPH, cloud=cloud), queue)
+            for i in ids
+        )
+    )
+    started = time.perf_counter()
+    while (
+        await count(env.client, queue, "running_cloud")
+        + await count(env.client, queue, "completed")
+        < new
+    ):
+        if time.perf_counter() - started > 600:
+            raise SystemExit("the new jobs never reached the cloud")
+        await asyncio.sleep(0.5)
+    decisions = sorted([await decision_s(env.client, i) for i in ids])
+    q = statistics.quantiles(decisions, n=100, method="inclusive")
+    print(f"{waiting} local jobs waiting on ComfyUI, then {new} armed jobs for a busy GPU")
+    print(f"  one worker process, agent in process, {os.cpu_count()} cores, dev server")
+    print(f"  decision of the new jobs     p50 {q[49]:6.2f} s   p99 {q[98]:6.2f} s")
+    print(f"  worker RSS                   idle {idle_rss:6.1f} MB   backlog {backlog_rss:6.1f} MB")
+    print(
+        f"  worker open sockets          idle {idle_sockets:6d}      backlog {backlog_sockets:6d}"
+    )
+    worker.terminate()
+    sims.terminate()
+    await asyncio.gather(worker.wait(), sims.wait())
+    await env.shutdown()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--waiting", type=int, default=1000)
+    parser.add_argument("--new", type=int, default=50)
+    args = parser.parse_args()
+    asyncio.run(main(args.waiting, args.new))
+    sys.stdout.flush()
+    os._exit(0)  # the SDK's bridge can crash at interpreter shutdown (sdk-python#300)

@@ -1,0 +1,76 @@
+"""Scenario 8: a GPU host's agent killed while it renders and while it downloads (docs/design.md,
+"GPU hosts and agents"). The worker runs apart (`spillway worker --no-agents`), the agent as its
+own process (`spillway agent --host a40_local`), as on a GPU host: SIGKILLed, then started
+again, the job completes with its whole video and ComfyUI saw one POST for its prompt."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+
+from spillway.sim.comfyui import ComfyUISim
+from spillway.sim.minimax import MiniMaxSim
+from tests.reliability.harness import posts_of
+from tests.support.waiting import until
+
+AGENT = ["agent", "--host", "a40_local"]
+
+
+async def test_an_agent_killed_mid_render_picks_the_wait_up_again_after_restart(
+    workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim
+):
+    comfyui.execution_s = 6  # long enough to be caught rendering
+    worker = await workers(args=["worker", "--no-agents"], MINIMAX_BASE_URL=minimax.url)
+    agent = await workers(
+        args=AGENT, SPILLWAY_TASK_QUEUE=worker.task_queue, COMFYUI_URL=comfyui.url
+    )
+    jobs = jobs_on(worker)
+    job_id = await jobs.submit("agent killed mid-render")
+    plan = await jobs.state(job_id, "running_local")
+    assert plan.prompt_id is not None
+    await comfyui.wait_until(plan.prompt_id, "running")
+    await agent.kill()
+    await agent.start()
+
+    plan = await jobs.finished(job_id)
+    assert (plan.state, plan.route, plan.local_attempts) == ("completed", "local", 1)
+    assert plan.host == "a40_local"
+    assert posts_of(comfyui, [job_id]) == {job_id: 1}
+    assert minimax.create_calls == 0
+
+
+async def test_an_agent_killed_mid_download_fetches_the_whole_video_after_restart(
+    workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim, tmp_path: Path
+):
+    comfyui.execution_s = 0.1
+    comfyui.output_bytes = 200 * 1024**2  # streamed for long enough to be caught mid-way
+    worker = await workers(args=["worker", "--no-agents"], MINIMAX_BASE_URL=minimax.url)
+    agent = await workers(
+        args=AGENT, SPILLWAY_TASK_QUEUE=worker.task_queue, COMFYUI_URL=comfyui.url
+    )
+    jobs = jobs_on(worker)
+    job_id = await jobs.submit("agent killed mid-download")
+    job_dir = tmp_path / "outputs" / job_id
+
+    def partial_bytes() -> int:
+        total = 0
+        for part in job_dir.glob("**/.*.part"):
+            with contextlib.suppress(FileNotFoundError):  # renamed into place meanwhile
+                total += part.stat().st_size
+        return total
+
+    await until(lambda: partial_bytes() >= 16 * 1024**2, timeout_s=30)
+    await agent.kill()
+    assert 0 < partial_bytes() < comfyui.output_bytes
+    await agent.start()
+
+    plan = await jobs.finished(job_id)
+    assert (plan.state, plan.route, plan.local_attempts) == ("completed", "local", 1)
+    [video] = plan.outputs
+    assert video.bytes == comfyui.output_bytes
+    assert video.sha256 == comfyui.expected_sha256(Path(video.path).name, "video")
+    assert not list(job_dir.glob("**/.*.part"))
+    assert comfyui.hits["GET /view"] == 2
+    assert posts_of(comfyui, [job_id]) == {job_id: 1}
+    await asyncio.to_thread(Path(video.path).unlink)  # 200 MB: not kept by pytest

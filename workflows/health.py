@@ -1,0 +1,37 @@
+"""SpillwayHealthWorkflow: what `spillway health` asks the workers (docs/design.md, "GPU hosts
+and agents"). The policy comes from the worker that serves the main task queue, each host's
+reading from the agent that serves that host's queue, so the report is the workers' view, not
+the CLI's environment. A host whose agent does not pick the probe up within the probe bound is
+reported as such."""
+
+from __future__ import annotations
+
+import asyncio
+
+from temporalio import workflow
+from temporalio.exceptions import ActivityError, FailureError
+
+from workflows import calls
+
+with workflow.unsafe.imports_passed_through():
+    from spillway.models import HostRef, HostView, WorkersView
+
+
+@workflow.defn(name="SpillwayHealthWorkflow")
+class HealthWorkflow:
+    @workflow.run
+    async def run(self) -> WorkersView:
+        policy = await calls.read_policy("health")
+        hosts = await asyncio.gather(*(_look(host) for host in policy.hosts))
+        return WorkersView(policy=policy, hosts=list(hosts))
+
+
+async def _look(host: HostRef) -> HostView:
+    view = HostView(name=host.name, task_queue=host.task_queue)
+    try:
+        view.load = await calls.probe("health", host)
+    except ActivityError as err:
+        cause = err.cause
+        why = cause.message if isinstance(cause, FailureError) else str(cause or err)
+        view.error = f"no agent answered on {host.task_queue} ({why})"
+    return view
