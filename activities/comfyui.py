@@ -3,8 +3,11 @@ and take it back out of ComfyUI when the job is cancelled (docs/design.md, "Comf
 
 ComfyUI keeps its queue and history in memory and never deduplicates a prompt_id, so every
 decision here is read off `/queue` (first) and `/history/{id}` (second): a prompt finishing
-between the two reads is then seen in history, never as missing. The WebSocket only brings
-progress and wakes the poll early; the poll alone decides how a prompt ended.
+between the two reads is then seen in history, never as missing.
+
+Waits share one watcher per agent and ComfyUI (activities/comfyui_watch.py: one WebSocket, one
+poll loop), so a thousand waiting jobs cost one socket (docs/design.md, "GPU hosts and agents").
+The worker stops it with `await ComfyUIActivities.aclose()` once its Temporal workers are done.
 
 activities/comfyui_client.py talks to ComfyUI and spillway/comfyui_answers.py reads what it
 says; this module decides, heartbeats, and names failures for the workflow's retry policies.
@@ -14,29 +17,39 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
 import httpx
+from pydantic import ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities import files
-from activities.comfyui_client import ComfyUIClient, OutputMissing, Rejected, Unavailable
+from activities.comfyui_client import (
+    REQUEST_TIMEOUT,
+    ComfyUIClient,
+    OutputMissing,
+    Rejected,
+    Unanswered,
+    Unavailable,
+)
+from activities.comfyui_watch import ComfyUIWatcher, Ended
 from activities.handover import unless_shutting_down
 from activities.heartbeat import Heartbeat
 from spillway import activity_names as names
 from spillway.comfyui_answers import (
     PromptFailed,
+    Queued,
     Seen,
     UnsafePath,
-    Where,
     job_folder,
     outcome_of,
     output_path,
     rejection_message,
-    socket_news,
 )
 from spillway.comfyui_models import (
     GRAPH_REJECTED,
@@ -56,6 +69,20 @@ from spillway.comfyui_models import (
 from spillway.models import Downloaded, OutputFile, Progress
 from spillway.settings import Settings
 
+# How long after a POST /prompt that got no answer it may still land in ComfyUI's queue: twice
+# the request timeout (30 s). The client gave up after one timeout; ComfyUI validates a graph
+# before queueing it, which a loaded machine (or a proxy holding the request) can drag out, so
+# another full timeout is the margin. A retry that finds nothing waits this out before posting.
+POST_GRACE_S = 60.0
+_RUNNING = Progress(phase="running")
+
+
+class SubmitProgress(Progress):
+    """A submit's heartbeat details. `posted_at`: when an attempt sent a POST /prompt that got
+    no answer, so the next attempt, on whichever agent, knows it may still land."""
+
+    posted_at: datetime | None = None
+
 
 class ComfyUIActivities:
     def __init__(
@@ -64,50 +91,63 @@ class ComfyUIActivities:
         settings: Settings,
         *,
         heartbeat_every_s: float | None = None,
+        request_timeout: httpx.Timeout | None = None,
+        post_grace_s: float = POST_GRACE_S,
     ) -> None:
         self._settings = settings
-        self._client = ComfyUIClient(http, str(settings.COMFYUI_URL))
+        url = str(settings.COMFYUI_URL)
+        self._client = ComfyUIClient(http, url, request_timeout=request_timeout or REQUEST_TIMEOUT)
+        self._watcher = ComfyUIWatcher(self._client, settings.COMFYUI_HISTORY_POLL_S)
         # Six beats per heartbeat timeout: a slow ComfyUI never looks like a dead worker.
         self._heartbeat_every_s = heartbeat_every_s or settings.SPILLWAY_HEARTBEAT_TIMEOUT_S / 6
+        self._post_grace_s = post_grace_s
+
+    @property
+    def client_id(self) -> str:
+        """The agent's ComfyUI client id: prompts are posted, and followed, under it."""
+        return self._watcher.client_id
+
+    async def aclose(self) -> None:
+        """Stops the watcher (its socket and poll loop); waits still following end retryably."""
+        await self._watcher.aclose()
 
     # --- submit ------------------------------------------------------------------------------
 
     @activity.defn(name=names.COMFYUI_SUBMIT)
     async def submit(self, req: ComfyUISubmit) -> ComfyUISubmitted:
-        with _activity_errors():
-            seen = await self._client.locate(req.prompt_id)
-            if seen.where != "absent":
-                # An earlier try posted it (its answer was lost): posting again would run it twice.
-                activity.logger.info("prompt %s already %s in ComfyUI", req.prompt_id, seen.where)
-                return ComfyUISubmitted(prompt_id=req.prompt_id, posted=False)
-            try:
-                answer = await self._client.post_prompt(
-                    req.graph, client_id=req.client_id, prompt_id=req.prompt_id
-                )
-            except Rejected as exc:
-                raise ApplicationError(
-                    rejection_message(exc.answer, req.graph),
-                    exc.answer,
-                    type=GRAPH_REJECTED,
-                    non_retryable=True,
-                ) from None
-            if answer.get("node_errors"):
-                # Accepted, but the outputs with errors would silently not run: take it back out.
-                await self._client.withdraw(req.prompt_id)
-                message = (
-                    rejection_message(answer, req.graph)
-                    + " (the rest was removed from ComfyUI's queue)"
-                )
-                raise ApplicationError(message, answer, type=GRAPH_REJECTED, non_retryable=True)
-            if answer.get("prompt_id") != req.prompt_id:
-                await self._client.withdraw(str(answer.get("prompt_id")))
-                raise ApplicationError(
-                    f"ComfyUI at {self._settings.COMFYUI_URL} ignored the prompt_id it was given "
-                    f"(answered {answer.get('prompt_id')!r}): without it a retry could run the "
-                    "job twice; use a ComfyUI that accepts a caller's prompt_id (0.3.64 does)",
-                    type=UNSUPPORTED,
-                    non_retryable=True,
-                )
+        """Posts under the agent's client id, not `req.client_id` (kept in the model: histories
+        carry it): ComfyUI sends a prompt's messages only to the client that submitted it, and
+        the agent's one socket listens under its own id."""
+        self._watcher.start()  # the socket is open before the prompt can start
+        earlier = self._earlier_post(req.prompt_id)
+        details = SubmitProgress(phase="looking", posted_at=earlier)
+        async with Heartbeat(self._heartbeat_every_s, details) as heartbeat:
+            with _activity_errors():
+                # Absent while an earlier POST may still land: give it its grace first.
+                until = None if earlier is None else earlier.timestamp() + self._post_grace_s
+                waiting = SubmitProgress(phase="waiting for an earlier POST", posted_at=earlier)
+                seen = await self._located(req.prompt_id, until, heartbeat, waiting)
+                if seen.where != "absent":
+                    # An earlier try posted it (its answer was lost): posting again runs it twice.
+                    activity.logger.info("prompt %s already %s", req.prompt_id, seen.where)
+                    return ComfyUISubmitted(prompt_id=req.prompt_id, posted=False)
+                answer = await self._post(req, heartbeat)
+                if answer.get("node_errors"):
+                    # Accepted, but the outputs with errors would silently not run: take it out.
+                    await self._client.withdraw(req.prompt_id)
+                    message = rejection_message(answer, req.graph)
+                    message += " (the rest was removed from ComfyUI's queue)"
+                    raise ApplicationError(message, answer, type=GRAPH_REJECTED, non_retryable=True)
+                if answer.get("prompt_id") != req.prompt_id:
+                    await self._client.withdraw(str(answer.get("prompt_id")))
+                    raise ApplicationError(
+                        f"ComfyUI at {self._settings.COMFYUI_URL} ignored the prompt_id it was "
+                        f"given (answered {answer.get('prompt_id')!r}): without it a retry could "
+                        "run the job twice; use a ComfyUI that accepts a caller's prompt_id "
+                        "(0.3.64 does)",
+                        type=UNSUPPORTED,
+                        non_retryable=True,
+                    )
         number = answer.get("number")
         activity.logger.info("posted prompt %s (queue number %s)", req.prompt_id, number)
         return ComfyUISubmitted(
@@ -116,6 +156,52 @@ class ComfyUIActivities:
             posted=True,
         )
 
+    async def _post(self, req: ComfyUISubmit, heartbeat: Heartbeat) -> dict[str, Any]:
+        # Said before sending: an attempt that dies mid-POST has said so already.
+        sent = SubmitProgress(phase="posting", posted_at=datetime.now(UTC))
+        heartbeat.update(sent, now=True)
+        try:
+            return await self._client.post_prompt(
+                req.graph, client_id=self.client_id, prompt_id=req.prompt_id
+            )
+        except Rejected as exc:
+            raise ApplicationError(
+                rejection_message(exc.answer, req.graph),
+                exc.answer,
+                type=GRAPH_REJECTED,
+                non_retryable=True,
+            ) from None
+        except Unavailable as exc:
+            if not isinstance(exc, Unanswered):  # answered: it will not be queued later
+                heartbeat.update(SubmitProgress(phase="refused"), now=True)
+            raise
+
+    async def _located(
+        self, prompt_id: str, until: float | None, heartbeat: Heartbeat, waiting: Progress
+    ) -> Seen:
+        """Where the prompt is. Absent while a POST may still land (before `until`, a
+        time.time()): looks again every poll interval, showing `waiting`, and once at the end."""
+        seen = await self._client.locate(prompt_id)
+        if seen.where == "absent" and until is not None and time.time() < until:
+            activity.logger.info("prompt %s not in ComfyUI yet: a POST may land", prompt_id)
+            heartbeat.update(waiting, now=True)
+        while seen.where == "absent" and until is not None and (left := until - time.time()) > 0:
+            await asyncio.sleep(min(self._settings.COMFYUI_HISTORY_POLL_S, left))
+            seen = await self._client.locate(prompt_id)
+        return seen
+
+    def _earlier_post(self, prompt_id: str) -> datetime | None:
+        """When an earlier attempt sent a POST of this prompt that got no answer: this agent's
+        own record, else the failed attempt's last heartbeat, which Temporal hands to the next
+        attempt (the SDK sends it on failure, throttled or not), wherever that one runs."""
+        if prompt_id in self._client.posts:
+            return self._client.posts[prompt_id]
+        details = activity.info().heartbeat_details
+        try:
+            return SubmitProgress.model_validate(details[0]).posted_at if details else None
+        except ValidationError:
+            return None
+
     # --- wait --------------------------------------------------------------------------------
 
     @activity.defn(name=names.COMFYUI_WAIT)
@@ -123,59 +209,23 @@ class ComfyUIActivities:
         return await unless_shutting_down(self._wait(req))
 
     async def _wait(self, req: ComfyUIWait) -> ComfyUIFinished:
-        # Nothing known yet: beats without details until ComfyUI says where the prompt is.
-        async with Heartbeat(self._heartbeat_every_s) as heartbeat:
-            watch = _Watch(req.prompt_id, heartbeat)
-            # Short prompts (and a wait resumed after a crash) are often over already: one look
-            # at the history first spares the WebSocket.
-            try:
-                seen: Seen | None = await self._client.locate(req.prompt_id)
-            except Unavailable:  # ComfyUI not answering: the poll below keeps trying
-                seen = None
-            if seen is not None and seen.entry is not None:
-                return _finished(req.prompt_id, seen.entry)
-            socket = asyncio.create_task(self._follow_socket(req.client_id, watch))
-            try:
-                return await self._poll_until_end(req.prompt_id, watch)
-            finally:
-                socket.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await socket
-
-    async def _poll_until_end(self, prompt_id: str, watch: _Watch) -> ComfyUIFinished:
-        poll_s = self._settings.COMFYUI_HISTORY_POLL_S
-        absent_polls = 0
-        while True:
-            watch.wake.clear()
-            try:
-                seen: Seen | None = await self._client.locate(prompt_id)
-            except Unavailable as exc:
-                # No answer is not an answer: only ComfyUI saying "neither queued nor in
-                # history" counts towards LOST.
-                activity.logger.warning("polling prompt %s: %s", prompt_id, exc)
-                seen = None
-            if seen is not None and seen.entry is not None:
-                return _finished(prompt_id, seen.entry)
-            if seen is not None and seen.where == "absent":
-                absent_polls += 1
-                if absent_polls >= 2:
-                    activity.logger.warning("prompt %s is lost (ComfyUI restarted?)", prompt_id)
-                    return ComfyUIFinished(prompt_id=prompt_id, outcome="lost")
-                await asyncio.sleep(poll_s)  # a second look, a full interval later
-                continue
-            if seen is not None:
-                absent_polls = 0
-                watch.observe(seen.where)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(poll_s):
-                    await watch.wake.wait()
-
-    async def _follow_socket(self, client_id: str, watch: _Watch) -> None:
-        reconnect_max_s = max(self._settings.COMFYUI_HISTORY_POLL_S, 1.0)
-        async for message in self._client.socket_messages(
-            client_id, reconnect_max_s=reconnect_max_s
+        # Beats without details until the watcher says where the prompt is. The watcher follows
+        # the prompt under the agent's client id; `req.client_id` is kept for old histories.
+        async with (
+            Heartbeat(self._heartbeat_every_s) as heartbeat,
+            self._watcher.follow(req.prompt_id) as following,
         ):
-            watch.on_message(message)
+            while True:
+                with _activity_errors():
+                    news = await following.next()
+                if isinstance(news, Ended):
+                    if news.entry is None:
+                        return ComfyUIFinished(prompt_id=req.prompt_id, outcome="lost")
+                    return _finished(req.prompt_id, news.entry)
+                shown = heartbeat.details
+                if news == _RUNNING and shown is not None and shown.phase == "running":
+                    continue  # "running" with a node or a percentage says more: keep it
+                _show(heartbeat, news)
 
     # --- download ----------------------------------------------------------------------------
 
@@ -210,46 +260,37 @@ class ComfyUIActivities:
 
     @activity.defn(name=names.COMFYUI_CANCEL)
     async def cancel(self, req: ComfyUICancel) -> ComfyUICancelled:
-        pause = min(self._settings.COMFYUI_HISTORY_POLL_S, 1.0)
         was: Literal["pending", "running", "gone"] = "gone"
+        # "Absent" counts only if it stays so: a POST still in flight may land just after a
+        # first look. Looked for until a full interval later, or until the grace of this
+        # agent's own unanswered POST of it is over, whichever is later.
+        until = time.time() + self._settings.COMFYUI_HISTORY_POLL_S
+        if posted := self._client.posts.get(req.prompt_id):
+            until = max(until, posted.timestamp() + self._post_grace_s)
         with _activity_errors():
             async with Heartbeat(self._heartbeat_every_s) as heartbeat:
-                while (where := await self._client.queued(req.prompt_id)) is not None:
-                    if was == "gone":
-                        was = where
-                    # Pending: delete it. Running: ComfyUI stops it at the next node boundary; an
-                    # interrupt naming a prompt_id is ignored unless that prompt is the one
-                    # running, so repeating it can never stop the next job.
-                    if where == "pending":
-                        await self._client.delete_pending(req.prompt_id)
-                    else:
-                        await self._client.interrupt(req.prompt_id)
+                looking = Progress(phase="looking for a late prompt")
+                seen = await self._located(req.prompt_id, until, heartbeat, looking)
+                where = seen.where if seen.where in ("pending", "running") else None
+                while where is not None:
+                    was = where if was == "gone" else was
+                    await self._take_out(req.prompt_id, where)
                     _show(heartbeat, Progress(phase=f"cancelling {where}"))
-                    await asyncio.sleep(pause)
+                    await asyncio.sleep(min(self._settings.COMFYUI_HISTORY_POLL_S, 1.0))
+                    where = await self._client.queued(req.prompt_id)
         activity.logger.info("prompt %s was %s and is out of ComfyUI", req.prompt_id, was)
         return ComfyUICancelled(prompt_id=req.prompt_id, was=was)
 
-
-class _Watch:
-    """What a wait last saw, shown in its heartbeats; `wake` asks the poll to look now."""
-
-    def __init__(self, prompt_id: str, heartbeat: Heartbeat) -> None:
-        self.prompt_id, self._heartbeat = prompt_id, heartbeat
-        self.wake = asyncio.Event()
-
-    def observe(self, where: Where) -> None:
+    async def _take_out(self, prompt_id: str, where: Queued) -> None:
+        # Newer ComfyUI cancels a job wherever it is. Otherwise pending: delete it; running:
+        # ComfyUI stops it at the next node boundary. An interrupt naming a prompt_id is ignored
+        # unless that prompt is the one running, so repeating it can never stop the next job.
+        if await self._client.cancel_job(prompt_id):
+            return
         if where == "pending":
-            _show(self._heartbeat, Progress(phase="queued"))
-        elif self._heartbeat.details is None or self._heartbeat.details.phase != "running":
-            # "running" with a node or a percentage from the socket says more: keep it.
-            _show(self._heartbeat, Progress(phase="running"))
-
-    def on_message(self, message: Any) -> None:
-        news = socket_news(message, self.prompt_id)
-        if isinstance(news, Progress):
-            _show(self._heartbeat, news)
-        elif news == "ended":
-            self.wake.set()
+            await self._client.delete_pending(prompt_id)
+        else:
+            await self._client.interrupt(prompt_id)
 
 
 def _show(heartbeat: Heartbeat, progress: Progress) -> None:

@@ -9,7 +9,8 @@ import asyncio
 import json
 import logging
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -30,6 +31,16 @@ REQUEST_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
 # Per network step, not per file: a 2 GB video may take minutes, but never 60 s of silence.
 DOWNLOAD_TIMEOUT = httpx.Timeout(60.0, connect=5.0)
 SOCKET_PING_S = 20.0
+REMEMBERED_POSTS = 1000
+# Failures after the request (or part of it) left: ComfyUI may have it and act on it. A refused
+# connect or a full pool never sent anything.
+_MAYBE_SENT = (
+    httpx.ReadTimeout,
+    httpx.WriteTimeout,
+    httpx.ReadError,
+    httpx.WriteError,
+    httpx.RemoteProtocolError,
+)
 _log = logging.getLogger(__name__)
 
 
@@ -43,6 +54,11 @@ class Unavailable(ComfyUIError):
 
     def __init__(self, message: str) -> None:
         super().__init__(f"ComfyUI: {message}")
+
+
+class Unanswered(Unavailable):
+    """The request may have reached ComfyUI, but no answer came back (a timeout or a dropped
+    connection after sending, a proxy's 502/504): a POST /prompt may still be queued later."""
 
 
 class Rejected(ComfyUIError):
@@ -71,6 +87,20 @@ class ComfyUIClient:
     ) -> None:
         self._http, self._base = http, base_url.rstrip("/")
         self._request_timeout, self._download_timeout = request_timeout, download_timeout
+        self._no_jobs_api = False  # this ComfyUI has no /api/jobs/{id}/cancel
+        self._posts: dict[str, datetime | None] = {}
+
+    @property
+    def posts(self) -> Mapping[str, datetime | None]:
+        """This client's recent POST /prompt by prompt_id: when the last one was sent if it got
+        no answer (it may still land in ComfyUI's queue), None once one was answered."""
+        return self._posts
+
+    def _note_post(self, prompt_id: str, sent: datetime | None) -> None:
+        self._posts.pop(prompt_id, None)
+        self._posts[prompt_id] = sent
+        while len(self._posts) > REMEMBERED_POSTS:
+            del self._posts[next(iter(self._posts))]  # the oldest
 
     # --- prompts -------------------------------------------------------------------------------
 
@@ -80,17 +110,35 @@ class ComfyUIClient:
         """ComfyUI's answer to a queued prompt (`{"prompt_id", "number", "node_errors"}`: a partly
         valid graph is queued with non-empty node_errors). Raises Rejected on a 400."""
         body = {"prompt": graph, "client_id": client_id, "prompt_id": prompt_id}
-        response = await self._request("POST", "/prompt", json=body)
+        # Noted before sending: a POST cancelled or cut off mid-way may still be queued.
+        self._note_post(prompt_id, datetime.now(UTC))
+        try:
+            response = await self._request("POST", "/prompt", json=body)
+        except Unanswered:
+            raise
+        except Unavailable:
+            self._note_post(prompt_id, None)  # ComfyUI answered: it will not queue it later
+            raise
+        self._note_post(prompt_id, None)
         if response.status_code == 400:
             raise Rejected(_json_or_none(response))
         return self._json(response, "POST /prompt")
 
-    async def queued(self, prompt_id: str) -> Queued | None:
-        """Where the prompt is in ComfyUI's queue: running, pending, or None (not queued)."""
+    async def queue(self) -> dict[str, Queued]:
+        """Every prompt in ComfyUI's queue and where it is (pending or running)."""
         try:
-            return answers.queue_place(await self._get_json("/queue", "GET /queue"), prompt_id)
+            return answers.queue_places(await self._get_json("/queue", "GET /queue"))
         except answers.MalformedAnswer as exc:
             raise Unavailable(str(exc)) from None
+
+    async def queued(self, prompt_id: str) -> Queued | None:
+        """Where the prompt is in ComfyUI's queue: running, pending, or None (not queued)."""
+        return (await self.queue()).get(prompt_id)
+
+    async def history(self, prompt_id: str) -> dict[str, Any] | None:
+        """The prompt's history entry; None while it is queued AND when ComfyUI never saw it."""
+        path = "/history/" + quote(prompt_id, safe="")
+        return answers.history_entry(await self._get_json(path, "GET /history"), prompt_id)
 
     async def locate(self, prompt_id: str) -> Seen:
         """Queued, done (with its history entry) or absent. /queue is read first: a prompt that
@@ -98,9 +146,21 @@ class ComfyUIClient:
         where = await self.queued(prompt_id)
         if where is not None:
             return Seen(where)
-        path = "/history/" + quote(prompt_id, safe="")
-        entry = answers.history_entry(await self._get_json(path, "GET /history"), prompt_id)
+        entry = await self.history(prompt_id)
         return Seen("absent") if entry is None else Seen("done", entry)
+
+    async def cancel_job(self, prompt_id: str) -> bool:
+        """Newer ComfyUI's `POST /api/jobs/{id}/cancel` (docs/design.md, "Facts found while
+        building"): True when ComfyUI accepted it. False when this ComfyUI has no such endpoint
+        (0.3.64 answers 404 or 405 in plain text: remembered, never asked again) or it refused:
+        the caller then takes the prompt out the old way."""
+        if self._no_jobs_api:
+            return False
+        path = "/api/jobs/" + quote(prompt_id, safe="") + "/cancel"
+        response = await self._send("POST", path)
+        if response.status_code in (404, 405) and _json_or_none(response) is None:
+            self._no_jobs_api = True
+        return response.is_success
 
     async def delete_pending(self, prompt_id: str) -> None:
         """Removes a pending prompt; does nothing to a running one."""
@@ -180,16 +240,22 @@ class ComfyUIClient:
         return self._json(await self._request("GET", path), what)
 
     async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        response = await self._send(method, path, **kwargs)
         url = self._base + path
-        try:
-            response = await self._http.request(
-                method, url, timeout=self._request_timeout, **kwargs
-            )
-        except httpx.HTTPError as exc:
-            raise Unavailable(f"no answer from {url} ({why(exc)})") from exc
+        if response.status_code in (502, 504):  # a proxy gave up; ComfyUI may still act on it
+            raise Unanswered(f"{method} {url} answered {response.status_code}")
         if response.status_code >= 500 or response.status_code in (404, 405):
             raise Unavailable(f"{method} {url} answered {response.status_code}")
         return response
+
+    async def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        url = self._base + path
+        try:
+            return await self._http.request(method, url, timeout=self._request_timeout, **kwargs)
+        except _MAYBE_SENT as exc:
+            raise Unanswered(f"no answer from {url} ({why(exc)})") from exc
+        except httpx.HTTPError as exc:
+            raise Unavailable(f"no answer from {url} ({why(exc)})") from exc
 
     @staticmethod
     def _json(response: httpx.Response, what: str) -> dict[str, Any]:

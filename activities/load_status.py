@@ -9,6 +9,8 @@ paid cloud. The CLI calls `probe` directly; the workflow goes through the activi
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -20,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, 
 from temporalio import activity
 
 from activities.http_errors import why
-from activities.nvml import GpuReader, GpuReadError
+from activities.nvml import GpuReader, GpuReadError, read_apart
 from spillway import activity_names as names
 from spillway.load import Readings, assess, vram_pct
 from spillway.models import LoadProbeRequest, LoadStatus
@@ -74,6 +76,10 @@ class _Answer:
     error: str | None = None
 
 
+# Which agent answered a probe (`spillway health` shows it).
+AGENT = f"{os.getpid()}@{socket.gethostname()}"
+
+
 class LoadStatusActivities:
     def __init__(self, http: httpx.AsyncClient, settings: Settings, gpu: GpuReader) -> None:
         self._http, self._settings, self._gpu = http, settings, gpu
@@ -86,6 +92,7 @@ class LoadStatusActivities:
         activity.metric_meter().create_histogram_float(
             "spillway_load_probe_seconds", "duration of one load probe (all sources)", "s"
         ).record(time.monotonic() - started)
+        status.agent = AGENT
         activity.logger.info(
             "load probe for %s: overloaded=%s reachable=%s reasons=%s errors=%s",
             req.job_id or "-",
@@ -134,7 +141,8 @@ class LoadStatusActivities:
         index = self._settings.A40_NVML_INDEX
         try:
             async with asyncio.timeout(self._timeout):
-                reading = await asyncio.to_thread(self._gpu.read, index)
+                # NVML's own thread, not the shared pool: a hung driver holds up nothing else.
+                reading = await read_apart(self._gpu, index)
         except TimeoutError:
             return None, f"nvml: no reading within {self._timeout:g}s"
         except GpuReadError as exc:

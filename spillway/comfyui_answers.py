@@ -53,17 +53,25 @@ class PromptFailed:
 
 
 def queue_place(queue: Any, prompt_id: str) -> Queued | None:
-    """Where `GET /queue` has the prompt; None when in neither list. Items are
-    `[number, prompt_id, prompt, extra, outputs]`."""
+    """Where `GET /queue` has the prompt; None when in neither list."""
+    return queue_places(queue).get(prompt_id)
+
+
+def queue_places(queue: Any) -> dict[str, Queued]:
+    """Every prompt `GET /queue` lists, and where: one read answers for all the prompts an agent
+    waits on. Items are `[number, prompt_id, prompt, extra, outputs]`."""
     if not isinstance(queue, dict):
         raise MalformedAnswer("GET /queue answered something other than a JSON object")
-    for where, key in (("running", "queue_running"), ("pending", "queue_pending")):
+    places: dict[str, Queued] = {}
+    # Pending first, so a prompt listed in both (never seen, but cheap to order) reads running.
+    for where, key in (("pending", "queue_pending"), ("running", "queue_running")):
         items = queue.get(key)
         if not isinstance(items, list):
             raise MalformedAnswer(f"GET /queue answered without a {key} list")
-        if any(isinstance(i, list) and len(i) > 1 and i[1] == prompt_id for i in items):
-            return "running" if where == "running" else "pending"
-    return None
+        for item in items:
+            if isinstance(item, list) and len(item) > 1 and isinstance(item[1], str):
+                places[item[1]] = "running" if where == "running" else "pending"
+    return places
 
 
 def history_entry(history: Any, prompt_id: str) -> dict[str, Any] | None:
@@ -176,10 +184,18 @@ def _class_of(graph: dict[str, Any], node_id: str) -> str:
 # --- the WebSocket ---------------------------------------------------------------------------
 
 
+def socket_prompt(message: Any) -> str | None:
+    """The prompt a /ws message names, if any: `status` names none, and neither does the
+    `executing` ComfyUI sends on a reconnect (it goes only to the running prompt's client)."""
+    data = message.get("data") if isinstance(message, dict) else None
+    prompt_id = data.get("prompt_id") if isinstance(data, dict) else None
+    return prompt_id if isinstance(prompt_id, str) else None
+
+
 def socket_news(message: Any, prompt_id: str) -> Progress | Literal["ended"] | None:
-    """What one /ws message says about the prompt: its progress, "ended" (look at history now),
-    or None (nothing about this prompt). Progress only: how the prompt ended is read from
-    history, since the socket may stall or miss messages."""
+    """What one /ws message says about the prompt: its progress, "ended" (its history is written:
+    look now), or None (nothing about this prompt, or nothing to act on). How the prompt ended is
+    read from history, never from here: the socket may stall or miss messages."""
     if not isinstance(message, dict) or not isinstance(message.get("data"), dict):
         return None
     kind, data = message.get("type"), message["data"]
@@ -202,8 +218,10 @@ def socket_news(message: Any, prompt_id: str) -> Progress | Literal["ended"] | N
                 percent=round(100 * value / maximum, 1),
             )
         return None
-    if kind in ("executing", "execution_success", "execution_error", "execution_interrupted"):
+    if kind == "executing":
         # `executing {node: null}` comes after ComfyUI wrote history: the safe end signal.
+        # execution_success/_error/_interrupted come before it is written: a look then would
+        # find `{}`, one request per prompt for nothing.
         return "ended"
     return None
 

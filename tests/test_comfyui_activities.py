@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import hashlib
 import uuid
 from pathlib import Path
@@ -13,10 +14,10 @@ import httpx
 import pytest
 from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ActivityError, ApplicationError, RetryState
-from temporalio.testing import WorkflowEnvironment
+from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.comfyui import ComfyUIActivities
+from activities.comfyui import ComfyUIActivities, SubmitProgress
 from spillway.comfyui_models import (
     ComfyUICancel,
     ComfyUICancelled,
@@ -28,7 +29,7 @@ from spillway.comfyui_models import (
 from spillway.models import Downloaded, Progress
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.comfyui_graph import Failure
-from tests.support.comfyui import submit_request, wait_request
+from tests.support.comfyui import ComfyUIDouble, submit_request, wait_request
 from tests.support.graphs import ANIMATION_GRAPH, SLOW_GRAPH, VIDEO_GRAPH, graph_without
 from tests.support.waiting import until
 from tests.support.workflows import RenderLocally, SubmitOnce
@@ -333,6 +334,74 @@ async def test_submit_answered_500_is_retryable(
     assert failed.type == "ComfyUIUnavailable" and not failed.non_retryable
 
 
+async def test_submit_whose_post_lands_after_its_timeout_runs_the_prompt_once(
+    env: WorkflowEnvironment, comfyui: ComfyUIDouble, comfyui_activities
+):
+    # ComfyUI queues the POST only after the client gave up: the retry finds nothing yet, and
+    # must give the POST its grace rather than post again.
+    comfyui.execution_s = 0
+    comfyui.late_prompt_posts, comfyui.late_prompt_s = 1, 1.5
+    acts = comfyui_activities(request_timeout=httpx.Timeout(0.3), post_grace_s=5.0)
+    req = submit_request(new_job(), VIDEO_GRAPH)
+    task_queue = f"comfyui-{uuid.uuid4()}"
+    async with worker_for(env, acts, task_queue):
+        submitted = await env.client.execute_workflow(
+            SubmitOnce.run, req, id=f"submit-{uuid.uuid4()}", task_queue=task_queue
+        )
+    assert submitted == ComfyUISubmitted(prompt_id=req.prompt_id, posted=False)
+    await comfyui.wait_until(req.prompt_id, "done")
+    assert comfyui.prompt_posts[req.prompt_id] == 1
+    assert comfyui.hits["POST /prompt"] == 1
+
+
+async def test_another_agent_retrying_a_submit_reads_the_unanswered_post_from_its_heartbeat(
+    comfyui: ComfyUIDouble, comfyui_activities, run_activity
+):
+    comfyui.pause()
+    comfyui.late_prompt_posts, comfyui.late_prompt_s = 1, 1.0
+    req = submit_request(new_job(), VIDEO_GRAPH)
+    first = comfyui_activities(request_timeout=httpx.Timeout(0.2))
+    failed, heartbeats = await run_activity(first.submit, req)
+    assert isinstance(failed, ApplicationError) and failed.type == "ComfyUIUnavailable"
+    [last] = [b for b in heartbeats if isinstance(b, SubmitProgress)][-1:]
+    assert last.phase == "posting" and last.posted_at is not None
+
+    # The retry runs on another agent: what it knows comes through Temporal as JSON.
+    retry = ActivityEnvironment()
+    retry.info = dataclasses.replace(
+        retry.info, attempt=2, heartbeat_details=[last.model_dump(mode="json")]
+    )
+    again = await retry.run(comfyui_activities(post_grace_s=5.0).submit, req)
+    assert again == ComfyUISubmitted(prompt_id=req.prompt_id, posted=False)
+    assert comfyui.prompt_posts[req.prompt_id] == 1
+    assert comfyui.state_of(req.prompt_id) == "pending"
+
+
+async def test_a_submit_retried_after_comfyui_refused_the_post_posts_at_once(
+    comfyui: ComfyUIDouble, comfyui_activities, run_activity
+):
+    comfyui.faults["/prompt"] = "http500"  # an answer: nothing will be queued later
+    acts = comfyui_activities()  # the default grace, a minute
+    req = submit_request(new_job(), VIDEO_GRAPH)
+    failed, _ = await run_activity(acts.submit, req)
+    assert isinstance(failed, ApplicationError) and failed.type == "ComfyUIUnavailable"
+    del comfyui.faults["/prompt"]
+    async with asyncio.timeout(5):
+        again, _ = await run_activity(acts.submit, req)
+    assert again == ComfyUISubmitted(prompt_id=req.prompt_id, number=again.number, posted=True)
+
+
+async def test_submit_posts_under_the_agents_client_id_so_its_one_socket_hears_the_prompt(
+    comfyui: ComfyUIDouble, comfyui_activities, run_activity
+):
+    comfyui.pause()
+    acts = comfyui_activities()
+    req = submit_request(new_job(), VIDEO_GRAPH)
+    await run_activity(acts.submit, req)
+    [item] = comfyui.queue_pending
+    assert item[3]["client_id"] == acts.client_id != req.client_id
+
+
 # --- wait ------------------------------------------------------------------------------------
 
 
@@ -573,3 +642,70 @@ async def test_cancel_of_a_prompt_comfyui_no_longer_holds_reports_gone(
     )
     assert cancelled == ComfyUICancelled(prompt_id="spillway-never-submitted-1", was="gone")
     assert comfyui.hits["POST /queue"] == comfyui.hits["POST /interrupt"] == 0
+
+
+async def test_cancel_during_a_submit_whose_post_is_still_in_flight_takes_the_prompt_out(
+    comfyui: ComfyUIDouble, comfyui_activities, run_activity
+):
+    comfyui.pause()
+    comfyui.late_prompt_posts, comfyui.late_prompt_s = 1, 0.6
+    acts = comfyui_activities(post_grace_s=3.0)
+    req = submit_request(new_job(), VIDEO_GRAPH)
+    submitting = asyncio.create_task(run_activity(acts.submit, req))
+    await until(lambda: comfyui.hits["POST /prompt"] == 1, timeout_s=5, every_s=0.005)
+    # The job is cancelled now: ComfyUI has the POST but has not queued it yet.
+    cancelled, _ = await run_activity(acts.cancel, ComfyUICancel(prompt_id=req.prompt_id))
+    await submitting
+
+    assert cancelled == ComfyUICancelled(prompt_id=req.prompt_id, was="pending")
+    comfyui.execution_s = 0
+    comfyui.resume()
+    await asyncio.sleep(0.1)
+    assert comfyui.state_of(req.prompt_id) == "unknown"  # it never renders
+
+
+async def test_cancel_looks_again_a_poll_interval_later_before_calling_a_prompt_gone(
+    comfyui: ComfyUIDouble, comfyui_activities, run_activity
+):
+    # Another agent's POST lands just after this agent's first look.
+    comfyui.pause()
+    comfyui.late_prompt_posts, comfyui.late_prompt_s = 1, 0.4
+    req = submit_request(new_job(), VIDEO_GRAPH)
+    submitting = asyncio.create_task(run_activity(comfyui_activities().submit, req))
+    await until(lambda: comfyui.hits["POST /prompt"] == 1, timeout_s=5, every_s=0.005)
+    other_agent = comfyui_activities(COMFYUI_HISTORY_POLL_S=1.0)
+    cancelled, _ = await run_activity(other_agent.cancel, ComfyUICancel(prompt_id=req.prompt_id))
+    await submitting
+    assert cancelled == ComfyUICancelled(prompt_id=req.prompt_id, was="pending")
+    assert comfyui.state_of(req.prompt_id) == "unknown"
+
+
+async def test_cancel_uses_newer_comfyuis_job_cancel_endpoint_when_it_has_one(
+    comfyui: ComfyUIDouble, comfyui_activities, run_activity
+):
+    comfyui.jobs_api = True
+    comfyui.pause()
+    acts = comfyui_activities()
+    req = submit_request(new_job(), VIDEO_GRAPH)
+    await run_activity(acts.submit, req)
+    cancelled, _ = await run_activity(acts.cancel, ComfyUICancel(prompt_id=req.prompt_id))
+    assert cancelled == ComfyUICancelled(prompt_id=req.prompt_id, was="pending")
+    assert comfyui.hits[f"POST /api/jobs/{req.prompt_id}/cancel"] == 1
+    assert comfyui.hits["POST /queue"] == 0
+    assert comfyui.state_of(req.prompt_id) == "unknown"
+
+
+async def test_cancel_on_comfyui_0_3_64_asks_for_the_job_endpoint_once_then_deletes(
+    comfyui: ComfyUIDouble, comfyui_activities, run_activity
+):
+    comfyui.pause()
+    acts = comfyui_activities()
+    reqs = [submit_request(new_job(), VIDEO_GRAPH) for _ in range(2)]
+    for req in reqs:
+        await run_activity(acts.submit, req)
+        cancelled, _ = await run_activity(acts.cancel, ComfyUICancel(prompt_id=req.prompt_id))
+        assert cancelled == ComfyUICancelled(prompt_id=req.prompt_id, was="pending")
+        assert comfyui.state_of(req.prompt_id) == "unknown"
+    asked = [path for path in comfyui.hits if path.startswith("POST /api/jobs/")]
+    assert asked == [f"POST /api/jobs/{reqs[0].prompt_id}/cancel"]  # a 404: never asked again
+    assert comfyui.hits["POST /queue"] == 2

@@ -20,8 +20,10 @@ from spillway.comfyui_answers import (
     outcome_of,
     output_path,
     queue_place,
+    queue_places,
     rejection_message,
     socket_news,
+    socket_prompt,
 )
 from spillway.comfyui_models import (
     EXECUTION_FAILED,
@@ -150,6 +152,14 @@ def test_queue_says_which_prompt_runs_and_which_waits():
     assert queue_place(recorded("queue_idle")["body"], "job-capture-slow-b148e4") is None
 
 
+def test_one_queue_read_places_every_prompt_for_all_waits_at_once():
+    assert queue_places(recorded("queue_running_and_pending")["body"]) == {
+        "job-capture-slow-b148e4": "running",
+        "job-capture-pend-373907": "pending",
+    }
+    assert queue_places(recorded("queue_idle")["body"]) == {}
+
+
 @pytest.mark.parametrize("answer", [{"queue_running": []}, {"queue_pending": None}, [], "busy"])
 def test_queue_answer_not_shaped_like_comfyuis_is_malformed_not_empty(answer: Any):
     # Read as "not queued" it would count towards LOST, and a lost prompt is submitted again.
@@ -209,17 +219,24 @@ def test_recorded_successful_run_reads_as_running_nodes_then_ended():
         Progress(phase="running"),
         Progress(phase="running", node="1"),
         Progress(phase="running", node="2"),
-        "ended",  # execution_success
-        "ended",  # executing {node: null}
+        "ended",  # executing {node: null}, after history is written; not execution_success
     ]
 
 
 @pytest.mark.parametrize("name", ["ws_error_tail", "ws_interrupted_tail"])
-def test_recorded_error_and_interrupt_end_the_prompt_on_the_socket(name: str):
+def test_recorded_error_and_interrupt_end_the_prompt_once_history_is_written(name: str):
     messages = recorded(name)
     prompt_id = next(m["data"]["prompt_id"] for m in messages if "prompt_id" in m["data"])
+    assert messages[-1]["type"] == "executing" and messages[-1]["data"]["node"] is None
     assert socket_news(messages[-1], prompt_id) == "ended"
-    assert "ended" in [socket_news(m, prompt_id) for m in messages[:-1]]
+    assert "ended" not in [socket_news(m, prompt_id) for m in messages[:-1]]
+
+
+def test_socket_messages_name_their_prompt_except_status_and_a_reconnects_executing():
+    messages = recorded("ws_success_sequence")
+    assert socket_prompt(messages[0]) is None  # status
+    assert {socket_prompt(m) for m in messages[3:]} == {"job-capture-ok-b4a9cf", None}
+    assert socket_prompt({"type": "executing", "data": {"node": "3"}}) is None
 
 
 def test_messages_of_another_prompt_of_the_same_client_say_nothing():

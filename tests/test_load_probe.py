@@ -1,4 +1,4 @@
-"""The fail-open load probe over real loopback HTTP (DESIGN.md, "The load probe")."""
+"""The fail-open load probe over real loopback HTTP (docs/design.md, "The load probe")."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from spillway.sim.guard import GUARD_STATUS_PATH, GuardSim
 from spillway.sim.server import Fault
 from tests.support.a40 import FakeGpu
 from tests.support.constants import FREE_VRAM_PCT
+from tests.support.waiting import until
 
 
 async def probe(http: httpx.AsyncClient, settings: Settings, gpu: GpuReader) -> LoadStatus:
@@ -260,3 +261,39 @@ async def test_probe_without_nvml_answers_and_lists_the_nvml_error_once(http, co
     nvml = errors_of(status, "nvml")
     assert len(nvml) == 1 and "Traceback" not in nvml[0]
     assert status.gpu_util_pct is None
+
+
+# A hung NVML: its own thread, never the shared pool, and never a queue of reads behind it.
+
+
+async def test_a_hung_nvml_holds_one_thread_of_its_own_and_later_probes_fail_fast(
+    http, comfyui_settings, comfyui, gpu: FakeGpu
+):
+    gpu.hang.set()
+    settings = comfyui_settings(LOAD_PROBE_TIMEOUT_S=0.3)
+    first = await probe(http, settings, gpu)
+    assert errors_of(first, "nvml") == ["nvml: no reading within 0.3s"]
+
+    started = time.monotonic()
+    later = [await probe(http, settings, gpu) for _ in range(3)]
+    assert time.monotonic() - started < 0.6  # none waited for the hung read
+    for status in later:
+        [nvml] = errors_of(status, "nvml")
+        assert nvml.startswith("nvml: still busy")
+        assert status.reachable and not status.overloaded and status.gpu_util_pct is None
+    assert gpu.read_threads == ["nvml"]  # one read, on NVML's thread, not the shared pool's
+
+    gpu.released.set()  # the driver answers again: the next probe reads
+    status = await until(lambda: probe(http, settings, gpu), lambda s: s.gpu_util_pct == 10.0)
+    assert errors_of(status, "nvml") == []
+
+
+async def test_an_unexpected_nvml_exception_fails_open_in_one_line(
+    http, comfyui_settings, comfyui, gpu: FakeGpu
+):
+    comfyui.set_queue(running=1, pending=3)
+    gpu.util_pct = 99
+    gpu.crash = OSError("GPU is lost\n  at nvml.c:42")
+    status = await probe(http, comfyui_settings(), gpu)
+    assert not status.overloaded and status.gpu_util_pct is None
+    assert errors_of(status, "nvml") == ["nvml: OSError: GPU is lost at nvml.c:42"]

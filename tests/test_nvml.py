@@ -3,12 +3,13 @@ replacing pynvml's functions, and the real "library not found" path is exercised
 
 from __future__ import annotations
 
+import threading
 from types import SimpleNamespace
 
 import pynvml
 import pytest
 
-from activities.nvml import GpuReadError, NvmlReader
+from activities.nvml import GpuReadError, NvmlReader, read_apart
 
 GIB = 1024**3
 
@@ -83,3 +84,24 @@ def test_without_a_driver_the_reader_says_so_in_one_line():
     with pytest.raises(GpuReadError):  # retried, not cached as broken forever
         reader.read(0)
     reader.close()
+
+
+async def test_reads_apart_run_on_nvmls_own_thread(fake_nvml, monkeypatch):
+    threads = []
+    real = NvmlReader.read
+
+    def read(self: NvmlReader, index: int):
+        threads.append(threading.current_thread().name)
+        return real(self, index)
+
+    monkeypatch.setattr(NvmlReader, "read", read)
+    reader = NvmlReader()
+    assert (await read_apart(reader, 0)).util_pct == 73.0
+    assert (await read_apart(reader, 0)).util_pct == 73.0  # the thread is free again
+    assert threads == ["nvml", "nvml"]
+
+
+async def test_any_exception_in_a_read_apart_is_one_line_read_error(fake_nvml):
+    fake_nvml.fail = ZeroDivisionError("division by zero")
+    with pytest.raises(GpuReadError, match=r"^ZeroDivisionError: division by zero$"):
+        await read_apart(NvmlReader(), 0)
