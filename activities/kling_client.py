@@ -28,13 +28,12 @@ import httpx
 from spillway.cloud_models import CreateVerdict
 from spillway.kling_answers import (
     TOKEN_EXPIRED,
-    Kind,
     KlingTask,
     QueryProblem,
     classify_create,
     read_query,
-    sign_jwt,
 )
+from spillway.kling_requests import Kind, sign_jwt
 
 # Raised before a single byte of the request left this machine: safe to send again.
 NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
@@ -43,11 +42,31 @@ _JWT = re.compile(r"eyJ[\w-]*\.[\w-]+\.[\w-]+")
 
 @dataclass(frozen=True)
 class KlingTiming:
-    """How long the client waits. Production keeps the defaults; tests shrink them."""
+    """How long the client and the activities wait. Production keeps the defaults; tests shrink
+    them."""
 
     connect_timeout_s: float = 10.0
     create_timeout_s: float = 30.0  # the answer to a create; past it the create is ambiguous
     request_timeout_s: float = 20.0  # a query, and each read of a video download
+    heartbeat_every_s: float = 5.0  # well inside the workflow's 30 s heartbeat timeout
+    # Sending again (a provable "not now") and asking Kling about an unanswered create stop
+    # being started after this; see longest_create_s for the activity's whole bound.
+    create_retry_budget_s: float = 200.0
+    backoff_s: tuple[float, ...] = (2.0, 5.0, 10.0, 20.0, 30.0)  # the last one repeats
+    # 1303: the pack's parallel tasks are all busy; one takes minutes to finish.
+    rate_limit_backoff_s: tuple[float, ...] = (15.0, 30.0, 60.0)
+    poll_backoff_max_s: float = 120.0
+    # A poll that finds no task under either kind this many times in a row gives up.
+    unknown_task_polls: int = 6
+
+    def create_exchange_s(self) -> float:
+        """The longest one `KlingClient.create` can take (two requests after "token expired")."""
+        return 2 * (self.connect_timeout_s * 2 + self.create_timeout_s)
+
+    def longest_create_s(self) -> float:
+        """The longest a create activity can run: what a worker's shutdown grace must exceed
+        (SPILLWAY_SHUTDOWN_GRACE_S, 330 s by default). A reconcile takes no longer than a create."""
+        return self.create_retry_budget_s + self.create_exchange_s()
 
 
 class KlingError(Exception):
@@ -96,7 +115,7 @@ class KlingClient:
             sent_at = datetime.now(UTC)
             verdict = await self._create_once(kind, body)
             verdict = verdict.model_copy(
-                update={"message": self._clean(verdict.message), "sent_at": sent_at}
+                update={"message": self.clean(verdict.message), "sent_at": sent_at}
             )
             if verdict.outcome == "retry" and verdict.code == TOKEN_EXPIRED and attempt == 1:
                 continue  # our clock or Kling's moved on: the next request signs a fresh token
@@ -250,7 +269,7 @@ class KlingClient:
 
     def _error(self, what: str, problem: QueryProblem) -> KlingError:
         return KlingError(
-            self._clean(f"{what}: {problem.message}"),
+            self.clean(f"{what}: {problem.message}"),
             code=problem.code,
             http_status=problem.http_status,
             retryable=problem.retryable and not problem.not_found,
@@ -258,9 +277,9 @@ class KlingClient:
 
     def _why(self, exc: BaseException) -> str:
         text = str(exc).strip()
-        return self._clean(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
+        return self.clean(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
 
-    def _clean(self, text: str) -> str:
+    def clean(self, text: str) -> str:
         """A server's text or an exception's message, never with a key or a token in it."""
         text = _JWT.sub("[KLING_JWT]", text)
         # A key too short to be real would garble every message it happens to occur in.

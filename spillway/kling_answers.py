@@ -1,38 +1,27 @@
-"""Kling's answers, read without I/O: what a create proves (money invariant 2), what a query
-says, the request bodies, and the JWT every request carries (docs/design.md, "Kling facts").
+"""Kling's answers, read without I/O: what a create proves (money invariant 2) and what a query
+says (docs/design.md, "Kling facts"). What is sent (request bodies, the JWT) is in
+`spillway.kling_requests`.
 
 Kling differs from MiniMax in one way that matters for money: `external_task_id` must be unique
 per account and a task can be queried by it, so an ambiguous create is resolved by asking Kling
 (the client's `reconcile`) instead of failing the job with "a charge may exist".
 
-Nothing here ever holds a key beyond the arguments of `sign_jwt`/`verify_jwt`; the client scrubs
-the keys from every message built from a server's text.
+Nothing here ever holds a key; the client scrubs the keys from every message built from a
+server's text.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hashlib
-import hmac
 import json
-import re
+import math
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from spillway.cloud_models import CreateVerdict
 
-Kind = Literal["text2video", "image2video"]
-Mode = Literal["std", "pro"]
-AspectRatio = Literal["16:9", "9:16", "1:1"]
 TaskStatus = Literal["submitted", "processing", "succeed", "failed"]
 TASK_STATUSES: tuple[TaskStatus, ...] = ("submitted", "processing", "succeed", "failed")
-DEFAULT_MODEL = "kling-v2-6"
-PROMPT_MAX_CHARS = 2500
-DURATIONS = ("5", "10")
-TOKEN_TTL_S = 1800  # exp = now + 1800, as Kling's own signing example
-TOKEN_EARLY_S = 5  # nbf = now - 5: a little clock skew between us and Kling is tolerated
 
 # Kling's error-code table: code -> (HTTP status, meaning). The first block is docs/design.md's; the
 # rest is from Kling's API reference ("General Information" → "Error Code", as copied in
@@ -106,6 +95,12 @@ class _TaskData(_Lenient):
     task_result: _TaskResult | None = None
     created_at: int | None = None
     updated_at: int | None = None
+    # Resource-pack units the task used, a decimal string ("1.5"). Kling's API reference shows
+    # it in the query answer's `data` as well as in the callback ("final_unit_deduction": the
+    # task's final unit deduction; klingai.com/document-api/api/get-started/callbacks, old-style
+    # callback; the query answer of /v1/videos/{kind}/{id} as copied from Kling's reference in
+    # public repositories). Units, not money: what a unit costs depends on the pack bought.
+    final_unit_deduction: str | None = None
 
 
 class KlingEnvelope(_Lenient):
@@ -125,6 +120,7 @@ class KlingTask(BaseModel):
     status: TaskStatus
     message: str = ""  # task_status_msg: why a task failed (content policy, ...)
     videos: list[KlingVideo] = []
+    units: float | None = None  # final_unit_deduction, when Kling reports it
 
     @property
     def video_urls(self) -> list[str]:
@@ -235,132 +231,13 @@ def read_query(http_status: int | None, body: Any) -> KlingTask | QueryProblem:
         status=status,
         message=data.task_status_msg or "",
         videos=videos,
+        units=_units(data.final_unit_deduction),
     )
 
 
-# --- request bodies -------------------------------------------------------------------------
-
-_DATA_URL = re.compile(r"^data:image/[\w.+-]+;base64,", re.IGNORECASE)
-
-
-def _image(value: str) -> str:
-    # Kling wants bare base64 or a URL; a data-URL prefix makes it refuse the image.
-    return _DATA_URL.sub("", value.strip())
-
-
-def create_body(
-    kind: Kind,
-    *,
-    external_task_id: str,
-    prompt: str = "",
-    model_name: str = DEFAULT_MODEL,
-    negative_prompt: str = "",
-    mode: Mode = "std",
-    aspect_ratio: AspectRatio = "16:9",
-    duration: str | int = "5",
-    image: str | None = None,
-    image_tail: str | None = None,
-    callback_url: str | None = None,
-) -> dict[str, Any]:
-    """The JSON of `POST /v1/videos/{kind}`. `external_task_id` is required: it is what makes
-    a Kling create safe to reconcile and to send again. `aspect_ratio` is text2video's only
-    (an image2video video takes the image's). Raises ValueError for what Kling would refuse."""
-    if not external_task_id.strip():
-        raise ValueError("external_task_id is required: it makes the create idempotent")
-    if len(prompt) > PROMPT_MAX_CHARS or len(negative_prompt) > PROMPT_MAX_CHARS:
-        raise ValueError(f"prompt and negative_prompt are limited to {PROMPT_MAX_CHARS} chars")
-    if str(duration) not in DURATIONS:
-        raise ValueError(f"duration must be one of {DURATIONS}, not {duration!r}")
-    if mode not in ("std", "pro"):
-        raise ValueError(f"mode must be std or pro, not {mode!r}")
-    body: dict[str, Any] = {"model_name": model_name}
-    if kind == "text2video":
-        if not prompt.strip():
-            raise ValueError("text2video needs a prompt")
-        if image is not None or image_tail is not None:
-            raise ValueError("text2video takes no image: use image2video")
-        if aspect_ratio not in ("16:9", "9:16", "1:1"):
-            raise ValueError(f"aspect_ratio must be 16:9, 9:16 or 1:1, not {aspect_ratio!r}")
-        body |= {"prompt": prompt, "aspect_ratio": aspect_ratio}
-    else:
-        if not (image or image_tail):
-            raise ValueError("image2video needs an image (or an image_tail)")
-        if image:
-            body["image"] = _image(image)
-        if image_tail:
-            body["image_tail"] = _image(image_tail)
-        if prompt:
-            body["prompt"] = prompt
-    if negative_prompt:
-        body["negative_prompt"] = negative_prompt
-    body |= {"mode": mode, "duration": str(duration), "external_task_id": external_task_id}
-    if callback_url:
-        body["callback_url"] = callback_url
-    return body
-
-
-# --- the JWT of every request (HS256, RFC 7519), signed here: no new dependency --------------
-
-JWT_MALFORMED = "malformed token"
-JWT_BAD_SIGNATURE = "signature does not match"
-JWT_WRONG_ISSUER = "issuer is not this account's access key"
-JWT_NOT_YET_VALID = "token not yet valid (nbf)"
-JWT_EXPIRED = "token expired (exp)"
-_HEADER = {"alg": "HS256", "typ": "JWT"}
-
-
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
-
-
-def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-
-
-def _json(value: dict[str, Any]) -> bytes:
-    return json.dumps(value, separators=(",", ":")).encode()
-
-
-def _signature(signing_input: str, secret_key: str) -> str:
-    mac = hmac.new(secret_key.encode(), signing_input.encode("ascii"), hashlib.sha256)
-    return _b64(mac.digest())
-
-
-def sign_jwt(access_key: str, secret_key: str, now: int) -> str:
-    """Kling's API token: iss = access key, valid from now - 5 s to now + 30 min."""
-    claims = {"iss": access_key, "exp": now + TOKEN_TTL_S, "nbf": now - TOKEN_EARLY_S}
-    signing_input = f"{_b64(_json(_HEADER))}.{_b64(_json(claims))}"
-    return f"{signing_input}.{_signature(signing_input, secret_key)}"
-
-
-def verify_jwt(token: str, access_key: str, secret_key: str, now: int) -> str | None:
-    """None when `token` is valid for this account at `now`, else why not (one of the JWT_*
-    constants; never a key)."""
-    parts = token.split(".")
-    if len(parts) != 3:
-        return JWT_MALFORMED
+def _units(text: str | None) -> float | None:
     try:
-        header = json.loads(_unb64(parts[0]))
-        claims = json.loads(_unb64(parts[1]))
-    except (ValueError, binascii.Error):
-        return JWT_MALFORMED
-    if not isinstance(header, dict) or header.get("alg") != "HS256":
-        return JWT_MALFORMED
-    if not isinstance(claims, dict):
-        return JWT_MALFORMED
-    try:
-        expected = _signature(f"{parts[0]}.{parts[1]}", secret_key)
-    except UnicodeEncodeError:
-        return JWT_MALFORMED
-    if not hmac.compare_digest(expected.encode(), parts[2].encode("ascii", "replace")):
-        return JWT_BAD_SIGNATURE
-    if not hmac.compare_digest(str(claims.get("iss", "")).encode(), access_key.encode()):
-        return JWT_WRONG_ISSUER
-    exp, nbf = claims.get("exp"), claims.get("nbf")
-    if not isinstance(exp, int) or (nbf is not None and not isinstance(nbf, int)):
-        return JWT_MALFORMED
-    if nbf is not None and now < nbf:
-        return JWT_NOT_YET_VALID
-    if now >= exp:
-        return JWT_EXPIRED
-    return None
+        units = float(text or "")
+    except ValueError:
+        return None
+    return units if math.isfinite(units) and units >= 0 else None

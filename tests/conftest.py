@@ -34,6 +34,7 @@ pytest_plugins = [
     "tests.support.comfyui",
     "tests.support.a40",
     "tests.support.minimax",
+    "tests.support.kling",
     "tests.support.activity",
     "tests.support.jobs",
     "tests.support.worker_process",

@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -15,26 +15,17 @@ import pytest
 
 from activities.kling_client import KlingClient, KlingError, KlingTiming
 from spillway.cloud_models import CreateVerdict
-from spillway.kling_answers import Kind, KlingTask, create_body, sign_jwt
+from spillway.kling_answers import KlingTask
+from spillway.kling_requests import Kind, create_body, sign_jwt
+from spillway.settings import Settings
 from spillway.sim.kling import KlingSim
+from tests.support.kling import CANARY_ACCESS, CANARY_SECRET
 
-# Distinctive on purpose: finding either anywhere but in the double is a leak.
-CANARY_ACCESS = "kling-CANARY-access-51c0e2"
-CANARY_SECRET = "kling-CANARY-secret-3b9f1e7d-do-not-log"
-VIDEO_SIZE = 300_000
 PROMPT = "a heron lifting off over a spillway at dawn"
 PNG = (  # Kling's own example of a bare base64 image
     "iVBORw0KGgoAAAANSUhEUgAAAAUAAAAFCAYAAACNbyblAAAAHElEQVQI12P4//8/w38GIAXDIBKE0DHxgljNBAAO9TXL0Y4OHwAAAABJRU5ErkJggg=="
 )
 FAST = KlingTiming(connect_timeout_s=1.0, create_timeout_s=0.5, request_timeout_s=2.0)
-
-
-@pytest.fixture
-async def kling() -> AsyncIterator[KlingSim]:
-    async with KlingSim(
-        access_key=CANARY_ACCESS, secret_key=CANARY_SECRET, video_size=VIDEO_SIZE
-    ) as sim:
-        yield sim
 
 
 @pytest.fixture
@@ -339,3 +330,9 @@ async def test_double_answers_refusals_and_duplicates_with_their_http_status(htt
     number = await http.post(url, json=body() | {"duration": 5}, headers={"Authorization": token})
     assert (number.status_code, number.json()["code"]) == (400, 1201)
     assert kling.tasks_created == 1
+
+
+def test_longest_create_ends_within_the_default_shutdown_grace():
+    # A create once sent is never abandoned: a worker's shutdown grace must outlast it.
+    grace = Settings.model_fields["SPILLWAY_SHUTDOWN_GRACE_S"].default
+    assert KlingTiming().longest_create_s() < grace

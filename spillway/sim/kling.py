@@ -15,13 +15,15 @@
   (default submitted → processing → succeed, the last one repeats). An unknown id answers HTTP
   404 with code 1203 ("requested resource does not exist"): Kling's answer is not documented.
 - `GET /sim-videos/{video_id}.mp4`: the video, deterministic bytes, no auth (Kling's URLs are
-  on a CDN).
+  on a CDN); 404 for a video it never made, 410 for one `expire_videos` deleted (Kling deletes
+  videos 30 days after they are made; which status its CDN answers then is not documented).
 
 Knobs: `set_statuses`, `fail_with`, `refuse_next_creates` (1102, 1303 or any code, with its
 HTTP status), `fault_next_create` ("hang" or "drop" after the task was made, or not), `release`,
-plus SimServer's per-path faults and `answers`. Counters: `create_calls`, `tasks_created`,
-`query_hits`, `download_hits`, `auth_headers` (per path kind: "create", "query", "download"),
-`create_bodies`.
+`expire_videos`, `units` (a `final_unit_deduction` for finished tasks' query answers; None
+leaves the field out), plus SimServer's per-path faults and `answers`. Counters:
+`create_calls`, `tasks_created`, `query_hits`, `download_hits`, `auth_headers` (per path kind:
+"create", "query", "download"), `create_bodies`.
 """
 
 from __future__ import annotations
@@ -37,14 +39,12 @@ from typing import Any, Literal
 
 from aiohttp import web
 
-from spillway.kling_answers import (
-    CODES,
+from spillway.kling_answers import CODES, TASK_NOT_FOUND, TaskStatus
+from spillway.kling_requests import (
     DURATIONS,
     JWT_EXPIRED,
     JWT_NOT_YET_VALID,
     PROMPT_MAX_CHARS,
-    TASK_NOT_FOUND,
-    TaskStatus,
     verify_jwt,
 )
 from spillway.sim.server import SimServer
@@ -110,6 +110,8 @@ class KlingSim(SimServer):
         self._refusals: deque[tuple[int, str]] = deque()
         self._create_faults: deque[tuple[CreateFault, bool]] = deque()
         self._unhang = asyncio.Event()
+        self.expired: set[str] = set()  # video ids whose URL answers 410 Gone
+        self.units: str | None = None
 
     # --- knobs ------------------------------------------------------------------------------
 
@@ -142,6 +144,10 @@ class KlingSim(SimServer):
         """Ends every hanging create (its connection closes without an answer)."""
         self._unhang.set()
         self._unhang = asyncio.Event()
+
+    def expire_videos(self) -> None:
+        """Every video made so far is deleted: its URL answers 410 Gone."""
+        self.expired |= {t.video_id for t in self.tasks.values()}
 
     async def stop(self) -> None:
         self.release()
@@ -239,6 +245,8 @@ class KlingSim(SimServer):
             data["task_result"] = {
                 "videos": [{"id": task.video_id, "url": url, "duration": duration}]
             }
+            if self.units is not None:
+                data["final_unit_deduction"] = self.units
         elif status == "failed":
             data["task_status_msg"] = task.fail_msg
         return _ok(data)
@@ -246,6 +254,8 @@ class KlingSim(SimServer):
     async def _download(self, request: web.Request) -> web.Response:
         self.auth_headers["download"].append(request.headers.get("Authorization", ""))
         video_id = request.match_info["name"].removesuffix(".mp4")
+        if video_id in self.expired:
+            return web.Response(status=410, text="Gone")
         if not any(t.video_id == video_id for t in self.tasks.values()):
             return web.Response(status=404, text="NoSuchKey")
         return web.Response(body=self.video_bytes(video_id), content_type="video/mp4")

@@ -1,0 +1,338 @@
+"""The CLOUD route on Kling: three activities (create, poll, download) over `KlingClient`
+(docs/design.md, "Kling facts").
+
+Money invariant 2: the create runs inside `CreateGuard` (armed now, the right world, the spend
+ledger's `begin`, the outcome settled) and the workflow never retries it. Unlike MiniMax, Kling
+can be asked whether a create made a task: every create of a job's run carries the same
+`external_task_id`, which Kling keeps unique per account. So a create that got no clear answer
+is reconciled by querying that id (found: its task is the job's; not found: the same create is
+sent again, and Kling cannot make a second task for that id) until the retry budget is spent;
+only then is it ambiguous. A provable "no" (keys, account, resource pack) fails at once and the
+workflow hands the job to the next provider. Polling and downloading cost nothing and may retry.
+
+Money invariant 3: the keys live in the worker's settings and in the client only; no message,
+log line, heartbeat or result here carries a key or a token (the client scrubs server texts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+import httpx
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities import files
+from activities.handover import unless_shutting_down
+from activities.heartbeat import Heartbeat
+from activities.http_errors import why
+from activities.kling_client import KlingClient, KlingError, KlingTiming
+from activities.kling_create import KlingCreator
+from activities.ledger_client import Ledger
+from activities.spend import CreateGuard
+from spillway import activity_names as names
+from spillway.cloud_models import (
+    CloudCreate,
+    CloudCreated,
+    CloudDone,
+    CloudDownload,
+    CloudPoll,
+    CreateVerdict,
+)
+from spillway.kling_answers import REFUSED_CODES, TASK_NOT_FOUND, KlingTask
+from spillway.kling_requests import Kind, create_request, external_task_id, kind_of
+from spillway.models import Downloaded, Progress
+from spillway.settings import Settings
+
+# Error types the workflow names in its retry policies and failure handling.
+REFUSED = "KlingRefused"  # Kling provably made nothing and will not for this account or request
+CREATE_GAVE_UP = "KlingCreateGaveUp"  # every try was a provable "not now" until the budget ended
+AMBIGUOUS_CREATE = "KlingAmbiguousCreate"  # a task, and a charge, may exist
+NO_KEY = "KlingNoKey"
+TASK_FAILED = "KlingTaskFailed"
+TASK_UNKNOWN = "KlingTaskUnknown"  # Kling reports no such task under either kind
+UNAVAILABLE = "KlingUnavailable"  # a free call got no usable answer: retried
+DOWNLOAD_FAILED = "KlingDownloadFailed"  # retried
+VIDEO_GONE = "KlingVideoGone"  # the video URL answers 404/410: Kling deleted it (30 days)
+
+KINDS: tuple[Kind, ...] = ("text2video", "image2video")
+KEY_NAMES = ("KLING_ACCESS_KEY", "KLING_SECRET_KEY")
+_WHAT_TO_DO = {
+    1000: "check KLING_ACCESS_KEY and KLING_SECRET_KEY (one key pair from Kling's developer "
+    "console) and the worker's clock",
+    1001: "check KLING_ACCESS_KEY and KLING_SECRET_KEY on the worker",
+    1002: "check that KLING_ACCESS_KEY and KLING_SECRET_KEY are one key pair from Kling's "
+    "developer console",
+    1003: "the worker's clock is ahead of Kling's: fix the time (NTP)",
+    1100: "look at the account in Kling's developer console",
+    1101: "the Kling account is in arrears: pay the outstanding bill",
+    1102: "buy or renew a Kling resource pack",
+}
+
+
+class KlingActivities:
+    def __init__(
+        self,
+        http: httpx.AsyncClient,
+        settings: Settings,
+        ledger: Ledger,
+        timing: KlingTiming | None = None,
+    ) -> None:
+        self._http, self._settings = http, settings
+        self._timing = timing or KlingTiming(
+            heartbeat_every_s=settings.SPILLWAY_HEARTBEAT_TIMEOUT_S / 6
+        )
+        self._guard = CreateGuard(ledger, settings)
+
+    # --- create: the only call that costs money -----------------------------------------
+
+    @activity.defn(name=names.KLING_CREATE)
+    async def create(self, req: CloudCreate) -> CloudCreated:
+        client = self._client(retryable=False)
+        external = external_task_id(req.job_id, activity.info().workflow_run_id or "")
+        # Beats through the ledger's begin and settle too: a slow ledger is not a dead worker.
+        async with Heartbeat(self._timing.heartbeat_every_s, Progress(phase="reserving")) as hb:
+            creator = KlingCreator(client, self._timing, req.job_id, external, hb)
+            done = await self._guard.create(
+                req.job_id,
+                req.authorisation,
+                req.simulated,
+                lambda: self._send_create(req, external, creator),
+            )
+        verdict = done.verdict
+        if verdict.outcome == "created" and verdict.task_id:
+            activity.logger.info(
+                "Kling task %s created for job %s (external_task_id %s, create requests: %d)",
+                verdict.task_id,
+                req.job_id,
+                external,
+                verdict.attempts,
+            )
+            return CloudCreated(
+                task_id=verdict.task_id,
+                created_at=verdict.sent_at,
+                create_calls=verdict.attempts,
+                settled=done.settled,
+            )
+        details = {"job_id": req.job_id, "code": verdict.code, "create_calls": verdict.attempts}
+        if verdict.outcome == "refused" and verdict.code in REFUSED_CODES:
+            raise ApplicationError(
+                _refused_message(req.job_id, verdict), details, type=REFUSED, non_retryable=True
+            )
+        if verdict.outcome == "refused":
+            # attempts 0: refused here before sending; else every try was a provable "not now".
+            kind = REFUSED if verdict.attempts == 0 else CREATE_GAVE_UP
+            raise ApplicationError(verdict.message, details, type=kind, non_retryable=True)
+        raise self._ambiguous(req, verdict, external)
+
+    async def _send_create(
+        self, req: CloudCreate, external: str, creator: KlingCreator
+    ) -> CreateVerdict:
+        s = self._settings
+        try:
+            kind, body = create_request(
+                req.request, external_task_id=external, model=s.KLING_MODEL, mode=s.KLING_MODE
+            )
+        except ValueError as exc:
+            return CreateVerdict(
+                outcome="refused",
+                attempts=0,
+                message=f"Kling would refuse job {req.job_id}'s request ({exc}): nothing was "
+                "sent to Kling and nothing was charged",
+            )
+        return await creator.run(kind, body)
+
+    def _ambiguous(
+        self, req: CloudCreate, verdict: CreateVerdict, external: str
+    ) -> ApplicationError:
+        sent = verdict.sent_at
+        when = sent.strftime("%Y-%m-%d %H:%M:%S UTC") if sent else "the time of the create"
+        base = str(self._settings.KLING_BASE_URL).rstrip("/")
+        return ApplicationError(
+            f"Kling create for job {req.job_id} is ambiguous ({verdict.message}): a charge may "
+            f"exist. The create sent at {when} carried external_task_id {external}, and Kling "
+            "has not said whether it made a task. Check with GET "
+            f"{base}/v1/videos/{kind_of(req.request)}/{external} or in Kling's console (task "
+            "list and resource pack usage). spillway will not create again for this job; "
+            "resubmit it only if Kling shows no such task.",
+            {
+                "job_id": req.job_id,
+                "external_task_id": external,
+                "attempted_at": sent.isoformat() if sent else None,
+                "reason": verdict.message,
+                "task_id": verdict.task_id,
+            },
+            type=AMBIGUOUS_CREATE,
+            non_retryable=True,
+        )
+
+    # --- poll: free, retried by Temporal ---------------------------------------------------
+
+    @activity.defn(name=names.KLING_POLL)
+    async def poll(self, req: CloudPoll) -> CloudDone:
+        return await unless_shutting_down(self._poll(req))
+
+    async def _poll(self, req: CloudPoll) -> CloudDone:
+        client = self._client(retryable=True)
+        interval, phase = self._settings.KLING_POLL_INTERVAL_S, "polling"
+        kinds, unknown = KINDS, 0
+        async with Heartbeat(self._timing.heartbeat_every_s, Progress(phase=phase)) as hb:
+            while True:
+                found = await self._find(client, req, kinds)
+                if found is None:
+                    unknown += 1
+                    if unknown >= self._timing.unknown_task_polls:
+                        raise ApplicationError(
+                            f"Kling reports no task {req.task_id} (job {req.job_id}) under "
+                            f"text2video or image2video after {unknown} queries: check Kling's "
+                            "console with the account of KLING_ACCESS_KEY",
+                            {"task_id": req.task_id},
+                            type=TASK_UNKNOWN,
+                            non_retryable=True,
+                        )
+                    await asyncio.sleep(interval)
+                    continue
+                kind, task = found
+                kinds, unknown = (kind,), 0  # the task's kind never changes
+                if task.status == "failed":
+                    said = client.clean(task.message) or "no reason given"
+                    raise ApplicationError(
+                        f"Kling task {req.task_id} of job {req.job_id} failed: {said}",
+                        {"task_id": req.task_id, "task_status_msg": said},
+                        type=TASK_FAILED,
+                        non_retryable=True,
+                    )
+                if task.status == "succeed":
+                    return self._done(req, task)
+                if task.status != phase:
+                    phase = task.status
+                    hb.update(Progress(phase=phase), now=True)
+                await asyncio.sleep(interval)
+
+    async def _find(
+        self, client: KlingClient, req: CloudPoll, kinds: tuple[Kind, ...]
+    ) -> tuple[Kind, KlingTask] | None:
+        # CloudPoll names no kind and Kling's query path needs one: ask under each until one
+        # knows the task (an unknown id answers "does not exist" under the other kind).
+        for kind in kinds:
+            try:
+                return kind, await client.query(kind, req.task_id)
+            except KlingError as exc:
+                if exc.code == TASK_NOT_FOUND:
+                    continue
+                if exc.retryable:
+                    raise ApplicationError(str(exc), type=UNAVAILABLE) from None
+                raise ApplicationError(
+                    f"Kling refuses to report task {req.task_id} of job {req.job_id} ({exc}): "
+                    "check KLING_ACCESS_KEY, KLING_SECRET_KEY and the account. The task exists "
+                    "and may be charged; its video stays in Kling's console for 30 days.",
+                    {"task_id": req.task_id, "code": exc.code},
+                    type=REFUSED,
+                    non_retryable=True,
+                ) from None
+        return None
+
+    def _done(self, req: CloudPoll, task: KlingTask) -> CloudDone:
+        if not task.video_urls:
+            raise ApplicationError(
+                f"Kling reports task {req.task_id} done but names no video", type=UNAVAILABLE
+            )
+        if task.units is not None:
+            activity.logger.info(
+                "Kling task %s of job %s used %g resource-pack units",
+                req.task_id,
+                req.job_id,
+                task.units,
+            )
+        # cost_usd stays None. Kling's query answer (like its callback) reports the actual cost
+        # only as `final_unit_deduction`, resource-pack units (a decimal string); the newer
+        # `billing` list (charge_type cash|unit, amount, currency) belongs to Kling's newer API
+        # design, not to /v1/videos/{kind}/{id} (klingai.com/document-api/api/get-started/
+        # callbacks; .../api/video/2-6/text-to-video). What a unit costs in dollars depends on
+        # the pack the account bought, so the estimate of routing_tiers.json stands.
+        return CloudDone(task_id=req.task_id, video_url=task.video_urls[0])
+
+    # --- download: free; a re-run never fetches a finished file again ---------------------
+
+    @activity.defn(name=names.KLING_DOWNLOAD)
+    async def download(self, req: CloudDownload) -> Downloaded:
+        return await unless_shutting_down(self._download(req))
+
+    async def _download(self, req: CloudDownload) -> Downloaded:
+        if not req.video_url:
+            raise ApplicationError(
+                f"Kling download of task {req.task_id} names no video URL",
+                type=DOWNLOAD_FAILED,
+                non_retryable=True,
+            )
+        job_dir = (self._settings.SPILLWAY_OUTPUT_DIR / req.job_id).resolve()
+        target = job_dir / f"kling-{re.sub(r'[^A-Za-z0-9_-]', '_', req.task_id)[:64]}.mp4"
+        if target.parent != job_dir:
+            raise ApplicationError(f"refusing to write outside {job_dir}", non_retryable=True)
+        if target.exists():  # only a whole file ever gets its final name (files.save)
+            return Downloaded(outputs=[await asyncio.to_thread(files.describe, target)])
+        # The video URL is on Kling's CDN and needs no key: a worker without keys may fetch it.
+        client = KlingClient(self._http, str(self._settings.KLING_BASE_URL), "", "", self._timing)
+        async with Heartbeat(self._timing.heartbeat_every_s, Progress(phase="downloading")) as hb:
+
+            def progress(done: int, total: int | None) -> None:
+                percent = round(100 * done / total, 1) if total else None
+                hb.update(Progress(phase="downloading", value=done, max=total, percent=percent))
+
+            try:
+                async with client.stream_video(req.video_url) as response:
+                    output = await files.save(response, target, progress)
+            except KlingError as exc:
+                if exc.retryable:
+                    raise ApplicationError(str(exc), type=DOWNLOAD_FAILED) from None
+                raise ApplicationError(
+                    f"the video of Kling task {req.task_id} (job {req.job_id}) is gone: {exc}. "
+                    "Kling deletes videos 30 days after it makes them and such a URL does not "
+                    "come back; the task was charged. Resubmit the job to render it again.",
+                    {"task_id": req.task_id, "http_status": exc.http_status},
+                    type=VIDEO_GONE,
+                    non_retryable=True,
+                ) from None
+            except files.IncompleteDownload as exc:
+                raise ApplicationError(
+                    f"download of Kling task {req.task_id}: {exc}", type=DOWNLOAD_FAILED
+                ) from None
+            except httpx.HTTPError as exc:
+                raise ApplicationError(
+                    f"downloading the video of Kling task {req.task_id} failed "
+                    f"({client.clean(why(exc))})",
+                    type=DOWNLOAD_FAILED,
+                ) from None
+        activity.logger.info(
+            "Kling video of job %s saved: %s (%d bytes)", req.job_id, output.path, output.bytes
+        )
+        return Downloaded(outputs=[output])
+
+    # --- shared ---------------------------------------------------------------------------
+
+    def _client(self, *, retryable: bool) -> KlingClient:
+        # Poll is retryable without keys: the task exists and is paid for, so a worker that has
+        # them (or this one, fixed and restarted) may still follow it.
+        s = self._settings
+        keys = (s.KLING_ACCESS_KEY, s.KLING_SECRET_KEY)
+        values = [key.get_secret_value().strip() if key else "" for key in keys]
+        missing = [name for name, value in zip(KEY_NAMES, values, strict=True) if not value]
+        if missing:
+            raise ApplicationError(
+                f"no Kling keys on this worker: set {' and '.join(missing)} in the worker's "
+                "environment (Kling needs both KLING_ACCESS_KEY and KLING_SECRET_KEY); nothing "
+                "was sent to Kling",
+                type=NO_KEY,
+                non_retryable=not retryable,
+            )
+        return KlingClient(self._http, str(s.KLING_BASE_URL), values[0], values[1], self._timing)
+
+
+def _refused_message(job_id: str, verdict: CreateVerdict) -> str:
+    code = verdict.code or 0
+    todo = _WHAT_TO_DO.get(code, "look at the Kling account")
+    return (
+        f"Kling refused the create for job {job_id} ({verdict.message}): {todo}. Kling made no "
+        "task and charged nothing; spillway hands the job to the next cloud provider, if any."
+    )
