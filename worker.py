@@ -30,6 +30,8 @@ from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.worker import Worker
 
 from activities.comfyui import ComfyUIActivities
+from activities.kling import KlingActivities
+from activities.kling_client import KlingTiming
 from activities.ledger_client import Ledger, SpendLedger
 from activities.load_status import LoadStatusActivities
 from activities.minimax import MiniMaxActivities
@@ -69,6 +71,7 @@ def main_work(
     policy = PolicyActivities(settings, tiers)
     notify = NotifyActivities(http, settings)
     minimax = MiniMaxActivities(http, settings, ledger)
+    kling = KlingActivities(http, settings, ledger)
     spend = SpendActivities(ledger, settings, tiers)
     queue = settings.SPILLWAY_TASK_QUEUE
     decisions: list[Callable[..., Any]] = [
@@ -78,8 +81,9 @@ def main_work(
         spend.settle,
         spend.view,
         minimax.create,
+        kling.create,
     ]
-    waits: list[Callable[..., Any]] = [minimax.poll, minimax.download]
+    waits: list[Callable[..., Any]] = [minimax.poll, minimax.download, kling.poll, kling.download]
     return [
         # Polls scheduled before the waits queue existed still run here.
         QueueWork(queue, [*decisions, *waits], WORKFLOWS),
@@ -87,29 +91,35 @@ def main_work(
     ]
 
 
-def agent_work(
-    http: httpx.AsyncClient, settings: Settings, host: GpuHost, gpu: GpuReader
-) -> list[QueueWork]:
-    mine = host_settings(settings, host)
-    load = LoadStatusActivities(http, mine, gpu)
-    comfyui = ComfyUIActivities(http, mine)
-    queues = ref(settings.SPILLWAY_TASK_QUEUE, host.name)
-    return [
-        QueueWork(queues.task_queue, [load.a40_load_status, comfyui.submit, comfyui.cancel]),
-        QueueWork(
-            queues.waits_queue,
-            [comfyui.wait, comfyui.download],
-            max_activities=settings.SPILLWAY_MAX_WAITS,
-        ),
-    ]
+@dataclass
+class Agent:
+    """One GPU host's activities; its ComfyUI watcher (one socket, one poll loop) is closed
+    with `aclose` once its Temporal workers have stopped."""
 
+    load: LoadStatusActivities
+    comfyui: ComfyUIActivities
 
-def legacy_work(
-    http: httpx.AsyncClient, settings: Settings, host: GpuHost, gpu: GpuReader
-) -> list[Callable[..., Any]]:
-    """Jobs started before GPU hosts existed schedule their probe and ComfyUI activities on the
-    main queue; the worker that runs the agents serves them there for the first host."""
-    return [a for work in agent_work(http, settings, host, gpu) for a in work.activities]
+    @classmethod
+    def of(
+        cls, http: httpx.AsyncClient, settings: Settings, host: GpuHost, gpu: GpuReader
+    ) -> Agent:
+        mine = host_settings(settings, host)
+        return cls(LoadStatusActivities(http, mine, gpu), ComfyUIActivities(http, mine))
+
+    @property
+    def short(self) -> list[Callable[..., Any]]:
+        return [self.load.a40_load_status, self.comfyui.submit, self.comfyui.cancel]
+
+    @property
+    def waits(self) -> list[Callable[..., Any]]:
+        return [self.comfyui.wait, self.comfyui.download]
+
+    def work(self, settings: Settings, host: GpuHost) -> list[QueueWork]:
+        queues = ref(settings.SPILLWAY_TASK_QUEUE, host.name)
+        return [
+            QueueWork(queues.task_queue, self.short),
+            QueueWork(queues.waits_queue, self.waits, max_activities=settings.SPILLWAY_MAX_WAITS),
+        ]
 
 
 @contextlib.asynccontextmanager
@@ -132,14 +142,20 @@ async def serving(
         gpu = owned = NvmlReader()
     async with httpx.AsyncClient() as http:
         works: list[QueueWork] = []
+        running = {h.name: Agent.of(http, settings, h, gpu) for h in hosts}
+        if not agents and only_host is None:
+            running = {}
         if only_host is None:
             ledger = SpendLedger(client, settings.SPILLWAY_TASK_QUEUE)
             works = main_work(http, settings, tiers, ledger)
-            if agents:
-                works[0].activities += legacy_work(http, settings, hosts[0], gpu)
-        if agents or only_host is not None:
-            for host in hosts:
-                works += agent_work(http, settings, host, gpu)
+            if running:
+                # Jobs started before GPU hosts existed schedule their probe and ComfyUI
+                # activities on the main queue: the first host's agent serves them there too.
+                first = running[hosts[0].name]
+                works[0].activities += first.short + first.waits
+        for host in hosts:
+            if host.name in running:
+                works += running[host.name].work(settings, host)
         workers = [
             Worker(
                 client,
@@ -158,6 +174,8 @@ async def serving(
                     await stack.enter_async_context(w)
                 yield works
         finally:
+            for agent in running.values():
+                await agent.comfyui.aclose()
             if owned is not None:
                 owned.close()
 
@@ -170,10 +188,13 @@ async def run_worker(
     agents: bool = True,
     only_host: str | None = None,
 ) -> None:
-    longest = MiniMaxTiming().longest_create_s(settings.MINIMAX_CREATE_TIMEOUT_S)
+    longest = max(
+        MiniMaxTiming().longest_create_s(settings.MINIMAX_CREATE_TIMEOUT_S),
+        KlingTiming().longest_create_s(),
+    )
     if only_host is None and longest > settings.SPILLWAY_SHUTDOWN_GRACE_S:
         log.warning(
-            "SPILLWAY_SHUTDOWN_GRACE_S=%g is shorter than the longest MiniMax create (%gs): a "
+            "SPILLWAY_SHUTDOWN_GRACE_S=%g is shorter than the longest cloud create (%gs): a "
             "create still running when it ends is cut off and its job fails as ambiguous",
             settings.SPILLWAY_SHUTDOWN_GRACE_S,
             longest,

@@ -36,7 +36,14 @@ from activities.minimax_client import (
 )
 from activities.spend import CreateGuard
 from spillway import activity_names as names
-from spillway.cloud_models import CreateVerdict
+from spillway.cloud_models import (
+    CloudCreate,
+    CloudCreated,
+    CloudDone,
+    CloudDownload,
+    CloudPoll,
+    CreateVerdict,
+)
 from spillway.minimax_answers import (
     PERMANENT_CODES,
     RATE_LIMIT_CODES,
@@ -45,13 +52,6 @@ from spillway.minimax_answers import (
     QueryAnswer,
     RetrieveAnswer,
     permanent_message,
-)
-from spillway.minimax_models import (
-    MiniMaxCreate,
-    MiniMaxCreated,
-    MiniMaxDone,
-    MiniMaxDownload,
-    MiniMaxPoll,
 )
 from spillway.models import Downloaded, OutputFile, Progress
 from spillway.settings import Settings
@@ -88,7 +88,7 @@ class MiniMaxActivities:
     # --- create: the only call that costs money -----------------------------------------
 
     @activity.defn(name=names.MINIMAX_CREATE)
-    async def create(self, req: MiniMaxCreate) -> MiniMaxCreated:
+    async def create(self, req: CloudCreate) -> CloudCreated:
         key = self._key(retryable=False)
         every = self._client.timing.heartbeat_every_s
         # Beats through the ledger's begin and settle too: a slow ledger is not a dead worker.
@@ -107,7 +107,7 @@ class MiniMaxActivities:
                 req.job_id,
                 verdict.attempts,
             )
-            return MiniMaxCreated(
+            return CloudCreated(
                 task_id=verdict.task_id,
                 created_at=verdict.sent_at,
                 create_calls=verdict.attempts,
@@ -129,7 +129,7 @@ class MiniMaxActivities:
             )
         raise self._ambiguous(req, verdict)
 
-    async def _send_create(self, req: MiniMaxCreate, key: str, hb: Heartbeat) -> CreateVerdict:
+    async def _send_create(self, req: CloudCreate, key: str, hb: Heartbeat) -> CreateVerdict:
         """Sends the create until MiniMax answers anything but a provable "not now"."""
         cloud = req.request
         body: dict[str, Any] = {
@@ -173,7 +173,7 @@ class MiniMaxActivities:
             hb.update(Progress(phase="create_backoff", value=calls), now=True)
             await asyncio.sleep(delay)
 
-    def _ambiguous(self, req: MiniMaxCreate, verdict: CreateVerdict) -> ApplicationError:
+    def _ambiguous(self, req: CloudCreate, verdict: CreateVerdict) -> ApplicationError:
         sent = verdict.sent_at
         when = sent.strftime("%Y-%m-%d %H:%M:%S UTC") if sent else "the time of the create"
         task = f" (MiniMax named task {verdict.task_id})" if verdict.task_id else ""
@@ -196,10 +196,10 @@ class MiniMaxActivities:
     # --- poll: free, retried by Temporal without limit -------------------------------------
 
     @activity.defn(name=names.MINIMAX_POLL)
-    async def poll(self, req: MiniMaxPoll) -> MiniMaxDone:
+    async def poll(self, req: CloudPoll) -> CloudDone:
         return await unless_shutting_down(self._poll(req))
 
-    async def _poll(self, req: MiniMaxPoll) -> MiniMaxDone:
+    async def _poll(self, req: CloudPoll) -> CloudDone:
         key = self._key(retryable=True)
         t, base_interval = self._client.timing, self._settings.MINIMAX_POLL_INTERVAL_S
         interval, phase = base_interval, "polling"  # then MiniMax's own status words
@@ -249,7 +249,7 @@ class MiniMaxActivities:
                             f"MiniMax reports task {req.task_id} done but names no file",
                             type=UNAVAILABLE,
                         )
-                    return MiniMaxDone(
+                    return CloudDone(
                         task_id=req.task_id,
                         file_id=str(answer.file_id),
                         video_width=answer.video_width,
@@ -263,11 +263,15 @@ class MiniMaxActivities:
     # --- download: free; a re-run never fetches a finished file again ---------------------
 
     @activity.defn(name=names.MINIMAX_DOWNLOAD)
-    async def download(self, req: MiniMaxDownload) -> Downloaded:
+    async def download(self, req: CloudDownload) -> Downloaded:
         return await unless_shutting_down(self._download(req))
 
-    async def _download(self, req: MiniMaxDownload) -> Downloaded:
+    async def _download(self, req: CloudDownload) -> Downloaded:
         key = self._key(retryable=True)
+        if req.file_id is None:
+            raise ApplicationError(
+                f"MiniMax download of task {req.task_id} names no file", non_retryable=True
+            )
         job_dir = (self._settings.SPILLWAY_OUTPUT_DIR / req.job_id).resolve()
         stem = f"minimax-{re.sub(r'[^A-Za-z0-9_-]', '_', req.task_id)[:64]}"
         if done := sorted(p for p in job_dir.glob(f"{stem}.*") if not p.name.endswith(".part")):

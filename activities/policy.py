@@ -22,7 +22,7 @@ class PolicyActivities:
         minimax = self._tiers.by_provider("minimax")
         return Policy(
             fallback_enabled=s.CLOUD_VIDEO_FALLBACK_ENABLED,
-            key_present=s.minimax_key_present,
+            key_present=bool(s.cloud_providers),
             thresholds=s.thresholds,
             approval_timeout_s=s.APPROVAL_TIMEOUT_S,
             approval_recheck_s=s.APPROVAL_RECHECK_S,
@@ -36,5 +36,6 @@ class PolicyActivities:
             simulated=s.SPILLWAY_SIMULATED,
             # Each host's agent polls queues named after the queue this worker serves.
             hosts=[ref(activity.info().task_queue, h.name) for h in gpu_hosts(s, self._tiers)],
+            providers=s.cloud_providers,
             estimated_costs_usd=dict(minimax.estimated_cost_usd) if minimax else {},
         )

@@ -17,7 +17,8 @@ from temporalio.service import RPCError
 
 from activities.ledger_client import Ledger
 from spillway import activity_names as names
-from spillway.cloud_models import CreateVerdict
+from spillway.cloud_models import CreateVerdict, SpendRequest
+from spillway.kling_requests import cost_key as kling_cost_key
 from spillway.settings import Settings
 from spillway.spend_book import SpendRefused
 from spillway.spend_models import (
@@ -30,7 +31,6 @@ from spillway.spend_models import (
     ReserveRequest,
     SettleRequest,
     SpendEntry,
-    SpendRequest,
     SpendSettle,
 )
 from spillway.tiers import RoutingTiers
@@ -40,11 +40,16 @@ NOT_ARMED = "SpendNotArmed"
 WRONG_WORLD = "SpendWrongWorld"
 
 
-def estimate_usd(
-    tiers: RoutingTiers, provider: str, resolution: str, duration: int
-) -> float | None:
-    tier = tiers.by_provider(provider)
-    return None if tier is None else tier.estimated_cost_usd.get(f"{resolution}/{duration}s")
+def estimate_usd(tiers: RoutingTiers, settings: Settings, req: SpendRequest) -> float | None:
+    """The planning figure of routing_tiers.json for this provider and clip (None: none known)."""
+    tier = tiers.by_provider(req.provider)
+    if tier is None:
+        return None
+    if req.provider == "kling" and req.request is not None:
+        key = kling_cost_key(req.request, settings.KLING_MODE)
+    else:
+        key = f"{req.resolution}/{req.duration}s"
+    return tier.estimated_cost_usd.get(key)
 
 
 def budgets_of(settings: Settings) -> Budgets:
@@ -66,9 +71,11 @@ class SpendActivities:
                 refused="the cloud fallback is not armed on the worker any more",
                 refused_code="fallback_disarmed",
             )
-        if not s.minimax_key_present:
-            return Reservation(refused="MINIMAX_API_KEY is not configured", refused_code="no_key")
-        cost = estimate_usd(self._tiers, req.provider, req.resolution, req.duration)
+        if req.provider not in s.cloud_providers:
+            return Reservation(
+                refused=f"no key for {req.provider} on the worker", refused_code="no_key"
+            )
+        cost = estimate_usd(self._tiers, s, req)
         try:
             entry = await self._ledger.reserve(
                 ReserveRequest(
@@ -101,6 +108,7 @@ class SpendActivities:
                     state=req.state,
                     task_id=req.task_id,
                     note=req.note,
+                    cost_usd=req.cost_usd,
                 )
             )
         except SpendRefused as refused:
@@ -124,7 +132,7 @@ class SpendActivities:
             return round(max(budget - taken, 0.0), 2)
 
         return BudgetView(
-            estimate_usd=estimate_usd(self._tiers, req.provider, req.resolution, req.duration),
+            estimate_usd=estimate_usd(self._tiers, self._settings, req),
             day_remaining_usd=left(budgets.daily_usd, summary.day if summary else None),
             month_remaining_usd=left(budgets.monthly_usd, summary.month if summary else None),
         )

@@ -17,6 +17,10 @@ MINIMAX_CREATE = "minimax_create"
 MINIMAX_POLL = "minimax_poll"
 MINIMAX_DOWNLOAD = "minimax_download"
 
+KLING_CREATE = "kling_create"
+KLING_POLL = "kling_poll"
+KLING_DOWNLOAD = "kling_download"
+
 SPEND_RESERVE = "spend_reserve"
 SPEND_SETTLE = "spend_settle"
 SPEND_VIEW = "spend_view"

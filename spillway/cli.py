@@ -167,6 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     dev.add_argument("--comfyui-port", type=int, default=8188, help="ComfyUI simulator (8188)")
     dev.add_argument("--guard-port", type=int, default=8189, help="guard simulator (8189)")
     dev.add_argument("--minimax-port", type=int, default=8190, help="MiniMax simulator (8190)")
+    dev.add_argument("--kling-port", type=int, default=8191, help="Kling simulator (8191)")
     dev.add_argument(
         "--state-dir", type=Path, default=Path(".spillway"), help="where jobs are kept"
     )

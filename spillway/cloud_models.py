@@ -1,7 +1,10 @@
-"""What every cloud provider's create answer proves, in one shape (money invariant 2).
+"""The one shape of every cloud provider (MiniMax, Kling): what the workflow sends and gets back
+from a provider's create, poll and download activities, and what a provider's create answer
+proves (money invariant 2: each provider reads its answer into a `CreateVerdict` with a pure,
+table-tested function, and the activity acts on the verdict alone).
 
-Each provider has a pure function that reads its answer into a `CreateVerdict`; the activity acts
-on the verdict alone, so the money-deciding step is table-tested per provider.
+No model here ever holds a key: the activities read keys from the worker's settings. `provider`
+defaults to "minimax" because jobs from before Kling carry no provider in their history.
 """
 
 from __future__ import annotations
@@ -10,6 +13,11 @@ from datetime import datetime
 from typing import Literal
 
 from pydantic import BaseModel
+
+from spillway.models import CloudRequest, JobId
+from spillway.spend_models import Authorisation
+
+Provider = Literal["minimax", "kling"]
 
 CreateOutcome = Literal["created", "retry", "refused", "ambiguous"]
 
@@ -31,3 +39,61 @@ class CreateVerdict(BaseModel):
     rate_limited: bool = False
     sent_at: datetime | None = None  # when the (last) request left: the time to look for
     attempts: int = 1  # requests sent; all but the last were provably refused
+
+
+class CloudCreate(BaseModel):
+    # JobId's pattern also keeps the job's output folder inside SPILLWAY_OUTPUT_DIR.
+    job_id: JobId
+    request: CloudRequest
+    # Who allowed the spending; "armed" is checked against the worker's settings at the create.
+    # The default is the strictest reading, for creates scheduled before the field existed.
+    authorisation: Authorisation = "armed"
+    simulated: bool = False  # the job was decided by a simulated worker (spillway dev --simulate)
+    provider: Provider = "minimax"
+
+
+class CloudCreated(BaseModel):
+    task_id: str
+    # When the provider accepted the task (UTC) and how many create requests it took: every
+    # request before the last one was answered with an explicit "no", so none made a task.
+    created_at: datetime | None = None
+    create_calls: int = 1
+    # False when the spend ledger did not take the task id: the workflow records it again.
+    settled: bool = True
+
+
+class CloudPoll(BaseModel):
+    job_id: JobId
+    task_id: str
+    provider: Provider = "minimax"
+
+
+class CloudDone(BaseModel):
+    task_id: str
+    file_id: str | None = None  # MiniMax: the file to retrieve
+    video_url: str | None = None  # Kling: where the video is (no key goes there)
+    video_width: int | None = None
+    video_height: int | None = None
+    cost_usd: float | None = None  # the provider's own figure, when it gives one
+
+
+class CloudDownload(BaseModel):
+    job_id: JobId
+    task_id: str
+    file_id: str | None = None
+    video_url: str | None = None
+    provider: Provider = "minimax"
+
+
+class SpendRequest(BaseModel):
+    """Input of `spend_reserve`: the activity adds the run id, the estimate and the budgets in
+    force on the worker at that moment."""
+
+    job_id: str
+    provider: str
+    resolution: str
+    duration: int
+    # The whole request (jobs since Kling): a provider's estimate may depend on more of it.
+    request: CloudRequest | None = None
+    authorised_by: str
+    authorisation: Authorisation

@@ -193,6 +193,7 @@ async def cmd_dev(args: argparse.Namespace) -> int:
         comfyui_port=args.comfyui_port,
         guard_port=args.guard_port,
         minimax_port=args.minimax_port,
+        kling_port=args.kling_port,
         state_dir=args.state_dir,
     )
     return await run_dev(options)

@@ -40,6 +40,7 @@ class DevOptions:
     comfyui_port: int = 8188
     guard_port: int = 8189
     minimax_port: int = 8190
+    kling_port: int = 8191
     state_dir: Path = STATE_DIR
 
     @property
@@ -117,12 +118,14 @@ async def simulators(options: DevOptions) -> AsyncIterator[dict[str, str]]:
     """The doubles on their usual ports; the worker's environment points at them."""
     from spillway.sim.comfyui import ComfyUISim
     from spillway.sim.guard import GuardSim
+    from spillway.sim.kling import SIM_ACCESS_KEY, SIM_SECRET_KEY, KlingSim
     from spillway.sim.minimax import SIM_API_KEY, MiniMaxSim
 
     for port, what in (
         (options.comfyui_port, "ComfyUI simulator"),
         (options.guard_port, "guard simulator"),
         (options.minimax_port, "MiniMax simulator"),
+        (options.kling_port, "Kling simulator"),
     ):
         _require_free(port, what)
     options.jobs_dir.mkdir(parents=True, exist_ok=True)
@@ -131,6 +134,7 @@ async def simulators(options: DevOptions) -> AsyncIterator[dict[str, str]]:
         ComfyUISim(port=options.comfyui_port) as comfyui,
         GuardSim(port=options.guard_port) as guard,
         MiniMaxSim(port=options.minimax_port) as minimax,
+        KlingSim(port=options.kling_port) as kling,
     ):
         saved = _read_state(state_file)
         vram = saved.get("vram_used_pct", FREE_VRAM_PCT)
@@ -142,13 +146,21 @@ async def simulators(options: DevOptions) -> AsyncIterator[dict[str, str]]:
             return {"vram_used_pct": round(used, 1), "guard": guard.status}
 
         keeper = asyncio.create_task(_keep_state(state_file, current))
-        urls = {"comfyui": comfyui.url, "guard": guard.url, "minimax": minimax.url}
+        urls = {
+            "comfyui": comfyui.url,
+            "guard": guard.url,
+            "minimax": minimax.url,
+            "kling": kling.url,
+        }
         os.environ.update(
             {
                 "COMFYUI_URL": comfyui.url,
                 "A40_GUARD_URL": guard.url,
                 "MINIMAX_BASE_URL": minimax.url,
                 "MINIMAX_API_KEY": SIM_API_KEY,  # the double's key: approvals work, nothing paid
+                "KLING_BASE_URL": kling.url,
+                "KLING_ACCESS_KEY": SIM_ACCESS_KEY,
+                "KLING_SECRET_KEY": SIM_SECRET_KEY,
                 "SPILLWAY_SIMULATED": "1",
                 "SPILLWAY_TASK_QUEUE": simulated_queue(
                     os.environ.get("SPILLWAY_TASK_QUEUE", "spillway")
@@ -157,6 +169,7 @@ async def simulators(options: DevOptions) -> AsyncIterator[dict[str, str]]:
         )
         # Quick turns for a tour, unless chosen otherwise.
         os.environ.setdefault("MINIMAX_POLL_INTERVAL_S", "2")
+        os.environ.setdefault("KLING_POLL_INTERVAL_S", "2")
         os.environ.setdefault("COMFYUI_HISTORY_POLL_S", "1")
         try:
             yield urls
@@ -202,7 +215,7 @@ def _banner(options: DevOptions, address: str | None, urls: dict[str, str] | Non
     if urls is not None:
         lines += [
             f"  simulators  ComfyUI {urls['comfyui']}   guard {urls['guard']}   "
-            f"MiniMax {urls['minimax']} (no money)",
+            f"MiniMax {urls['minimax']}   Kling {urls['kling']} (no money)",
         ]
     armed = "armed" if settings.cloud_armed else "not armed: jobs wait for approval"
     lines += [

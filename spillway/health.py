@@ -33,13 +33,22 @@ class Source(BaseModel):
     rule: str
 
 
+class CloudProvider(BaseModel):
+    name: str
+    tier: int | None
+    base_url: str
+    key_present: bool  # yes/no, never the key
+
+
 class CloudFallback(BaseModel):
-    provider: str
+    provider: str  # the first one tried (kept for scripts from before Kling)
     tier: int | None
     base_url: str
     fallback_enabled: bool
-    key_present: bool
+    key_present: bool  # the first provider's key
     armed: bool
+    order: list[str] = []  # CLOUD_PROVIDERS: the providers tried in turn, those with keys
+    providers: list[CloudProvider] = []
 
 
 class Approval(BaseModel):
@@ -229,6 +238,19 @@ def health_report(
             fallback_enabled=settings.CLOUD_VIDEO_FALLBACK_ENABLED,
             key_present=settings.minimax_key_present,
             armed=settings.cloud_armed,
+            order=settings.cloud_providers,
+            providers=[
+                CloudProvider(
+                    name=name,
+                    tier=tier.tier if (tier := tiers.by_provider(name)) else None,
+                    base_url=str(url),
+                    key_present=present,
+                )
+                for name, url, present in (
+                    ("minimax", settings.MINIMAX_BASE_URL, settings.minimax_key_present),
+                    ("kling", settings.KLING_BASE_URL, settings.kling_keys_present),
+                )
+            ],
         ),
         approval=Approval(
             timeout_s=settings.APPROVAL_TIMEOUT_S,

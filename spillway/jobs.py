@@ -98,7 +98,7 @@ async def submit(client: Client, job: VideoJob, task_queue: str) -> WorkflowHand
 
 
 async def status(client: Client, job_id: str) -> Plan:
-    handle = client.get_workflow_handle_for(VideoJobWorkflow.run, job_id)
+    handle = client.get_workflow_handle(job_id, result_type=Plan)
     try:
         description = await handle.describe()
     except RPCError as exc:
@@ -108,7 +108,8 @@ async def status(client: Client, job_id: str) -> Plan:
     plan = await description.memo_value("plan", None, type_hint=Plan) or Plan(job_id=job_id)
     match description.status:
         case WorkflowExecutionStatus.COMPLETED:
-            return await handle.result()
+            result: Plan = await handle.result()
+            return result
         case WorkflowExecutionStatus.FAILED:
             plan.state, plan.error = "failed", plan.error or await _failure(handle)
         case WorkflowExecutionStatus.CANCELED:
@@ -170,7 +171,7 @@ async def decide(client: Client, job_id: str, decision: ApprovalDecision) -> str
     current = await status(client, job_id)
     if current.state != "awaiting_approval":
         raise Failed(f"job {job_id} is not awaiting approval (state: {current.state})")
-    handle = client.get_workflow_handle_for(VideoJobWorkflow.run, job_id)
+    handle = client.get_workflow_handle(job_id, result_type=Plan)
     try:
         accepted = await handle.start_update(
             DECIDE_UPDATE,

@@ -158,23 +158,6 @@ class HostRef(BaseModel):
     waits_queue: str  # waiting on ComfyUI and downloading: long, many at a time
 
 
-class HostView(BaseModel):
-    """One GPU host as `spillway health` shows it: the reading its agent gave, or why none."""
-
-    name: str
-    task_queue: str
-    load: LoadStatus | None = None
-    error: str | None = None  # e.g. no agent picked the probe up
-
-
-class WorkersView(BaseModel):
-    """What the workers see (docs/design.md, "GPU hosts and agents"): the policy in force on
-    them and a probe of every host, run on the hosts' own task queues."""
-
-    policy: Policy
-    hosts: list[HostView]
-
-
 class Policy(BaseModel):
     """The worker's configuration that decides routes, read by an activity so that it is in the
     job's history. Never the key itself: only whether one is present."""
@@ -196,10 +179,29 @@ class Policy(BaseModel):
     simulated: bool = False  # decided by a `spillway dev --simulate` worker
     # The GPU hosts; empty in histories from before hosts existed: then the job's own task queue.
     hosts: list[HostRef] = []
+    # The cloud providers with keys, in CLOUD_PROVIDERS order; empty before Kling: MiniMax only.
+    providers: list[str] = []
     estimated_costs_usd: dict[str, float] = {}  # MiniMax tier, "768P/6s" -> USD
 
     def armed_for(self, job_has_cloud_request: bool) -> bool:
         return is_armed(self.fallback_enabled, self.key_present, job_has_cloud_request)
+
+
+class HostView(BaseModel):
+    """One GPU host as `spillway health` shows it: the reading its agent gave, or why none."""
+
+    name: str
+    task_queue: str
+    load: LoadStatus | None = None
+    error: str | None = None  # e.g. no agent picked the probe up
+
+
+class WorkersView(BaseModel):
+    """What the workers see (docs/design.md, "GPU hosts and agents"): the policy in force on
+    them and a probe of every host, run on the hosts' own task queues."""
+
+    policy: Policy
+    hosts: list[HostView]
 
 
 class ApprovalDecision(BaseModel):
@@ -235,12 +237,22 @@ class Overflow(BaseModel):
     last_signal: LoadStatus | None = None
 
 
+class CloudAttempt(BaseModel):
+    """A provider tried before the one that renders (or all of them, when every one said no)."""
+
+    provider: str
+    outcome: Literal["refused"]  # provably nothing made: the next provider was tried
+    why: str
+
+
 class CloudInfo(BaseModel):
-    provider: str = "minimax"
+    provider: str = "minimax"  # the one that renders (or rendered) the job
     task_id: str | None = None
     estimated_cost_usd: float | None = None
+    cost_usd: float | None = None  # what the provider itself says it cost, when it says
     authorised_by: str  # "armed" or the approver's name
     authorisation: Authorisation | None = None  # None in plans from before the spend ledger
+    attempts: list[CloudAttempt] = []
 
 
 JobState = Literal[
@@ -314,6 +326,3 @@ class VideoJob(BaseModel):
     graph: ComfyGraph
     cloud: CloudRequest | None = None  # None: this job can only run locally
     carry: AwaitCarry | None = None  # set only by continue-as-new
-
-
-WorkersView.model_rebuild()

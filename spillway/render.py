@@ -56,9 +56,13 @@ def render_health(health: Health) -> str:
     lines += [
         f"  each source answers within {health.probe_timeout_s:g}s or counts as failed; "
         f"'unreachable' needs a second probe {health.unreachable_confirm_s:g}s later",
-        f"Cloud fallback: {cloud.provider} (tier {cloud.tier}) at {cloud.base_url}: "
-        f"armed {yes[cloud.armed]} (CLOUD_VIDEO_FALLBACK_ENABLED {yes[cloud.fallback_enabled]}, "
-        f"MINIMAX_API_KEY present {yes[cloud.key_present]})",
+        f"Cloud fallback: armed {yes[cloud.armed]} (CLOUD_VIDEO_FALLBACK_ENABLED "
+        f"{yes[cloud.fallback_enabled]}); providers tried in turn: "
+        + (" then ".join(cloud.order) or "none (no key)"),
+        *(
+            f"  {p.name:<8} (tier {p.tier}) at {p.base_url}: key present {yes[p.key_present]}"
+            for p in cloud.providers
+        ),
         f"Approval: waits {approval.timeout_s:g}s (then the job runs locally), re-probes every "
         f"{approval.recheck_s:g}s, webhook {'set' if approval.webhook_configured else 'not set'}",
         _budget_line(health),

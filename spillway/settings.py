@@ -9,9 +9,16 @@ calls MiniMax ever unwraps it.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal, Self
 
-from pydantic import AnyHttpUrl, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    AnyHttpUrl,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from spillway.decision import is_armed
@@ -52,6 +59,18 @@ class Settings(BaseSettings):
     CLOUD_DAILY_BUDGET_USD: Annotated[float, Field(ge=0)] | None = None
     CLOUD_MONTHLY_BUDGET_USD: Annotated[float, Field(ge=0)] | None = None
 
+    # Kling, the second cloud provider (docs/design.md, "Kling facts"): both keys or none.
+    KLING_ACCESS_KEY: SecretStr | None = None
+    KLING_SECRET_KEY: SecretStr | None = None
+    KLING_BASE_URL: AnyHttpUrl = AnyHttpUrl("https://api-singapore.klingai.com")
+    KLING_MODEL: Annotated[str, Field(min_length=1)] = "kling-v2-6"
+    KLING_MODE: Literal["std", "pro"] = "std"
+    KLING_POLL_INTERVAL_S: Seconds = 10.0
+    # The order cloud providers are tried in; only those with keys on the worker count.
+    CLOUD_PROVIDERS: Annotated[
+        str, Field(pattern=r"^\s*(minimax|kling)(\s*,\s*(minimax|kling))*\s*$")
+    ] = "minimax,kling"
+
     APPROVAL_TIMEOUT_S: Seconds = 900.0
     APPROVAL_RECHECK_S: Seconds = 60.0
     APPROVAL_WEBHOOK_URL: AnyHttpUrl | None = None
@@ -75,10 +94,18 @@ class Settings(BaseSettings):
     SPILLWAY_MAX_WAITS: Annotated[int, Field(ge=1)] = 2000
     SPILLWAY_UI_URL: AnyHttpUrl = AnyHttpUrl("http://localhost:8233")  # links in notifications
 
+    @model_validator(mode="after")
+    def _kling_needs_both_keys(self) -> Self:
+        if (self.KLING_ACCESS_KEY is None) != (self.KLING_SECRET_KEY is None):
+            raise ValueError("KLING_ACCESS_KEY and KLING_SECRET_KEY go together: set both or none")
+        return self
+
     @field_validator(
         "A40_GUARD_URL",
         "APPROVAL_WEBHOOK_URL",
         "MINIMAX_API_KEY",
+        "KLING_ACCESS_KEY",
+        "KLING_SECRET_KEY",
         "SPILLWAY_METRICS_PORT",
         "CLOUD_DAILY_BUDGET_USD",
         "CLOUD_MONTHLY_BUDGET_USD",
@@ -96,9 +123,20 @@ class Settings(BaseSettings):
         return self.MINIMAX_API_KEY is not None
 
     @property
+    def kling_keys_present(self) -> bool:
+        return self.KLING_ACCESS_KEY is not None and self.KLING_SECRET_KEY is not None
+
+    @property
+    def cloud_providers(self) -> list[str]:
+        """CLOUD_PROVIDERS in order, only those whose keys this worker has."""
+        present = {"minimax": self.minimax_key_present, "kling": self.kling_keys_present}
+        names = [p.strip() for p in self.CLOUD_PROVIDERS.split(",")]
+        return [p for p in dict.fromkeys(names) if present[p]]
+
+    @property
     def cloud_armed(self) -> bool:
         """Armed for a job that has a cloud request (spillway.decision.is_armed)."""
-        return is_armed(self.CLOUD_VIDEO_FALLBACK_ENABLED, self.minimax_key_present, True)
+        return is_armed(self.CLOUD_VIDEO_FALLBACK_ENABLED, bool(self.cloud_providers), True)
 
     @property
     def thresholds(self) -> Thresholds:

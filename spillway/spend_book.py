@@ -200,8 +200,9 @@ class SpendBook:
             if req.state == "released" and any(e.job_id == req.job_id for e in self.entries):
                 return None  # released already: a retried release
             raise SpendRefused(f"job {req.job_id} has no open spend entry", "no_reservation")
+        same_cost = req.cost_usd is None or req.cost_usd == entry.cost_usd
         if entry.state == req.state and entry.task_id == (req.task_id or entry.task_id):
-            return None
+            return None if same_cost else entry  # the provider's own cost, learnt later
         allowed = {
             ("reserved", "released"): entry.run_id == req.run_id,
             ("reserved", "charged"): entry.run_id == req.run_id and entry.sent_at is not None,
@@ -226,6 +227,7 @@ class SpendBook:
         unsent = entry.state == "reserved" and entry.sent_at is None
         entry.state = "released" if unsent else req.state
         entry.settled_at = now
+        entry.cost_usd = req.cost_usd if req.cost_usd is not None else entry.cost_usd
         entry.task_id = req.task_id or entry.task_id
         entry.note = (
             "the create never began: nothing was sent" if unsent else req.note or entry.note

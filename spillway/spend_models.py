@@ -72,6 +72,7 @@ class SettleRequest(BaseModel):
     state: Literal["charged", "maybe_charged", "released"]
     task_id: str | None = None
     note: str = ""
+    cost_usd: float | None = None  # the provider's own figure replaces the estimate
 
 
 class BudgetShortfall(BaseModel):
@@ -116,18 +117,6 @@ class LedgerInput(BaseModel):
 # --- what the workflow gets back from the `spend_reserve` activity ---------------------------
 
 
-class SpendRequest(BaseModel):
-    """Input of `spend_reserve`: the activity adds the run id, the estimate and the budgets in
-    force on the worker at that moment."""
-
-    job_id: str
-    provider: str
-    resolution: str
-    duration: int
-    authorised_by: str
-    authorisation: Authorisation
-
-
 class Reservation(BaseModel):
     """Exactly one field is set: the reservation (`granted`), the job's earlier create that
     stands in the way (`existing`), the budget that cannot cover it (`shortfall`), or why the
@@ -147,6 +136,7 @@ class SpendSettle(BaseModel):
     state: Literal["charged", "maybe_charged", "released"]
     task_id: str | None = None
     note: str = ""
+    cost_usd: float | None = None
 
 
 class BudgetView(BaseModel):

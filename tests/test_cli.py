@@ -106,14 +106,21 @@ async def test_health_shows_trigger_logic_and_never_the_key(cli_env, comfyui, gu
         "VRAM used >= 85%",
         "GPU util >= 95% AND queue_pending >= 1",
     ]
-    assert health["cloud_fallback"] | {"base_url": None} == {
+    cloud = health["cloud_fallback"]
+    assert cloud | {"base_url": None, "providers": None} == {
         "provider": "minimax",
         "tier": 5,
         "base_url": None,
         "fallback_enabled": True,
         "key_present": True,
         "armed": True,
+        "order": ["minimax"],  # Kling has no keys here
+        "providers": None,
     }
+    assert [(p["name"], p["key_present"]) for p in cloud["providers"]] == [
+        ("minimax", True),
+        ("kling", False),
+    ]
     assert health["approval"]["timeout_s"] == 600
     assert health["load"]["vram_pct"] == FREE_VRAM_PCT
 

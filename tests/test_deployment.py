@@ -38,7 +38,8 @@ WORKER_EXTRAS = {
 }
 # Deliberately not the default: the real hosts, the compose stack's UI, metrics switched on.
 NOT_DEFAULT = {"COMFYUI_URL", "A40_GUARD_URL", "SPILLWAY_UI_URL", "SPILLWAY_METRICS_PORT"}
-SECRETS = ("MINIMAX_API_KEY", "TEMPORAL_API_KEY")
+SECRETS = ("MINIMAX_API_KEY", "KLING_ACCESS_KEY", "KLING_SECRET_KEY", "TEMPORAL_API_KEY")
+PROVIDER_KEYS = {"MINIMAX_API_KEY", "KLING_ACCESS_KEY", "KLING_SECRET_KEY"}
 
 _ASSIGNMENT = re.compile(r"^(#\s*)?([A-Z][A-Z0-9_]*)=(.*)$")
 
@@ -168,8 +169,8 @@ def test_env_example_documents_exactly_the_settings_the_worker_reads(env_example
     assert documented - fields - WORKER_EXTRAS == set(), "not read by the worker"
     assert fields - set(active) == set(), "settings missing from .env.example"
     assert documented >= WORKER_EXTRAS
-    assert set(SECRETS) & set(active) <= {"MINIMAX_API_KEY"}
-    assert active["MINIMAX_API_KEY"] == "", "the example ships no key"
+    assert set(SECRETS) & set(active) <= PROVIDER_KEYS
+    assert all(active[key] == "" for key in PROVIDER_KEYS), "the example ships no key"
 
 
 def test_env_example_values_are_valid_and_are_the_defaults(env_example):

@@ -9,7 +9,7 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from spillway.minimax_models import MiniMaxCreate, MiniMaxPoll
+from spillway.cloud_models import CloudCreate, CloudPoll
 from spillway.models import CloudRequest
 from tests.support.waiting import until
 
@@ -17,12 +17,12 @@ from tests.support.waiting import until
 async def test_a_poll_hands_over_when_its_worker_shuts_down(minimax, minimax_activities):
     minimax.set_statuses(["Processing"])  # never done
     env = ActivityEnvironment()
-    create = MiniMaxCreate(
+    create = CloudCreate(
         job_id="job-1", request=CloudRequest(prompt="a heron"), authorisation="approved"
     )
     created = await env.run(minimax_activities().create, create)
     polling = asyncio.create_task(
-        env.run(minimax_activities().poll, MiniMaxPoll(job_id="job-1", task_id=created.task_id))
+        env.run(minimax_activities().poll, CloudPoll(job_id="job-1", task_id=created.task_id))
     )
     await until(lambda: minimax.query_hits >= 1)
     env.worker_shutdown()

@@ -18,15 +18,15 @@ from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities.minimax import MiniMaxActivities
+from spillway.cloud_models import (
+    CloudCreate,
+    CloudCreated,
+    CloudDone,
+    CloudDownload,
+    CloudPoll,
+)
 from spillway.hosts import WAITS_SUFFIX
 from spillway.minimax_answers import PERMANENT_CODES, RATE_LIMIT_CODES, SERVER_TROUBLE_CODES
-from spillway.minimax_models import (
-    MiniMaxCreate,
-    MiniMaxCreated,
-    MiniMaxDone,
-    MiniMaxDownload,
-    MiniMaxPoll,
-)
 from spillway.models import CloudRequest, Downloaded
 from tests.support.cli import decoded
 from tests.support.constants import CANARY_KEY
@@ -37,8 +37,8 @@ from tests.support.workflows import CloudOnce, CreateOnce, CreateOnceInput
 PROMPT = "a heron lifting off over a spillway at dawn"
 
 
-def create_request(**cloud: object) -> MiniMaxCreate:
-    return MiniMaxCreate(
+def create_request(**cloud: object) -> CloudCreate:
+    return CloudCreate(
         job_id=f"job-{uuid.uuid4().hex[:12]}",
         request=CloudRequest(prompt=PROMPT, **cloud),
         authorisation="approved",
@@ -51,16 +51,16 @@ def app_error(result: object, type_: str) -> ApplicationError:
     return result
 
 
-async def run_route(acts: MiniMaxActivities, run_activity, req: MiniMaxCreate):
+async def run_route(acts: MiniMaxActivities, run_activity, req: CloudCreate):
     created, create_beats = await run_activity(acts.create, req)
-    assert isinstance(created, MiniMaxCreated), created
+    assert isinstance(created, CloudCreated), created
     done, poll_beats = await run_activity(
-        acts.poll, MiniMaxPoll(job_id=req.job_id, task_id=created.task_id)
+        acts.poll, CloudPoll(job_id=req.job_id, task_id=created.task_id)
     )
-    assert isinstance(done, MiniMaxDone), done
+    assert isinstance(done, CloudDone), done
     downloaded, download_beats = await run_activity(
         acts.download,
-        MiniMaxDownload(job_id=req.job_id, task_id=done.task_id, file_id=done.file_id),
+        CloudDownload(job_id=req.job_id, task_id=done.task_id, file_id=done.file_id),
     )
     return created, done, downloaded, create_beats + poll_beats + download_beats
 
@@ -188,7 +188,7 @@ async def test_rate_limit_code_without_task_is_retried_and_then_succeeds_with_on
     minimax.inject("create", code)
     created, heartbeats = await run_activity(minimax_activities().create, create_request())
 
-    assert isinstance(created, MiniMaxCreated), created
+    assert isinstance(created, CloudCreated), created
     assert created.create_calls == 2
     assert (minimax.create_calls, minimax.tasks_created) == (2, 1)
     assert "create_backoff" in [h.phase for h in heartbeats]
@@ -348,7 +348,7 @@ async def test_connection_refused_before_sending_is_retried_safely_until_minimax
     await minimax.start()
     created, _ = await running
 
-    assert isinstance(created, MiniMaxCreated), created
+    assert isinstance(created, CloudCreated), created
     assert created.create_calls >= 3
     assert (minimax.create_calls, minimax.tasks_created) == (1, 1)
 
@@ -374,7 +374,7 @@ async def test_missing_key_fails_naming_minimax_api_key_without_any_http_call(
 ):
     acts = minimax_activities(MINIMAX_API_KEY=key)
     created, _ = await run_activity(acts.create, create_request())
-    polled, _ = await run_activity(acts.poll, MiniMaxPoll(job_id="job-1", task_id="1"))
+    polled, _ = await run_activity(acts.poll, CloudPoll(job_id="job-1", task_id="1"))
 
     error = app_error(created, "MiniMaxNoKey")
     assert error.non_retryable and "MINIMAX_API_KEY" in error.message
@@ -403,7 +403,7 @@ async def test_task_that_fails_at_minimax_fails_with_minimax_message(
     acts = minimax_activities()
     created, _ = await run_activity(acts.create, create_request())
     result, heartbeats = await run_activity(
-        acts.poll, MiniMaxPoll(job_id="job-1", task_id=created.task_id)
+        acts.poll, CloudPoll(job_id="job-1", task_id=created.task_id)
     )
 
     error = app_error(result, "MiniMaxTaskFailed")
@@ -418,9 +418,9 @@ async def test_rate_limit_during_poll_backs_off_and_continues(
     acts = minimax_activities()
     created, _ = await run_activity(acts.create, create_request())
     minimax.inject("query", 1002)
-    done, _ = await run_activity(acts.poll, MiniMaxPoll(job_id="job-1", task_id=created.task_id))
+    done, _ = await run_activity(acts.poll, CloudPoll(job_id="job-1", task_id=created.task_id))
 
-    assert isinstance(done, MiniMaxDone), done
+    assert isinstance(done, CloudDone), done
     queries = [r.at for r in minimax.requests if r.endpoint == "query"]
     assert len(queries) == 5  # the refused one, then Preparing ... Success
     after_limit, normal = queries[1] - queries[0], queries[2] - queries[1]
@@ -433,7 +433,7 @@ async def test_permanent_code_while_polling_fails_naming_the_task_that_exists(
     acts = minimax_activities()
     created, _ = await run_activity(acts.create, create_request())
     minimax.inject("query", 1004)
-    result, _ = await run_activity(acts.poll, MiniMaxPoll(job_id="job-1", task_id=created.task_id))
+    result, _ = await run_activity(acts.poll, CloudPoll(job_id="job-1", task_id=created.task_id))
 
     error = app_error(result, "MiniMaxPermanent")
     assert error.non_retryable and created.task_id in error.message and "code 1004" in error.message
@@ -442,18 +442,18 @@ async def test_permanent_code_while_polling_fails_naming_the_task_that_exists(
 async def test_network_error_while_polling_is_retryable(minimax, minimax_activities, run_activity):
     acts = minimax_activities()
     await minimax.stop()
-    result, _ = await run_activity(acts.poll, MiniMaxPoll(job_id="job-1", task_id="42"))
+    result, _ = await run_activity(acts.poll, CloudPoll(job_id="job-1", task_id="42"))
     assert not app_error(result, "MiniMaxUnavailable").non_retryable
 
 
 # --- downloading ----------------------------------------------------------------------------
 
 
-async def finished_task(minimax, acts, run_activity) -> tuple[MiniMaxCreate, MiniMaxDone]:
+async def finished_task(minimax, acts, run_activity) -> tuple[CloudCreate, CloudDone]:
     minimax.set_statuses(["Success"])
     req = create_request()
     created, _ = await run_activity(acts.create, req)
-    done, _ = await run_activity(acts.poll, MiniMaxPoll(job_id=req.job_id, task_id=created.task_id))
+    done, _ = await run_activity(acts.poll, CloudPoll(job_id=req.job_id, task_id=created.task_id))
     return req, done
 
 
@@ -466,7 +466,7 @@ async def test_expired_download_url_is_fetched_again_through_retrieve(
     minimax.expire_next_urls(1, status=status)
     downloaded, _ = await run_activity(
         acts.download,
-        MiniMaxDownload(job_id=req.job_id, task_id=done.task_id, file_id=done.file_id),
+        CloudDownload(job_id=req.job_id, task_id=done.task_id, file_id=done.file_id),
     )
 
     assert isinstance(downloaded, Downloaded), downloaded
@@ -479,7 +479,7 @@ async def test_download_rerun_does_not_fetch_a_completed_file_twice(
 ):
     acts = minimax_activities()
     req, done = await finished_task(minimax, acts, run_activity)
-    download = MiniMaxDownload(job_id=req.job_id, task_id=done.task_id, file_id=done.file_id)
+    download = CloudDownload(job_id=req.job_id, task_id=done.task_id, file_id=done.file_id)
     first, _ = await run_activity(acts.download, download)
     again, _ = await run_activity(acts.download, download)
 
@@ -495,7 +495,7 @@ async def test_hostile_filename_cannot_place_the_video_outside_the_job_folder(
     req, done = await finished_task(minimax, acts, run_activity)
     downloaded, _ = await run_activity(
         acts.download,
-        MiniMaxDownload(job_id=req.job_id, task_id=done.task_id, file_id=done.file_id),
+        CloudDownload(job_id=req.job_id, task_id=done.task_id, file_id=done.file_id),
     )
 
     path = Path(downloaded.outputs[0].path)
@@ -508,7 +508,7 @@ async def test_retrieve_of_an_unknown_file_fails_and_leaves_nothing_behind(
     minimax, minimax_activities, run_activity, tmp_path
 ):
     result, _ = await run_activity(
-        minimax_activities().download, MiniMaxDownload(job_id="job-x", task_id="1", file_id="999")
+        minimax_activities().download, CloudDownload(job_id="job-x", task_id="1", file_id="999")
     )
     assert app_error(result, "MiniMaxPermanent").non_retryable  # 2013: no such file
     assert not list((tmp_path / "outputs").rglob("*"))
@@ -534,7 +534,7 @@ async def test_key_never_appears_in_results_errors_heartbeats_or_logs(
         result, beats = await run_activity(acts.create, create_request())
         seen += [result, getattr(result, "details", None), *beats]
     created, _ = await run_activity(acts.create, create_request())
-    failed, beats = await run_activity(acts.poll, MiniMaxPoll(job_id="j", task_id=created.task_id))
+    failed, beats = await run_activity(acts.poll, CloudPoll(job_id="j", task_id=created.task_id))
     seen += [failed, failed.details, *beats]
     wrong = minimax_activities(MINIMAX_API_KEY=f"{CANARY_KEY}-rotated")
     result, _ = await run_activity(wrong.create, create_request())

@@ -40,7 +40,7 @@ class Dev:
     """`spillway dev --simulate` as a user runs it, on free ports, with its own state folder."""
 
     def __init__(self, state: Path, env: dict[str, str]) -> None:
-        self.port, self.ui, self.comfyui, self.guard, self.minimax = free_ports(5)
+        self.port, self.ui, self.comfyui, self.guard, self.minimax, self.kling = free_ports(6)
         self.state, self.env = state, env
         self.output: list[str] = []
         self.exported: dict[str, str] = {"SPILLWAY_TASK_QUEUE": "spillway-sim"}
@@ -61,7 +61,7 @@ class Dev:
             str(BIN / "spillway"), "dev", "--simulate", "--state-dir", str(self.state),
             "--port", str(self.port), "--ui-port", str(self.ui),
             "--comfyui-port", str(self.comfyui), "--guard-port", str(self.guard),
-            "--minimax-port", str(self.minimax),
+            "--minimax-port", str(self.minimax), "--kling-port", str(self.kling),
             cwd=PROJECT_ROOT, env=self.env,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
         )  # fmt: skip
@@ -87,7 +87,7 @@ class Dev:
         return code
 
     def ports_free(self) -> bool:
-        for port in (self.port, self.ui, self.comfyui, self.guard, self.minimax):
+        for port in (self.port, self.ui, self.comfyui, self.guard, self.minimax, self.kling):
             with socket.socket() as s:
                 if s.connect_ex(("127.0.0.1", port)) == 0:
                     return False

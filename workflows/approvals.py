@@ -17,6 +17,7 @@ from workflows import calls
 from workflows.job_base import JobBase
 
 with workflow.unsafe.imports_passed_through():
+    from spillway.cloud_models import Provider
     from spillway.models import ApprovalDecision, ApprovalRecord, IgnoredSignal, Policy
     from spillway.spend_models import Authorisation, Reservation
     from workflows import texts
@@ -95,6 +96,8 @@ def raw_text(raw: RawValue, limit: int = 200) -> str | None:
 
 
 class Approvals(JobBase):
+    _providers: list[Provider]  # the cloud providers in order (the first is reserved first)
+
     """What the workflow does with a decision: refuse it, record it, or use it."""
 
     def _refusal(self, decision: ApprovalDecision) -> str | None:
@@ -135,7 +138,7 @@ class Approvals(JobBase):
                 self._fail(texts.approved_without_key(decision.by))
             ticket.answer = "approved"
             return choice
-        reservation = await calls.spend_reserve(self._spend_request(choice))
+        reservation = await calls.spend_reserve(self._spend_request(choice, self._providers[0]))
         if reservation.refused is not None:
             ticket.refusal = texts.approved_without_key(decision.by)
             self._fail(ticket.refusal)

@@ -8,20 +8,31 @@ Workflow code only: these functions must be awaited inside a workflow.
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.workflow import ActivityHandle
 
 with workflow.unsafe.imports_passed_through():
+    from activities import kling as kling_errors
     from activities import minimax as minimax_errors
     from activities.comfyui import ComfyUIActivities
+    from activities.kling import KlingActivities
     from activities.load_status import LoadStatusActivities
     from activities.minimax import MiniMaxActivities
     from activities.notify import NotifyActivities
     from activities.policy import PolicyActivities
     from activities.spend import SpendActivities
     from spillway import comfyui_models as comfyui
+    from spillway.cloud_models import (
+        CloudCreate,
+        CloudCreated,
+        CloudDone,
+        CloudDownload,
+        CloudPoll,
+        SpendRequest,
+    )
     from spillway.comfyui_models import (
         ComfyUICancel,
         ComfyUICancelled,
@@ -32,13 +43,6 @@ with workflow.unsafe.imports_passed_through():
         ComfyUIWait,
     )
     from spillway.hosts import WAITS_SUFFIX
-    from spillway.minimax_models import (
-        MiniMaxCreate,
-        MiniMaxCreated,
-        MiniMaxDone,
-        MiniMaxDownload,
-        MiniMaxPoll,
-    )
     from spillway.models import (
         ApprovalNotice,
         Downloaded,
@@ -52,7 +56,6 @@ with workflow.unsafe.imports_passed_through():
         BudgetView,
         Reservation,
         SpendEntry,
-        SpendRequest,
         SpendSettle,
     )
 
@@ -208,11 +211,14 @@ async def spend_view(req: SpendRequest) -> BudgetView:
     )
 
 
-def minimax_create(req: MiniMaxCreate, heartbeat: timedelta) -> ActivityHandle[MiniMaxCreated]:
+def cloud_create(req: CloudCreate, heartbeat: timedelta) -> ActivityHandle[CloudCreated]:
     """Started, not awaited: the caller shields it, because a create once sent is never
-    abandoned (a cancelled job still records the task it ordered)."""
+    abandoned (a cancelled job still records the task it ordered). Never retried by Temporal
+    (money invariant 2): a provider that can be asked whether its task exists (Kling, by its
+    external task id) does so inside the activity."""
+    method = KlingActivities.create if req.provider == "kling" else MiniMaxActivities.create
     return workflow.start_activity_method(
-        MiniMaxActivities.create,
+        method,
         req,
         start_to_close_timeout=CREATE_TIMEOUT,
         heartbeat_timeout=heartbeat,
@@ -225,29 +231,37 @@ def waits_queue() -> str:
     return workflow.info().task_queue + WAITS_SUFFIX
 
 
-async def minimax_poll(req: MiniMaxPoll, heartbeat: timedelta) -> MiniMaxDone:
+async def cloud_poll(req: CloudPoll, heartbeat: timedelta) -> CloudDone:
+    if req.provider == "kling":
+        return await workflow.execute_activity_method(
+            KlingActivities.poll,
+            req,
+            **_waiting(heartbeat, [kling_errors.TASK_FAILED, kling_errors.REFUSED]),
+        )
     return await workflow.execute_activity_method(
         MiniMaxActivities.poll,
         req,
-        task_queue=waits_queue(),
-        start_to_close_timeout=timedelta(hours=24),
-        heartbeat_timeout=heartbeat,
-        retry_policy=RetryPolicy(
-            maximum_interval=timedelta(seconds=60),
-            non_retryable_error_types=[minimax_errors.TASK_FAILED, minimax_errors.PERMANENT],
-        ),
+        **_waiting(heartbeat, [minimax_errors.TASK_FAILED, minimax_errors.PERMANENT]),
     )
 
 
-async def minimax_download(req: MiniMaxDownload, heartbeat: timedelta) -> Downloaded:
+async def cloud_download(req: CloudDownload, heartbeat: timedelta) -> Downloaded:
+    if req.provider == "kling":
+        return await workflow.execute_activity_method(
+            KlingActivities.download, req, **_waiting(heartbeat, [kling_errors.VIDEO_GONE])
+        )
     return await workflow.execute_activity_method(
-        MiniMaxActivities.download,
-        req,
-        task_queue=waits_queue(),
-        start_to_close_timeout=timedelta(hours=2),
-        heartbeat_timeout=heartbeat,
-        retry_policy=RetryPolicy(
-            maximum_interval=timedelta(seconds=60),
-            non_retryable_error_types=[minimax_errors.PERMANENT],
-        ),
+        MiniMaxActivities.download, req, **_waiting(heartbeat, [minimax_errors.PERMANENT])
     )
+
+
+def _waiting(heartbeat: timedelta, final: list[str]) -> Any:
+    """Options of the long cloud activities: free to retry, on their own queue, bounded."""
+    return {
+        "task_queue": waits_queue(),
+        "start_to_close_timeout": timedelta(hours=24),
+        "heartbeat_timeout": heartbeat,
+        "retry_policy": RetryPolicy(
+            maximum_interval=timedelta(seconds=60), non_retryable_error_types=final
+        ),
+    }

@@ -1,7 +1,8 @@
 """What every part of VideoJobWorkflow shares: the job, its plan, and how the plan is published
 (memo for `spillway status`, search attributes for lists, current details for the UI), failed,
 and counted. The workflow is split by concern (deciding and waiting in video_job.py, a person's
-decision in approvals.py, the routes in routes.py); all of it is workflow code."""
+decision in approvals.py, the routes in local_route.py and cloud_route.py); all of it is
+workflow code."""
 
 from __future__ import annotations
 
@@ -18,14 +19,16 @@ from workflows import calls
 with workflow.unsafe.imports_passed_through():
     from spillway import activity_names as names
     from spillway import search_attributes as sa
+    from spillway.cloud_models import SpendRequest
     from spillway.models import HostRef, JobState, Plan, VideoJob
-    from spillway.spend_models import SpendEntry, SpendRequest, SpendSettle
+    from spillway.spend_models import SpendEntry, SpendSettle
     from workflows import texts
 
 if TYPE_CHECKING:
     from workflows.approvals import RouteChoice, Ticket
 
 SettleState = Literal["charged", "maybe_charged", "released"]
+DISARMED = "fallback_disarmed"  # the reason a job waits when armed spending is refused now
 
 
 class JobBase:
@@ -49,6 +52,7 @@ class JobBase:
                 "route": choice.route,
                 "authorised": choice.metric_label,
                 "host": self._plan.host or "-",
+                "provider": self._plan.cloud.provider if self._plan.cloud else "-",
             },
         )
 
@@ -90,18 +94,23 @@ class JobBase:
 
     # --- the spend ledger, from the workflow's side ----------------------------------------------
 
-    async def _settle(self, state: SettleState, task_id: str | None) -> SpendEntry | None:
-        settle = SpendSettle(job_id=self._job.job_id, state=state, task_id=task_id)
+    async def _settle(
+        self, state: SettleState, task_id: str | None, cost_usd: float | None = None
+    ) -> SpendEntry | None:
+        settle = SpendSettle(
+            job_id=self._job.job_id, state=state, task_id=task_id, cost_usd=cost_usd
+        )
         return await calls.spend_settle(settle)
 
-    def _spend_request(self, choice: RouteChoice) -> SpendRequest:
+    def _spend_request(self, choice: RouteChoice, provider: str) -> SpendRequest:
         request = self._job.cloud
         assert request is not None
         return SpendRequest(
             job_id=self._job.job_id,
-            provider="minimax",
+            provider=provider,
             resolution=request.resolution,
             duration=request.duration,
+            request=request,
             authorised_by=choice.by or "armed",
             authorisation=choice.authorisation or "armed",
         )

@@ -5,14 +5,23 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from spillway.models import ApprovalNotice, Plan, Policy
+from spillway.models import ApprovalNotice, CloudAttempt, Plan, Policy
 from spillway.spend_book import describe
 from spillway.spend_models import BudgetShortfall, BudgetView, SpendEntry
 
-MINIMAX_CHECK = (
-    "check MiniMax's console (platform.minimax.io: usage / billing, video generation tasks) for a "
-    "task created at that time before resubmitting; spillway will not create again for this job"
-)
+PROVIDER_NAMES = {"minimax": "MiniMax", "kling": "Kling"}
+CONSOLES = {
+    "minimax": "MiniMax's console (platform.minimax.io: usage / billing, video generation tasks)",
+    "kling": "Kling's console (task list and resource pack usage)",
+}
+
+
+def check(provider: str) -> str:
+    console = CONSOLES.get(provider, f"{provider}'s console")
+    return (
+        f"check {console} for a task created at that time before resubmitting; spillway will "
+        "not create again for this job"
+    )
 
 
 def _signal_text(plan: Plan) -> str:
@@ -63,8 +72,14 @@ def current_details(plan: Plan) -> str:
     if state == "running_cloud":
         cloud = plan.cloud
         who = cloud.authorised_by if cloud else "?"
+        name = PROVIDER_NAMES.get(cloud.provider, cloud.provider) if cloud else "?"
         task = f", task `{cloud.task_id}`" if cloud and cloud.task_id else ""
-        return f"**Rendering in the cloud** (MiniMax{task}), authorised by {who}."
+        tried = ""
+        if cloud and cloud.attempts:
+            tried = " after " + ", ".join(
+                f"{PROVIDER_NAMES.get(a.provider, a.provider)} refused" for a in cloud.attempts
+            )
+        return f"**Rendering in the cloud** ({name}{task}){tried}, authorised by {who}."
     if state == "completed":
         where = f" (host `{plan.host}`)" if plan.host else ""
         return (
@@ -81,9 +96,11 @@ def approval_notice(
     approve, reject = commands(plan.job_id)
     link = f"{policy.ui_url}/namespaces/{namespace}/workflows/{plan.job_id}"
     trigger = plan.overflow.trigger or "overloaded"
+    providers = ", then ".join(PROVIDER_NAMES.get(p, p) for p in policy.providers) or "MiniMax"
     return ApprovalNotice(
         text=(
-            f"spillway job {plan.job_id} waits for approval to render in the cloud: the A40 is "
+            f"spillway job {plan.job_id} waits for approval to render in the cloud "
+            f"({providers}): the A40 is "
             f"{trigger} ({_signal_text(plan)}). Approve: {approve} — reject: {reject} — "
             f"or decide in the Temporal UI: {link}.{_money_text(plan, markdown=False)} Without "
             f"an answer by {decide_by:%Y-%m-%d %H:%M} UTC it runs locally."
@@ -102,8 +119,9 @@ def approval_notice(
 
 def approved_without_key(by: str) -> str:
     return (
-        f"approved by {by}, but MINIMAX_API_KEY is not configured on the worker: nothing was sent "
-        "to MiniMax. Set MINIMAX_API_KEY in the worker's environment and resubmit the job."
+        f"approved by {by}, but no cloud provider key is configured on the worker: nothing was "
+        "sent. Set MINIMAX_API_KEY (or KLING_ACCESS_KEY and KLING_SECRET_KEY) in the worker's "
+        "environment and resubmit the job."
     )
 
 
@@ -123,10 +141,11 @@ def lost_too_often(attempts: int) -> str:
 
 
 def ambiguous_create(plan: Plan, at: datetime) -> str:
+    provider = plan.cloud.provider if plan.cloud else "minimax"
     return (
-        f"the MiniMax create call for job {plan.job_id} did not complete (the worker was lost "
-        f"during the call, started {at:%Y-%m-%d %H:%M:%S} UTC): a charge may exist. "
-        f"{MINIMAX_CHECK}."
+        f"the {PROVIDER_NAMES.get(provider, provider)} create call for job {plan.job_id} did not "
+        f"complete (the worker was lost during the call, started {at:%Y-%m-%d %H:%M:%S} UTC): a "
+        f"charge may exist. {check(provider)}."
     )
 
 
@@ -178,24 +197,31 @@ def headroom_won() -> str:
     return "not used: the A40 had headroom again before the approval was used; the job runs locally"
 
 
-def cancelled_after_create(task_id: str) -> str:
+def cancelled_after_create(provider: str, task_id: str) -> str:
+    name = PROVIDER_NAMES.get(provider, provider)
     return (
-        f"cancelled while the MiniMax create was in flight: it had already ordered task {task_id}, "
-        "which MiniMax will charge. spillway recorded it in the spend ledger and did not download "
-        "it; the video can be fetched from the MiniMax console while it is kept there."
+        f"cancelled while the {name} create was in flight: it had already ordered task {task_id}, "
+        f"which {name} will charge. spillway recorded it in the spend ledger and did not download "
+        f"it; the video can be fetched from the {name} console while it is kept there."
     )
+
+
+def every_provider_refused(attempts: list[CloudAttempt]) -> str:
+    said = "; ".join(f"{PROVIDER_NAMES.get(a.provider, a.provider)}: {a.why}" for a in attempts)
+    return f"every cloud provider refused the job before making anything (nothing charged): {said}"
 
 
 def create_exists(plan: Plan, entry: SpendEntry) -> str:
     return (
         f"job {plan.job_id} already has a cloud create in the spend ledger ({describe(entry)}): "
-        f"spillway never creates twice for a job (a reset or re-run included). {MINIMAX_CHECK}."
+        f"spillway never creates twice for a job (a reset or re-run included). "
+        f"{check(entry.provider)}."
     )
 
 
 def create_never_began(plan: Plan) -> str:
     return (
-        f"the worker running the MiniMax create for job {plan.job_id} was lost before the create "
+        f"the worker running the cloud create for job {plan.job_id} was lost before the create "
         "began: nothing was sent and nothing charged (the spend ledger released the reservation). "
         "Resubmit the job."
     )

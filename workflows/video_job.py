@@ -35,9 +35,11 @@ from workflows.approvals import (
     raw_text,
     read_signal,
 )
-from workflows.routes import Routes
+from workflows.cloud_route import KNOWN_PROVIDERS, CloudRoute
+from workflows.local_route import LocalRoute
 
 with workflow.unsafe.imports_passed_through():
+    from spillway.cloud_models import Provider
     from spillway.decision import decide
     from spillway.hosts import no_answer, pick_host
     from spillway.models import (
@@ -60,7 +62,7 @@ DECIDE_UPDATE = "decide_approval"
 
 
 @workflow.defn(name="VideoJobWorkflow")
-class VideoJobWorkflow(Approvals, Routes):
+class VideoJobWorkflow(Approvals, LocalRoute, CloudRoute):
     @workflow.init
     def __init__(self, job: VideoJob) -> None:
         self._job = job
@@ -78,6 +80,7 @@ class VideoJobWorkflow(Approvals, Routes):
         self._unused_reservation = False  # reserved, and no create started for it yet
         self._heartbeat = timedelta(seconds=30)
         self._hosts: list[HostRef] = []
+        self._providers: list[Provider] = ["minimax"]
         self._next_host: str | None = None
 
     @workflow.run
@@ -93,6 +96,9 @@ class VideoJobWorkflow(Approvals, Routes):
             # A dead worker's long activity moves to another worker after this (at most 30 s).
             self._heartbeat = timedelta(seconds=policy.heartbeat_timeout_s)
             self._hosts = policy.hosts
+            # Jobs from before Kling know only MiniMax (and no ordered list of providers).
+            known = [KNOWN_PROVIDERS[p] for p in policy.providers if p in KNOWN_PROVIDERS]
+            self._providers = known or ["minimax"]
             choice = await self._route(job, policy)
             while choice.route == "cloud":
                 wait_because = await self._run_cloud(policy, choice)
@@ -191,7 +197,7 @@ class VideoJobWorkflow(Approvals, Routes):
         if self._job.cloud is not None and workflow.patched(PATCH_BUDGET_VIEW):
             exhausted = self._plan.budget.exhausted if self._plan.budget else None
             try:
-                view = await calls.spend_view(self._spend_request(ARMED))
+                view = await calls.spend_view(self._spend_request(ARMED, self._providers[0]))
                 self._plan.budget = view.model_copy(update={"exhausted": exhausted})
             except ActivityError as err:
                 workflow.logger.warning("budget view failed: %s", err.cause or err)

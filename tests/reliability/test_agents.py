@@ -27,7 +27,7 @@ async def test_an_agent_killed_mid_render_picks_the_wait_up_again_after_restart(
     )
     jobs = jobs_on(worker)
     job_id = await jobs.submit("agent killed mid-render")
-    plan = await jobs.state(job_id, "running_local")
+    plan = await jobs.until(job_id, lambda p: p.state == "running_local")
     assert plan.prompt_id is not None
     await comfyui.wait_until(plan.prompt_id, "running")
     await agent.kill()

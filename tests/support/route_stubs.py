@@ -16,7 +16,14 @@ from temporalio.exceptions import ApplicationError
 
 from activities.spend import CreateGuard
 from spillway import activity_names as names
-from spillway.cloud_models import CreateVerdict
+from spillway.cloud_models import (
+    CloudCreate,
+    CloudCreated,
+    CloudDone,
+    CloudDownload,
+    CloudPoll,
+    CreateVerdict,
+)
 from spillway.comfyui_models import (
     ComfyUICancel,
     ComfyUICancelled,
@@ -26,13 +33,6 @@ from spillway.comfyui_models import (
     ComfyUISubmit,
     ComfyUISubmitted,
     ComfyUIWait,
-)
-from spillway.minimax_models import (
-    MiniMaxCreate,
-    MiniMaxCreated,
-    MiniMaxDone,
-    MiniMaxDownload,
-    MiniMaxPoll,
 )
 from spillway.models import (
     ApprovalNotice,
@@ -150,7 +150,7 @@ class RouteStubs:
         return ComfyUICancelled(prompt_id=req.prompt_id, was="running")
 
     @activity.defn(name=names.MINIMAX_CREATE)
-    async def create(self, req: MiniMaxCreate) -> MiniMaxCreated:
+    async def create(self, req: CloudCreate) -> CloudCreated:
         """Inside the real CreateGuard (armed now? the ledger's begin and settle): only the
         request to MiniMax is stubbed. `creates` counts the requests that would have left."""
 
@@ -164,15 +164,15 @@ class RouteStubs:
         assert self.guard is not None, "the job runner sets the guard"
         done = await self.guard.create(req.job_id, req.authorisation, req.simulated, send)
         assert done.verdict.task_id is not None
-        return MiniMaxCreated(task_id=done.verdict.task_id, settled=done.settled)
+        return CloudCreated(task_id=done.verdict.task_id, settled=done.settled)
 
     @activity.defn(name=names.MINIMAX_POLL)
-    async def poll(self, req: MiniMaxPoll) -> MiniMaxDone:
+    async def poll(self, req: CloudPoll) -> CloudDone:
         self._count(names.MINIMAX_POLL)
-        return MiniMaxDone(task_id=req.task_id, file_id="205258526306433", video_width=1366)
+        return CloudDone(task_id=req.task_id, file_id="205258526306433", video_width=1366)
 
     @activity.defn(name=names.MINIMAX_DOWNLOAD)
-    async def cloud_download(self, req: MiniMaxDownload) -> Downloaded:
+    async def cloud_download(self, req: CloudDownload) -> Downloaded:
         self._count(names.MINIMAX_DOWNLOAD)
         path = f"outputs/{req.job_id}/{req.task_id}.mp4"
         return Downloaded(outputs=[OutputFile(path=path, bytes=2048, sha256="cd" * 32)])

@@ -14,17 +14,17 @@ from workflows import calls
 
 with workflow.unsafe.imports_passed_through():
     from activities.minimax import MiniMaxActivities
+    from spillway.cloud_models import (
+        CloudCreate,
+        CloudCreated,
+        CloudDownload,
+        CloudPoll,
+    )
     from spillway.comfyui_models import (
         ComfyUIDownload,
         ComfyUISubmit,
         ComfyUISubmitted,
         ComfyUIWait,
-    )
-    from spillway.minimax_models import (
-        MiniMaxCreate,
-        MiniMaxCreated,
-        MiniMaxDownload,
-        MiniMaxPoll,
     )
     from spillway.models import Downloaded, LoadProbeRequest, LoadStatus
 
@@ -69,7 +69,7 @@ class RenderLocally:
 
 
 class CreateOnceInput(BaseModel):
-    create: MiniMaxCreate
+    create: CloudCreate
     # False: the create as the real workflow runs it (never retried by Temporal). True:
     # Temporal's default policy (unlimited attempts), to show the error itself forbids a
     # second create.
@@ -79,9 +79,9 @@ class CreateOnceInput(BaseModel):
 @workflow.defn
 class CreateOnce:
     @workflow.run
-    async def run(self, inp: CreateOnceInput) -> MiniMaxCreated:
+    async def run(self, inp: CreateOnceInput) -> CloudCreated:
         if not inp.default_retry_policy:
-            return await calls.minimax_create(inp.create, HEARTBEAT)
+            return await calls.cloud_create(inp.create, HEARTBEAT)
         return await workflow.execute_activity_method(
             MiniMaxActivities.create,
             inp.create,
@@ -96,10 +96,15 @@ class CloudOnce:
     reservation) around it."""
 
     @workflow.run
-    async def run(self, req: MiniMaxCreate) -> Downloaded:
-        created = await calls.minimax_create(req, HEARTBEAT)
-        done = await calls.minimax_poll(
-            MiniMaxPoll(job_id=req.job_id, task_id=created.task_id), HEARTBEAT
+    async def run(self, req: CloudCreate) -> Downloaded:
+        created = await calls.cloud_create(req, HEARTBEAT)
+        poll = CloudPoll(job_id=req.job_id, task_id=created.task_id, provider=req.provider)
+        done = await calls.cloud_poll(poll, HEARTBEAT)
+        download = CloudDownload(
+            job_id=req.job_id,
+            task_id=done.task_id,
+            file_id=done.file_id,
+            video_url=done.video_url,
+            provider=req.provider,
         )
-        download = MiniMaxDownload(job_id=req.job_id, task_id=done.task_id, file_id=done.file_id)
-        return await calls.minimax_download(download, HEARTBEAT)
+        return await calls.cloud_download(download, HEARTBEAT)
