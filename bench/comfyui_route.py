@@ -33,13 +33,13 @@ from temporalio.worker import Worker
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.bare_workflow import BareWorkflow, noop
+from spillway.jobs import submit
 from spillway.models import VideoJob
 from spillway.settings import Settings
 from spillway.temporal import installed_binary, register_search_attributes
 from spillway.tiers import load_tiers
 from tests.support.graphs import VIDEO_GRAPH
 from worker import serving
-from workflows.video_job import VideoJobWorkflow
 
 STEPS = 5  # read_policy, a40_load_status, comfyui_submit, comfyui_wait, comfyui_download
 
@@ -123,12 +123,7 @@ async def main(jobs: int) -> None:
 
         started = time.perf_counter()
         handles = [
-            await env.client.start_workflow(
-                VideoJobWorkflow.run,
-                VideoJob(job_id=job_id, graph=VIDEO_GRAPH),
-                id=job_id,
-                task_queue=queue,
-            )
+            await submit(env.client, VideoJob(job_id=job_id, graph=VIDEO_GRAPH), queue)
             for job_id in (f"bench-{uuid.uuid4().hex[:12]}" for _ in range(jobs))
         ]
         plans = await asyncio.gather(*(h.result() for h in handles))

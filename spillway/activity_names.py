@@ -12,6 +12,7 @@ COMFYUI_SUBMIT = "comfyui_submit"
 COMFYUI_WAIT = "comfyui_wait"
 COMFYUI_DOWNLOAD = "comfyui_download"
 COMFYUI_CANCEL = "comfyui_cancel"
+COMFYUI_UPLOAD = "comfyui_upload"
 
 MINIMAX_CREATE = "minimax_create"
 MINIMAX_POLL = "minimax_poll"

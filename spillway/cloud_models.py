@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from spillway.models import CloudRequest, JobId
+from spillway.models import CloudRequest, JobId, JobInput
 from spillway.spend_models import Authorisation
 
 Provider = Literal["minimax", "kling"]
@@ -50,6 +50,9 @@ class CloudCreate(BaseModel):
     authorisation: Authorisation = "armed"
     simulated: bool = False  # the job was decided by a simulated worker (spillway dev --simulate)
     provider: Provider = "minimax"
+    # The job's first input image, the first frame of an image-to-video clip: the activity
+    # reads it from where it is stored (its bytes never travel in history).
+    first_frame: JobInput | None = None
 
 
 class CloudCreated(BaseModel):

@@ -30,7 +30,8 @@ from spillway import search_attributes as sa
 from spillway.errors import ConfigError, Failed
 from spillway.models import ApprovalDecision, CloudRequest, JobState, Plan, Progress, VideoJob
 from spillway.settings import describe_validation_error
-from workflows.video_job import APPROVAL_SIGNAL, DECIDE_UPDATE, VideoJobWorkflow
+from workflows.job_input import NAME
+from workflows.video_job import APPROVAL_SIGNAL, DECIDE_UPDATE
 
 # Temporal refuses payloads over 2 MB; a graph that big is not an API-format graph anyway.
 MAX_GRAPH_BYTES = 1_500_000
@@ -85,10 +86,11 @@ async def submit(client: Client, job: VideoJob, task_queue: str) -> WorkflowHand
     cloud = f'cloud prompt: "{job.cloud.prompt[:80]}"' if job.cloud else "local only"
     try:
         return await client.start_workflow(
-            VideoJobWorkflow.run,
+            NAME,
             job,
             id=job.job_id,
             task_queue=task_queue,
+            result_type=Plan,
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
             static_summary=f"video job {job.job_id}: {len(job.graph)} nodes; {cloud}",
             static_details=f"ComfyUI nodes: {nodes}",

@@ -121,9 +121,21 @@ class Progress(BaseModel):
 
 
 class OutputFile(BaseModel):
-    path: str
+    path: str  # on the host that downloaded it; with SPILLWAY_OUTPUT_URL, the object's key
     bytes: int
     sha256: str
+    uri: str | None = None  # s3://bucket/prefix/<job id>/<name> (SPILLWAY_OUTPUT_URL)
+    url: str | None = None  # presigned by `spillway status` (never stored in history)
+
+
+class JobInput(BaseModel):
+    """An input file of an image-to-video job (docs/design.md, "Clients, inputs and outputs"):
+    stored once and referenced here by URI and sha256 (its bytes never travel in history)."""
+
+    node: Annotated[str, Field(min_length=1, max_length=100)]  # the image loader's node id
+    uri: Annotated[str, Field(min_length=1, max_length=2000)]  # s3://, file:// or https://
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None  # None: a URL
+    name: str | None = None  # the file's original name (shown, never used as a path)
 
 
 class Downloaded(BaseModel):
@@ -325,4 +337,10 @@ class VideoJob(BaseModel):
     job_id: JobId
     graph: ComfyGraph
     cloud: CloudRequest | None = None  # None: this job can only run locally
+    inputs: list[JobInput] = []  # image-to-video: uploaded to the host that renders
+    # Where job.completed|failed|cancelled go (else JOB_WEBHOOK_URL); not shown in the plan.
+    callback_url: Annotated[str, Field(pattern=r"^https?://\S+$", max_length=2000)] | None = None
+    # 1 (first) .. 5 (last): Temporal's task priority for the job; 1 also goes to the front of
+    # ComfyUI's queue.
+    priority: Annotated[int, Field(ge=1, le=5)] = 3
     carry: AwaitCarry | None = None  # set only by continue-as-new

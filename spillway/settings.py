@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Annotated, Literal, Self
 
 from pydantic import (
+    AliasChoices,
     AnyHttpUrl,
     Field,
     SecretStr,
@@ -81,6 +82,20 @@ class Settings(BaseSettings):
     # create refuses to run on a worker of the other kind (a simulated job never meets a key).
     SPILLWAY_SIMULATED: bool = False
     SPILLWAY_OUTPUT_DIR: Path = Path("outputs")
+    # s3://BUCKET[/PREFIX]: outputs (and inputs) stored there, with the standard AWS_*
+    # variables; unset: the local folder SPILLWAY_OUTPUT_DIR on the host that downloaded them.
+    SPILLWAY_OUTPUT_URL: Annotated[str, Field(pattern=r"^s3://[^/\s]+(/\S*)?$")] | None = None
+    AWS_ACCESS_KEY_ID: SecretStr | None = None  # unset: botocore's own chain (profile, role)
+    AWS_SECRET_ACCESS_KEY: SecretStr | None = None
+    AWS_SESSION_TOKEN: SecretStr | None = None
+    AWS_REGION: str | None = Field(
+        None, validation_alias=AliasChoices("AWS_REGION", "AWS_DEFAULT_REGION")
+    )
+    AWS_ENDPOINT_URL: AnyHttpUrl | None = None  # MinIO / R2 / SeaweedFS: path-style addressing
+    # Where every job's completion events go unless it named its own (submit --callback-url);
+    # a Slack or Mattermost URL is a credential. The secret keys X-Spillway-Signature.
+    JOB_WEBHOOK_URL: SecretStr | None = None
+    JOB_WEBHOOK_SECRET: SecretStr | None = None
     SPILLWAY_TASK_QUEUE: Annotated[str, Field(min_length=1)] = "spillway"
     SPILLWAY_ROUTING_TIERS: Path = PROJECT_ROOT / "routing_tiers.json"
     # Long activities heartbeat 6 times per timeout; a dead worker's work moves on after it.
@@ -106,6 +121,14 @@ class Settings(BaseSettings):
         "MINIMAX_API_KEY",
         "KLING_ACCESS_KEY",
         "KLING_SECRET_KEY",
+        "SPILLWAY_OUTPUT_URL",
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_REGION",
+        "AWS_ENDPOINT_URL",
+        "JOB_WEBHOOK_URL",
+        "JOB_WEBHOOK_SECRET",
         "SPILLWAY_METRICS_PORT",
         "CLOUD_DAILY_BUDGET_USD",
         "CLOUD_MONTHLY_BUDGET_USD",
@@ -153,13 +176,18 @@ class Settings(BaseSettings):
         return str(self.A40_GUARD_URL).rstrip("/") + "/api/burst/a40-guard/status"
 
 
+# A field whose name holds one of these never has its value shown (a webhook URL is a credential).
+SECRET_WORDS = ("KEY", "SECRET", "TOKEN", "WEBHOOK", "PASSWORD", "CALLBACK")
+
+
 def describe_validation_error(exc: ValidationError, source: str) -> str:
     """One line naming each bad field and what is wrong with it, never the value of a secret."""
     parts = []
     for err in exc.errors():
         field = ".".join(str(p) for p in err["loc"]) or source
         shown = ""
-        if "KEY" not in field and isinstance(err.get("input"), str | int | float):
+        secret = any(word in field.upper() for word in SECRET_WORDS)
+        if not secret and isinstance(err.get("input"), str | int | float):
             shown = f" (got {_clip(repr(err['input']))})"
         parts.append(f"{field}: {err['msg']}{shown}")
     return f"invalid {source}: " + "; ".join(parts)

@@ -26,7 +26,7 @@ from tests.support.settings import ARMED, KEY
 from tests.support.waiting import until
 from tests.test_video_job_workflow import HOUR, cause_message
 from workflows.texts import current_details
-from workflows.video_job import APPROVAL_SIGNAL, DECIDE_UPDATE, VideoJobWorkflow
+from workflows.video_job import APPROVAL_SIGNAL, DECIDE_UPDATE
 
 
 async def test_an_approval_arriving_with_the_deadline_is_refused_and_recorded(
@@ -133,7 +133,7 @@ async def test_a_hand_made_carry_on_a_fresh_start_fails_without_a_probe_or_a_cre
             job_id=job_id, graph=VIDEO_GRAPH, cloud=CloudRequest(prompt="free video?"), carry=carry
         )
         handle = await jobs.client.start_workflow(
-            VideoJobWorkflow.run, job, id=job_id, task_queue=jobs.task_queue
+            "VideoJobWorkflow", job, id=job_id, task_queue=jobs.task_queue
         )
         with pytest.raises(WorkflowFailureError) as failed:
             await handle.result()

@@ -36,6 +36,7 @@ from workflows.approvals import (
     read_signal,
 )
 from workflows.cloud_route import KNOWN_PROVIDERS, CloudRoute
+from workflows.job_input import NAME, read_job
 from workflows.local_route import LocalRoute
 
 with workflow.unsafe.imports_passed_through():
@@ -61,10 +62,13 @@ APPROVAL_SIGNAL = "approval"
 DECIDE_UPDATE = "decide_approval"
 
 
-@workflow.defn(name="VideoJobWorkflow")
+@workflow.defn(name=NAME)
 class VideoJobWorkflow(Approvals, LocalRoute, CloudRoute):
     @workflow.init
-    def __init__(self, job: VideoJob) -> None:
+    def __init__(self, raw: RawValue) -> None:
+        read = read_job(raw)
+        self._input_error = read if isinstance(read, str) else None
+        job = read if isinstance(read, VideoJob) else placeholder(workflow.info().workflow_id)
         self._job = job
         # `carry` is honoured only on a run continued by this workflow itself: a client that
         # starts a job with a hand-made one gets no shortcut past the probe and the approval.
@@ -84,8 +88,11 @@ class VideoJobWorkflow(Approvals, LocalRoute, CloudRoute):
         self._next_host: str | None = None
 
     @workflow.run
-    async def run(self, job: VideoJob) -> Plan:
+    async def run(self, raw: RawValue) -> Plan:
+        job = self._job
         try:
+            if self._input_error is not None:
+                self._fail(self._input_error)
             if job.carry is not None and self._carry is None:
                 self._fail("`carry` is set by continue-as-new only: start the job without it")
             if self._carry is not None:
@@ -310,3 +317,8 @@ class VideoJobWorkflow(Approvals, LocalRoute, CloudRoute):
         except ActivityError as err:
             # A failing webhook never blocks or fails the job; the UI and `list` still show it.
             workflow.logger.warning("approval webhook failed: %s", err.cause or err)
+
+
+def placeholder(job_id: str) -> VideoJob:
+    """What a job whose input could not be read shows until it fails (at once)."""
+    return VideoJob.model_construct(job_id=job_id, graph={}, cloud=None, carry=None)

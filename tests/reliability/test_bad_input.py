@@ -161,7 +161,8 @@ async def test_comfyui_answering_html_to_the_history_poll_is_never_taken_for_a_l
     seen = comfyui.hits[f"GET {history}"]
     await until(lambda: comfyui.hits[f"GET {history}"] >= seen + 3, timeout_s=30)
     assert (await jobs.status(job_id)).state == "running_local"
-    assert f"polling prompt {prompt}: ComfyUI: GET /history answered 200 {HTML!r}" in worker.log
+    said = f"reading the history of prompt {prompt}: ComfyUI: GET /history answered 200 {HTML!r}"
+    assert said in worker.log
     del comfyui.faults[history]
 
     plan = await jobs.finished(job_id)

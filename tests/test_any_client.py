@@ -1,0 +1,59 @@
+"""Any Temporal client, in any language, may start a job with the JSON of VideoJob (workflow id =
+job id, docs/design.md, "Clients, inputs and outputs"): input the workflow cannot accept ends
+the job failed at once, naming each bad field; good JSON runs like a job from the CLI."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
+from temporalio.exceptions import ApplicationError
+
+from spillway.models import Plan
+from tests.support.graphs import VIDEO_GRAPH
+from tests.support.jobs import RunJobs
+from tests.support.route_stubs import FREE, RouteStubs
+
+
+@pytest.mark.parametrize(
+    ("payload", "named"),
+    [
+        ({"job_id": "{id}", "graph": 5}, "graph: Input should be a valid dictionary"),
+        ({"graph": VIDEO_GRAPH}, "job_id: Field required"),
+        ({"job_id": "{id}", "graph": {"1": {"inputs": {}}}}, "has no class_type"),
+        ({"job_id": "other-id", "graph": VIDEO_GRAPH}, "is not the workflow id"),
+        ("not a job", "Input should be a valid dictionary"),
+    ],
+    ids=["graph not a graph", "no job id", "not an API graph", "id mismatch", "a string"],
+)
+async def test_input_no_job_can_have_fails_at_once_naming_the_field(
+    run_jobs: RunJobs, payload: object, named: str
+):
+    job_id = f"raw-{uuid.uuid4().hex[:10]}"
+    if isinstance(payload, dict) and payload.get("job_id") == "{id}":
+        payload = payload | {"job_id": job_id}
+    stubs = RouteStubs(FREE)
+    async with run_jobs(stubs) as jobs:
+        handle = await jobs.client.start_workflow(
+            "VideoJobWorkflow", payload, id=job_id, task_queue=jobs.task_queue
+        )
+        with pytest.raises(WorkflowFailureError) as failed:
+            await asyncio.wait_for(handle.result(), 30)
+        described = await handle.describe()
+    assert described.status == WorkflowExecutionStatus.FAILED
+    cause = failed.value.cause
+    assert isinstance(cause, ApplicationError) and named in cause.message
+    assert stubs.calls == {}  # nothing measured, nothing submitted, nothing spent
+
+
+async def test_good_json_from_a_raw_client_runs_like_a_job_from_the_cli(run_jobs: RunJobs):
+    job_id = f"raw-{uuid.uuid4().hex[:10]}"
+    payload = {"job_id": job_id, "graph": VIDEO_GRAPH, "cloud": {"prompt": "a heron"}}
+    async with run_jobs(RouteStubs(FREE)) as jobs:
+        handle = await jobs.client.start_workflow(
+            "VideoJobWorkflow", payload, id=job_id, task_queue=jobs.task_queue, result_type=Plan
+        )
+        plan = await handle.result()
+    assert (plan.state, plan.route, plan.job_id) == ("completed", "local", job_id)
