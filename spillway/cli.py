@@ -17,17 +17,15 @@ import sys
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn, get_args
+from typing import NoReturn, get_args
 
 from spillway import commands as cmd
 from spillway.errors import ConfigError, Failed
 from spillway.models import JobState
 
-if TYPE_CHECKING:
-    pass
-
 OK, FAILED, USAGE = 0, 1, 2
 STATES = list(get_args(JobState))
+SCHEMA_NAMES = ("video-job", "approval", "plan")  # spillway.client.SCHEMA_NAMES (checked by tests)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -94,6 +92,31 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--model", help="MiniMax model (default MiniMax-Hailuo-2.3)")
     submit.add_argument("--duration", type=int, help="cloud clip length in seconds (6 or 10)")
     submit.add_argument("--resolution", help="cloud resolution (512P, 720P, 768P, 1080P)")
+    submit.add_argument(
+        "--input",
+        action="append",
+        metavar="NODE=PATH",
+        help="an image for an image-to-video graph: NODE is the image loader's node id (PATH "
+        "alone when the graph has one loader); stored once, uploaded to the ComfyUI that "
+        "renders, the cloud's first frame; repeatable",
+    )
+    submit.add_argument(
+        "--callback-url",
+        metavar="URL",
+        help="POST job.completed|failed|cancelled here instead of to the workers' "
+        "JOB_WEBHOOK_URL (signed with JOB_WEBHOOK_SECRET). A per-job URL travels in the job's "
+        "input and so in its history: a URL that holds a secret belongs in JOB_WEBHOOK_URL on "
+        "the workers, which keeps it out of every history",
+    )
+    submit.add_argument(
+        "--priority",
+        type=int,
+        choices=range(1, 6),
+        default=3,
+        metavar="1..5",
+        help="1 first .. 5 last (default 3): Temporal's task priority for the job's work when "
+        "a queue is backlogged; shown by list",
+    )
     submit.add_argument("--wait", action="store_true", help="follow the job until it ends")
     submit.add_argument("--json", action="store_true", help="print JSON")
 
@@ -130,6 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
                 help="go past CLOUD_DAILY_BUDGET_USD / CLOUD_MONTHLY_BUDGET_USD for this job "
                 "(recorded); without it an approval the budget cannot cover is refused",
             )
+        else:
+            decide.set_defaults(over_budget=False)
         decide.set_defaults(approved=approved)
 
     budget = command(
@@ -142,6 +167,26 @@ def build_parser() -> argparse.ArgumentParser:
         "every cloud create of this month. Read through a running worker.",
     )
     budget.add_argument("--json", action="store_true", help="print the ledger summary as JSON")
+
+    schema = command(
+        "schema",
+        cmd.cmd_schema,
+        "print the JSON Schemas of a job's input, an approval and a plan",
+        "The contract for clients in any language: video-job (the input of the workflow "
+        "VideoJobWorkflow: workflow id = job_id, task queue SPILLWAY_TASK_QUEUE), approval (the "
+        "`approval` signal) and plan (status --json, the workflow's result). Without NAME all "
+        "three as one JSON object keyed by name. Committed as docs/schema/NAME.json.",
+    )
+    schema.add_argument(
+        "name",
+        metavar="NAME",
+        nargs="?",
+        choices=SCHEMA_NAMES,
+        help=f"one of {', '.join(SCHEMA_NAMES)} (default: all)",
+    )
+    schema.add_argument(
+        "--write", type=Path, metavar="DIR", help="write DIR/NAME.json instead of printing"
+    )
 
     watch = command(
         "watch",

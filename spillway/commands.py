@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
@@ -16,8 +15,9 @@ from spillway.settings import Settings, load_settings
 from spillway.tiers import RoutingTiers, load_tiers
 
 if TYPE_CHECKING:
-    from temporalio.client import Client
+    from collections.abc import Callable
 
+    from spillway.client import SpillwayClient
     from spillway.models import Plan
 
 OK, FAILED = 0, 1
@@ -28,20 +28,17 @@ def _config() -> tuple[Settings, RoutingTiers]:
     return settings, load_tiers(settings.SPILLWAY_ROUTING_TIERS)
 
 
-async def _client() -> Client:
-    from spillway.temporal import TemporalUnreachable, connect
+async def _jobs_client(settings: Settings | None = None) -> SpillwayClient:
+    """Every job command goes through spillway.client, the API people use from Python."""
+    from spillway.client import SpillwayClient
 
-    try:
-        return await connect()
-    except TemporalUnreachable as exc:
-        raise Failed(str(exc)) from None
+    return await SpillwayClient.connect(settings=settings or _config()[0])
 
 
 async def cmd_init(args: argparse.Namespace) -> int:
     from spillway.temporal import register_search_attributes
 
-    _config()
-    client = await _client()
+    client = (await _jobs_client()).temporal
     added = await register_search_attributes(client)
     done = f"added {', '.join(added)}" if added else "all present already"
     print(f"search attributes on namespace {client.namespace!r}: {done}")
@@ -81,35 +78,36 @@ async def cmd_health(args: argparse.Namespace) -> int:
 
 
 async def cmd_submit(args: argparse.Namespace) -> int:
-    from spillway import jobs
+    from spillway.client import make_job
 
     settings, _ = _config()
-    cloud_options = {
-        k: v
-        for k, v in {
-            "model": args.model,
-            "duration": args.duration,
-            "resolution": args.resolution,
-        }.items()
-        if v is not None
-    }
-    job_id = args.job_id or datetime.now(UTC).strftime("job-%Y%m%d-%H%M%S-") + os.urandom(3).hex()
-    job = jobs.build_job(job_id, jobs.read_graph(args.graph), args.prompt, cloud_options)
-    client = await _client()
-    await jobs.submit(client, job, settings.SPILLWAY_TASK_QUEUE)
+    # Everything is checked before Temporal is even asked (bad input: exit 2 whatever its state).
+    job = make_job(
+        args.graph,
+        job_id=args.job_id,
+        prompt=args.prompt,
+        model=args.model,
+        duration=args.duration,
+        resolution=args.resolution,
+        callback_url=args.callback_url,
+        priority=args.priority,
+    )
+    client = await _jobs_client(settings)
+    plan = await client.start(
+        job,
+        inputs=args.input,
+        wait=args.wait,
+        on_progress=None if args.json else _progress_printer(),
+    )
     if not args.wait:
-        _print_plan_head(job.job_id, "probing", args.json)
+        _print_plan_head(plan.job_id, plan.state, args.json)
         return OK
-    plan = await _follow(client, job.job_id, quiet=args.json)
     _print_plan(plan, args.json)
     return OK if plan.state == "completed" else FAILED
 
 
 async def cmd_status(args: argparse.Namespace) -> int:
-    from spillway import jobs
-
-    _config()
-    plan = await jobs.status(await _client(), args.job)
+    plan = await (await _jobs_client()).status(args.job)
     _print_plan(plan, args.json)
     return OK
 
@@ -117,11 +115,9 @@ async def cmd_status(args: argparse.Namespace) -> int:
 async def cmd_list(args: argparse.Namespace) -> int:
     import json
 
-    from spillway import jobs
     from spillway.render import render_jobs
 
-    _config()
-    found = await jobs.list_jobs(await _client(), args.state)
+    found = await (await _jobs_client()).list(args.state)
     if args.json:
         print(json.dumps([j.model_dump(mode="json") for j in found], indent=2))
     else:
@@ -130,39 +126,48 @@ async def cmd_list(args: argparse.Namespace) -> int:
 
 
 async def cmd_decide(args: argparse.Namespace) -> int:
-    from pydantic import ValidationError
+    from spillway.client import make_decision
 
-    from spillway import jobs
-    from spillway.models import ApprovalDecision
-    from spillway.settings import describe_validation_error
-
-    _config()
-    try:
-        decision = ApprovalDecision(
-            approved=args.approved,
-            by=args.by,
-            reason=args.reason,
-            over_budget=getattr(args, "over_budget", False),
-        )
-    except ValidationError as exc:
-        raise ConfigError(describe_validation_error(exc, "decision")) from None
-    answer = await jobs.decide(await _client(), args.job, decision)
+    settings, _ = _config()
+    decision = make_decision(args.approved, args.by, args.reason, args.over_budget)
+    answer = await (await _jobs_client(settings)).decide(args.job, decision)
     print(f"job {args.job}: {answer}")
     return OK
 
 
 async def cmd_budget(args: argparse.Namespace) -> int:
-    from spillway.budget import ledger_summary, render_budget
+    from spillway.budget import render_budget
 
-    settings, _ = _config()
-    summary = await ledger_summary(await _client(), settings)
+    summary = await (await _jobs_client()).budget()
     print(summary.model_dump_json(indent=2) if args.json else render_budget(summary))
     return OK
 
 
+async def cmd_schema(args: argparse.Namespace) -> int:
+    import json
+
+    from spillway.client import SCHEMA_NAMES, schema_text, schemas
+
+    names = [args.name] if args.name else list(SCHEMA_NAMES)
+    if args.write is None:
+        if args.name:
+            print(schema_text(args.name), end="")
+        else:
+            print(json.dumps(schemas(), indent=2, ensure_ascii=False))
+        return OK
+    for name in names:
+        path = args.write / f"{name}.json"
+        try:
+            args.write.mkdir(parents=True, exist_ok=True)
+            path.write_text(schema_text(name), encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"cannot write {path}: {exc.strerror}") from None
+        print(f"wrote {path}")
+    return OK
+
+
 async def cmd_watch(args: argparse.Namespace) -> int:
-    _config()
-    plan = await _follow(await _client(), args.job, quiet=False)
+    plan = await (await _jobs_client()).wait(args.job, _progress_printer())
     _print_plan(plan, as_json=False)
     return OK if plan.state == "completed" else FAILED
 
@@ -221,26 +226,24 @@ async def cmd_sim(args: argparse.Namespace) -> int:
     return OK
 
 
-async def _follow(client: Client, job_id: str, quiet: bool) -> Plan:
-    """Polls the job until it ends, printing each change of state or progress on stderr."""
-    from spillway import jobs
-    from spillway.models import FINAL_STATES
-
+def _progress_printer() -> Callable[[Plan], None]:
+    """Prints each change of a job's state or progress on stderr (stdout keeps the result)."""
     last = ""
-    while True:
-        plan = await jobs.status(client, job_id)
-        progress = plan.progress
+
+    def show(plan: Plan) -> None:
+        nonlocal last
         line = f"{plan.state}" + (f" {plan.route}" if plan.route else "")
-        if progress is not None:
-            line += f" — {progress.phase}"
-            if progress.percent is not None:
-                line += f" {progress.percent:.0f}%"
-        if line != last and not quiet:
-            print(f"{datetime.now(UTC):%H:%M:%S} {job_id}: {line}", file=sys.stderr, flush=True)
+        if plan.progress is not None:
+            line += f" — {plan.progress.phase}"
+            if plan.progress.percent is not None:
+                line += f" {plan.progress.percent:.0f}%"
+        if line != last:
+            print(
+                f"{datetime.now(UTC):%H:%M:%S} {plan.job_id}: {line}", file=sys.stderr, flush=True
+            )
             last = line
-        if plan.state in FINAL_STATES:
-            return plan
-        await asyncio.sleep(1)
+
+    return show
 
 
 def _print_plan_head(job_id: str, state: str, as_json: bool) -> None:
@@ -253,6 +256,6 @@ def _print_plan_head(job_id: str, state: str, as_json: bool) -> None:
 
 
 def _print_plan(plan: Plan, as_json: bool) -> None:
-    from spillway.render import render_plan
+    from spillway.render import plan_json, render_plan
 
-    print(plan.model_dump_json(indent=2) if as_json else render_plan(plan))
+    print(plan_json(plan) if as_json else render_plan(plan))

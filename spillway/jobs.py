@@ -1,7 +1,12 @@
-"""Client-side operations on jobs (the CLI's and the tests'): submit, status, list, approve.
+"""The Temporal calls under spillway.client (and the tests' and benchmarks' jobs): submit, status,
+list, decide, each on a temporalio Client, and the edge checks of a graph and a job.
 
 `status` never needs a worker: the plan comes from the workflow's memo (running jobs), its result
 (completed) or its failure (failed); progress from the running activity's last heartbeat.
+A job's priority travels three ways (README, "Starting jobs from code"): in its input (the
+workflow's own use), as Temporal's task priority (its workflow and activity tasks, when a queue
+is backlogged) and in its memo, which is where `list` reads it (Temporal's list does not return
+an execution's priority).
 """
 
 from __future__ import annotations
@@ -10,11 +15,13 @@ import json
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ValidationError
 from temporalio.api.enums.v1 import PendingActivityState
 from temporalio.client import (
     Client,
+    WorkflowExecution,
     WorkflowExecutionStatus,
     WorkflowFailureError,
     WorkflowHandle,
@@ -22,7 +29,7 @@ from temporalio.client import (
     WorkflowUpdateRPCTimeoutOrCancelledError,
     WorkflowUpdateStage,
 )
-from temporalio.common import WorkflowIDReusePolicy
+from temporalio.common import Priority, WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -35,6 +42,7 @@ from workflows.video_job import APPROVAL_SIGNAL, DECIDE_UPDATE
 
 # Temporal refuses payloads over 2 MB; a graph that big is not an API-format graph anyway.
 MAX_GRAPH_BYTES = 1_500_000
+PRIORITY_MEMO = "priority"  # memo key `list` reads a job's priority from
 
 
 class JobSummary(BaseModel):
@@ -43,6 +51,7 @@ class JobSummary(BaseModel):
     route: str | None
     started: datetime
     host: str | None = None  # the GPU host of a local job
+    priority: int | None = None  # 1 (first) .. 5; None: the client that started it set no memo
 
 
 def read_graph(path: Path) -> dict[str, Any]:
@@ -68,15 +77,57 @@ def read_graph(path: Path) -> dict[str, Any]:
     return graph
 
 
+def check_graph_size(graph: dict[str, Any]) -> None:
+    """A graph given as a dict (spillway.client) meets the same limit as a graph file."""
+    try:
+        size = len(json.dumps(graph, ensure_ascii=False).encode())
+    except (TypeError, ValueError) as exc:  # a value JSON has no form for, a cycle
+        raise ConfigError(f"the graph cannot be sent as JSON: {exc}") from None
+    if size > MAX_GRAPH_BYTES:
+        raise ConfigError(
+            f"the graph is {size / 1e6:.1f} MB as JSON, more than the "
+            f"{MAX_GRAPH_BYTES / 1e6:.1f} MB a job can carry: export the API-format graph "
+            "(it holds no images or models)"
+        )
+
+
+def check_callback_url(url: str) -> str:
+    """An http(s) URL with a host. Never shown in a message: a callback URL may hold a token."""
+    wrong = ConfigError(
+        "--callback-url must be an http(s) URL with a host, such as "
+        "https://example.com/hooks/spillway (the value is not shown: it may hold a token)"
+    )
+    if len(url) > 2000 or any(c.isspace() for c in url):
+        raise wrong
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 -- raises ValueError for a port that is not a number
+    except ValueError:
+        raise wrong from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise wrong
+    return url
+
+
 def build_job(
-    job_id: str, graph: dict[str, Any], prompt: str | None, cloud_options: dict[str, Any]
+    job_id: str,
+    graph: dict[str, Any],
+    prompt: str | None,
+    cloud_options: dict[str, Any],
+    *,
+    callback_url: str | None = None,
+    priority: int = 3,
 ) -> VideoJob:
     """Validates everything at the edge: nothing starts with a bad graph or cloud request."""
     if prompt is None and cloud_options:
         raise ConfigError(f"{', '.join('--' + k for k in cloud_options)} needs --prompt")
+    if callback_url is not None:
+        check_callback_url(callback_url)
     try:
         cloud = CloudRequest(prompt=prompt, **cloud_options) if prompt is not None else None
-        return VideoJob(job_id=job_id, graph=graph, cloud=cloud)
+        return VideoJob(
+            job_id=job_id, graph=graph, cloud=cloud, callback_url=callback_url, priority=priority
+        )
     except ValidationError as exc:
         raise ConfigError(describe_validation_error(exc, "job")) from None
 
@@ -92,6 +143,8 @@ async def submit(client: Client, job: VideoJob, task_queue: str) -> WorkflowHand
             task_queue=task_queue,
             result_type=Plan,
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            priority=Priority(priority_key=job.priority),
+            memo={PRIORITY_MEMO: job.priority},
             static_summary=f"video job {job.job_id}: {len(job.graph)} nodes; {cloud}",
             static_details=f"ComfyUI nodes: {nodes}",
         )
@@ -161,9 +214,21 @@ async def list_jobs(client: Client, state: JobState | None) -> list[JobSummary]:
                 route=attributes.get(sa.ROUTE),
                 started=execution.start_time,
                 host=attributes.get(sa.HOST),
+                priority=await _priority(execution),
             )
         )
     return jobs
+
+
+async def _priority(execution: WorkflowExecution) -> int | None:
+    """The memo's priority; a raw client's memo may hold anything, or nothing."""
+    try:
+        value = await execution.memo_value(PRIORITY_MEMO, None)
+    except Exception:  # a payload this converter cannot read
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 5:
+        return value
+    return None
 
 
 async def decide(client: Client, job_id: str, decision: ApprovalDecision) -> str:

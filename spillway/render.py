@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+
 from spillway.health import Health
 from spillway.jobs import JobSummary
 from spillway.models import LoadStatus, Plan
@@ -122,6 +124,17 @@ def _budget_line(health: Health) -> str:
     return line
 
 
+def plan_json(plan: Plan) -> str:
+    """`status --json`: the plan, with `uri` and `url` only on outputs kept in object storage,
+    so a local output keeps the shape scripts read ({"path", "bytes", "sha256"})."""
+    data = plan.model_dump(mode="json")
+    for out in data["outputs"]:
+        if out.get("uri") is None:
+            out.pop("uri", None)
+            out.pop("url", None)
+    return json.dumps(data, indent=2, ensure_ascii=False)
+
+
 def render_plan(plan: Plan) -> str:
     route = f" on the {plan.route} route" if plan.route else ""
     lines = [f"job {plan.job_id}: {plan.state}{route}"]
@@ -166,6 +179,8 @@ def render_plan(plan: Plan) -> str:
         )
     for out in plan.outputs:
         lines.append(f"  output    {out.path}  {out.bytes} bytes  sha256 {out.sha256}")
+        if out.uri:
+            lines.append(f"            {out.uri}" + (f"  {out.url}" if out.url else ""))
     for ignored in plan.ignored_signals:
         verdict = {True: "approval", False: "rejection", None: "signal"}[ignored.approved]
         who = f" by {ignored.by}" if ignored.by else ""
@@ -196,10 +211,11 @@ def render_jobs(jobs: list[JobSummary]) -> str:
     if not jobs:
         return "no jobs"
     width = max(len(j.job_id) for j in jobs)
-    lines = [f"{'JOB':<{width}}  {'STATE':<17}  {'ROUTE':<5}  {'HOST':<12}  STARTED (UTC)"]
+    lines = [f"{'JOB':<{width}}  {'STATE':<17}  {'ROUTE':<5}  {'HOST':<12}  PRIO  STARTED (UTC)"]
     for j in jobs:
+        prio = "-" if j.priority is None else str(j.priority)
         lines.append(
             f"{j.job_id:<{width}}  {j.state:<17}  {j.route or '-':<5}  {j.host or '-':<12}  "
-            f"{j.started:%Y-%m-%d %H:%M:%S}"
+            f"{prio:<4}  {j.started:%Y-%m-%d %H:%M:%S}"
         )
     return "\n".join(lines)

@@ -25,8 +25,24 @@ from tests.support.route_stubs import FREE, RouteStubs
         ({"job_id": "{id}", "graph": {"1": {"inputs": {}}}}, "has no class_type"),
         ({"job_id": "other-id", "graph": VIDEO_GRAPH}, "is not the workflow id"),
         ("not a job", "Input should be a valid dictionary"),
+        (
+            {"job_id": "{id}", "graph": VIDEO_GRAPH, "priority": 9},
+            "priority: Input should be less than or equal to 5",
+        ),
+        (
+            {"job_id": "{id}", "graph": VIDEO_GRAPH, "callback_url": "ftp://h/t0ken-42"},
+            "callback_url: String should match pattern",
+        ),
     ],
-    ids=["graph not a graph", "no job id", "not an API graph", "id mismatch", "a string"],
+    ids=[
+        "graph not a graph",
+        "no job id",
+        "not an API graph",
+        "id mismatch",
+        "a string",
+        "priority out of range",
+        "callback not http",
+    ],
 )
 async def test_input_no_job_can_have_fails_at_once_naming_the_field(
     run_jobs: RunJobs, payload: object, named: str
@@ -45,6 +61,7 @@ async def test_input_no_job_can_have_fails_at_once_naming_the_field(
     assert described.status == WorkflowExecutionStatus.FAILED
     cause = failed.value.cause
     assert isinstance(cause, ApplicationError) and named in cause.message
+    assert "t0ken-42" not in cause.message  # a callback URL may hold a token: never shown
     assert stubs.calls == {}  # nothing measured, nothing submitted, nothing spent
 
 

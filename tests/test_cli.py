@@ -33,10 +33,19 @@ LOAD_KEYS = {
 }
 
 
-@pytest.mark.parametrize("command", [[], ["init"], ["load"], ["health"]])
+@pytest.mark.parametrize("command", [[], ["init"], ["load"], ["health"], ["schema"]])
 async def test_every_command_has_help(cli_env, command):
     code, out, err = await spillway(*command, "--help", env=cli_env())
     assert code == 0 and "usage: spillway" in out and err == ""
+
+
+async def test_submit_help_says_a_callback_url_is_in_the_history_and_where_secrets_go(cli_env):
+    code, out, _ = await spillway("submit", "--help", env=cli_env())
+    text = " ".join(out.split())
+    assert code == 0
+    assert "--priority 1..5" in text and "--input NODE=PATH" in text
+    assert "travels in the job's input and so in its history" in text
+    assert "belongs in JOB_WEBHOOK_URL on the workers" in text
 
 
 @pytest.mark.parametrize("args", [[], ["lod"], ["load", "--jsn"], ["health", "extra"]])

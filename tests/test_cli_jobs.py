@@ -178,7 +178,8 @@ async def test_waiting_job_shows_why_in_status_list_and_the_ui_then_approve_send
         code, out, _ = await spillway("list", "--state", "awaiting_approval", "--json", env=env)
         listed = {j["job_id"]: j for j in json.loads(out)}
         assert listed[job_id]["state"] == "awaiting_approval" and listed[job_id]["route"] is None
-        assert set(listed[job_id]) == {"job_id", "state", "route", "started", "host"}
+        assert set(listed[job_id]) == {"job_id", "state", "route", "started", "host", "priority"}
+        assert listed[job_id]["priority"] == 3  # the default
 
         # The Temporal UI's "current details", read with the real temporal CLI.
         details = await temporal_metadata(env, job_id)
@@ -303,3 +304,65 @@ async def test_an_approval_without_a_running_worker_is_applied_when_one_starts(
         code, out, _ = await spillway("watch", job_id, env=env)
     assert code == 0 and "completed on the cloud route" in out and "approved by bär" in out
     assert stubs.calls[names.MINIMAX_CREATE] == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--callback-url", "ftp://hooks.example/t0ken-42"], "--callback-url must be an http(s)"),
+        (["--callback-url", "hooks.example/t0ken-42"], "--callback-url must be an http(s)"),
+        (["--priority", "0"], "--priority: invalid choice"),
+        (["--priority", "6"], "--priority: invalid choice"),
+    ],
+)
+async def test_a_bad_callback_url_or_priority_exits_2_and_starts_nothing(
+    job_env, dev_env, graph_file, args, named
+):
+    job_id = new_id()
+    code, out, err = await spillway(
+        "submit", "--graph", str(graph_file), "--job-id", job_id, *args, env=job_env()
+    )
+    assert code == 2 and out == ""
+    assert named in one_line(err) and "t0ken-42" not in err  # a URL may hold a token
+    await assert_never_started(dev_env, job_id)
+
+
+async def test_priority_and_callback_url_travel_with_the_job_and_list_shows_the_priority(
+    run_dev_jobs: RunJobs, job_env, graph_file
+):
+    job_id = new_id()
+    async with run_dev_jobs(RouteStubs(FREE)) as jobs:
+        env = job_env(jobs)
+        code, out, err = await spillway(
+            "submit", "--graph", str(graph_file), "--job-id", job_id, "--priority", "1",
+            "--callback-url", "http://127.0.0.1:9/hooks/spillway", "--json", env=env,
+        )  # fmt: skip
+        assert code == 0, err
+        assert json.loads(out) == {"job_id": job_id, "state": "probing"}
+        handle = jobs.client.get_workflow_handle(job_id)
+        description = await handle.describe()
+        code, out, _ = await spillway("list", "--json", env=env)
+        code_text, text, _ = await spillway("list", env=env)
+        history = await handle.fetch_history()
+    [listed] = [j for j in json.loads(out) if j["job_id"] == job_id]
+    assert code == 0 and listed["priority"] == 1
+    assert code_text == 0 and "PRIO" in text
+    assert description.raw_info.priority.priority_key == 1  # Temporal's task priority
+    started = history.events[0].workflow_execution_started_event_attributes
+    job = json.loads(started.input.payloads[0].data)
+    assert (job["priority"], job["callback_url"]) == (1, "http://127.0.0.1:9/hooks/spillway")
+
+
+async def test_an_input_the_graph_cannot_take_exits_2_and_starts_nothing(
+    job_env, dev_env, tmp_path, graph_file
+):
+    picture = tmp_path / "first-frame.png"
+    picture.write_bytes(b"\x89PNG\r\n\x1a\n")
+    job_id = new_id()
+    code, out, err = await spillway(
+        "submit", "--graph", str(graph_file), "--job-id", job_id, "--input", str(picture),
+        env=job_env(),
+    )  # fmt: skip
+    assert code == 2 and out == ""
+    assert "--input" in one_line(err)  # the graph has no image loader
+    await assert_never_started(dev_env, job_id)

@@ -1,0 +1,381 @@
+"""Start, follow and decide video jobs from Python: the API the `spillway` command itself uses.
+
+    import asyncio
+    from pathlib import Path
+
+    from spillway.client import SpillwayClient
+
+    async def main() -> None:
+        client = await SpillwayClient.connect()  # TEMPORAL_ADDRESS, ... as every Temporal tool
+        plan = await client.submit(Path("my_graph_api.json"), prompt="a heron at dawn", wait=True)
+        print(plan.state, plan.route, [out.path for out in plan.outputs])
+
+    asyncio.run(main())
+
+Every method raises one of two errors from spillway.errors, each with a one-line message:
+`ConfigError` for bad input or configuration (nothing was started; the command's exit 2) and
+`Failed` when the operation was refused or failed (job not found, already exists, not awaiting
+approval, Temporal unreachable; exit 1). A job that ends failed is not an exception: its plan says
+`state="failed"` and `error`.
+
+Clients in other languages start the workflow `VideoJobWorkflow` themselves with the JSON of a job
+(workflow id = job id, task queue SPILLWAY_TASK_QUEUE): `schemas()` below, committed as
+docs/schema/*.json, is that contract (README, "Starting jobs from code").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins  # `SpillwayClient.list` hides `list` inside the class
+import contextlib
+import dataclasses
+import json
+import os
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, get_args
+
+from pydantic import ValidationError
+from temporalio.client import Client
+from temporalio.contrib.pydantic import PydanticPayloadConverter
+
+from spillway import jobs
+from spillway.errors import ConfigError, Failed
+from spillway.jobs import JobSummary
+from spillway.models import (
+    FINAL_STATES,
+    ApprovalDecision,
+    JobInput,
+    JobState,
+    OutputFile,
+    Plan,
+    VideoJob,
+)
+from spillway.settings import Settings, describe_validation_error, load_settings
+
+if TYPE_CHECKING:
+    from spillway.spend_models import LedgerSummary
+
+__all__ = [
+    "ConfigError",
+    "Failed",
+    "JobSummary",
+    "Plan",
+    "SpillwayClient",
+    "make_decision",
+    "make_job",
+    "schemas",
+]
+
+PRESIGN_EXPIRES_S = 3600  # how long a presigned output URL from `status` lasts
+POLL_S = 1.0  # how often `wait` reads the job
+
+
+class SpillwayClient:
+    """Jobs on one Temporal namespace and spillway task queue.
+
+    `SpillwayClient.connect()` connects as the workers do; `SpillwayClient(temporal_client)` uses
+    a client you have (its payload converter becomes pydantic's, which spillway's models need;
+    its codec, if any, is kept). `settings` default to the environment's (spillway.settings:
+    SPILLWAY_TASK_QUEUE, the budgets `budget()` falls back on); `task_queue` overrides theirs.
+    """
+
+    def __init__(
+        self,
+        temporal: Client,
+        *,
+        settings: Settings | None = None,
+        task_queue: str | None = None,
+    ) -> None:
+        converter = temporal.data_converter
+        if not issubclass(converter.payload_converter_class, PydanticPayloadConverter):
+            converter = dataclasses.replace(
+                converter, payload_converter_class=PydanticPayloadConverter
+            )
+            config = temporal.config()
+            config["data_converter"] = converter
+            temporal = Client(**config)
+        self.temporal = temporal
+        self.settings = settings if settings is not None else load_settings()
+        self.task_queue = task_queue or self.settings.SPILLWAY_TASK_QUEUE
+
+    @classmethod
+    async def connect(
+        cls, *, settings: Settings | None = None, task_queue: str | None = None
+    ) -> SpillwayClient:
+        """Connect through temporalio.envconfig (TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE,
+        TEMPORAL_API_KEY, the TLS variables, TEMPORAL_PROFILE; default localhost:7233).
+        ConfigError for a bad setting, Failed when Temporal does not answer."""
+        from spillway.temporal import TemporalUnreachable, connect
+
+        settings = settings if settings is not None else load_settings()
+        try:
+            temporal = await connect()
+        except TemporalUnreachable as exc:
+            raise Failed(str(exc)) from None
+        return cls(temporal, settings=settings, task_queue=task_queue)
+
+    async def submit(
+        self,
+        graph: dict[str, Any] | Path,
+        *,
+        job_id: str | None = None,
+        prompt: str | None = None,
+        model: str | None = None,
+        duration: int | None = None,
+        resolution: str | None = None,
+        inputs: Sequence[str | JobInput] | None = None,
+        callback_url: str | None = None,
+        priority: int = 3,
+        wait: bool = False,
+        on_progress: Callable[[Plan], None] | None = None,
+    ) -> Plan:
+        """Start a job: `make_job(...)` (every argument checked, see there), then `start`.
+        Returns its plan (`state="probing"`), or with `wait=True` its final plan.
+
+        `inputs`: image files for image-to-video graphs, "NODE=PATH" or "PATH" (the graph's one
+        image loader), stored before the job starts; or JobInput already stored.
+        """
+        job = make_job(
+            graph,
+            job_id=job_id,
+            prompt=prompt,
+            model=model,
+            duration=duration,
+            resolution=resolution,
+            callback_url=callback_url,
+            priority=priority,
+        )
+        return await self.start(job, inputs=inputs, wait=wait, on_progress=on_progress)
+
+    async def start(
+        self,
+        job: VideoJob,
+        *,
+        inputs: Sequence[str | JobInput] | None = None,
+        wait: bool = False,
+        on_progress: Callable[[Plan], None] | None = None,
+    ) -> Plan:
+        """Start a job made by `make_job`, as `submit` does. Failed when its id exists."""
+        if inputs:
+            job = job.model_copy(update={"inputs": [*job.inputs, *await self._store(job, inputs)]})
+        await jobs.submit(self.temporal, job, self.task_queue)
+        if wait:
+            return await self.wait(job.job_id, on_progress)
+        return Plan(job_id=job.job_id, state="probing")
+
+    async def status(self, job_id: str) -> Plan:
+        """The job's plan: state, route, reasons, approval, progress, outputs, error. Works for
+        running and finished jobs, with or without a worker running. An output kept in object
+        storage (`uri`) gets a `url` presigned for PRESIGN_EXPIRES_S with this machine's
+        SPILLWAY_OUTPUT_URL and AWS_* settings (none without them). Failed: no such job."""
+        return await presign_outputs(await jobs.status(self.temporal, job_id), self.settings)
+
+    async def list(self, state: JobState | None = None) -> builtins.list[JobSummary]:
+        """Jobs, newest first, optionally only those in `state`; each with its id, state, route,
+        start time, GPU host and priority (None for a job whose client set no priority memo)."""
+        if state is not None and state not in get_args(JobState):
+            raise ConfigError(f"unknown state {state!r}; one of {', '.join(get_args(JobState))}")
+        return await jobs.list_jobs(self.temporal, state)
+
+    async def approve(
+        self, job_id: str, by: str, reason: str = "", over_budget: bool = False
+    ) -> str:
+        """Send a job that awaits approval to the paid cloud; what the job answered, e.g.
+        "approved: ...". Failed when it is not waiting, or the budget cannot cover it and
+        `over_budget` is False (the message has the numbers). With no worker running the
+        decision goes as a signal, applied when one runs (the answer says so)."""
+        return await self.decide(job_id, make_decision(True, by, reason, over_budget))
+
+    async def reject(self, job_id: str, by: str, reason: str = "") -> str:
+        """Keep a job that awaits approval local; as `approve`, otherwise."""
+        return await self.decide(job_id, make_decision(False, by, reason))
+
+    async def decide(self, job_id: str, decision: ApprovalDecision) -> str:
+        """`approve` or `reject` with a decision made already (`make_decision`, or the JSON the
+        Temporal UI's signal takes: ApprovalDecision.model_validate_json(...))."""
+        return await jobs.decide(self.temporal, job_id, decision)
+
+    async def wait(self, job_id: str, on_progress: Callable[[Plan], None] | None = None) -> Plan:
+        """The job's final plan (completed, failed or cancelled), read every POLL_S seconds;
+        `on_progress(plan)` on the first read and whenever state, route or progress change.
+        No worker is needed to wait, but only a running one moves the job on."""
+        seen: tuple[Any, ...] | None = None
+        while True:
+            plan = await jobs.status(self.temporal, job_id)
+            now = (plan.state, plan.route, plan.progress)
+            if on_progress is not None and now != seen:
+                on_progress(plan)
+            seen = now
+            if plan.state in FINAL_STATES:
+                return await presign_outputs(plan, self.settings)
+            await asyncio.sleep(POLL_S)
+
+    async def budget(self) -> LedgerSummary:
+        """Cloud spending: today's and this month's budget, spent, reserved and left, and every
+        create of this month; read through a running worker (Failed without one)."""
+        from spillway.budget import ledger_summary
+
+        settings = self.settings
+        if self.task_queue != settings.SPILLWAY_TASK_QUEUE:
+            settings = settings.model_copy(update={"SPILLWAY_TASK_QUEUE": self.task_queue})
+        return await ledger_summary(self.temporal, settings)
+
+    async def _store(
+        self, job: VideoJob, inputs: Sequence[str | JobInput]
+    ) -> builtins.list[JobInput]:
+        stored = [i for i in inputs if isinstance(i, JobInput)]
+        specs = [i for i in inputs if isinstance(i, str)]
+        if specs:
+            stored += await _prepare_inputs(self.settings, job, specs)
+        return stored
+
+
+def make_job(
+    graph: dict[str, Any] | Path,
+    *,
+    job_id: str | None = None,
+    prompt: str | None = None,
+    model: str | None = None,
+    duration: int | None = None,
+    resolution: str | None = None,
+    callback_url: str | None = None,
+    priority: int = 3,
+) -> VideoJob:
+    """A job, every part checked (ConfigError naming what is wrong); nothing is started.
+
+    `graph`: an API-format ComfyUI graph (ComfyUI's "Export (API)"), a dict or a JSON file, at
+    most 1.5 MB. `prompt` (with `model`, `duration`, `resolution`, checked against what MiniMax
+    accepts) is what the cloud renders if the job goes there; without it the job runs only
+    locally. `job_id` defaults to `job-<UTC time>-<random>`. `callback_url`: the job's
+    job.completed|failed|cancelled POST goes there instead of the workers' JOB_WEBHOOK_URL; it
+    travels in the job's input and so in its history: a URL that holds a secret belongs in
+    JOB_WEBHOOK_URL on the workers. `priority`: 1 (first) to 5 (last), default 3.
+    """
+    if isinstance(graph, Path):
+        graph = jobs.read_graph(graph)
+    else:
+        jobs.check_graph_size(graph)
+    options = {"model": model, "duration": duration, "resolution": resolution}
+    return jobs.build_job(
+        job_id or new_job_id(),
+        graph,
+        prompt,
+        {k: v for k, v in options.items() if v is not None},
+        callback_url=callback_url,
+        priority=priority,
+    )
+
+
+def make_decision(
+    approved: bool, by: str, reason: str = "", over_budget: bool = False
+) -> ApprovalDecision:
+    """An approval (or rejection), checked: ConfigError for an empty `by` or a long reason."""
+    try:
+        return ApprovalDecision(approved=approved, by=by, reason=reason, over_budget=over_budget)
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error(exc, "decision")) from None
+
+
+def new_job_id() -> str:
+    return datetime.now(UTC).strftime("job-%Y%m%d-%H%M%S-") + os.urandom(3).hex()
+
+
+async def _prepare_inputs(settings: Settings, job: VideoJob, specs: list[str]) -> list[JobInput]:
+    """Each file checked against the graph (and, for a job with a cloud prompt, the first against
+    what the cloud takes as a first frame) and stored once; ConfigError in one line."""
+    from spillway.inputs import prepare_inputs
+
+    return await prepare_inputs(settings, job.job_id, job.graph, specs, cloud=job.cloud is not None)
+
+
+# --- ADAPTER: presigned output URLs ----------------------------------------------------------
+# activities/storage.py (the output store) is being settled; this is the one place that knows
+# its API: `presign(settings, uri, expires_s) -> str | None`, raising ConfigError, ValueError or
+# StoreError.
+
+
+async def presign_outputs(
+    plan: Plan, settings: Settings, expires_s: int = PRESIGN_EXPIRES_S
+) -> Plan:
+    """The plan with a `url` for every output in object storage that these settings can sign
+    (SPILLWAY_OUTPUT_URL and the AWS_* variables); the others keep `url` None. Signing makes
+    no request to S3, and a store that cannot sign leaves the URLs out rather than failing
+    `status`."""
+    if not any(out.uri and out.uri.startswith("s3://") for out in plan.outputs):
+        return plan
+    from activities.storage import StoreError, presign
+
+    outputs: list[OutputFile] = []
+    for out in plan.outputs:
+        url = None
+        if out.uri:
+            with contextlib.suppress(ConfigError, StoreError, ValueError):
+                url = await presign(settings, out.uri, expires_s)
+        outputs.append(out.model_copy(update={"url": url}))
+    return plan.model_copy(update={"outputs": outputs})
+
+
+# --- the published contract: docs/schema/ --------------------------------------------------
+
+SCHEMA_NAMES = ("video-job", "approval", "plan")
+JSON_SCHEMA = "https://json-schema.org/draft/2020-12/schema"
+
+
+def schemas() -> dict[str, dict[str, Any]]:
+    """The JSON Schemas of a job's input (VideoJob, without `carry`, which only the workflow's
+    continue-as-new sets), of an approval (the `approval` signal and `decide_approval` update)
+    and of a plan (`status --json`, the workflow's result, the `plan` query)."""
+    job = VideoJob.model_json_schema(mode="validation")
+    del job["properties"]["carry"]
+    # What the workflow checks of a graph (spillway.models._check_graph), for other languages.
+    job["properties"]["graph"] = {
+        "description": "an API-format ComfyUI graph (ComfyUI: Export (API)): node id -> node",
+        "type": "object",
+        "minProperties": 1,
+        "additionalProperties": {
+            "type": "object",
+            "properties": {
+                "class_type": {"type": "string", "minLength": 1},
+                "inputs": {"type": "object"},
+            },
+            "required": ["class_type"],
+        },
+    }
+    job["description"] = (
+        "Input of the Temporal workflow VideoJobWorkflow: start it with workflow id = job_id on "
+        "the task queue SPILLWAY_TASK_QUEUE. Input that fails validation ends the workflow "
+        "failed at once, naming each bad field."
+    )
+    found = {
+        "video-job": job,
+        "approval": ApprovalDecision.model_json_schema(mode="validation"),
+        "plan": Plan.model_json_schema(mode="serialization"),
+    }
+    return {name: {"$schema": JSON_SCHEMA, **_only_used_defs(s)} for name, s in found.items()}
+
+
+def schema_text(name: str) -> str:
+    """One schema as committed under docs/schema/<name>.json."""
+    return json.dumps(schemas()[name], indent=2, ensure_ascii=False) + "\n"
+
+
+def _only_used_defs(schema: dict[str, Any]) -> dict[str, Any]:
+    defs: dict[str, Any] = schema.pop("$defs", {})
+    used: set[str] = set()
+    todo: list[Any] = [schema]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                name = ref.removeprefix("#/$defs/")
+                if name not in used:
+                    used.add(name)
+                    todo.append(defs[name])
+            todo.extend(node.values())
+        elif isinstance(node, list):
+            todo.extend(node)
+    kept = {name: value for name, value in defs.items() if name in used}
+    return schema | ({"$defs": kept} if kept else {})

@@ -1,0 +1,190 @@
+"""spillway.client, the Python API the CLI itself uses, against the real dev server with a worker
+of route stubs: submit, status, wait, approve, reject, list; edge validation that starts nothing;
+a job written by hand as another language's SDK sends it (started with the real temporal CLI);
+priority in `list`; presigned output URLs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from temporalio.client import Client
+from temporalio.service import RPCError
+from temporalio.testing import WorkflowEnvironment
+
+from spillway import activity_names as names
+from spillway.client import SpillwayClient, make_decision, presign_outputs
+from spillway.errors import ConfigError, Failed
+from spillway.models import OutputFile, Plan
+from spillway.render import plan_json
+from tests.support.cli import spillway, temporal
+from tests.support.graphs import VIDEO_GRAPH
+from tests.support.jobs import PROMPT, Jobs, RunJobs
+from tests.support.route_stubs import BUSY, FREE, RouteStubs
+from tests.support.settings import KEY, make_settings
+from tests.support.waiting import until
+
+TOKEN = "tok-" + uuid.uuid4().hex  # a secret inside a callback URL: never shown in a message
+
+
+def new_id() -> str:
+    return f"api-{uuid.uuid4().hex[:10]}"
+
+
+def api(jobs: Jobs, **settings: Any) -> SpillwayClient:
+    return SpillwayClient(
+        jobs.client, settings=make_settings(**settings), task_queue=jobs.task_queue
+    )
+
+
+async def test_submit_wait_status_and_list_through_the_api(run_dev_jobs: RunJobs):
+    job_id = new_id()
+    seen: list[Plan] = []
+    async with run_dev_jobs(RouteStubs(FREE)) as jobs:
+        client = api(jobs)
+        plan = await client.submit(
+            VIDEO_GRAPH, job_id=job_id, priority=1, wait=True, on_progress=seen.append
+        )
+    assert (plan.job_id, plan.state, plan.route) == (job_id, "completed", "local")
+    changes = [(p.state, p.route, p.progress) for p in seen]
+    assert changes[-1][0] == "completed" and all(a != b for a, b in pairwise(changes))
+    # No worker now: status reads the finished job all the same.
+    status = await client.status(job_id)
+    assert (status.state, status.outputs) == ("completed", plan.outputs)
+    assert all(out.url is None for out in status.outputs)  # a local output has no URL
+
+    listed = await until(
+        lambda: client.list("completed"), lambda js: job_id in {j.job_id for j in js}
+    )
+    [job] = [j for j in listed if j.job_id == job_id]
+    assert (job.state, job.route, job.priority) == ("completed", "local", 1)
+    assert job_id not in {j.job_id for j in await client.list("awaiting_approval")}
+
+
+async def test_approve_and_reject_through_the_api(run_dev_jobs: RunJobs):
+    stubs = RouteStubs(BUSY)
+    async with run_dev_jobs(stubs, **KEY, APPROVAL_TIMEOUT_S=3600) as jobs:
+        client = api(jobs)
+        to_cloud = (await client.submit(VIDEO_GRAPH, prompt=PROMPT)).job_id
+        to_local = (await client.submit(VIDEO_GRAPH, prompt=PROMPT)).job_id
+        for job_id in (to_cloud, to_local):
+            await jobs.until(job_id, "awaiting_approval")
+        assert "approved" in await client.approve(to_cloud, "bär", "client deadline")
+        await client.reject(to_local, "bär", "not worth it")
+        cloud, local = [await client.wait(j) for j in (to_cloud, to_local)]
+        with pytest.raises(Failed, match=r"is not awaiting approval \(state: completed\)"):
+            await client.approve(to_cloud, "bär")
+    assert (cloud.state, cloud.route, cloud.approval and cloud.approval.by) == (
+        "completed",
+        "cloud",
+        "bär",
+    )
+    assert (local.state, local.route, local.approval and local.approval.reason) == (
+        "completed",
+        "local",
+        "not worth it",
+    )
+    assert stubs.calls[names.MINIMAX_CREATE] == 1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [
+        ({"callback_url": f"ftp://example.com/{TOKEN}"}, "--callback-url must be an http(s) URL"),
+        ({"callback_url": f"example.com/{TOKEN}"}, "--callback-url must be an http(s) URL"),
+        ({"callback_url": f"https:///{TOKEN}"}, "--callback-url must be an http(s) URL"),
+        ({"callback_url": f"https://ex ample.com/{TOKEN}"}, "--callback-url must be an http(s)"),
+        ({"callback_url": f"https://example.com:x/{TOKEN}"}, "--callback-url must be an http(s)"),
+        ({"priority": 0}, "priority: Input should be greater than or equal to 1"),
+        ({"priority": 6}, "priority: Input should be less than or equal to 5"),
+        ({"prompt": "x", "duration": 7}, "not 7 s"),
+        ({"duration": 10}, "--duration needs --prompt"),
+        ({"graph": {"1": {"class_type": "X", "inputs": {"pad": "x" * 1_600_000}}}}, "1.5 MB"),
+        ({"graph": {"1": {"inputs": {}}}}, "has no class_type"),
+        ({"graph": {"1": {"class_type": "X", "inputs": {"a": {1, 2}}}}}, "cannot be sent as JSON"),
+        ({"graph": ["not", "a", "graph"]}, "graph: Input should be a valid dictionary"),
+        ({"job_id": "a b"}, "job_id"),
+    ],
+)
+async def test_bad_input_raises_config_error_in_one_line_and_starts_nothing(
+    dev_env: WorkflowEnvironment, kwargs: dict[str, Any], named: str
+):
+    client = SpillwayClient(dev_env.client, settings=make_settings(), task_queue="nobody")
+    job_id = kwargs.pop("job_id", new_id())
+    graph = kwargs.pop("graph", VIDEO_GRAPH)
+    with pytest.raises(ConfigError) as refused:
+        await client.submit(graph, job_id=job_id, **kwargs)
+    message = str(refused.value)
+    assert named in message and "\n" not in message and TOKEN not in message
+    with pytest.raises(RPCError, match="not found"):
+        await dev_env.client.get_workflow_handle(job_id).describe()
+
+
+async def test_other_refusals_through_the_api(dev_env: WorkflowEnvironment):
+    client = SpillwayClient(dev_env.client, settings=make_settings(), task_queue="nobody")
+    with pytest.raises(ConfigError, match="unknown state 'done'"):
+        await client.list("done")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="by: String should have at least 1 character"):
+        make_decision(True, "")
+    with pytest.raises(Failed, match="job no-such-job not found"):
+        await client.status("no-such-job")
+    with pytest.raises(Failed, match="job no-such-job not found"):
+        await client.approve("no-such-job", "bär")
+
+
+async def test_a_job_written_by_hand_and_started_with_the_temporal_cli_completes(
+    run_dev_jobs: RunJobs, cli_env, dev_env: WorkflowEnvironment, tmp_path: Path
+):
+    # What another language's SDK sends: workflow type, id = job_id, task queue, the JSON of
+    # VideoJob (docs/schema/video-job.json); the priority as Temporal's and in the memo.
+    job_id = new_id()
+    payload = tmp_path / "job.json"
+    payload.write_text(json.dumps({"job_id": job_id, "graph": VIDEO_GRAPH, "priority": 2}))
+    address = dev_env.client.service_client.config.target_host
+    async with run_dev_jobs(RouteStubs(FREE)) as jobs:
+        env = cli_env(TEMPORAL_ADDRESS=address, SPILLWAY_TASK_QUEUE=jobs.task_queue)
+        await temporal(
+            env, "workflow", "start", "--type", "VideoJobWorkflow", "--task-queue",
+            jobs.task_queue, "--workflow-id", job_id, "--input-file", str(payload),
+            "--priority-key", "2", "--memo", "priority=2",
+        )  # fmt: skip
+        # A temporalio Client of one's own, with the SDK's default converter, serves as well.
+        own = SpillwayClient(
+            await Client.connect(address), settings=make_settings(), task_queue=jobs.task_queue
+        )
+        plan = await own.wait(job_id)
+        code, out, err = await spillway("list", "--json", env=env)
+    assert (plan.state, plan.route) == ("completed", "local")
+    assert code == 0, err
+    [listed] = [j for j in json.loads(out) if j["job_id"] == job_id]
+    assert (listed["state"], listed["priority"]) == ("completed", 2)
+
+
+async def test_status_presigns_outputs_kept_in_object_storage(s3):
+    body = b"a finished video"
+    key = f"outputs/job-1/{uuid.uuid4().hex}.mp4"
+    async with s3.client() as bucket:
+        await bucket.put_object(Bucket=s3.bucket, Key=key, Body=body)
+    sha = hashlib.sha256(body).hexdigest()
+    stored = OutputFile(path=key, bytes=len(body), sha256=sha, uri=f"s3://{s3.bucket}/{key}")
+    local = OutputFile(path="/outputs/job-1/b.mp4", bytes=1, sha256=sha)
+    plan = Plan(job_id="job-1", state="completed", outputs=[stored, local])
+
+    signed = await presign_outputs(plan, make_settings(**s3.env()))
+    url = signed.outputs[0].url
+    assert url is not None and signed.outputs[1].url is None
+    async with httpx.AsyncClient() as http:
+        assert (await http.get(url)).content == body
+    assert plan.outputs[0].url is None  # the plan given is left as it was
+    printed = json.loads(plan_json(signed))["outputs"]  # what `status --json` prints
+    assert (printed[0]["uri"], printed[0]["url"]) == (stored.uri, url)
+    assert set(printed[1]) == {"path", "bytes", "sha256"}  # a local output as it always was
+    # This machine cannot sign (no output store configured): no URL, and no error.
+    unsigned = await presign_outputs(plan, make_settings())
+    assert [out.url for out in unsigned.outputs] == [None, None]
