@@ -8,9 +8,12 @@ between the two reads is then seen in history, never as missing.
 Waits share one watcher per agent and ComfyUI (activities/comfyui_watch.py: one WebSocket, one
 poll loop), so a thousand waiting jobs cost one socket (docs/design.md, "GPU hosts and agents").
 The worker stops it with `await ComfyUIActivities.aclose()` once its Temporal workers are done.
+Outputs go to the output store (activities/storage.py) the worker passes as `store=` (without
+one, the activities open their own at first use and `aclose()` closes it too).
 
 activities/comfyui_client.py talks to ComfyUI and spillway/comfyui_answers.py reads what it
-says; this module decides, heartbeats, and names failures for the workflow's retry policies.
+says; activities/comfyui_files.py moves outputs and input images; this module decides,
+heartbeats, and names failures for the workflow's retry policies.
 """
 
 from __future__ import annotations
@@ -20,7 +23,6 @@ import contextlib
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any, Literal
 
 import httpx
@@ -28,7 +30,6 @@ from pydantic import ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities import files
 from activities.comfyui_client import (
     REQUEST_TIMEOUT,
     ComfyUIClient,
@@ -36,37 +37,42 @@ from activities.comfyui_client import (
     Rejected,
     Unanswered,
     Unavailable,
+    UploadRefused,
 )
+from activities.comfyui_files import ComfyUIFiles
 from activities.comfyui_watch import ComfyUIWatcher, Ended
 from activities.handover import unless_shutting_down
 from activities.heartbeat import Heartbeat
+from activities.inputs import InputUnreadable
+from activities.storage import STORE_FAILED, LazyOutputStore, OutputStore, StoreError, UnsafeName
 from spillway import activity_names as names
 from spillway.comfyui_answers import (
     PromptFailed,
     Queued,
     Seen,
     UnsafePath,
-    job_folder,
     outcome_of,
-    output_path,
     rejection_message,
 )
 from spillway.comfyui_models import (
     GRAPH_REJECTED,
+    INPUT_UNREADABLE,
     OUTPUT_MISSING,
     UNAVAILABLE,
     UNSAFE_PATH,
     UNSUPPORTED,
+    UPLOAD_REFUSED,
     ComfyUICancel,
     ComfyUICancelled,
     ComfyUIDownload,
-    ComfyUIFile,
     ComfyUIFinished,
     ComfyUISubmit,
     ComfyUISubmitted,
+    ComfyUIUpload,
+    ComfyUIUploaded,
     ComfyUIWait,
 )
-from spillway.models import Downloaded, OutputFile, Progress
+from spillway.models import Downloaded, Progress
 from spillway.settings import Settings
 
 # How long after a POST /prompt that got no answer it may still land in ComfyUI's queue: twice
@@ -93,6 +99,7 @@ class ComfyUIActivities:
         heartbeat_every_s: float | None = None,
         request_timeout: httpx.Timeout | None = None,
         post_grace_s: float = POST_GRACE_S,
+        store: OutputStore | None = None,
     ) -> None:
         self._settings = settings
         url = str(settings.COMFYUI_URL)
@@ -101,6 +108,11 @@ class ComfyUIActivities:
         # Six beats per heartbeat timeout: a slow ComfyUI never looks like a dead worker.
         self._heartbeat_every_s = heartbeat_every_s or settings.SPILLWAY_HEARTBEAT_TIMEOUT_S / 6
         self._post_grace_s = post_grace_s
+        # The worker's one output store; without it, one of their own (closed by aclose()).
+        self._own_store: LazyOutputStore | None = None
+        if store is None:
+            store = self._own_store = LazyOutputStore(settings)
+        self._files = ComfyUIFiles(self._client, store, http, self._heartbeat_every_s)
 
     @property
     def client_id(self) -> str:
@@ -108,8 +120,11 @@ class ComfyUIActivities:
         return self._watcher.client_id
 
     async def aclose(self) -> None:
-        """Stops the watcher (its socket and poll loop); waits still following end retryably."""
+        """Stops the watcher (its socket and poll loop); waits still following end retryably.
+        Closes the output store too if these activities opened their own."""
         await self._watcher.aclose()
+        if self._own_store is not None:
+            await self._own_store.aclose()
 
     # --- submit ------------------------------------------------------------------------------
 
@@ -162,7 +177,7 @@ class ComfyUIActivities:
         heartbeat.update(sent, now=True)
         try:
             return await self._client.post_prompt(
-                req.graph, client_id=self.client_id, prompt_id=req.prompt_id
+                req.graph, client_id=self.client_id, prompt_id=req.prompt_id, front=req.front
             )
         except Rejected as exc:
             raise ApplicationError(
@@ -227,34 +242,22 @@ class ComfyUIActivities:
                     continue  # "running" with a node or a percentage says more: keep it
                 _show(heartbeat, news)
 
-    # --- download ----------------------------------------------------------------------------
+    # --- files: outputs home, input images in ------------------------------------------------
 
     @activity.defn(name=names.COMFYUI_DOWNLOAD)
     async def download(self, req: ComfyUIDownload) -> Downloaded:
         return await unless_shutting_down(self._download(req))
 
     async def _download(self, req: ComfyUIDownload) -> Downloaded:
-        outputs = []
         with _activity_errors():
-            job_dir = job_folder(self._settings.SPILLWAY_OUTPUT_DIR, req.job_id)
-            targets = [output_path(job_dir, f) for f in req.files]  # all checked before any request
-            async with Heartbeat(self._heartbeat_every_s) as heartbeat:
-                for file, target in zip(req.files, targets, strict=True):
-                    if target.is_file():
-                        # Renamed into place only once complete: a re-run keeps it.
-                        _show(heartbeat, Progress(phase="downloaded", node=file.filename))
-                        outputs.append(await asyncio.to_thread(files.describe, target))
-                    else:
-                        outputs.append(await self._fetch(file, target, heartbeat))
-        return Downloaded(outputs=outputs)
+            return await self._files.download(req)
 
-    async def _fetch(self, file: ComfyUIFile, target: Path, heartbeat: Heartbeat) -> OutputFile:
-        def progress(done: int, total: int | None) -> None:
-            _show(heartbeat, _download_progress(file, done, total))
-
-        output = await self._client.download(file, target, progress)
-        activity.logger.info("downloaded %s (%d bytes)", target, output.bytes)
-        return output
+    @activity.defn(name=names.COMFYUI_UPLOAD)
+    async def upload(self, req: ComfyUIUpload) -> ComfyUIUploaded:
+        """Puts one input image into this host's ComfyUI under a content-hash name and returns
+        the name its LoadImage takes; safe to retry (docs/design.md, "ComfyUI facts")."""
+        with _activity_errors():
+            return await self._files.upload(req)
 
     # --- cancel ------------------------------------------------------------------------------
 
@@ -320,10 +323,14 @@ def _activity_errors() -> Iterator[None]:
         raise ApplicationError(str(exc), type=UNAVAILABLE) from exc.__cause__
     except OutputMissing as exc:
         raise ApplicationError(str(exc), type=OUTPUT_MISSING, non_retryable=True) from None
-    except UnsafePath as exc:
+    except (UnsafePath, UnsafeName) as exc:
         raise ApplicationError(str(exc), type=UNSAFE_PATH, non_retryable=True) from None
-
-
-def _download_progress(file: ComfyUIFile, done: int, total: int | None) -> Progress:
-    percent = round(100 * done / total, 1) if total else None
-    return Progress(phase="downloading", node=file.filename, value=done, max=total, percent=percent)
+    except UploadRefused as exc:
+        raise ApplicationError(str(exc), type=UPLOAD_REFUSED, non_retryable=True) from None
+    except InputUnreadable as exc:
+        raise ApplicationError(
+            str(exc), type=INPUT_UNREADABLE, non_retryable=not exc.retryable
+        ) from None
+    except StoreError as exc:
+        # Retried even when only new settings help: a worker restarted with them finishes it.
+        raise ApplicationError(f"output store: {exc}", type=STORE_FAILED) from None

@@ -9,9 +9,9 @@ import asyncio
 import json
 import logging
 import re
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -23,7 +23,6 @@ from activities.http_errors import why
 from spillway import comfyui_answers as answers
 from spillway.comfyui_answers import Queued, Seen
 from spillway.comfyui_models import ComfyUIFile
-from spillway.models import OutputFile
 
 # One ComfyUI request; waits and downloads heartbeat meanwhile, so a slow answer is not a
 # dead worker. A submit that times out is retried and finds its prompt before posting.
@@ -69,11 +68,12 @@ class Rejected(ComfyUIError):
         self.answer = answer  # ComfyUI's JSON ({"error", "node_errors"}), None if not JSON
 
 
+class UploadRefused(ComfyUIError):
+    """POST /upload/image answered 400: sending the same again cannot help."""
+
+
 class OutputMissing(ComfyUIError):
     """/view answered 400, 403 or 404 for an output: ComfyUI does not have (or serve) it."""
-
-
-ProgressCallback = Callable[[int, int | None], None]
 
 
 class ComfyUIClient:
@@ -105,11 +105,14 @@ class ComfyUIClient:
     # --- prompts -------------------------------------------------------------------------------
 
     async def post_prompt(
-        self, graph: dict[str, Any], *, client_id: str, prompt_id: str
+        self, graph: dict[str, Any], *, client_id: str, prompt_id: str, front: bool = False
     ) -> dict[str, Any]:
         """ComfyUI's answer to a queued prompt (`{"prompt_id", "number", "node_errors"}`: a partly
-        valid graph is queued with non-empty node_errors). Raises Rejected on a 400."""
-        body = {"prompt": graph, "client_id": client_id, "prompt_id": prompt_id}
+        valid graph is queued with non-empty node_errors). Raises Rejected on a 400. `front`:
+        queued before everything pending (ComfyUI then answers a negative number)."""
+        body: dict[str, Any] = {"prompt": graph, "client_id": client_id, "prompt_id": prompt_id}
+        if front:
+            body["front"] = True
         # Noted before sending: a POST cancelled or cut off mid-way may still be queued.
         self._note_post(prompt_id, datetime.now(UTC))
         try:
@@ -181,11 +184,10 @@ class ComfyUIClient:
 
     # --- outputs -------------------------------------------------------------------------------
 
-    async def download(
-        self, file: ComfyUIFile, target: Path, progress: ProgressCallback
-    ) -> OutputFile:
-        """Streams one output from /view into `target`, which appears only once whole
-        (activities/files.py); `progress(done, total)` about twice a second."""
+    @asynccontextmanager
+    async def view(self, file: ComfyUIFile) -> AsyncIterator[httpx.Response]:
+        """One output from /view, its body not read yet: the caller streams it. Failures while
+        it streams (a dropped connection, a short body) are Unavailable too."""
         params = {"filename": file.filename, "subfolder": file.subfolder, "type": file.type}
         try:
             async with self._http.stream(
@@ -198,11 +200,26 @@ class ComfyUIClient:
                     )
                 if not response.is_success:
                     raise Unavailable(f"GET /view answered {response.status_code}")
-                return await files.save(response, target, progress)
+                yield response
         except files.IncompleteDownload as exc:
             raise Unavailable(f"{file.filename}: {exc}") from exc
         except httpx.HTTPError as exc:
             raise Unavailable(f"downloading {file.filename}: {why(exc)}") from exc
+
+    # --- inputs --------------------------------------------------------------------------------
+
+    async def upload_image(
+        self, data: bytes, name: str, mime: str, subfolder: str
+    ) -> dict[str, Any]:
+        """POST /upload/image with overwrite: the same name again replaces the file (a content-
+        hash name makes that the same file). ComfyUI's `{"name", "subfolder", "type"}`; raises
+        UploadRefused on a 400 (e.g. a subfolder outside the input folder)."""
+        form = {"subfolder": subfolder, "type": "input", "overwrite": "true"}
+        upload = {"image": (name, data, mime)}
+        response = await self._request("POST", "/upload/image", data=form, files=upload)
+        if response.status_code == 400:
+            raise UploadRefused(f"ComfyUI refused the upload of {name} (400)")
+        return self._json(response, "POST /upload/image")
 
     # --- the WebSocket -------------------------------------------------------------------------
 

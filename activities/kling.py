@@ -17,20 +17,25 @@ log line, heartbeat or result here carries a key or a token (the client scrubs s
 from __future__ import annotations
 
 import asyncio
-import re
 
 import httpx
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities import files
 from activities.handover import unless_shutting_down
 from activities.heartbeat import Heartbeat
-from activities.http_errors import why
+from activities.inputs import InputUnreadable, data_url, read_input
 from activities.kling_client import KlingClient, KlingError, KlingTiming
 from activities.kling_create import KlingCreator
+from activities.kling_download import DOWNLOAD_FAILED as DOWNLOAD_FAILED
+from activities.kling_download import VIDEO_GONE as VIDEO_GONE
+from activities.kling_download import KlingDownloader
 from activities.ledger_client import Ledger
 from activities.spend import CreateGuard
+from activities.storage import (
+    LazyOutputStore,
+    OutputStore,
+)
 from spillway import activity_names as names
 from spillway.cloud_models import (
     CloudCreate,
@@ -41,11 +46,18 @@ from spillway.cloud_models import (
     CreateVerdict,
 )
 from spillway.kling_answers import REFUSED_CODES, TASK_NOT_FOUND, KlingTask
-from spillway.kling_requests import Kind, create_request, external_task_id, kind_of
-from spillway.models import Downloaded, Progress
+from spillway.kling_requests import (
+    IMAGE_MAX_BYTES,
+    Kind,
+    create_request,
+    external_task_id,
+    kind_of,
+)
+from spillway.models import Downloaded, JobInput, Progress
 from spillway.settings import Settings
 
-# Error types the workflow names in its retry policies and failure handling.
+# Error types the workflow names in its retry policies and failure handling (with the
+# download's DOWNLOAD_FAILED and VIDEO_GONE, imported above from activities/kling_download.py).
 REFUSED = "KlingRefused"  # Kling provably made nothing and will not for this account or request
 CREATE_GAVE_UP = "KlingCreateGaveUp"  # every try was a provable "not now" until the budget ended
 AMBIGUOUS_CREATE = "KlingAmbiguousCreate"  # a task, and a charge, may exist
@@ -53,8 +65,6 @@ NO_KEY = "KlingNoKey"
 TASK_FAILED = "KlingTaskFailed"
 TASK_UNKNOWN = "KlingTaskUnknown"  # Kling reports no such task under either kind
 UNAVAILABLE = "KlingUnavailable"  # a free call got no usable answer: retried
-DOWNLOAD_FAILED = "KlingDownloadFailed"  # retried
-VIDEO_GONE = "KlingVideoGone"  # the video URL answers 404/410: Kling deleted it (30 days)
 
 KINDS: tuple[Kind, ...] = ("text2video", "image2video")
 KEY_NAMES = ("KLING_ACCESS_KEY", "KLING_SECRET_KEY")
@@ -78,12 +88,23 @@ class KlingActivities:
         settings: Settings,
         ledger: Ledger,
         timing: KlingTiming | None = None,
+        store: OutputStore | None = None,
     ) -> None:
         self._http, self._settings = http, settings
         self._timing = timing or KlingTiming(
             heartbeat_every_s=settings.SPILLWAY_HEARTBEAT_TIMEOUT_S / 6
         )
         self._guard = CreateGuard(ledger, settings)
+        # The worker's one output store; without it, one of their own (closed by aclose()).
+        self._own_store: LazyOutputStore | None = None
+        if store is None:
+            store = self._own_store = LazyOutputStore(settings)
+        self._store = store
+
+    async def aclose(self) -> None:
+        """Closes the output store these activities opened themselves, if any."""
+        if self._own_store is not None:
+            await self._own_store.aclose()
 
     # --- create: the only call that costs money -----------------------------------------
 
@@ -131,10 +152,16 @@ class KlingActivities:
     ) -> CreateVerdict:
         s = self._settings
         try:
+            # Read before anything is sent: an input that cannot be read costs nothing.
+            frame = None if req.first_frame is None else await self._first_frame(req.first_frame)
             kind, body = create_request(
-                req.request, external_task_id=external, model=s.KLING_MODEL, mode=s.KLING_MODE
+                req.request,
+                external_task_id=external,
+                model=s.KLING_MODEL,
+                mode=s.KLING_MODE,
+                first_frame=frame,
             )
-        except ValueError as exc:
+        except (ValueError, InputUnreadable) as exc:
             return CreateVerdict(
                 outcome="refused",
                 attempts=0,
@@ -142,6 +169,15 @@ class KlingActivities:
                 "sent to Kling and nothing was charged",
             )
         return await creator.run(kind, body)
+
+    async def _first_frame(self, frame: JobInput) -> str:
+        """Kling's `image`: the stored image as a data URL (create_request strips the prefix:
+        Kling takes bare base64), or the client's URL as it is; for the data URL's reasons see
+        MiniMaxActivities._first_frame."""
+        if frame.uri.startswith(("http://", "https://")) and frame.sha256 is None:
+            return frame.uri
+        # One byte over Kling's limit is enough to know it is over (create_request says so).
+        return data_url(await read_input(self._store, self._http, frame, IMAGE_MAX_BYTES + 1))
 
     def _ambiguous(
         self, req: CloudCreate, verdict: CreateVerdict, external: str
@@ -153,7 +189,8 @@ class KlingActivities:
             f"Kling create for job {req.job_id} is ambiguous ({verdict.message}): a charge may "
             f"exist. The create sent at {when} carried external_task_id {external}, and Kling "
             "has not said whether it made a task. Check with GET "
-            f"{base}/v1/videos/{kind_of(req.request)}/{external} or in Kling's console (task "
+            f"{base}/v1/videos/{kind_of(req.request, req.first_frame is not None)}/{external} "
+            "or in Kling's console (task "
             "list and resource pack usage). spillway will not create again for this job; "
             "resubmit it only if Kling shows no such task.",
             {
@@ -260,54 +297,8 @@ class KlingActivities:
         return await unless_shutting_down(self._download(req))
 
     async def _download(self, req: CloudDownload) -> Downloaded:
-        if not req.video_url:
-            raise ApplicationError(
-                f"Kling download of task {req.task_id} names no video URL",
-                type=DOWNLOAD_FAILED,
-                non_retryable=True,
-            )
-        job_dir = (self._settings.SPILLWAY_OUTPUT_DIR / req.job_id).resolve()
-        target = job_dir / f"kling-{re.sub(r'[^A-Za-z0-9_-]', '_', req.task_id)[:64]}.mp4"
-        if target.parent != job_dir:
-            raise ApplicationError(f"refusing to write outside {job_dir}", non_retryable=True)
-        if target.exists():  # only a whole file ever gets its final name (files.save)
-            return Downloaded(outputs=[await asyncio.to_thread(files.describe, target)])
-        # The video URL is on Kling's CDN and needs no key: a worker without keys may fetch it.
-        client = KlingClient(self._http, str(self._settings.KLING_BASE_URL), "", "", self._timing)
-        async with Heartbeat(self._timing.heartbeat_every_s, Progress(phase="downloading")) as hb:
-
-            def progress(done: int, total: int | None) -> None:
-                percent = round(100 * done / total, 1) if total else None
-                hb.update(Progress(phase="downloading", value=done, max=total, percent=percent))
-
-            try:
-                async with client.stream_video(req.video_url) as response:
-                    output = await files.save(response, target, progress)
-            except KlingError as exc:
-                if exc.retryable:
-                    raise ApplicationError(str(exc), type=DOWNLOAD_FAILED) from None
-                raise ApplicationError(
-                    f"the video of Kling task {req.task_id} (job {req.job_id}) is gone: {exc}. "
-                    "Kling deletes videos 30 days after it makes them and such a URL does not "
-                    "come back; the task was charged. Resubmit the job to render it again.",
-                    {"task_id": req.task_id, "http_status": exc.http_status},
-                    type=VIDEO_GONE,
-                    non_retryable=True,
-                ) from None
-            except files.IncompleteDownload as exc:
-                raise ApplicationError(
-                    f"download of Kling task {req.task_id}: {exc}", type=DOWNLOAD_FAILED
-                ) from None
-            except httpx.HTTPError as exc:
-                raise ApplicationError(
-                    f"downloading the video of Kling task {req.task_id} failed "
-                    f"({client.clean(why(exc))})",
-                    type=DOWNLOAD_FAILED,
-                ) from None
-        activity.logger.info(
-            "Kling video of job %s saved: %s (%d bytes)", req.job_id, output.path, output.bytes
-        )
-        return Downloaded(outputs=[output])
+        base = str(self._settings.KLING_BASE_URL)
+        return await KlingDownloader(self._http, base, self._timing, self._store).run(req)
 
     # --- shared ---------------------------------------------------------------------------
 

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import re
-from pathlib import Path, PurePosixPath
 from typing import Any, TypeVar
 
 import httpx
@@ -23,10 +21,9 @@ from pydantic import BaseModel
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities import files
 from activities.handover import unless_shutting_down
 from activities.heartbeat import Heartbeat
-from activities.http_errors import why
+from activities.inputs import InputUnreadable, data_url, read_input
 from activities.ledger_client import Ledger
 from activities.minimax_client import (
     MiniMaxClient,
@@ -34,7 +31,12 @@ from activities.minimax_client import (
     MiniMaxTiming,
     MiniMaxUnavailable,
 )
+from activities.minimax_download import DOWNLOAD_FAILED as DOWNLOAD_FAILED
+from activities.minimax_download import PERMANENT as PERMANENT
+from activities.minimax_download import UNAVAILABLE as UNAVAILABLE
+from activities.minimax_download import MiniMaxDownloader
 from activities.spend import CreateGuard
+from activities.storage import LazyOutputStore, OutputStore
 from spillway import activity_names as names
 from spillway.cloud_models import (
     CloudCreate,
@@ -44,30 +46,24 @@ from spillway.cloud_models import (
     CloudPoll,
     CreateVerdict,
 )
+from spillway.inputs import FIRST_FRAME_MAX_BYTES
 from spillway.minimax_answers import (
     PERMANENT_CODES,
     RATE_LIMIT_CODES,
     TRANSIENT_CODES,
-    FileInfo,
     QueryAnswer,
-    RetrieveAnswer,
     permanent_message,
 )
-from spillway.models import Downloaded, OutputFile, Progress
+from spillway.models import Downloaded, Progress
 from spillway.settings import Settings
 
-# What an expired pre-signed download URL answers (object stores use 403; some CDNs 404/410).
-EXPIRED_URL_STATUSES = frozenset({401, 403, 404, 410})
 _A = TypeVar("_A", bound=BaseModel)
-VIDEO_EXTENSIONS = frozenset({".mp4", ".mov", ".webm", ".mkv"})
-# Error types the workflow names in its retry policies and failure handling.
-PERMANENT = "MiniMaxPermanent"
+# Error types the workflow names in its retry policies and failure handling; PERMANENT,
+# UNAVAILABLE and DOWNLOAD_FAILED, shared with the download, come from minimax_download.py.
 AMBIGUOUS_CREATE = "MiniMaxAmbiguousCreate"
 CREATE_GAVE_UP = "MiniMaxCreateGaveUp"
 NO_KEY = "MiniMaxNoKey"
 TASK_FAILED = "MiniMaxTaskFailed"
-UNAVAILABLE = "MiniMaxUnavailable"
-DOWNLOAD_FAILED = "MiniMaxDownloadFailed"
 
 
 class MiniMaxActivities:
@@ -77,13 +73,24 @@ class MiniMaxActivities:
         settings: Settings,
         ledger: Ledger,
         timing: MiniMaxTiming | None = None,
+        store: OutputStore | None = None,
     ) -> None:
-        self._settings = settings
+        self._settings, self._http = settings, http
         timing = timing or MiniMaxTiming(
             heartbeat_every_s=settings.SPILLWAY_HEARTBEAT_TIMEOUT_S / 6
         )
         self._client = MiniMaxClient(http, settings, timing)
         self._guard = CreateGuard(ledger, settings)
+        # The worker's one output store; without it, one of their own (closed by aclose()).
+        self._own_store: LazyOutputStore | None = None
+        if store is None:
+            store = self._own_store = LazyOutputStore(settings)
+        self._store = store
+
+    async def aclose(self) -> None:
+        """Closes the output store these activities opened themselves, if any."""
+        if self._own_store is not None:
+            await self._own_store.aclose()
 
     # --- create: the only call that costs money -----------------------------------------
 
@@ -141,6 +148,17 @@ class MiniMaxActivities:
         }
         if cloud.first_frame_image is not None:
             body["first_frame_image"] = cloud.first_frame_image
+        if req.first_frame is not None:
+            # Read before anything is sent: an input that cannot be read costs nothing.
+            try:
+                body["first_frame_image"] = await self._first_frame(req)
+            except InputUnreadable as exc:
+                return CreateVerdict(
+                    outcome="refused",
+                    attempts=0,
+                    message=f"job {req.job_id}'s first frame: {exc}. Nothing was sent to "
+                    "MiniMax and nothing was charged.",
+                )
         t = self._client.timing
         loop = asyncio.get_running_loop()
         started, calls = loop.time(), 0
@@ -172,6 +190,17 @@ class MiniMaxActivities:
             )
             hb.update(Progress(phase="create_backoff", value=calls), now=True)
             await asyncio.sleep(delay)
+
+    async def _first_frame(self, req: CloudCreate) -> str:
+        """MiniMax's first_frame_image: a data URL of the stored image, or the client's URL as
+        it is. A data URL rather than a presigned one: MiniMax validates it with the create
+        itself (a refusal before any task), it needs no bucket MiniMax can reach (a MinIO on an
+        internal network is fine) and no URL that may expire while the task waits in line."""
+        frame = req.first_frame
+        assert frame is not None
+        if frame.uri.startswith(("http://", "https://")) and frame.sha256 is None:
+            return frame.uri
+        return data_url(await read_input(self._store, self._http, frame, FIRST_FRAME_MAX_BYTES))
 
     def _ambiguous(self, req: CloudCreate, verdict: CreateVerdict) -> ApplicationError:
         sent = verdict.sent_at
@@ -268,89 +297,7 @@ class MiniMaxActivities:
 
     async def _download(self, req: CloudDownload) -> Downloaded:
         key = self._key(retryable=True)
-        if req.file_id is None:
-            raise ApplicationError(
-                f"MiniMax download of task {req.task_id} names no file", non_retryable=True
-            )
-        job_dir = (self._settings.SPILLWAY_OUTPUT_DIR / req.job_id).resolve()
-        stem = f"minimax-{re.sub(r'[^A-Za-z0-9_-]', '_', req.task_id)[:64]}"
-        if done := sorted(p for p in job_dir.glob(f"{stem}.*") if not p.name.endswith(".part")):
-            return Downloaded(outputs=[await asyncio.to_thread(files.describe, done[0])])
-        t = self._client.timing
-        async with Heartbeat(t.heartbeat_every_s, Progress(phase="retrieving")) as hb:
-            for _ in range(t.url_refreshes + 1):
-                params = {"file_id": req.file_id}
-                answer = await self._get(
-                    "retrieve", "/v1/files/retrieve", params, key, RetrieveAnswer
-                )
-                code, msg = answer.base_resp.status_code, self._clean(answer.base_resp.status_msg)
-                if code in PERMANENT_CODES:
-                    raise ApplicationError(
-                        permanent_message(code, msg, task_id=req.task_id),
-                        {"task_id": req.task_id, "file_id": req.file_id, "code": code},
-                        type=PERMANENT,
-                        non_retryable=True,
-                    )
-                if code != 0 or answer.file is None:
-                    raise ApplicationError(
-                        f"MiniMax answered code {code} ({msg}) retrieving file {req.file_id} "
-                        f"of task {req.task_id}",
-                        type=UNAVAILABLE,
-                    )
-                target = job_dir / (stem + _extension(answer.file.filename))
-                if target.parent != job_dir:
-                    raise ApplicationError(
-                        f"refusing to write outside {job_dir}", non_retryable=True
-                    )
-                output = await self._fetch(answer.file, target, hb)
-                if output is not None:
-                    activity.logger.info(
-                        "MiniMax video of job %s saved: %s (%d bytes)",
-                        req.job_id,
-                        output.path,
-                        output.bytes,
-                    )
-                    return Downloaded(outputs=[output])
-                activity.logger.info(
-                    "MiniMax download URL for file %s has expired: retrieving a new one",
-                    req.file_id,
-                )
-        raise ApplicationError(
-            f"MiniMax's download URLs for file {req.file_id} kept expiring "
-            f"({t.url_refreshes + 1} tries); retrying later",
-            type=DOWNLOAD_FAILED,
-        )
-
-    async def _fetch(self, file: FileInfo, target: Path, hb: Heartbeat) -> OutputFile | None:
-        """The video into `target`; None when the URL has expired. The key is not sent: the
-        URL is pre-signed and often on another host."""
-
-        def progress(done: int, total: int | None) -> None:
-            percent = round(100 * done / total, 1) if total else None
-            hb.update(Progress(phase="downloading", value=done, max=total, percent=percent))
-
-        try:
-            async with self._client.stream(file.download_url) as response:
-                if response.status_code in EXPIRED_URL_STATUSES:
-                    return None
-                if not response.is_success:
-                    raise ApplicationError(
-                        f"the MiniMax file host answered HTTP {response.status_code}",
-                        type=DOWNLOAD_FAILED,
-                    )
-                # MiniMax may announce 0 bytes; then the host's Content-Length is the check.
-                output = await files.save(response, target, progress, file.bytes or None)
-        except files.IncompleteDownload as exc:
-            raise ApplicationError(
-                f"download of file {file.file_id}: {exc}", type=DOWNLOAD_FAILED
-            ) from None
-        except httpx.HTTPError as exc:
-            raise ApplicationError(
-                f"downloading MiniMax file {file.file_id} failed ({self._clean(why(exc))})",
-                type=DOWNLOAD_FAILED,
-            ) from None
-        hb.beat()
-        return output
+        return await MiniMaxDownloader(self._client, self._store).run(req, key)
 
     # --- shared ---------------------------------------------------------------------------
 
@@ -386,10 +333,3 @@ class _Backoff:
         delay = self._delays[min(self._n, len(self._delays) - 1)]
         self._n += 1
         return delay * random.uniform(0.8, 1.2)  # noqa: S311 - jitter, not security
-
-
-def _extension(filename: str) -> str:
-    # Only a known video extension survives from MiniMax's filename: the name itself is ours,
-    # so no '../', absolute path or odd suffix in it can reach the disk.
-    ext = PurePosixPath(filename.replace("\\", "/")).suffix.lower()
-    return ext if ext in VIDEO_EXTENSIONS else ".mp4"

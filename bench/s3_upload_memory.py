@@ -1,31 +1,52 @@
-"""Memory of the S3 output store: stream one large generated body (default 1 GiB) through
-`S3OutputStore.put` into an S3-compatible server (moto, on 127.0.0.1) and print the process's
-peak RSS growth (target < 50 MB) and the throughput.
+"""Memory of the S3 output store: stream one large body (default 1 GiB) into an S3-compatible
+server (moto, on 127.0.0.1) and print the process's peak RSS growth (target < 50 MB) and the
+throughput.
 
-    .venv/bin/python bench/s3_upload_memory.py [--mib 1024]
+    .venv/bin/python bench/s3_upload_memory.py [--mib 1024] [--through comfyui]
 
-The server runs in a child process, so only the worker's side (the part buffer, the sha256,
-aiobotocore's requests) is measured. The time includes the server-side copy that puts the
-object in place with its sha256. Peak RSS is the kernel's VmHWM, reset just before the upload
-through /proc/self/clear_refs where the kernel allows it.
+Plain: a generated body straight through `S3OutputStore.put`. `--through comfyui`: the real
+download path, the `comfyui_download` activity fetching one output of the ComfyUI double from
+/view into the store the worker would inject (httpx's stream, the part buffer, the sha256,
+aiobotocore's requests). The servers run in child processes, so only the worker's side is
+measured. The time includes the server-side copy that puts the object in place with its
+sha256. Peak RSS is the kernel's VmHWM, reset just before the transfer through
+/proc/self/clear_refs where the kernel allows it.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import random
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
+from temporalio.testing import ActivityEnvironment
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from activities.storage import PART_BYTES, StoredOutput, open_output_store
+from activities.comfyui import ComfyUIActivities
+from activities.s3_store import PART_BYTES
+from activities.storage import OutputStore, StoredOutput, open_output_store
+from spillway.comfyui_models import (
+    ComfyUIDownload,
+    ComfyUIFinished,
+    ComfyUISubmit,
+    ComfyUIWait,
+    client_id_for,
+    prompt_id_for,
+)
+from spillway.settings import Settings
+from spillway.sim.comfyui import ComfyUISim
+from spillway.sim.comfyui_graph import content_sha256, file_key
+from tests.support.graphs import VIDEO_GRAPH
 from tests.support.s3 import S3Endpoint, moto_server
 
 MIB = 1024 * 1024
@@ -71,9 +92,17 @@ def serve() -> None:
         sys.stdin.read()  # until the parent closes it
 
 
+async def serve_comfyui(size: int) -> None:
+    async with ComfyUISim() as sim:
+        sim.execution_s, sim.output_bytes = 0, size
+        print(sim.url, flush=True)
+        await asyncio.Event().wait()
+
+
 @dataclass(frozen=True)
 class Measured:
     out: StoredOutput
+    expected_sha256: str
     metadata_sha256: str
     stored_bytes: int
     seconds: float
@@ -82,30 +111,89 @@ class Measured:
     peak_was_reset: bool
 
 
-async def upload(url: str, size: int) -> Measured:
+class Meter:
+    """`start()` just before the transfer: resets the peak, notes RSS and the time."""
+
+    def __init__(self) -> None:
+        self.reset, self.before_kib, self.started = False, 0, 0.0
+
+    def start(self) -> None:
+        self.reset = reset_peak()
+        self.before_kib = status_kib("VmRSS") if self.reset else status_kib("VmHWM")
+        self.started = time.perf_counter()
+
+
+Transfer = Callable[[OutputStore, Meter], Awaitable[tuple[StoredOutput, str]]]
+
+
+async def measured(url: str, transfer: Transfer) -> Measured:
+    """Runs `transfer` (the stored output and the sha256 it must have) into a fresh bucket,
+    measuring the worker's RSS from its `meter.start()` on."""
     endpoint = S3Endpoint(url=url, bucket="spillway-bench")
     async with endpoint.client() as client:
         await client.create_bucket(Bucket=endpoint.bucket)
         async with open_output_store(endpoint.settings()) as store:
             # One small put first: the client's connections and models are loaded, as in a worker.
             await store.put("bench-warmup", "w.bin", generated(1000), 1000)
-            reset = reset_peak()
-            before = status_kib("VmRSS") if reset else status_kib("VmHWM")
-            started = time.perf_counter()
-            out = await store.put("bench-upload", "big.mp4", generated(size), size)
-            elapsed = time.perf_counter() - started
+            meter = Meter()
+            out, expected = await transfer(store, meter)
+            elapsed = time.perf_counter() - meter.started
             peak = status_kib("VmHWM")
-        head = await client.head_object(Bucket=endpoint.bucket, Key="outputs/bench-upload/big.mp4")
-    return Measured(
-        out, head["Metadata"].get("sha256", ""), head["ContentLength"], elapsed, before, peak, reset
-    )
+        head = await client.head_object(Bucket=endpoint.bucket, Key=out.path)
+    metadata = head["Metadata"].get("sha256", "")
+    stored = head["ContentLength"]
+    return Measured(out, expected, metadata, stored, elapsed, meter.before_kib, peak, meter.reset)
 
 
-def report(size: int, m: Measured) -> None:
-    verified = m.out.sha256 == m.metadata_sha256 == expected_sha256(size)
+def plain_put(size: int) -> Transfer:
+    async def transfer(store: OutputStore, meter: Meter) -> tuple[StoredOutput, str]:
+        meter.start()
+        out = await store.put("bench-upload", "big.mp4", generated(size), size)
+        return out, expected_sha256(size)
+
+    return transfer
+
+
+def comfyui_download(comfyui_url: str) -> Transfer:
+    async def transfer(store: OutputStore, meter: Meter) -> tuple[StoredOutput, str]:
+        # The store is injected, as the worker does: the settings only name ComfyUI.
+        settings = Settings(COMFYUI_URL=comfyui_url, COMFYUI_HISTORY_POLL_S=0.2)
+        environment, job = ActivityEnvironment(), "bench-download"
+        async with httpx.AsyncClient() as http:
+            acts = ComfyUIActivities(http, settings, store=store)
+            submit = ComfyUISubmit(
+                job_id=job,
+                prompt_id=prompt_id_for(job, 1),
+                client_id=client_id_for(job),
+                graph=VIDEO_GRAPH,
+            )
+            await environment.run(acts.submit, submit)
+            wait = ComfyUIWait(job_id=job, prompt_id=submit.prompt_id, client_id=submit.client_id)
+            finished: ComfyUIFinished = await environment.run(acts.wait, wait)
+            meter.start()  # only the download counts
+            downloaded = await environment.run(
+                acts.download, ComfyUIDownload(job_id=job, files=finished.files)
+            )
+            await acts.aclose()
+        [file], [output] = finished.files, downloaded.outputs
+        key = file_key(file.type, file.subfolder, file.filename)
+        out = StoredOutput(
+            uri=output.uri or "", path=output.path, bytes=output.bytes, sha256=output.sha256
+        )
+        return out, content_sha256(key, output.bytes)
+
+    return transfer
+
+
+def report(size: int, through: str, m: Measured) -> None:
+    verified = m.out.sha256 == m.metadata_sha256 == m.expected_sha256
     verified = verified and m.out.bytes == m.stored_bytes == size
     growth_mb = (m.peak_kib - m.rss_before_kib) / 1024
-    print(f"S3OutputStore.put of one {size / MIB:.0f} MiB body into moto (S3 over HTTP)")
+    what = {
+        "put": "S3OutputStore.put of one generated",
+        "comfyui": "comfyui_download (ComfyUI double /view -> S3) of one",
+    }[through]
+    print(f"{what} {size / MIB:.0f} MiB body into moto (S3 over HTTP)")
     print(
         f"  object        {m.out.uri}: {m.out.bytes} bytes in {PART_BYTES // MIB} MiB parts, "
         f"sha256 {'verified' if verified else 'MISMATCH'}"
@@ -118,32 +206,45 @@ def report(size: int, m: Measured) -> None:
     print(f"  peak growth   {growth_mb:.1f} MB (target < 50 MB){note}")
 
 
-def measure(size: int) -> None:
-    child = subprocess.Popen(
-        [sys.executable, __file__, "--serve"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
+@contextlib.contextmanager
+def child(*args: str) -> Iterator[str]:
+    """A server in a child process of this script; yields the URL it prints."""
+    process = subprocess.Popen(
+        [sys.executable, __file__, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
     try:
-        assert child.stdout is not None
-        url = child.stdout.readline().strip()
-        report(size, asyncio.run(upload(url, size)))
+        assert process.stdout is not None
+        yield process.stdout.readline().strip()
     finally:
-        assert child.stdin is not None
-        child.stdin.close()
-        child.wait(timeout=30)
+        assert process.stdin is not None
+        process.stdin.close()
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def measure(size: int, through: str) -> None:
+    with child("--serve") as s3_url:
+        if through == "put":
+            report(size, through, asyncio.run(measured(s3_url, plain_put(size))))
+            return
+        with child("--serve-comfyui", str(size)) as comfyui_url:
+            transfer = comfyui_download(comfyui_url)
+            report(size, through, asyncio.run(measured(s3_url, transfer)))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, default=1024, help="size of the body (MiB)")
+    parser.add_argument("--through", choices=("put", "comfyui"), default="put")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--serve-comfyui", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         serve()
+    elif args.serve_comfyui is not None:
+        asyncio.run(serve_comfyui(args.serve_comfyui))
     else:
-        measure(args.mib * MIB)
+        measure(args.mib * MIB, args.through)
 
 
 if __name__ == "__main__":

@@ -226,6 +226,19 @@ def socket_news(message: Any, prompt_id: str) -> Progress | Literal["ended"] | N
     return None
 
 
+# --- inputs ----------------------------------------------------------------------------------
+
+
+def uploaded_name(answer: Any) -> str | None:
+    """`<subfolder>/<name>` from POST /upload/image's `{"name", "subfolder", "type"}`, as
+    LoadImage takes it; None when the answer has no name."""
+    name = answer.get("name") if isinstance(answer, dict) else None
+    if not isinstance(name, str) or not name:
+        return None
+    subfolder = answer.get("subfolder")
+    return f"{subfolder}/{name}" if isinstance(subfolder, str) and subfolder else name
+
+
 # --- where outputs land ----------------------------------------------------------------------
 
 
@@ -236,10 +249,9 @@ def job_folder(output_dir: Path, job_id: str) -> Path:
     return (output_dir / job_id).resolve()
 
 
-def output_path(job_dir: Path, file: ComfyUIFile) -> Path:
-    """Where a ComfyUI output lands: <job dir>/<subfolder>/<filename>, refusing any name that
-    would escape the job's folder (ComfyUI names come from the graph, which a user wrote).
-    Reads the disk only to resolve symlinks already inside the job's folder."""
+def output_name(file: ComfyUIFile) -> str:
+    """The output's name inside the job's folder or prefix: `<subfolder>/<filename>`, refusing
+    any name that would escape it (ComfyUI names come from the graph, which a user wrote)."""
     subfolder = file.subfolder.replace("\\", "/")
     if subfolder.startswith("/"):
         raise _unsafe(file)
@@ -251,7 +263,13 @@ def output_path(job_dir: Path, file: ComfyUIFile) -> Path:
         or ("/" in file.filename or "\\" in file.filename)
     ):
         raise _unsafe(file)
-    target = job_dir.joinpath(*names)
+    return "/".join(names)
+
+
+def output_path(job_dir: Path, file: ComfyUIFile) -> Path:
+    """Where a ComfyUI output lands in a local job folder (`output_name` under it). Reads the
+    disk only to resolve symlinks already inside the job's folder."""
+    target = job_dir.joinpath(*output_name(file).split("/"))
     if not target.resolve().is_relative_to(job_dir):
         raise _unsafe(file)  # a symlink inside the job folder pointing elsewhere
     return target

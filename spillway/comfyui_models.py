@@ -10,6 +10,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from spillway.models import JobInput
+
 # ApplicationError types of the ComfyUI activities. Non-retryable ones are also raised with
 # non_retryable=True; naming them in a retry policy is documentation, not a requirement.
 GRAPH_REJECTED = "ComfyUIGraphRejected"  # 400, or 200 with node_errors: fix the graph
@@ -19,6 +21,9 @@ OUTPUT_MISSING = "ComfyUIOutputMissing"  # /view answered 400/403/404 for an out
 UNSAFE_PATH = "ComfyUIUnsafePath"  # an output name that would land outside the job's folder
 UNSUPPORTED = "ComfyUIUnsupported"  # a ComfyUI that ignores the caller's prompt_id
 UNAVAILABLE = "ComfyUIUnavailable"  # retryable: no answer, 5xx, or an answer that is not JSON
+INPUT_UNREADABLE = "ComfyUIInputUnreadable"  # an input image not readable where it is stored
+UPLOAD_REFUSED = "ComfyUIUploadRefused"  # POST /upload/image answered 400 (or no name)
+UPLOAD_SUBFOLDER = "spillway"  # inputs go to ComfyUI's input/spillway/, under content-hash names
 
 
 def prompt_id_for(job_id: str, attempt: int, run_id: str | None = None) -> str:
@@ -39,12 +44,26 @@ class ComfyUISubmit(BaseModel):
     prompt_id: str
     client_id: str
     graph: dict[str, Any]  # API format: node id -> {"class_type", "inputs", ...}
+    front: bool = False  # sent as "front": true: ComfyUI queues it first (priority 1 jobs)
 
 
 class ComfyUISubmitted(BaseModel):
     prompt_id: str
     number: int | None = None  # ComfyUI's queue number; None when found, not posted
     posted: bool  # False: already in /queue or /history from an earlier try, not posted again
+
+
+class ComfyUIUpload(BaseModel):
+    """One input image to put into the host's ComfyUI (activity `comfyui_upload`)."""
+
+    job_id: str
+    input: JobInput
+
+
+class ComfyUIUploaded(BaseModel):
+    node: str  # the loader the image is for
+    name: str  # as LoadImage takes it: "spillway/<sha256>.<ext>"
+    sha256: str | None = None  # of the bytes uploaded
 
 
 class ComfyUIWait(BaseModel):

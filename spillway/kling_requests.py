@@ -4,7 +4,8 @@ routing_tiers.json, the external id that makes a create safe to reconcile, and t
 request carries.
 
 The mapping from a job's CloudRequest (written for MiniMax) to Kling:
-- image2video when the request has a `first_frame_image`, else text2video;
+- image2video when the job has a first frame (its first input image, read by the activity and
+  passed here as a data URL, or a URL) or the request a `first_frame_image`, else text2video;
 - duration: Kling renders 5 or 10 s, MiniMax 6 or 10 s: a request for 10 s or more gets "10",
   anything shorter "5" (MiniMax's default 6 s becomes Kling's 5 s, the nearer length);
 - aspect ratio 16:9 unless the request names one Kling renders (CloudRequest names none today);
@@ -43,8 +44,8 @@ TOKEN_EARLY_S = 5  # nbf = now - 5: a little clock skew between us and Kling is 
 # --- a job's request, as Kling reads it --------------------------------------------------------
 
 
-def kind_of(request: CloudRequest) -> Kind:
-    return "image2video" if request.first_frame_image else "text2video"
+def kind_of(request: CloudRequest, has_first_frame: bool = False) -> Kind:
+    return "image2video" if has_first_frame or request.first_frame_image else "text2video"
 
 
 def duration_of(request: CloudRequest) -> str:
@@ -72,11 +73,18 @@ def external_task_id(job_id: str, run_id: str) -> str:
 
 
 def create_request(
-    request: CloudRequest, *, external_task_id: str, model: str, mode: Mode
+    request: CloudRequest,
+    *,
+    external_task_id: str,
+    model: str,
+    mode: Mode,
+    first_frame: str | None = None,
 ) -> tuple[Kind, dict[str, Any]]:
-    """The endpoint kind and JSON body of a job's create. Raises ValueError for what Kling would
-    refuse (then nothing may be sent)."""
-    kind = kind_of(request)
+    """The endpoint kind and JSON body of a job's create; `first_frame` (a data URL or a URL)
+    wins over the request's `first_frame_image`. Raises ValueError for what Kling would refuse
+    (then nothing may be sent)."""
+    image = first_frame or request.first_frame_image
+    kind = kind_of(request, first_frame is not None)
     body = create_body(
         kind,
         external_task_id=external_task_id,
@@ -85,7 +93,7 @@ def create_request(
         mode=mode,
         aspect_ratio=aspect_ratio_of(request),
         duration=duration_of(request),
-        image=request.first_frame_image,
+        image=image,
     )
     return kind, body
 
@@ -94,6 +102,7 @@ def create_request(
 
 _DATA_URL = re.compile(r"^data:image/([\w.+-]+);base64,", re.IGNORECASE)
 _KLING_IMAGE_TYPES = frozenset({"jpeg", "jpg", "png"})  # Kling takes JPG and PNG only
+IMAGE_MAX_BYTES = 10_000_000  # Kling's limit on an image (docs/design.md, "Kling facts")
 
 
 def _image(value: str) -> str:
@@ -104,7 +113,10 @@ def _image(value: str) -> str:
         return value
     if match.group(1).lower() not in _KLING_IMAGE_TYPES:
         raise ValueError(f"Kling takes JPG or PNG images, not image/{match.group(1)}")
-    return value[match.end() :]
+    data = value[match.end() :]
+    if len(data) // 4 * 3 > IMAGE_MAX_BYTES:  # base64: 4 characters per 3 bytes
+        raise ValueError(f"Kling takes images of at most {IMAGE_MAX_BYTES} bytes")
+    return data
 
 
 def create_body(

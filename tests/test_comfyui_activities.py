@@ -25,12 +25,16 @@ from spillway.comfyui_models import (
     ComfyUIFile,
     ComfyUIFinished,
     ComfyUISubmitted,
+    ComfyUIUpload,
+    ComfyUIUploaded,
 )
-from spillway.models import Downloaded, Progress
+from spillway.inputs import prepare_inputs, with_inputs
+from spillway.models import Downloaded, JobInput, Progress
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.comfyui_graph import Failure
 from tests.support.comfyui import ComfyUIDouble, submit_request, wait_request
 from tests.support.graphs import ANIMATION_GRAPH, SLOW_GRAPH, VIDEO_GRAPH, graph_without
+from tests.support.images import I2V_GRAPH, png
 from tests.support.waiting import until
 from tests.support.workflows import RenderLocally, SubmitOnce
 
@@ -400,6 +404,86 @@ async def test_submit_posts_under_the_agents_client_id_so_its_one_socket_hears_t
     await run_activity(acts.submit, req)
     [item] = comfyui.queue_pending
     assert item[3]["client_id"] == acts.client_id != req.client_id
+
+
+async def test_a_priority_submit_goes_to_the_front_of_comfyuis_queue(
+    comfyui: ComfyUISim, comfyui_activities, run_activity
+):
+    comfyui.pause()
+    acts = comfyui_activities()
+    later = submit_request(new_job(), VIDEO_GRAPH)
+    urgent = submit_request(new_job(), VIDEO_GRAPH).model_copy(update={"front": True})
+    await run_activity(acts.submit, later)
+    submitted, _ = await run_activity(acts.submit, urgent)
+    assert submitted == ComfyUISubmitted(prompt_id=urgent.prompt_id, number=-1, posted=True)
+    assert [item[1] for item in comfyui.queue_pending] == [urgent.prompt_id, later.prompt_id]
+
+
+# --- upload ----------------------------------------------------------------------------------
+
+
+async def test_an_input_is_uploaded_under_its_content_hash_once_and_the_loader_renders_it(
+    comfyui: ComfyUISim, comfyui_activities, comfyui_settings, run_activity, tmp_path
+):
+    comfyui.execution_s = 0
+    acts, data, job_id = comfyui_activities(), png(640, 480), new_job()
+    (tmp_path / "start.png").write_bytes(data)
+    [item] = await prepare_inputs(
+        comfyui_settings(), job_id, I2V_GRAPH, [str(tmp_path / "start.png")], cloud=False
+    )
+    upload = ComfyUIUpload(job_id=job_id, input=item)
+    uploaded, heartbeats = await run_activity(acts.upload, upload)
+    again, _ = await run_activity(acts.upload, upload)  # a retried upload
+
+    sha256 = hashlib.sha256(data).hexdigest()
+    name = f"spillway/{sha256}.png"
+    assert uploaded == again == ComfyUIUploaded(node="1", name=name, sha256=sha256)
+    assert comfyui.hits["POST /upload/image"] == 2
+    assert comfyui.inputs.files == {name: data}  # one file, under the content's name
+    assert heartbeats and {h.phase for h in heartbeats} == {"uploading"}
+
+    # The graph as submitted names a file ComfyUI does not have: refused at POST.
+    refused, _ = await run_activity(acts.submit, submit_request(job_id, I2V_GRAPH))
+    assert isinstance(refused, ApplicationError) and refused.type == "ComfyUIGraphRejected"
+    assert "Invalid image file: placeholder.png" in refused.message
+    req = submit_request(job_id, with_inputs(I2V_GRAPH, {uploaded.node: uploaded.name}))
+    await run_activity(acts.submit, req)
+    finished, _ = await run_activity(acts.wait, wait_request(req))
+    assert isinstance(finished, ComfyUIFinished) and finished.outcome == "success"
+    assert comfyui.history[req.prompt_id]["prompt"][2]["1"]["inputs"] == {"image": name}
+
+
+async def test_an_input_at_a_url_is_fetched_and_uploaded_under_its_content_hash(
+    comfyui: ComfyUISim, comfyui_activities, run_activity
+):
+    data = png(320, 320, shade=9)
+    comfyui.inputs.files["elsewhere/frame.png"] = data  # served by /view?type=input
+    url = f"{comfyui.url}/view?filename=frame.png&subfolder=elsewhere&type=input"
+    item = JobInput(node="1", uri=url)
+    uploaded, _ = await run_activity(
+        comfyui_activities().upload, ComfyUIUpload(job_id=new_job(), input=item)
+    )
+    sha256 = hashlib.sha256(data).hexdigest()
+    assert uploaded == ComfyUIUploaded(node="1", name=f"spillway/{sha256}.png", sha256=sha256)
+    assert comfyui.inputs.files[f"spillway/{sha256}.png"] == data
+
+
+async def test_an_input_changed_since_submit_or_outside_the_store_is_refused_without_retry(
+    comfyui: ComfyUISim, comfyui_activities, comfyui_settings, run_activity, tmp_path
+):
+    acts, job_id = comfyui_activities(), new_job()
+    (tmp_path / "start.png").write_bytes(png(640, 480))
+    [item] = await prepare_inputs(
+        comfyui_settings(), job_id, I2V_GRAPH, [str(tmp_path / "start.png")], cloud=False
+    )
+    Path(item.uri.removeprefix("file://")).write_bytes(png(640, 480, shade=1))  # noqa: ASYNC240
+    outside = JobInput(node="1", uri=(tmp_path / "start.png").as_uri())
+    for bad, says in [(item, "sha256 differs"), (outside, "outside SPILLWAY_OUTPUT_DIR")]:
+        failed, _ = await run_activity(acts.upload, ComfyUIUpload(job_id=job_id, input=bad))
+        assert isinstance(failed, ApplicationError), failed
+        assert failed.type == "ComfyUIInputUnreadable" and failed.non_retryable
+        assert says in failed.message
+    assert comfyui.hits["POST /upload/image"] == 0 and comfyui.inputs.files == {}
 
 
 # --- wait ------------------------------------------------------------------------------------

@@ -330,6 +330,112 @@ async def test_view_refuses_paths_outside_comfyuis_folders_like_comfyui(
         assert response.status == status
 
 
+# --- POST /upload/image, LoadImage, "front" ----------------------------------------------------
+
+START = "3f2a9c-start.png"  # the recorded upload's name and subfolder
+FOLDER = "spillway/job-1"
+
+
+async def upload(
+    session: aiohttp.ClientSession,
+    comfyui: ComfyUISim,
+    data: bytes,
+    *,
+    name: str = START,
+    subfolder: str = FOLDER,
+    overwrite: bool = False,
+) -> tuple[int, Any, Any]:
+    form = aiohttp.FormData()
+    form.add_field("image", data, filename=name, content_type="image/png")
+    form.add_fields(
+        ("subfolder", subfolder), ("type", "input"), ("overwrite", str(overwrite).lower())
+    )
+    async with session.post(f"{comfyui.url}/upload/image", data=form) as response:
+        text = await response.text()
+        content_type = response.headers.get("Content-Type")
+        parsed = json.loads(text) if content_type and "json" in content_type else text
+        return response.status, content_type, parsed
+
+
+def recorded(name: str) -> tuple[int, Any, Any]:
+    answer = transcript(name)
+    return answer["status"], answer["content_type"], answer["body"]
+
+
+async def test_uploads_answer_like_comfyui_reusing_renaming_and_overwriting(
+    comfyui: ComfyUISim, session
+):
+    first, other = b"\x89PNG first image", b"\x89PNG another image"
+    assert await upload(session, comfyui, first) == recorded("upload_image_new.json")
+    # The same name and the same bytes: the file is reused.
+    assert await upload(session, comfyui, first) == recorded(
+        "upload_image_same_name_no_overwrite.json"
+    )
+    # The same name, other bytes, no overwrite: stored under a new name.
+    assert await upload(session, comfyui, other) == recorded(
+        "upload_image_same_name_other_content.json"
+    )
+    # With overwrite the name stays and the bytes are replaced.
+    answer = await upload(session, comfyui, other, overwrite=True)
+    assert answer == recorded("upload_image_overwrite.json")
+    assert comfyui.inputs.files == {
+        f"{FOLDER}/{START}": other,
+        f"{FOLDER}/3f2a9c-start (1).png": other,
+    }
+    assert await upload(session, comfyui, first, subfolder="../escape") == recorded(
+        "upload_image_bad_subfolder.json"
+    )
+
+
+async def test_loadimage_of_an_uploaded_file_runs_and_its_history_matches_comfyui(
+    comfyui: ComfyUISim, session
+):
+    comfyui.execution_s = 0
+    await upload(session, comfyui, b"\x89PNG start frame")
+    request = transcript("post_prompt_loadimage_subfolder.json")["request"]["json"]
+    status, content_type, answer = await post(session, f"{comfyui.url}/prompt", request)
+    expected = recorded("post_prompt_loadimage_subfolder.json")
+    assert (status, content_type, answer) == (*expected[:2], expected[2] | {"number": 0})
+
+    prompt_id, entry = recorded_history("history_loadimage_success.json")
+    await comfyui.wait_until(prompt_id, "done")
+    _, _, body = await get(session, f"{comfyui.url}/history/{prompt_id}")
+    assert normalised(body[prompt_id]) == normalised(entry) | {"prompt": [0, *entry["prompt"][1:]]}
+
+
+async def test_loadimage_of_a_missing_file_fails_at_post_time_like_comfyui(
+    comfyui: ComfyUISim, session
+):
+    request = transcript("post_prompt_loadimage_missing_file.json")["request"]["json"]
+    answer = await post(session, f"{comfyui.url}/prompt", request)
+    assert answer == recorded("post_prompt_loadimage_missing_file.json")
+    assert comfyui.queue_pending == comfyui.queue_running == []
+
+
+async def test_a_prompt_posted_with_front_is_queued_first_with_a_negative_number(
+    comfyui: ComfyUISim, session
+):
+    comfyui.pause()
+    await upload(session, comfyui, b"\x89PNG start frame")
+    later = transcript("post_prompt_ok.json")["request_body"]
+    for _ in range(2):
+        await post(session, f"{comfyui.url}/prompt", later)
+    request = transcript("post_prompt_front.json")["request"]["json"]
+    status, content_type, answer = await post(session, f"{comfyui.url}/prompt", request)
+
+    expected = recorded("post_prompt_front.json")
+    assert (status, content_type, answer) == (*expected[:2], expected[2] | {"number": -2})
+    assert [item[1] for item in comfyui.queue_pending] == [
+        request["prompt_id"],
+        later["prompt_id"],
+        later["prompt_id"],
+    ]
+    comfyui.execution_s = 0
+    comfyui.resume()
+    await comfyui.wait_until(later["prompt_id"], "done")
+    assert list(comfyui.history) == [request["prompt_id"], later["prompt_id"]]  # ran first
+
+
 # --- WebSocket -------------------------------------------------------------------------------
 
 

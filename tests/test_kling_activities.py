@@ -6,6 +6,7 @@ makes a second task, and no key or token shows anywhere."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import dataclasses
 import hashlib
 import logging
@@ -20,9 +21,11 @@ from temporalio.testing import ActivityEnvironment
 from activities.kling import KlingActivities
 from activities.kling_client import KlingClient
 from spillway.cloud_models import CloudCreate, CloudCreated, CloudDone, CloudDownload, CloudPoll
-from spillway.models import CloudRequest, Downloaded
+from spillway.inputs import prepare_inputs
+from spillway.models import CloudRequest, Downloaded, JobInput
 from spillway.sim.kling import KlingSim
 from spillway.spend_models import SettleRequest, SpendEntry
+from tests.support.images import I2V_GRAPH, png, webp
 from tests.support.kling import (
     CANARY_ACCESS,
     CANARY_SECRET,
@@ -158,6 +161,51 @@ async def test_job_with_a_first_frame_is_rendered_by_image2video(kling, kling_ac
     # The poll found the task under image2video though CloudPoll names no kind.
     assert kling.tasks[created.task_id].kind == "image2video"
     assert downloaded.outputs[0].sha256 == kling.sha256_of_task(created.task_id)
+
+
+async def with_first_frame(
+    kling_settings: Any, tmp_path: Path, name: str, data: bytes
+) -> CloudCreate:
+    """A request whose first frame is the job's input image, stored as `submit` stores it."""
+    req = create_request()
+    (tmp_path / name).write_bytes(data)
+    [item] = await prepare_inputs(
+        kling_settings(), req.job_id, I2V_GRAPH, [str(tmp_path / name)], cloud=True
+    )
+    return req.model_copy(update={"first_frame": item})
+
+
+async def test_a_jobs_stored_input_image_is_sent_as_bare_base64_to_image2video(
+    kling, kling_activities, kling_settings, tmp_path, caplog
+):
+    caplog.set_level(logging.DEBUG)
+    frame = png(640, 480)
+    req = await with_first_frame(kling_settings, tmp_path, "start.png", frame)
+    created, _, downloaded, heartbeats = await run_route(kling_activities(), req)
+
+    [body] = kling.create_bodies
+    assert kling.hits["POST /v1/videos/image2video"] == 1
+    assert base64.b64decode(body["image"]) == frame
+    assert downloaded.outputs[0].sha256 == kling.sha256_of_task(created.task_id)
+    encoded = body["image"][:40]  # the bytes appear nowhere but in the request
+    assert not [h for h in [created, downloaded, *heartbeats] if encoded in repr(h)]
+    assert encoded not in caplog.text
+
+
+async def test_a_first_frame_kling_cannot_take_or_read_is_refused_before_anything_is_sent(
+    kling, kling_activities, kling_settings, tmp_path
+):
+    webp_frame = await with_first_frame(kling_settings, tmp_path, "a.webp", webp(640, 480))
+    unreadable = create_request().model_copy(
+        update={"first_frame": JobInput(node="1", uri="file:///etc/passwd", sha256="0" * 64)}
+    )
+    for req, says in [(webp_frame, "JPG or PNG"), (unreadable, "outside SPILLWAY_OUTPUT_DIR")]:
+        ledger = KlingBookLedger()
+        result, _ = await run_as(kling_activities(ledger=ledger).create, req)
+        error = app_error(result, "KlingRefused")
+        assert says in error.message and "nothing was sent" in error.message
+        assert ledger.state_of(req.job_id) == "released"
+    assert kling.create_calls == 0
 
 
 async def test_units_kling_reports_are_logged_and_never_taken_for_dollars(

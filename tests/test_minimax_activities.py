@@ -4,6 +4,7 @@ arrives, every refusal says what to do, and no failure ever leads to a second pa
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import json
 import logging
@@ -26,10 +27,12 @@ from spillway.cloud_models import (
     CloudPoll,
 )
 from spillway.hosts import WAITS_SUFFIX
+from spillway.inputs import prepare_inputs
 from spillway.minimax_answers import PERMANENT_CODES, RATE_LIMIT_CODES, SERVER_TROUBLE_CODES
-from spillway.models import CloudRequest, Downloaded
+from spillway.models import CloudRequest, Downloaded, JobInput
 from tests.support.cli import decoded
 from tests.support.constants import CANARY_KEY
+from tests.support.images import I2V_GRAPH, png
 from tests.support.minimax import FAST, VIDEO_SIZE, BookLedger
 from tests.support.waiting import until
 from tests.support.workflows import CloudOnce, CreateOnce, CreateOnceInput
@@ -144,6 +147,46 @@ async def test_full_cloud_route_through_temporal_keeps_the_key_out_of_history(
     history = decoded(json.loads((await handle.fetch_history()).to_json()))
     assert task.task_id in history and PROMPT in history  # payloads decoded: the check can see
     assert CANARY_KEY not in history
+
+
+async def test_a_jobs_input_image_reaches_minimax_as_its_first_frame_and_nowhere_else(
+    minimax, minimax_activities, minimax_settings, run_activity, tmp_path, caplog
+):
+    caplog.set_level(logging.DEBUG)
+    frame, req = png(640, 480), create_request()
+    (tmp_path / "start.png").write_bytes(frame)
+    [item] = await prepare_inputs(
+        minimax_settings(), req.job_id, I2V_GRAPH, [str(tmp_path / "start.png")], cloud=True
+    )
+    req = req.model_copy(update={"first_frame": item})
+    created, done, downloaded, heartbeats = await run_route(minimax_activities(), run_activity, req)
+
+    [body] = minimax.create_bodies
+    prefix, _, encoded = body["first_frame_image"].partition(",")
+    assert prefix == "data:image/png;base64"
+    assert base64.b64decode(encoded) == frame
+    assert downloaded.outputs[0].sha256 == minimax.sha256_of_task(created.task_id)
+    seen = [created, done, downloaded, *heartbeats]
+    assert not [thing for thing in seen if encoded[:40] in repr(thing)]
+    assert encoded[:40] not in caplog.text
+
+
+async def test_a_first_frame_at_a_url_is_passed_on_and_an_unreadable_one_sends_nothing(
+    minimax, minimax_activities, run_activity
+):
+    url = "https://images.example.org/first.png"
+    at_url = create_request().model_copy(update={"first_frame": JobInput(node="1", uri=url)})
+    created, _ = await run_activity(minimax_activities().create, at_url)
+    assert isinstance(created, CloudCreated), created
+    assert minimax.create_bodies[0]["first_frame_image"] == url
+
+    gone = JobInput(node="1", uri="file:///nowhere/first.png", sha256="0" * 64)
+    req = create_request().model_copy(update={"first_frame": gone})
+    ledger = BookLedger()
+    result, _ = await run_activity(minimax_activities(ledger=ledger).create, req)
+    error = app_error(result, "MiniMaxCreateGaveUp")
+    assert "first frame" in error.message and "nothing was charged" in error.message
+    assert minimax.create_calls == 1 and ledger.state_of(req.job_id) == "released"
 
 
 # --- MiniMax says no ------------------------------------------------------------------------

@@ -16,17 +16,19 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 
-from activities import files, storage
+from activities import files, s3_store
+from activities.s3_store import S3OutputStore
 from activities.storage import (
+    LazyOutputStore,
     LocalOutputStore,
-    OutputSettings,
-    S3OutputStore,
     StoreError,
     UnsafeName,
-    load_output_settings,
     open_output_store,
+    presign,
+    s3_location,
 )
 from spillway.errors import ConfigError
+from spillway.settings import Settings, load_settings
 
 if TYPE_CHECKING:
     from tests.support.s3 import S3Endpoint
@@ -94,7 +96,8 @@ async def test_a_20_mib_video_goes_up_in_parts_and_lands_whole_with_its_sha256(s
         )
 
     key = f"outputs/{job_id}/video/clip_00001.mp4"
-    assert out.uri == f"s3://{s3.bucket}/{key}"
+    assert (out.uri, out.path) == (f"s3://{s3.bucket}/{key}", key)
+    assert out.output_file().uri == out.uri  # what a job's plan shows
     assert (out.bytes, out.sha256) == (len(data), hashlib.sha256(data).hexdigest())
     assert calls.count("UploadPart") == 3  # 8 + 8 + 4 MiB, one at a time
     content, metadata, content_type = await stored(s3, key)
@@ -185,8 +188,8 @@ async def test_an_object_over_the_copy_limit_is_put_in_place_range_by_range(
     s3: S3Endpoint, monkeypatch: pytest.MonkeyPatch
 ):
     # S3 copies at most 5 GiB in one request; the same path, scaled down.
-    monkeypatch.setattr(storage, "SINGLE_COPY_LIMIT", 10 * MIB)
-    monkeypatch.setattr(storage, "COPY_PART_BYTES", 6 * MIB)
+    monkeypatch.setattr(s3_store, "SINGLE_COPY_LIMIT", 10 * MIB)
+    monkeypatch.setattr(s3_store, "COPY_PART_BYTES", 6 * MIB)
     data, job_id = body(20 * MIB, seed=5), job()
     async with open_output_store(s3.settings()) as store:
         out = await store.put(job_id, "clip.mp4", stream(data), len(data))
@@ -225,7 +228,7 @@ async def test_credentials_appear_in_no_error_and_no_log_line(
 ):
     caplog.set_level(logging.INFO)
     credentials = (s3.access_key_id, s3.secret_access_key)
-    monkeypatch.setattr(storage, "S3_ATTEMPTS", 1)  # a refused port: no botocore retries
+    monkeypatch.setattr(s3_store, "S3_ATTEMPTS", 1)  # a refused port: no botocore retries
     errors: list[BaseException] = []
     data = body(9 * MIB)
 
@@ -251,7 +254,7 @@ async def test_credentials_appear_in_no_error_and_no_log_line(
         for name, value in (s3.env() | bad).items():
             monkeypatch.setenv(name, value)
         with pytest.raises(ConfigError, match="credentials belong in AWS_") as config:
-            load_output_settings()
+            s3_location(load_settings())
         errors.append(config.value)
 
     for error in errors:
@@ -263,20 +266,19 @@ async def test_credentials_appear_in_no_error_and_no_log_line(
 def test_the_output_url_is_checked_with_a_one_line_error(monkeypatch: pytest.MonkeyPatch):
     for name in ("SPILLWAY_OUTPUT_URL", "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION"):
         monkeypatch.delenv(name, raising=False)
-    assert OutputSettings().SPILLWAY_OUTPUT_URL is None
-    assert OutputSettings(SPILLWAY_OUTPUT_URL="").SPILLWAY_OUTPUT_URL is None
-    good = OutputSettings(SPILLWAY_OUTPUT_URL="s3://my-bucket//videos/spillway/")
-    assert (good.bucket, good.prefix) == ("my-bucket", "videos/spillway")
+    assert s3_location(Settings()) is None
+    assert s3_location(Settings(SPILLWAY_OUTPUT_URL="")) is None
+    good = Settings(SPILLWAY_OUTPUT_URL="s3://my-bucket//videos/spillway/")
+    assert s3_location(good) == ("my-bucket", "videos/spillway")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-3")
-    assert OutputSettings().AWS_REGION == "eu-west-3"
+    assert Settings().AWS_REGION == "eu-west-3"
     for url, says in [
-        ("https://my-bucket.s3.amazonaws.com/x", "must be s3://BUCKET or s3://BUCKET/PREFIX"),
         ("s3://My_Bucket/x", "'My_Bucket' is not a bucket name"),
         ("s3://my-bucket/../x", "may not contain '.' or '..'"),
+        ("s3://my-bucket/x?versionId=1", "without '?' or '#'"),
     ]:
-        monkeypatch.setenv("SPILLWAY_OUTPUT_URL", url)
         with pytest.raises(ConfigError, match="SPILLWAY_OUTPUT_URL") as exc:
-            load_output_settings()
+            s3_location(Settings(SPILLWAY_OUTPUT_URL=url))
         assert says in str(exc.value) and "\n" not in str(exc.value)
 
 
@@ -285,9 +287,11 @@ def test_the_output_url_is_checked_with_a_one_line_error(monkeypatch: pytest.Mon
 
 async def test_the_local_store_writes_the_job_folder_like_today(tmp_path: Path):
     data, job_id = body(3 * MIB), job()
-    async with open_output_store(OutputSettings(SPILLWAY_OUTPUT_DIR=tmp_path)) as store:
+    async with open_output_store(Settings(SPILLWAY_OUTPUT_DIR=tmp_path)) as store:
+        assert await store.find(job_id, "video/clip.mp4") is None
         out = await store.put(job_id, "video/clip.mp4", stream(data), len(data))
         assert await store.presign(out.uri) is None
+        assert await store.find(job_id, "video/clip.mp4") == out
         again = await store.put(job_id, "video/clip.mp4", stream(data, chunk=MIB), len(data))
         with pytest.raises(files.IncompleteDownload):
             await store.put(job_id, "short.mp4", stream(data), len(data) + 1)
@@ -296,10 +300,82 @@ async def test_the_local_store_writes_the_job_folder_like_today(tmp_path: Path):
 
     target = tmp_path.resolve() / job_id / "video" / "clip.mp4"  # noqa: ASYNC240
     assert out == again
-    assert out.uri == str(target)
+    assert (out.path, out.uri) == (str(target), target.as_uri())
+    assert out.output_file().uri is None  # a local output: its path says where it is
     assert (out.bytes, out.sha256) == (len(data), hashlib.sha256(data).hexdigest())
     assert target.read_bytes() == data
     assert files.describe(target).sha256 == out.sha256
     # Nothing else: no partial files, nothing under the refused names.
     left = [p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file()]  # noqa: ASYNC240
     assert left == [Path(job_id, "video", "clip.mp4")]
+
+
+async def test_the_local_store_reads_back_only_files_under_its_own_folder(tmp_path: Path):
+    store = LocalOutputStore(tmp_path / "outputs")
+    out = await store.put("job-1", "inputs/a.png", stream(b"png bytes"))
+    assert await store.read(out.uri, limit=100) == b"png bytes"
+    with pytest.raises(StoreError, match="over 5") as large:
+        await store.read(out.uri, limit=5)
+    assert not large.value.retryable
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not for a job")
+    for uri in (secret.as_uri(), "file:///etc/passwd", "https://example.com/a.png"):
+        with pytest.raises(StoreError) as refused:
+            await store.read(uri, limit=100)
+        assert not refused.value.retryable
+
+
+# --- finding, reading, presigning, opening lazily ------------------------------------------
+
+
+async def test_a_finished_object_is_found_by_its_sha256_and_an_unfinished_one_is_not(
+    s3: S3Endpoint,
+):
+    data, job_id = body(9 * MIB, seed=2), job()
+    async with open_output_store(s3.settings()) as store:
+        assert await store.find(job_id, "clip.mp4") is None
+        out = await store.put(job_id, "clip.mp4", stream(data), len(data))
+        assert await store.find(job_id, "clip.mp4") == out
+        async with s3.client() as client:  # an object spillway did not finish has no sha256
+            await client.put_object(Bucket=s3.bucket, Key=f"outputs/{job_id}/x.mp4", Body=b"x")
+        assert await store.find(job_id, "x.mp4") is None
+
+
+async def test_the_s3_store_reads_back_only_objects_under_its_prefix(s3: S3Endpoint):
+    async with open_output_store(s3.settings()) as store:
+        out = await store.put(job(), "inputs/frame.png", stream(b"\x89PNG frame"))
+        assert await store.read(out.uri, limit=100) == b"\x89PNG frame"
+        with pytest.raises(StoreError, match="over 3"):
+            await store.read(out.uri, limit=3)
+        for uri in (f"s3://other-bucket/outputs/{job()}/a.png", f"s3://{s3.bucket}/elsewhere/a"):
+            with pytest.raises(StoreError, match="is not under") as refused:
+                await store.read(uri, limit=100)
+            assert not refused.value.retryable
+
+
+async def test_presign_for_the_cli_signs_an_s3_uri_and_returns_none_for_a_local_one(
+    s3: S3Endpoint, http: httpx.AsyncClient, tmp_path: Path
+):
+    settings = s3.settings()
+    async with open_output_store(settings) as store:
+        out = await store.put(job(), "clip.mp4", stream(b"video"))
+    url = await presign(settings, out.uri, 60)
+    assert url is not None and s3.secret_access_key not in url
+    assert (await http.get(url)).content == b"video"
+    assert await presign(settings, (tmp_path / "a.mp4").as_uri()) is None
+    with pytest.raises(ValueError, match="lasts 1 s to"):
+        await presign(settings, out.uri, 8 * 86400)
+
+
+async def test_a_lazy_store_opens_at_first_use_and_says_what_is_wrong_with_its_settings(
+    s3: S3Endpoint, tmp_path: Path
+):
+    lazy = LazyOutputStore(s3.settings())
+    out = await lazy.put(job(), "a.txt", stream(b"hello"))
+    assert await lazy.read(out.uri, 10) == b"hello"
+    await lazy.aclose()
+    await lazy.aclose()  # twice is harmless
+    broken = LazyOutputStore(Settings(SPILLWAY_OUTPUT_URL="s3://No_Bucket"))
+    with pytest.raises(StoreError, match="not a bucket name") as exc:
+        await broken.find("job-1", "a.txt")
+    assert not exc.value.retryable

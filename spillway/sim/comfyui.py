@@ -2,16 +2,18 @@
 tests/comfyui_transcripts/ (same status codes, shapes, content types, empty bodies, WebSocket
 message order), used by the tests and by `spillway dev --simulate`.
 
-HTTP: POST/GET /prompt, GET /queue, POST /queue {"delete"|"clear"}, GET /history[/{id}],
-POST /history, POST /interrupt, GET /view, GET /system_stats; WebSocket /ws?clientId=.
-Prompts run one at a time in queue order; messages of a prompt go to the client that submitted it.
+HTTP: POST/GET /prompt (with "front"), GET /queue, POST /queue {"delete"|"clear"},
+GET /history[/{id}], POST /history, POST /interrupt, GET /view, POST /upload/image (the input
+folder) and GET /system_stats (spillway/sim/comfyui_endpoints.py); WebSocket /ws?clientId=.
+Prompts run one at a time in queue order (spillway/sim/comfyui_run.py); messages of a prompt go
+to the client that submitted it; a LoadImage of a file not uploaded fails at POST time.
 
 Knobs: `execution_s` (whole prompt; 0 = instant), `progress_steps` / `progress_nodes`,
 `output_bytes`, `fail_next()` / `fail_prompt()`, `pause()` / `resume()`, `ws_silent_after`,
 `lose_prompt_answers`, `hang_prompt_answers`, `restart()`, `set_vram_used_pct`, `set_queue`
 (inert placeholders, counted but never run), and the faults of SimServer. Observations:
 `prompt_posts` (POST /prompt per prompt_id), `hits`, `ws_withheld`, `state_of()`,
-`wait_until()`, `expected_sha256()`.
+`wait_until()`, `expected_sha256()`, `inputs.files` (uploaded images by "<subfolder>/<name>").
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import posixpath
 import uuid
 from collections import Counter
 from typing import Any, Literal
@@ -27,12 +28,11 @@ from typing import Any, Literal
 from aiohttp import web
 
 from spillway.sim import comfyui_graph as graph
-from spillway.sim.comfyui_graph import Failure, PromptRun
+from spillway.sim.comfyui_endpoints import A40_VRAM_TOTAL, InputFolder, system_stats, view
+from spillway.sim.comfyui_graph import Failure
+from spillway.sim.comfyui_run import PromptRun
 from spillway.sim.server import SimServer
 
-# An A40 as ComfyUI reports it: 48 GB card, ~45 GiB visible to torch.
-A40_NAME = "cuda:0 NVIDIA A40 : cudaMallocAsync"
-A40_VRAM_TOTAL = 45 * 1024**3
 # aiohttp's answer to an unhandled exception: what ComfyUI sends for a body that is not JSON.
 INTERNAL_ERROR = "500 Internal Server Error\n\nServer got itself in trouble"
 
@@ -59,6 +59,7 @@ class ComfyUISim(SimServer):
         self.prompt_posts: Counter[str] = Counter()
         # Generated output files, key -> size; like files on disk they survive restart().
         self.files: dict[str, int] = {}
+        self.inputs = InputFolder()  # uploaded images; they survive restart() too
         self._counters: dict[tuple[str, str], int] = {}
         self._number = 0
         self._inert: set[str] = set()
@@ -176,6 +177,7 @@ class ComfyUISim(SimServer):
         app.router.add_post("/history", self._post_history)
         app.router.add_post("/interrupt", self._post_interrupt)
         app.router.add_get("/view", self._view)
+        app.router.add_post("/upload/image", self._upload_image)
         app.router.add_get("/ws", self._ws)
         app.router.add_post("/sim/gpu", self._sim_gpu)
 
@@ -192,34 +194,7 @@ class ComfyUISim(SimServer):
         return web.json_response({"vram_used_pct": round(used, 1), "execution_s": self.execution_s})
 
     async def _system_stats(self, request: web.Request) -> web.Response:
-        return web.json_response(
-            {
-                "system": {
-                    "os": "posix",
-                    "ram_total": 67_280_302_080,
-                    "ram_free": 51_539_607_552,
-                    "comfyui_version": "0.3.64",
-                    "required_frontend_version": "1.27.10",
-                    "installed_templates_version": "0.1.95",
-                    "required_templates_version": "0.1.95",
-                    "python_version": "3.11.7",
-                    "pytorch_version": "2.14.1+cu130",
-                    "embedded_python": False,
-                    "argv": ["main.py", "--listen", "127.0.0.1", "--port", str(self.port)],
-                },
-                "devices": [
-                    {
-                        "name": A40_NAME,
-                        "type": "cuda",
-                        "index": 0,
-                        "vram_total": self.vram_total,
-                        "vram_free": self.vram_free,
-                        "torch_vram_total": self.vram_total,
-                        "torch_vram_free": self.vram_free,
-                    }
-                ],
-            }
-        )
+        return web.json_response(system_stats(self.port, self.vram_total, self.vram_free))
 
     async def _queue(self, request: web.Request) -> web.Response:
         return web.json_response(
@@ -237,8 +212,8 @@ class ComfyUISim(SimServer):
         body = await _json_body(request)
         if not isinstance(body, dict):
             return web.Response(status=500, text=INTERNAL_ERROR)
-        # ComfyUI numbers every POST, rejected ones included.
-        number: float | int = self._number
+        # ComfyUI numbers every POST, rejected ones included; "front" queues it first.
+        number: float | int = -self._number if body.get("front") else self._number
         self._number += 1
         if "number" in body:
             number = float(body["number"])
@@ -250,7 +225,7 @@ class ComfyUISim(SimServer):
         self.prompt_posts[prompt_id] += 1
         if not isinstance(prompt, dict):
             return web.Response(status=500, text=INTERNAL_ERROR)
-        result = graph.validate(prompt)
+        result = graph.validate(prompt, self.inputs.exists)
         if not result.ok:
             return web.json_response(
                 {"error": result.error, "node_errors": result.node_errors}, status=400
@@ -318,33 +293,10 @@ class ComfyUISim(SimServer):
         return web.Response(status=200)
 
     async def _view(self, request: web.Request) -> web.StreamResponse:
-        query = request.rel_url.query
-        filename = query.get("filename")
-        if filename is None:
-            return web.Response(status=404)
-        if not filename or filename[0] == "/" or ".." in filename:
-            return web.Response(status=400)
-        kind = query.get("type", "output")
-        if kind not in ("output", "input", "temp"):
-            return web.Response(status=400)
-        subfolder = query.get("subfolder", "")
-        if posixpath.normpath(posixpath.join("/root", subfolder)).split("/")[1:2] != ["root"]:
-            return web.Response(status=403)
-        filename = posixpath.basename(filename)
-        key = graph.file_key(kind, subfolder, filename)
-        size = self.files.get(key)
-        if size is None:
-            return web.Response(status=404)
-        mime = graph.MIME_TYPES.get(filename.rsplit(".", 1)[-1], "application/octet-stream")
-        response = web.StreamResponse(
-            headers={"Content-Disposition": f'filename="{filename}"', "Content-Type": mime}
-        )
-        response.content_length = size
-        await response.prepare(request)
-        for chunk in graph.iter_content(key, size):
-            await response.write(chunk)
-        await response.write_eof()
-        return response
+        return await view(request, self.files, self.inputs)
+
+    async def _upload_image(self, request: web.Request) -> web.Response:
+        return await self.inputs.upload(request)
 
     # --- WebSocket -----------------------------------------------------------------------
 

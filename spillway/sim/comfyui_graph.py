@@ -8,11 +8,9 @@ test can serve a 1 GB video without holding it in memory and compute its sha256 
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import posixpath
-import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Literal
@@ -58,6 +56,8 @@ NODE_CLASSES: dict[str, NodeClass] = {
         ("images", "filename_prefix", "fps", "compress_level"), "images", "png", animated=True
     ),
     "SaveImage": NodeClass(("images", "filename_prefix"), "images", "png"),
+    # Its `image` names a file in ComfyUI's input folder ("<subfolder>/<name>"), checked at POST.
+    "LoadImage": NodeClass(("image",)),
     "PreviewImage": NodeClass(("images",), "images", "png", temp=True),
     # VideoHelperSuite's custom node: its videos come under "gifs", named without the trailing _.
     "VHS_VideoCombine": NodeClass(
@@ -88,10 +88,13 @@ def error_body(kind: str, message: str, details: str) -> dict[str, Any]:
     return {"type": kind, "message": message, "details": details, "extra_info": {}}
 
 
-def validate(prompt: dict[str, Any]) -> Validation:
+def validate(
+    prompt: dict[str, Any], input_exists: Callable[[str], bool] = lambda _: True
+) -> Validation:
     """ComfyUI's validate_prompt: unknown classes end validation at once with `invalid_prompt`;
     otherwise each output node is checked with everything upstream of it, and the prompt is
-    accepted (200) if at least one output is good, with the bad ones in `node_errors`."""
+    accepted (200) if at least one output is good, with the bad ones in `node_errors`.
+    `input_exists(name)`: whether ComfyUI's input folder has the file a LoadImage names."""
     outputs = []
     for node_id, node in prompt.items():
         if not isinstance(node, dict) or "class_type" not in node:
@@ -117,7 +120,7 @@ def validate(prompt: dict[str, Any]) -> Validation:
     failed: list[str] = []
     node_errors: dict[str, Any] = {}
     for output in sorted(outputs):
-        bad = [n for n in upstream(prompt, output) if _reasons(prompt, n, reasons_of)]
+        bad = [n for n in upstream(prompt, output) if _reasons(prompt, n, reasons_of, input_exists)]
         if not bad:
             good.append(output)
             continue
@@ -146,7 +149,10 @@ def validate(prompt: dict[str, Any]) -> Validation:
 
 
 def _reasons(
-    prompt: dict[str, Any], node_id: str, cache: dict[str, list[dict[str, Any]]]
+    prompt: dict[str, Any],
+    node_id: str,
+    cache: dict[str, list[dict[str, Any]]],
+    input_exists: Callable[[str], bool],
 ) -> list[dict[str, Any]]:
     if node_id not in cache:
         node = prompt[node_id]
@@ -161,6 +167,17 @@ def _reasons(
             for name in NODE_CLASSES[node["class_type"]].required
             if name not in inputs
         ]
+        image = inputs.get("image")
+        # A missing file fails at POST time (post_prompt_loadimage_missing_file.json).
+        if node["class_type"] == "LoadImage" and isinstance(image, str) and not input_exists(image):
+            cache[node_id].append(
+                {
+                    "type": "custom_validation_failed",
+                    "message": "Custom validation failed for node",
+                    "details": f"image - Invalid image file: {image}",
+                    "extra_info": {"input_name": "image"},
+                }
+            )
     return cache[node_id]
 
 
@@ -281,14 +298,13 @@ def content_sha256(key: str, size: int) -> str:
     return digest.hexdigest()
 
 
-# --- running a prompt ------------------------------------------------------------------------
+# --- how a prompt fails (spillway/sim/comfyui_run.py runs it) -------------------------------
 
 # The runtime failure recorded in history_execution_error.json.
 DEFAULT_EXCEPTION = (
     "av.error.ExternalError",
     "[Errno 542398533] Generic error in an external library: 'avcodec_open2(\"libx264\", {})'\n",
 )
-Send = Callable[[str, dict[str, Any]], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -298,140 +314,3 @@ class Failure:
     message: str = DEFAULT_EXCEPTION[1]
     exception_type: str = DEFAULT_EXCEPTION[0]
     node_id: str | None = None
-
-
-class _Ended(Exception):
-    pass
-
-
-class PromptRun:
-    """One execution of a queued prompt, message by message in ComfyUI 0.3.64's order
-    (ws_success_sequence.json): execution_start, execution_cached, then per node progress_state,
-    executing, [progress], [executed], progress_state; then execution_success | execution_error |
-    execution_interrupted. `execute` returns the history entry."""
-
-    def __init__(
-        self,
-        item: list[Any],
-        send: Send,
-        interrupted: Callable[[], bool],
-        failure: Failure | None,
-        *,
-        execution_s: float,
-        progress_steps: int,
-        progress_nodes: frozenset[str],
-        output_bytes: int,
-        files: dict[str, int],
-        counters: dict[tuple[str, str], int],
-    ) -> None:
-        self.item, self._send, self._interrupted, self._failure = item, send, interrupted, failure
-        self.prompt_id: str = item[1]
-        self.client_id: str | None = item[3].get("client_id")
-        self.prompt: dict[str, Any] = item[2]
-        self.node: str | None = None
-        self._execution_s, self._steps = execution_s, progress_steps
-        self._progress_nodes, self._output_bytes = progress_nodes, output_bytes
-        self._files, self._counters = files, counters
-        self._messages: list[list[Any]] = []
-        self._states: dict[str, dict[str, Any]] = {}
-        self._executed: list[str] = []
-        self._outputs: dict[str, Any] = {}
-
-    async def execute(self) -> dict[str, Any]:
-        await self._message("execution_start", {"prompt_id": self.prompt_id}, record=True)
-        await self._message("execution_cached", {"nodes": [], "prompt_id": self.prompt_id}, True)
-        order = execution_order(self.prompt, self.item[4])
-        fail_at = None
-        if self._failure is not None:
-            fail_at = self._failure.node_id if self._failure.node_id in order else order[-1]
-        try:
-            for node_id in order:
-                await self._run_node(node_id, self._execution_s / len(order), node_id == fail_at)
-            await self._message("execution_success", {"prompt_id": self.prompt_id}, record=True)
-            status = "success"
-        except _Ended:
-            status = "error"
-        return {
-            "prompt": self.item,
-            "outputs": self._outputs,
-            "status": {
-                "status_str": status,
-                "completed": status == "success",
-                "messages": self._messages,
-            },
-            "meta": {
-                n: {"node_id": n, "display_node": n, "parent_node": None, "real_node_id": n}
-                for n in self._outputs
-            },
-        }
-
-    async def _run_node(self, node_id: str, seconds: float, fail: bool) -> None:
-        class_type = self.prompt[node_id]["class_type"]
-        self.node = node_id
-        await self._progress_state(node_id, 0, 1, "running")
-        executing = {"node": node_id, "display_node": node_id, "prompt_id": self.prompt_id}
-        await self._message("executing", executing)
-        # ComfyUI checks for an interrupt before each node, and samplers at every step.
-        if self._interrupted():
-            await self._end("execution_interrupted", node_id, class_type)
-        if class_type in self._progress_nodes and self._steps > 0:
-            for step in range(1, self._steps + 1):
-                await asyncio.sleep(seconds / self._steps)
-                if self._interrupted():
-                    await self._end("execution_interrupted", node_id, class_type)
-                await self._progress_state(node_id, step, self._steps, "running")
-                progress = {"value": step, "max": self._steps, "prompt_id": self.prompt_id}
-                await self._message("progress", progress | {"node": node_id})
-        else:
-            await asyncio.sleep(seconds)
-        if fail:
-            await self._end("execution_error", node_id, class_type, self._failure)
-        if NODE_CLASSES[class_type].output is not None:
-            ui, files = output_files(self.prompt, node_id, self._counters)
-            for kind, subfolder, filename in files:
-                self._files[file_key(kind, subfolder, filename)] = self._output_bytes
-            self._outputs[node_id] = ui
-            executed = {"node": node_id, "display_node": node_id, "output": ui}
-            await self._message("executed", executed | {"prompt_id": self.prompt_id})
-        self._executed.insert(0, node_id)
-        await self._progress_state(node_id, 1, 1, "finished")
-
-    async def _end(
-        self, kind: str, node_id: str, class_type: str, failure: Failure | None = None
-    ) -> None:
-        data: dict[str, Any] = {
-            "prompt_id": self.prompt_id,
-            "node_id": node_id,
-            "node_type": class_type,
-            "executed": list(self._executed),
-        }
-        if failure is not None:
-            data |= {
-                "exception_message": failure.message,
-                "exception_type": failure.exception_type,
-                "traceback": ['  File "<comfyui>/execution.py", line 496, in execute\n'],
-                "current_inputs": {},
-                "current_outputs": [node_id, *self._executed],
-            }
-        await self._message(kind, data, record=True)
-        raise _Ended()
-
-    async def _progress_state(self, node_id: str, value: int, maximum: int, state: str) -> None:
-        self._states[node_id] = {
-            "value": float(value),
-            "max": float(maximum),
-            "state": state,
-            "node_id": node_id,
-            "prompt_id": self.prompt_id,
-            "display_node_id": node_id,
-            "parent_node_id": None,
-            "real_node_id": node_id,
-        }
-        nodes = {n: dict(s) for n, s in self._states.items()}
-        await self._message("progress_state", {"prompt_id": self.prompt_id, "nodes": nodes})
-
-    async def _message(self, kind: str, data: dict[str, Any], record: bool = False) -> None:
-        if record:  # history keeps execution_start/cached/success/error/interrupted
-            data = data | {"timestamp": int(time.time() * 1000)}
-            self._messages.append([kind, data])
-        await self._send(kind, data)

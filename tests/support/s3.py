@@ -14,11 +14,11 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AbstractAsyncContextManager, contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from activities.storage import OutputSettings
+from spillway.settings import Settings
 
 if TYPE_CHECKING:
     from types_aiobotocore_s3 import S3Client
@@ -61,8 +61,9 @@ class S3Endpoint:
             "AWS_ENDPOINT_URL": self.url,
         }
 
-    def settings(self, prefix: str = "outputs", **overrides: str) -> OutputSettings:
-        return OutputSettings(**(self.env(prefix) | overrides))  # type: ignore[arg-type]
+    def settings(self, prefix: str = "outputs", **overrides: Any) -> Settings:
+        """Settings that store outputs here; `overrides` are further settings (env names)."""
+        return Settings(**(self.env(prefix) | overrides))
 
     def client(self) -> AbstractAsyncContextManager[S3Client]:
         """A separate client, for looking at what the server holds."""
