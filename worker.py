@@ -29,6 +29,7 @@ from temporalio.client import Client
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.worker import Worker
 
+from activities.callbacks import CallbackActivities
 from activities.comfyui import ComfyUIActivities
 from activities.kling import KlingActivities
 from activities.kling_client import KlingTiming
@@ -40,19 +41,21 @@ from activities.notify import NotifyActivities
 from activities.nvml import GpuReader, NvmlReader
 from activities.policy import PolicyActivities
 from activities.spend import SpendActivities, budgets_of
+from activities.storage import OutputStore, open_output_store
 from spillway import search_attributes as sa
 from spillway.errors import ConfigError
 from spillway.hosts import WAITS_SUFFIX, GpuHost, gpu_hosts, host_settings, ref
 from spillway.settings import Settings, load_settings
 from spillway.temporal import TemporalUnreachable, connect
 from spillway.tiers import RoutingTiers, load_tiers
+from workflows.callbacks import CallbackWorkflow
 from workflows.health import HealthWorkflow
 from workflows.spend_ledger import SpendLedgerWorkflow
 from workflows.video_job import VideoJobWorkflow
 
 log = logging.getLogger("spillway.worker")
 
-WORKFLOWS = [VideoJobWorkflow, SpendLedgerWorkflow, HealthWorkflow]
+WORKFLOWS = [VideoJobWorkflow, SpendLedgerWorkflow, HealthWorkflow, CallbackWorkflow]
 
 
 @dataclass
@@ -66,13 +69,18 @@ class QueueWork:
 
 
 def main_work(
-    http: httpx.AsyncClient, settings: Settings, tiers: RoutingTiers, ledger: Ledger
+    http: httpx.AsyncClient,
+    settings: Settings,
+    tiers: RoutingTiers,
+    ledger: Ledger,
+    store: OutputStore,
 ) -> list[QueueWork]:
     policy = PolicyActivities(settings, tiers)
     notify = NotifyActivities(http, settings)
-    minimax = MiniMaxActivities(http, settings, ledger)
-    kling = KlingActivities(http, settings, ledger)
+    minimax = MiniMaxActivities(http, settings, ledger, store=store)
+    kling = KlingActivities(http, settings, ledger, store=store)
     spend = SpendActivities(ledger, settings, tiers)
+    callbacks = CallbackActivities(http, settings)
     queue = settings.SPILLWAY_TASK_QUEUE
     decisions: list[Callable[..., Any]] = [
         policy.read_policy,
@@ -82,6 +90,7 @@ def main_work(
         spend.view,
         minimax.create,
         kling.create,
+        callbacks.job_callback,
     ]
     waits: list[Callable[..., Any]] = [minimax.poll, minimax.download, kling.poll, kling.download]
     return [
@@ -101,14 +110,22 @@ class Agent:
 
     @classmethod
     def of(
-        cls, http: httpx.AsyncClient, settings: Settings, host: GpuHost, gpu: GpuReader
+        cls,
+        http: httpx.AsyncClient,
+        settings: Settings,
+        host: GpuHost,
+        gpu: GpuReader,
+        store: OutputStore,
     ) -> Agent:
         mine = host_settings(settings, host)
-        return cls(LoadStatusActivities(http, mine, gpu), ComfyUIActivities(http, mine))
+        return cls(
+            LoadStatusActivities(http, mine, gpu), ComfyUIActivities(http, mine, store=store)
+        )
 
     @property
     def short(self) -> list[Callable[..., Any]]:
-        return [self.load.a40_load_status, self.comfyui.submit, self.comfyui.cancel]
+        comfyui = self.comfyui
+        return [self.load.a40_load_status, comfyui.upload, comfyui.submit, comfyui.cancel]
 
     @property
     def waits(self) -> list[Callable[..., Any]]:
@@ -140,14 +157,15 @@ async def serving(
     owned = None
     if gpu is None:
         gpu = owned = NvmlReader()
-    async with httpx.AsyncClient() as http:
+    # The store is closed after the Temporal workers stopped (the exit stack below ends first).
+    async with open_output_store(settings) as store, httpx.AsyncClient() as http:
         works: list[QueueWork] = []
-        running = {h.name: Agent.of(http, settings, h, gpu) for h in hosts}
+        running = {h.name: Agent.of(http, settings, h, gpu, store) for h in hosts}
         if not agents and only_host is None:
             running = {}
         if only_host is None:
             ledger = SpendLedger(client, settings.SPILLWAY_TASK_QUEUE)
-            works = main_work(http, settings, tiers, ledger)
+            works = main_work(http, settings, tiers, ledger, store)
             if running:
                 # Jobs started before GPU hosts existed schedule their probe and ComfyUI
                 # activities on the main queue: the first host's agent serves them there too.

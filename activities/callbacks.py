@@ -18,10 +18,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import json
 
 import httpx
-from pydantic import SecretStr, ValidationError, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
@@ -32,45 +32,12 @@ from spillway.callback_models import (
     CALLBACK_UNREACHABLE,
     CallbackDelivery,
     CallbackResult,
+    JobEvent,
 )
-from spillway.errors import ConfigError
+from spillway.models import Plan
+from spillway.settings import Settings
 
 REQUEST_TIMEOUT_S = 10.0  # the whole request: connect, send, the answer's status line
-
-
-class CallbackSettings(BaseSettings):
-    """The callbacks' part of the environment (to be merged into spillway.settings)."""
-
-    model_config = SettingsConfigDict(
-        case_sensitive=True, extra="ignore", frozen=True, hide_input_in_errors=True
-    )
-
-    # Where every job's events go unless the job named its own --callback-url; unset: nowhere.
-    JOB_WEBHOOK_URL: SecretStr | None = None
-    # Keys the X-Spillway-Signature HMAC; unset: callbacks go out unsigned (with a warning).
-    JOB_WEBHOOK_SECRET: SecretStr | None = None
-
-    @field_validator("JOB_WEBHOOK_URL", "JOB_WEBHOOK_SECRET", mode="before")
-    @classmethod
-    def _empty_means_unset(cls, value: object) -> object:
-        if isinstance(value, str) and not value.strip():
-            return None
-        return value
-
-    @field_validator("JOB_WEBHOOK_URL")
-    @classmethod
-    def _http_url(cls, value: SecretStr | None) -> SecretStr | None:
-        if value is not None and not value.get_secret_value().startswith(("http://", "https://")):
-            raise ValueError("must start with http:// or https://")
-        return value
-
-
-def load_callback_settings() -> CallbackSettings:
-    try:
-        return CallbackSettings()
-    except ValidationError as exc:
-        problems = [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
-        raise ConfigError("invalid callback setting: " + "; ".join(problems)) from None
 
 
 def sign(body: bytes, secret: str) -> str:
@@ -80,8 +47,23 @@ def sign(body: bytes, secret: str) -> str:
 
 
 class CallbackActivities:
-    def __init__(self, http: httpx.AsyncClient, settings: CallbackSettings) -> None:
+    def __init__(self, http: httpx.AsyncClient, settings: Settings) -> None:
         self._http, self._settings = http, settings
+
+    async def _as_shown(self, event: JobEvent) -> JobEvent:
+        """The plan as `spillway status --json` shows it: outputs in object storage with a
+        presigned `url`, signed afresh on every attempt so a late delivery still carries a
+        working link."""
+        try:
+            plan = Plan.model_validate(event.plan)
+        except ValidationError:  # not a whole plan: sent as the workflow gave it
+            return event
+        # The CLI's own (imported here: they reach the workflows, which import this module).
+        from spillway.client import presign_outputs
+        from spillway.render import plan_json
+
+        plan = await presign_outputs(plan, self._settings)
+        return event.model_copy(update={"plan": json.loads(plan_json(plan))})
 
     @activity.defn(name=names.JOB_CALLBACK)
     async def job_callback(self, delivery: CallbackDelivery) -> CallbackResult:
@@ -91,7 +73,7 @@ class CallbackActivities:
         if url is None:
             return CallbackResult(status_code=None, signed=False)
         event = delivery.event.event
-        body = delivery.event.model_dump_json().encode()
+        body = (await self._as_shown(delivery.event)).model_dump_json().encode()
         headers = {
             "Content-Type": "application/json",
             "X-Spillway-Delivery": delivery.delivery_id,

@@ -37,5 +37,6 @@ class PolicyActivities:
             # Each host's agent polls queues named after the queue this worker serves.
             hosts=[ref(activity.info().task_queue, h.name) for h in gpu_hosts(s, self._tiers)],
             providers=s.cloud_providers,
+            job_webhook_configured=s.JOB_WEBHOOK_URL is not None,
             estimated_costs_usd=dict(minimax.estimated_cost_usd) if minimax else {},
         )

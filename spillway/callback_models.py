@@ -1,9 +1,9 @@
 """What a completion callback carries (the event a job's owner is told about, one delivery of
 it) and how a workflow runs the `job_callback` activity (activities/callbacks.py).
 
-How to send one, from the end of VideoJobWorkflow: start a child workflow that runs the activity
-with CALLBACK_RETRY, with `parent_close_policy=ParentClosePolicy.ABANDON`, await only its start,
-and return (tests/support/callback_workflow.py: JobThatCallsBack and SendCallback). Not
+How one is sent, from the end of VideoJobWorkflow: a child workflow (workflows/callbacks.py) runs
+the activity with CALLBACK_RETRY, started with `parent_close_policy=ParentClosePolicy.ABANDON`;
+the job awaits only its start and returns. Not
 `workflow.start_activity` without awaiting it: an activity still scheduled when its workflow
 completes is never run nor retried (the server drops it with the closed run; a test shows it), and
 awaiting it would hold the job open for as long as the receiver is down."""

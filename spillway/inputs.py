@@ -20,12 +20,11 @@ from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
 from spillway.errors import ConfigError, Failed
-from spillway.models import JobInput
+from spillway.models import IMAGE_LOADERS, JobInput
 
 if TYPE_CHECKING:
     from spillway.settings import Settings
 
-IMAGE_LOADERS = frozenset({"LoadImage"})  # nodes whose `image` input names an input file
 MAX_INPUT_BYTES = 50 << 20  # any input: uploads and first frames are read whole
 MAX_URL_CHARS = 2000  # JobInput.uri's limit
 # MiniMax's first_frame_image (docs/design.md, "MiniMax facts"): JPG/PNG/WebP, under 20 MB,

@@ -128,6 +128,9 @@ class OutputFile(BaseModel):
     url: str | None = None  # presigned by `spillway status` (never stored in history)
 
 
+IMAGE_LOADERS = frozenset({"LoadImage"})  # nodes whose `image` input names an input file
+
+
 class JobInput(BaseModel):
     """An input file of an image-to-video job (docs/design.md, "Clients, inputs and outputs"):
     stored once and referenced here by URI and sha256 (its bytes never travel in history)."""
@@ -193,6 +196,7 @@ class Policy(BaseModel):
     hosts: list[HostRef] = []
     # The cloud providers with keys, in CLOUD_PROVIDERS order; empty before Kling: MiniMax only.
     providers: list[str] = []
+    job_webhook_configured: bool = False  # JOB_WEBHOOK_URL: every job's completion is posted
     estimated_costs_usd: dict[str, float] = {}  # MiniMax tier, "768P/6s" -> USD
 
     def armed_for(self, job_has_cloud_request: bool) -> bool:
@@ -337,10 +341,25 @@ class VideoJob(BaseModel):
     job_id: JobId
     graph: ComfyGraph
     cloud: CloudRequest | None = None  # None: this job can only run locally
-    inputs: list[JobInput] = []  # image-to-video: uploaded to the host that renders
+    # Image-to-video: uploaded to the host that renders; the first is the cloud's first frame.
+    inputs: Annotated[list[JobInput], Field(max_length=16)] = []
     # Where job.completed|failed|cancelled go (else JOB_WEBHOOK_URL); not shown in the plan.
     callback_url: Annotated[str, Field(pattern=r"^https?://\S+$", max_length=2000)] | None = None
     # 1 (first) .. 5 (last): Temporal's task priority for the job; 1 also goes to the front of
     # ComfyUI's queue.
     priority: Annotated[int, Field(ge=1, le=5)] = 3
     carry: AwaitCarry | None = None  # set only by continue-as-new
+
+    @model_validator(mode="after")
+    def _inputs_fit_the_graph(self) -> VideoJob:
+        nodes = [i.node for i in self.inputs]
+        if len(set(nodes)) != len(nodes):
+            raise ValueError("inputs: each image loader takes one input")
+        for node in nodes:
+            kind = self.graph.get(node, {}).get("class_type")
+            if kind not in IMAGE_LOADERS:
+                raise ValueError(
+                    f"inputs: node {node!r} is not an image loader of the graph "
+                    f"({'absent' if kind is None else kind})"
+                )
+        return self

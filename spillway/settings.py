@@ -109,6 +109,13 @@ class Settings(BaseSettings):
     SPILLWAY_MAX_WAITS: Annotated[int, Field(ge=1)] = 2000
     SPILLWAY_UI_URL: AnyHttpUrl = AnyHttpUrl("http://localhost:8233")  # links in notifications
 
+    @field_validator("JOB_WEBHOOK_URL")
+    @classmethod
+    def _http_url(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not value.get_secret_value().startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return value
+
     @model_validator(mode="after")
     def _kling_needs_both_keys(self) -> Self:
         if (self.KLING_ACCESS_KEY is None) != (self.KLING_SECRET_KEY is None):

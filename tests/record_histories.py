@@ -17,8 +17,9 @@ from temporalio.client import WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from spillway.models import ApprovalDecision
+from spillway.models import ApprovalDecision, JobInput, VideoJob
 from spillway.temporal import installed_binary, register_search_attributes
+from tests.support.images import I2V_GRAPH
 from tests.support.jobs import RunJobs, job_runner
 from tests.support.route_stubs import BUSY, FREE, RouteStubs
 from tests.support.settings import ARMED, KEY
@@ -58,6 +59,21 @@ async def record(run_jobs: RunJobs, name: str) -> WorkflowHandle[Any, Any]:
             await handle.signal(APPROVAL_SIGNAL, decision)
             await handle.signal(APPROVAL_SIGNAL, decision.model_copy(update={"over_budget": True}))
             await handle.result()
+    elif name == "replay-i2v-priority-callback":
+        # An image input uploaded to the GPU host, priority 1 (front of ComfyUI's queue), and
+        # the job.completed callback started as the job ends.
+        job = VideoJob(
+            job_id=name,
+            graph=I2V_GRAPH,
+            inputs=[JobInput(node="1", uri="s3://bucket/in/start.png", sha256="a" * 64)],
+            callback_url="http://127.0.0.1:9/hook",
+            priority=1,
+        )
+        async with run_jobs(RouteStubs(FREE)) as jobs:
+            handle = await jobs.client.start_workflow(
+                "VideoJobWorkflow", job, id=name, task_queue=jobs.task_queue
+            )
+            await handle.result()
     else:
         raise SystemExit(f"unknown history {name}; one of {', '.join(NAMES)}")
     return handle
@@ -71,6 +87,7 @@ NAMES = (
     "replay-ledger-armed-cloud",
     "replay-ledger-approved-cloud",
     "replay-ledger-budget-over",
+    "replay-i2v-priority-callback",
 )
 
 

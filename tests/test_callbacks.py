@@ -14,6 +14,7 @@ import traceback
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 import pytest
@@ -26,7 +27,8 @@ from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities import callbacks
-from activities.callbacks import CallbackActivities, CallbackSettings, load_callback_settings, sign
+from activities.callbacks import CallbackActivities, sign
+from spillway import activity_names as names
 from spillway.callback_models import (
     CALLBACK_BAD_URL,
     CALLBACK_REFUSED,
@@ -36,8 +38,16 @@ from spillway.callback_models import (
     JobEvent,
 )
 from spillway.errors import ConfigError
-from spillway.temporal import installed_binary
-from tests.support.callback_workflow import FireAndForget, JobThatCallsBack, SendCallback
+from spillway.models import Plan, VideoJob
+from spillway.settings import load_settings
+from spillway.temporal import installed_binary, register_search_attributes
+from tests.support.callback_workflow import FireAndForget, JobThatCallsBack
+from tests.support.graphs import VIDEO_GRAPH
+from tests.support.jobs import Jobs, RunJobs
+from tests.support.route_stubs import FREE, RouteStubs
+from tests.support.settings import make_settings
+from tests.support.waiting import until
+from workflows.callbacks import CallbackWorkflow
 
 SECRET = "whsec-spillway-test-4c1f"
 # Shaped like a Slack incoming webhook: the path is the credential.
@@ -85,6 +95,7 @@ async def env() -> AsyncIterator[WorkflowEnvironment]:
         data_converter=pydantic_data_converter,
         test_server_existing_path=installed_binary("temporal-test-server"),
     )
+    await register_search_attributes(environment.client)  # the jobs at the end set them
     yield environment
     await environment.shutdown()
 
@@ -116,7 +127,7 @@ def activities(
     http: httpx.AsyncClient, secret: str | None = SECRET, worker_url: str | None = None
 ) -> CallbackActivities:
     """The worker's side; both settings given, so a JOB_WEBHOOK_URL of the shell plays no part."""
-    settings = CallbackSettings(JOB_WEBHOOK_URL=worker_url, JOB_WEBHOOK_SECRET=secret)
+    settings = make_settings(JOB_WEBHOOK_URL=worker_url, JOB_WEBHOOK_SECRET=secret)
     return CallbackActivities(http, settings)
 
 
@@ -263,10 +274,10 @@ def test_the_url_stays_out_of_reprs_validation_errors_and_settings_errors(
     assert_no_url(str(invalid.value), url)
     monkeypatch.setenv("JOB_WEBHOOK_URL", "hooks.example.com" + HOOK_PATH)
     with pytest.raises(ConfigError, match=r"JOB_WEBHOOK_URL: .*must start with http") as bad:
-        load_callback_settings()
+        load_settings()
     assert_no_url(str(bad.value), url)
     monkeypatch.setenv("JOB_WEBHOOK_URL", url)
-    assert_no_url(repr(load_callback_settings()), url)
+    assert_no_url(repr(load_settings()), url)
 
 
 # --- through Temporal ----------------------------------------------------------------------
@@ -276,7 +287,7 @@ def worker(env: WorkflowEnvironment, acts: CallbackActivities, task_queue: str) 
     return Worker(
         env.client,
         task_queue=task_queue,
-        workflows=[SendCallback, JobThatCallsBack, FireAndForget],
+        workflows=[CallbackWorkflow, JobThatCallsBack, FireAndForget],
         activities=[acts.job_callback],
     )
 
@@ -288,7 +299,7 @@ async def test_a_receiver_failing_twice_gets_the_same_delivery_id_three_times(
     sent, task_queue = delivery(receiver.url), f"callback-{uuid.uuid4()}"
     async with worker(env, activities(http), task_queue):
         result = await env.client.execute_workflow(
-            SendCallback.run, sent, id=f"callback-{uuid.uuid4()}", task_queue=task_queue
+            CallbackWorkflow.run, sent, id=f"callback-{uuid.uuid4()}", task_queue=task_queue
         )
     assert result == CallbackResult(status_code=204, signed=True)
     ids = [r.headers["X-Spillway-Delivery"] for r in receiver.received]
@@ -306,7 +317,7 @@ async def test_a_receiver_that_stays_down_fails_the_delivery_without_naming_the_
     async with worker(env, activities(http), task_queue):
         with pytest.raises(WorkflowFailureError) as failed:
             await env.client.execute_workflow(
-                SendCallback.run,
+                CallbackWorkflow.run,
                 delivery(url),
                 id=f"callback-{uuid.uuid4()}",
                 task_queue=task_queue,
@@ -334,8 +345,8 @@ async def test_the_job_returns_at_once_and_its_callback_arrives_later(
             if len(receiver.received) == 2:
                 break
             await env.sleep(1)  # skipped time on the time-skipping server
-        child = env.client.get_workflow_handle_for(
-            SendCallback.run, f"{job_id}-callback-job.completed"
+        child = env.client.get_workflow_handle(
+            f"{job_id}-callback-job.completed", result_type=CallbackResult
         )
         delivered = await child.result()
     assert delivered.status_code == 204
@@ -357,3 +368,51 @@ async def test_an_activity_started_without_await_is_lost_when_the_workflow_ends(
         await asyncio.sleep(1.5)
     assert outcome == "completed"
     assert receiver.received == []
+
+
+# --- from the end of a real job ------------------------------------------------------------
+
+
+async def start_with_callback(jobs: Jobs, url: str | None) -> Any:
+    job_id = f"cb-{uuid.uuid4().hex[:10]}"
+    job = VideoJob(job_id=job_id, graph=VIDEO_GRAPH, callback_url=url)
+    return await jobs.client.start_workflow(
+        "VideoJobWorkflow", job, id=job_id, task_queue=jobs.task_queue, result_type=Plan
+    )
+
+
+async def test_a_completed_job_posts_its_event_signed_to_its_own_callback_url(
+    run_jobs: RunJobs, receiver: Receiver
+):
+    async with run_jobs(RouteStubs(FREE), JOB_WEBHOOK_SECRET=SECRET) as jobs:
+        handle = await start_with_callback(jobs, receiver.url)
+        plan = await handle.result()
+        await until(lambda: receiver.received, what="the callback")
+    [got] = receiver.received
+    body = json.loads(got.body)
+    assert got.signature_valid and (body["event"], body["job_id"]) == ("job.completed", plan.job_id)
+    assert body["plan"]["state"] == "completed" and body["plan"]["route"] == "local"
+    assert got.headers["X-Spillway-Delivery"].startswith(f"{plan.job_id}:")
+
+
+async def test_a_failed_job_posts_job_failed_to_the_workers_webhook(
+    run_jobs: RunJobs, receiver: Receiver
+):
+    stubs = RouteStubs(FREE)
+    stubs.fail[names.COMFYUI_SUBMIT] = ApplicationError("graph rejected", non_retryable=True)
+    settings = {"JOB_WEBHOOK_URL": receiver.url, "JOB_WEBHOOK_SECRET": SECRET}
+    async with run_jobs(stubs, **settings) as jobs:
+        handle = await start_with_callback(jobs, None)
+        with pytest.raises(WorkflowFailureError):
+            await handle.result()
+        await until(lambda: receiver.received, what="the callback")
+    body = json.loads(receiver.received[0].body)
+    assert (body["event"], body["plan"]["state"]) == ("job.failed", "failed")
+    assert "graph rejected" in body["plan"]["error"]
+
+
+async def test_a_dead_receiver_never_delays_or_fails_the_job(run_jobs: RunJobs, refused_url):
+    async with run_jobs(RouteStubs(FREE)) as jobs:
+        handle = await start_with_callback(jobs, refused_url + HOOK_PATH)
+        plan = await asyncio.wait_for(handle.result(), 10)  # not held by the receiver
+    assert plan.state == "completed"

@@ -17,6 +17,7 @@ from spillway.models import ApprovalDecision, Plan, VideoJob
 from spillway.settings import PROJECT_ROOT
 from tests.support.cli import spillway
 from tests.support.graphs import VIDEO_GRAPH
+from tests.support.images import I2V_GRAPH
 
 COMMITTED = PROJECT_ROOT / "docs" / "schema"
 REGENERATE = "run `spillway schema --write docs/schema` and commit docs/schema/"
@@ -64,7 +65,7 @@ GOOD_JOBS: list[dict[str, Any]] = [
     {"job_id": "job-1", "graph": VIDEO_GRAPH},
     {
         "job_id": "job.2_b",
-        "graph": VIDEO_GRAPH,
+        "graph": I2V_GRAPH,
         "cloud": {"prompt": "a heron", "duration": 10, "resolution": "768P"},
         "inputs": [{"node": "1", "uri": "s3://b/in/x.png", "sha256": "a" * 64}],
         "callback_url": "https://example.com/hooks/spillway",

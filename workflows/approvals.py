@@ -28,6 +28,7 @@ PATCH_LEDGER = "spend-ledger-reserve"
 PATCH_BUDGET_VIEW = "spend-ledger-budget-view"
 PATCH_HOSTS = "gpu-hosts"
 PATCH_PROMPT_PER_RUN = "prompt-id-per-run"
+PATCH_CALLBACKS = "job-callbacks"
 
 
 # What the signal handler gets when a signal carried no input at all (the SDK decodes a handler's

@@ -11,7 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
+from temporalio.common import Priority, RetryPolicy
 from temporalio.workflow import ActivityHandle
 
 with workflow.unsafe.imports_passed_through():
@@ -40,6 +40,8 @@ with workflow.unsafe.imports_passed_through():
         ComfyUIFinished,
         ComfyUISubmit,
         ComfyUISubmitted,
+        ComfyUIUpload,
+        ComfyUIUploaded,
         ComfyUIWait,
     )
     from spillway.hosts import WAITS_SUFFIX
@@ -80,7 +82,9 @@ async def read_policy(job_id: str) -> Policy:
     )
 
 
-async def probe(job_id: str, host: HostRef | None) -> LoadStatus:
+async def probe(
+    job_id: str, host: HostRef | None, priority: Priority = Priority.default
+) -> LoadStatus:
     """On a host's agent, bounded (docs/design.md, "GPU hosts and agents"): an agent that does
     not pick the probe up within PROBE_BOUND (down, or gone mid-probe and not back) fails it,
     and the caller reads that as "no answer" (fail-open: unreachable needs two). A probe that
@@ -97,6 +101,7 @@ async def probe(job_id: str, host: HostRef | None) -> LoadStatus:
         LoadStatusActivities.a40_load_status,
         LoadProbeRequest(job_id=job_id),
         task_queue=host.task_queue,
+        priority=priority,
         schedule_to_start_timeout=PROBE_BOUND,  # never retried: the agent is not there
         start_to_close_timeout=timedelta(seconds=60),
         retry_policy=FREE_RETRY,
@@ -113,15 +118,38 @@ async def notify(notice: ApprovalNotice) -> None:
 
 
 # --- LOCAL ---------------------------------------------------------------------------------
+# `priority`: the job's own (Priority.default: the workflow's, which its client may have set).
+
+
+async def comfyui_upload(
+    req: ComfyUIUpload, heartbeat: timedelta, host: HostRef | None, priority: Priority
+) -> ComfyUIUploaded:
+    return await workflow.execute_activity_method(
+        ComfyUIActivities.upload,
+        req,
+        task_queue=host.task_queue if host else None,
+        priority=priority,
+        # Safe to retry: the content names the file, so a second upload writes the same file.
+        start_to_close_timeout=timedelta(minutes=10),
+        heartbeat_timeout=heartbeat,
+        retry_policy=RetryPolicy(
+            maximum_interval=timedelta(seconds=30),
+            non_retryable_error_types=[comfyui.UPLOAD_REFUSED, comfyui.INPUT_UNREADABLE],
+        ),
+    )
 
 
 async def comfyui_submit(
-    req: ComfyUISubmit, heartbeat: timedelta, host: HostRef | None
+    req: ComfyUISubmit,
+    heartbeat: timedelta,
+    host: HostRef | None,
+    priority: Priority = Priority.default,
 ) -> ComfyUISubmitted:
     return await workflow.execute_activity_method(
         ComfyUIActivities.submit,
         req,
         task_queue=host.task_queue if host else None,
+        priority=priority,
         # Longer than one attempt can take (its requests and their timeouts), so two attempts
         # never overlap; a dead agent is noticed by its heartbeat instead. A retried submit
         # looks for its prompt_id in ComfyUI before posting, so it never posts twice.
@@ -135,13 +163,17 @@ async def comfyui_submit(
 
 
 async def comfyui_wait(
-    req: ComfyUIWait, heartbeat: timedelta, host: HostRef | None
+    req: ComfyUIWait,
+    heartbeat: timedelta,
+    host: HostRef | None,
+    priority: Priority = Priority.default,
 ) -> ComfyUIFinished:
     return await workflow.execute_activity_method(
         ComfyUIActivities.wait,
         req,
         # Its own queue and slot pool: thousands of waits never starve a probe or a create.
         task_queue=host.waits_queue if host else None,
+        priority=priority,
         start_to_close_timeout=timedelta(hours=24),
         heartbeat_timeout=heartbeat,
         retry_policy=RetryPolicy(
@@ -152,12 +184,16 @@ async def comfyui_wait(
 
 
 async def comfyui_download(
-    req: ComfyUIDownload, heartbeat: timedelta, host: HostRef | None
+    req: ComfyUIDownload,
+    heartbeat: timedelta,
+    host: HostRef | None,
+    priority: Priority = Priority.default,
 ) -> Downloaded:
     return await workflow.execute_activity_method(
         ComfyUIActivities.download,
         req,
         task_queue=host.waits_queue if host else None,
+        priority=priority,
         start_to_close_timeout=timedelta(hours=6),
         heartbeat_timeout=heartbeat,
         retry_policy=FREE_RETRY,
@@ -211,7 +247,9 @@ async def spend_view(req: SpendRequest) -> BudgetView:
     )
 
 
-def cloud_create(req: CloudCreate, heartbeat: timedelta) -> ActivityHandle[CloudCreated]:
+def cloud_create(
+    req: CloudCreate, heartbeat: timedelta, priority: Priority = Priority.default
+) -> ActivityHandle[CloudCreated]:
     """Started, not awaited: the caller shields it, because a create once sent is never
     abandoned (a cancelled job still records the task it ordered). Never retried by Temporal
     (money invariant 2): a provider that can be asked whether its task exists (Kling, by its
@@ -220,6 +258,7 @@ def cloud_create(req: CloudCreate, heartbeat: timedelta) -> ActivityHandle[Cloud
     return workflow.start_activity_method(
         method,
         req,
+        priority=priority,
         start_to_close_timeout=CREATE_TIMEOUT,
         heartbeat_timeout=heartbeat,
         retry_policy=NEVER_RETRY,
@@ -231,34 +270,43 @@ def waits_queue() -> str:
     return workflow.info().task_queue + WAITS_SUFFIX
 
 
-async def cloud_poll(req: CloudPoll, heartbeat: timedelta) -> CloudDone:
+async def cloud_poll(
+    req: CloudPoll, heartbeat: timedelta, priority: Priority = Priority.default
+) -> CloudDone:
     if req.provider == "kling":
         return await workflow.execute_activity_method(
             KlingActivities.poll,
             req,
-            **_waiting(heartbeat, [kling_errors.TASK_FAILED, kling_errors.REFUSED]),
+            **_waiting(heartbeat, priority, [kling_errors.TASK_FAILED, kling_errors.REFUSED]),
         )
     return await workflow.execute_activity_method(
         MiniMaxActivities.poll,
         req,
-        **_waiting(heartbeat, [minimax_errors.TASK_FAILED, minimax_errors.PERMANENT]),
+        **_waiting(heartbeat, priority, [minimax_errors.TASK_FAILED, minimax_errors.PERMANENT]),
     )
 
 
-async def cloud_download(req: CloudDownload, heartbeat: timedelta) -> Downloaded:
+async def cloud_download(
+    req: CloudDownload, heartbeat: timedelta, priority: Priority = Priority.default
+) -> Downloaded:
     if req.provider == "kling":
         return await workflow.execute_activity_method(
-            KlingActivities.download, req, **_waiting(heartbeat, [kling_errors.VIDEO_GONE])
+            KlingActivities.download,
+            req,
+            **_waiting(heartbeat, priority, [kling_errors.VIDEO_GONE]),
         )
     return await workflow.execute_activity_method(
-        MiniMaxActivities.download, req, **_waiting(heartbeat, [minimax_errors.PERMANENT])
+        MiniMaxActivities.download,
+        req,
+        **_waiting(heartbeat, priority, [minimax_errors.PERMANENT]),
     )
 
 
-def _waiting(heartbeat: timedelta, final: list[str]) -> Any:
+def _waiting(heartbeat: timedelta, priority: Priority, final: list[str]) -> Any:
     """Options of the long cloud activities: free to retry, on their own queue, bounded."""
     return {
         "task_queue": waits_queue(),
+        "priority": priority,
         "start_to_close_timeout": timedelta(hours=24),
         "heartbeat_timeout": heartbeat,
         "retry_policy": RetryPolicy(

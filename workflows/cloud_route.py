@@ -76,6 +76,7 @@ class CloudRoute(JobBase):
                     authorisation=choice.authorisation or "armed",
                     simulated=policy.simulated,
                     provider=provider,
+                    first_frame=self._job.inputs[0] if self._job.inputs else None,
                 )
                 try:
                     task_id = await self._create(create)
@@ -121,7 +122,7 @@ class CloudRoute(JobBase):
         self._count(self._choice)
         self._publish()
         poll = CloudPoll(job_id=self._job.job_id, task_id=task_id, provider=provider)
-        done = await calls.cloud_poll(poll, self._heartbeat)
+        done = await calls.cloud_poll(poll, self._heartbeat, self._priority)
         if done.cost_usd is not None:  # the provider's own figure replaces the estimate
             self._plan.cloud.cost_usd = done.cost_usd
             await self._settle("charged", task_id, done.cost_usd)
@@ -132,13 +133,15 @@ class CloudRoute(JobBase):
             video_url=done.video_url,
             provider=provider,
         )
-        self._plan.outputs = (await calls.cloud_download(download, self._heartbeat)).outputs
+        self._plan.outputs = (
+            await calls.cloud_download(download, self._heartbeat, self._priority)
+        ).outputs
 
     async def _create(self, req: CloudCreate) -> str:
         """The task id, or DISARMED when the fallback was disarmed before anything was sent;
         raises Refused when the provider provably made nothing."""
         self._create_started = workflow.now()
-        handle = calls.cloud_create(req, self._heartbeat)
+        handle = calls.cloud_create(req, self._heartbeat, self._priority)
         self._unused_reservation = False  # the create's own guard settles it from here
         try:
             created = await asyncio.shield(handle)

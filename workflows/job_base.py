@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 from temporalio import workflow
-from temporalio.common import SearchAttributeUpdate
+from temporalio.common import Priority, SearchAttributeUpdate
 from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.exceptions import TimeoutError as ActivityTimeout
 
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from workflows.approvals import RouteChoice, Ticket
 
 SettleState = Literal["charged", "maybe_charged", "released"]
+FAILED = "JobFailed"  # the type of the failure a failed job ends with
 DISARMED = "fallback_disarmed"  # the reason a job waits when armed spending is refused now
 
 
@@ -56,6 +57,12 @@ class JobBase:
             },
         )
 
+    @property
+    def _priority(self) -> Priority:
+        """The job's activities queue by the job's priority (1 first), whichever client
+        started it and whether or not it set the workflow's own."""
+        return Priority(priority_key=self._job.priority)
+
     def _set_state(self, state: JobState) -> None:
         self._plan.state = state
         self._publish()
@@ -76,13 +83,15 @@ class JobBase:
         if plan.host is not None:
             updates.append(sa.HOST.value_set(plan.host))
         workflow.upsert_search_attributes(updates)
-        workflow.upsert_memo({"plan": plan})
+        # `priority` too: `list` reads it there (Temporal's list does not return a priority),
+        # also for jobs whose client set no memo of its own.
+        workflow.upsert_memo({"plan": plan, "priority": self._job.priority})
         workflow.set_current_details(texts.current_details(plan))
 
     def _fail(self, message: str) -> NoReturn:
         self._plan.error = message
         self._set_state("failed")
-        raise ApplicationError(message, type="JobFailed", non_retryable=True)
+        raise ApplicationError(message, type=FAILED, non_retryable=True)
 
     def _failure_message(self, err: ActivityError) -> str:
         cause = err.cause

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError
@@ -21,10 +21,12 @@ with workflow.unsafe.imports_passed_through():
         ComfyUICancel,
         ComfyUIDownload,
         ComfyUISubmit,
+        ComfyUIUpload,
         ComfyUIWait,
         client_id_for,
         prompt_id_for,
     )
+    from spillway.inputs import with_inputs
     from spillway.models import HostRef, Policy
     from workflows import texts
 
@@ -55,6 +57,7 @@ class LocalRoute(JobBase):
         # A reset or re-run gets prompt ids of its own: a long-lived ComfyUI still holds the
         # earlier run's prompt (and its video) under the old one.
         run = workflow.info().run_id if workflow.patched(PATCH_PROMPT_PER_RUN) else None
+        graph = await self._with_uploaded_inputs(host)
         while self._plan.local_attempts < policy.comfyui_max_attempts:
             self._plan.local_attempts += 1
             prompt_id = prompt_id_for(self._job.job_id, self._plan.local_attempts, run)
@@ -64,21 +67,34 @@ class LocalRoute(JobBase):
                 job_id=self._job.job_id,
                 prompt_id=prompt_id,
                 client_id=client_id,
-                graph=self._job.graph,
+                graph=graph,
+                front=self._job.priority == 1,
             )
             # Never abandoned: a job cancelled mid-submit waits for it, then takes it back out.
-            await to_the_end(calls.comfyui_submit(submit, self._heartbeat, host))
+            await to_the_end(calls.comfyui_submit(submit, self._heartbeat, host, self._priority))
             wait = ComfyUIWait(job_id=self._job.job_id, prompt_id=prompt_id, client_id=client_id)
-            finished = await calls.comfyui_wait(wait, self._heartbeat, host)
+            finished = await calls.comfyui_wait(wait, self._heartbeat, host, self._priority)
             if finished.outcome == "lost":
                 # ComfyUI restarted and forgot the prompt: resubmitting locally costs nothing.
                 self._plan.reasons = [*self._plan.reasons, f"comfyui_lost_prompt={prompt_id}"]
                 continue
             download = ComfyUIDownload(job_id=self._job.job_id, files=finished.files)
-            downloaded = await calls.comfyui_download(download, self._heartbeat, host)
+            downloaded = await calls.comfyui_download(
+                download, self._heartbeat, host, self._priority
+            )
             self._plan.outputs = downloaded.outputs
             return
         self._fail(texts.lost_too_often(self._plan.local_attempts))
+
+    async def _with_uploaded_inputs(self, host: HostRef | None) -> dict[str, Any]:
+        """The graph with each input image uploaded to the host that renders it, its loader
+        pointing at the uploaded file. Nothing to do (and no history event) without inputs."""
+        uploaded: dict[str, str] = {}
+        for item in self._job.inputs:
+            upload = ComfyUIUpload(job_id=self._job.job_id, input=item)
+            done = await calls.comfyui_upload(upload, self._heartbeat, host, self._priority)
+            uploaded[done.node] = done.name
+        return with_inputs(self._job.graph, uploaded) if uploaded else self._job.graph
 
     def _host_named(self, name: str | None) -> HostRef | None:
         """The host to run on; None for a job from before hosts (its own task queue)."""

@@ -28,6 +28,7 @@ from workflows.approvals import (
     LOCAL,
     NO_INPUT,
     PATCH_BUDGET_VIEW,
+    PATCH_CALLBACKS,
     PATCH_HOSTS,
     Approvals,
     RouteChoice,
@@ -35,11 +36,14 @@ from workflows.approvals import (
     raw_text,
     read_signal,
 )
+from workflows.callbacks import call_back
 from workflows.cloud_route import KNOWN_PROVIDERS, CloudRoute
+from workflows.job_base import FAILED
 from workflows.job_input import NAME, read_job
 from workflows.local_route import LocalRoute
 
 with workflow.unsafe.imports_passed_through():
+    from spillway.callback_models import EventName
     from spillway.cloud_models import Provider
     from spillway.decision import decide
     from spillway.hosts import no_answer, pick_host
@@ -86,10 +90,26 @@ class VideoJobWorkflow(Approvals, LocalRoute, CloudRoute):
         self._hosts: list[HostRef] = []
         self._providers: list[Provider] = ["minimax"]
         self._next_host: str | None = None
+        self._callbacks = False  # the workers have a JOB_WEBHOOK_URL
 
     @workflow.run
     async def run(self, raw: RawValue) -> Plan:
-        job = self._job
+        try:
+            await self._run(self._job)
+        except ApplicationError as err:
+            if err.type == FAILED:
+                await self._tell("job.failed")
+            raise
+        except (asyncio.CancelledError, ActivityError):
+            if self._plan.state == "cancelled":
+                await self._tell("job.cancelled")
+            raise
+        self._plan.progress = None
+        self._set_state("completed")
+        await self._tell("job.completed")
+        return self._plan
+
+    async def _run(self, job: VideoJob) -> None:
         try:
             if self._input_error is not None:
                 self._fail(self._input_error)
@@ -103,6 +123,7 @@ class VideoJobWorkflow(Approvals, LocalRoute, CloudRoute):
             # A dead worker's long activity moves to another worker after this (at most 30 s).
             self._heartbeat = timedelta(seconds=policy.heartbeat_timeout_s)
             self._hosts = policy.hosts
+            self._callbacks = policy.job_webhook_configured
             # Jobs from before Kling know only MiniMax (and no ordered list of providers).
             known = [KNOWN_PROVIDERS[p] for p in policy.providers if p in KNOWN_PROVIDERS]
             self._providers = known or ["minimax"]
@@ -121,9 +142,13 @@ class VideoJobWorkflow(Approvals, LocalRoute, CloudRoute):
             await self._release_unused_reservation()
             self._set_state("cancelled")
             raise
-        self._plan.progress = None
-        self._set_state("completed")
-        return self._plan
+
+    async def _tell(self, event: EventName) -> None:
+        """The job's completion callback, when it or the workers name a receiver."""
+        if not (self._job.callback_url or self._callbacks):
+            return
+        if workflow.patched(PATCH_CALLBACKS):
+            await call_back(event, self._plan, self._job.callback_url)
 
     # --- queries, signals, updates -----------------------------------------------------------
 
@@ -293,7 +318,7 @@ class VideoJobWorkflow(Approvals, LocalRoute, CloudRoute):
 
     async def _probe(self, host: HostRef, policy: Policy) -> LoadStatus:
         try:
-            load = await calls.probe(self._job.job_id, host)
+            load = await calls.probe(self._job.job_id, host, self._priority)
         except ActivityError as err:
             # Its agent is down or did not answer in time: this probe saw no ComfyUI there.
             cause = err.cause

@@ -10,8 +10,9 @@ to the client that submitted it; a LoadImage of a file not uploaded fails at POS
 
 Knobs: `execution_s` (whole prompt; 0 = instant), `progress_steps` / `progress_nodes`,
 `output_bytes`, `fail_next()` / `fail_prompt()`, `pause()` / `resume()`, `ws_silent_after`,
-`lose_prompt_answers`, `hang_prompt_answers`, `restart()`, `set_vram_used_pct`, `set_queue`
-(inert placeholders, counted but never run), and the faults of SimServer. Observations:
+`lose_prompt_answers`, `hang_prompt_answers`, `lose_upload_answers`, `restart()`,
+`set_vram_used_pct`, `set_queue` (inert placeholders, counted but never run), and the faults of
+SimServer. Observations:
 `prompt_posts` (POST /prompt per prompt_id), `hits`, `ws_withheld`, `state_of()`,
 `wait_until()`, `expected_sha256()`, `inputs.files` (uploaded images by "<subfolder>/<name>").
 """
@@ -56,6 +57,7 @@ class ComfyUISim(SimServer):
         self.ws_withheld = 0  # frames a silent socket did not deliver
         self.lose_prompt_answers = 0  # POST /prompt queued, then the connection dropped unanswered
         self.hang_prompt_answers = 0  # POST /prompt queued, then no answer until stop()
+        self.lose_upload_answers = 0  # POST /upload/image stored, then the connection dropped
         self.prompt_posts: Counter[str] = Counter()
         # Generated output files, key -> size; like files on disk they survive restart().
         self.files: dict[str, int] = {}
@@ -296,7 +298,12 @@ class ComfyUISim(SimServer):
         return await view(request, self.files, self.inputs)
 
     async def _upload_image(self, request: web.Request) -> web.Response:
-        return await self.inputs.upload(request)
+        response = await self.inputs.upload(request)
+        if self.lose_upload_answers > 0 and response.status == 200:
+            self.lose_upload_answers -= 1
+            assert request.transport is not None
+            request.transport.close()
+        return response
 
     # --- WebSocket -----------------------------------------------------------------------
 

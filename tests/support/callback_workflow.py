@@ -1,6 +1,6 @@
-"""Tiny workflows that run `job_callback` by its registered name, the way VideoJobWorkflow should
-at its end: the job returns at once and a child workflow, abandoned to outlive it, delivers the
-event with CALLBACK_RETRY. FireAndForget is the tempting shortcut that loses the event."""
+"""Tiny workflows around the completion callback: JobThatCallsBack hands a given delivery to the
+real child (workflows/callbacks.py: CallbackWorkflow) as VideoJobWorkflow does at its end;
+FireAndForget is the tempting shortcut that loses the event."""
 
 from __future__ import annotations
 
@@ -18,23 +18,7 @@ with workflow.unsafe.imports_passed_through():
         CallbackDelivery,
         CallbackResult,
     )
-
-
-@workflow.defn
-class SendCallback:
-    """One event's delivery, retried with backoff; it fails (visibly, in the UI) only after
-    CALLBACK_RETRY gives up, and nothing waits for it."""
-
-    @workflow.run
-    async def run(self, delivery: CallbackDelivery) -> CallbackResult:
-        result: CallbackResult = await workflow.execute_activity(
-            names.JOB_CALLBACK,
-            delivery,
-            result_type=CallbackResult,
-            start_to_close_timeout=CALLBACK_TIMEOUT,
-            retry_policy=CALLBACK_RETRY,
-        )
-        return result
+    from workflows.callbacks import CallbackWorkflow
 
 
 @workflow.defn
@@ -48,7 +32,7 @@ class JobThatCallsBack:
         # replays this start while the child still runs finds it there: already under way.
         with contextlib.suppress(WorkflowAlreadyStartedError):
             await workflow.start_child_workflow(
-                SendCallback.run,
+                CallbackWorkflow.run,
                 delivery,
                 id=f"{workflow.info().workflow_id}-callback-{delivery.event.event}",
                 parent_close_policy=workflow.ParentClosePolicy.ABANDON,

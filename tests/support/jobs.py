@@ -20,11 +20,13 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import httpx
 import pytest
 from temporalio.client import Client, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from activities.callbacks import CallbackActivities
 from activities.ledger_client import SpendLedger
 from activities.policy import PolicyActivities
 from activities.spend import CreateGuard, SpendActivities
@@ -119,6 +121,8 @@ def job_runner(environment: WorkflowEnvironment) -> RunJobs:
             queues = ref(task_queue, host.name)
             host_queues += [queues.task_queue, queues.waits_queue]
         async with contextlib.AsyncExitStack() as stack:
+            http = await stack.enter_async_context(httpx.AsyncClient())
+            callbacks = CallbackActivities(http, config)
             for queue in host_queues:
                 await stack.enter_async_context(
                     Worker(environment.client, task_queue=queue, activities=stubs.activities())
@@ -134,6 +138,7 @@ def job_runner(environment: WorkflowEnvironment) -> RunJobs:
                         spend.reserve,
                         spend.settle,
                         spend.view,
+                        callbacks.job_callback,
                     ],
                 )
             )

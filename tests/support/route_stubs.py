@@ -32,6 +32,8 @@ from spillway.comfyui_models import (
     ComfyUIFinished,
     ComfyUISubmit,
     ComfyUISubmitted,
+    ComfyUIUpload,
+    ComfyUIUploaded,
     ComfyUIWait,
 )
 from spillway.models import (
@@ -90,6 +92,7 @@ class RouteStubs:
     def activities(self) -> list[Callable[..., Any]]:
         return [
             self.load,
+            self.upload,
             self.submit,
             self.wait,
             self.download,
@@ -114,6 +117,12 @@ class RouteStubs:
             raise RuntimeError("probe worker crashed")
         current = self.loads.pop(0) if len(self.loads) > 1 else self.loads[0]
         return current.model_copy(update={"measured_at": datetime.now(UTC)})
+
+    @activity.defn(name=names.COMFYUI_UPLOAD)
+    async def upload(self, req: ComfyUIUpload) -> ComfyUIUploaded:
+        self._count(names.COMFYUI_UPLOAD)
+        sha256 = req.input.sha256 or "0" * 64
+        return ComfyUIUploaded(node=req.input.node, name=f"spillway/{sha256}.png", sha256=sha256)
 
     @activity.defn(name=names.COMFYUI_SUBMIT)
     async def submit(self, req: ComfyUISubmit) -> ComfyUISubmitted:
