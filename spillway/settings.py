@@ -183,8 +183,9 @@ class Settings(BaseSettings):
         return str(self.A40_GUARD_URL).rstrip("/") + "/api/burst/a40-guard/status"
 
 
-# A field whose name holds one of these never has its value shown (a webhook URL is a credential).
-SECRET_WORDS = ("KEY", "SECRET", "TOKEN", "WEBHOOK", "PASSWORD", "CALLBACK")
+# A field whose name holds one of these never has its value shown (a webhook URL is a credential;
+# a storage URL may carry credentials, e.g. https://KEY:SECRET@host).
+SECRET_WORDS = ("KEY", "SECRET", "TOKEN", "WEBHOOK", "PASSWORD", "CALLBACK", "OUTPUT_URL", "AWS_")
 
 
 def describe_validation_error(exc: ValidationError, source: str) -> str:

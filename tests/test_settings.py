@@ -117,3 +117,18 @@ def test_routing_tiers_that_are_not_json_say_so(tmp_path):
 def test_missing_routing_tiers_file_says_which(tmp_path):
     with pytest.raises(ConfigError, match="cannot read routing tiers"):
         load_tiers(tmp_path / "nope.json")
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("SPILLWAY_OUTPUT_URL", "https://AKIACANARY:canary-secret@minio:9000/bucket"),
+        ("AWS_ENDPOINT_URL", "not-a-url-AKIACANARY:canary-secret"),
+        ("JOB_WEBHOOK_URL", "ftp://hooks.example/canary-secret"),
+    ],
+)
+def test_a_bad_storage_or_webhook_url_is_named_but_never_shown(clean_env, name, value):
+    clean_env.setenv(name, value)
+    with pytest.raises(ConfigError) as raised:
+        load_settings()
+    assert name in str(raised.value) and "canary-secret" not in str(raised.value)

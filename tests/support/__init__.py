@@ -9,6 +9,10 @@
 - comfyui: the ComfyUI double (`comfyui`), request builders, `comfyui_activities`.
 - a40: the guard double (`guard`) and injected NVML readings (`FakeGpu`, `gpu`).
 - minimax: the MiniMax double (`minimax`), `FAST` timing, `BookLedger`, `minimax_activities`.
+- kling: the Kling double (`kling`, canary keys CANARY_ACCESS / CANARY_SECRET), `FAST` timing,
+  `kling_settings`, `kling_activities`, `KlingBookLedger` (reserves a job for Kling).
+- images: input images made without an image library (`png`, `jpeg`, `webp`, `gif` of a given
+  size) and `I2V_GRAPH`, an image-to-video graph with one LoadImage.
 - activity: `run_activity`, one activity in an ActivityEnvironment, heartbeats collected.
 - waiting: `until`, the one polling wait.
 - jobs: `Jobs`, the one job client (start, status, until a state), and the in-process runner
