@@ -283,24 +283,30 @@ async def post_raw(http: httpx.AsyncClient, kling: KlingSim, auth: str | None) -
     return await http.post(f"{kling.url}/v1/videos/text2video", json=body(), headers=headers)
 
 
-TokenFor = Callable[[int], str]
+def bearer(access: str, secret: str, skew_s: int) -> Callable[[], str]:
+    """A token signed when the test runs (a token signed at collection would age during the run)."""
+    return lambda: f"Bearer {sign_jwt(access, secret, int(time.time()) + skew_s)}"
+
+
+def fixed(auth: str | None) -> Callable[[], str | None]:
+    return lambda: auth
 
 
 @pytest.mark.parametrize(
     ("auth", "code"),
     [
-        (None, 1001),
-        ("Basic abc", 1002),
-        ("Bearer not-a-jwt", 1002),
-        (f"Bearer {sign_jwt(CANARY_ACCESS, 'another-secret', int(time.time()))}", 1002),
-        (f"Bearer {sign_jwt('another-access-key', CANARY_SECRET, int(time.time()))}", 1002),
-        (f"Bearer {sign_jwt(CANARY_ACCESS, CANARY_SECRET, int(time.time()) + 600)}", 1003),
-        (f"Bearer {sign_jwt(CANARY_ACCESS, CANARY_SECRET, int(time.time()) - 1900)}", 1004),
+        (fixed(None), 1001),
+        (fixed("Basic abc"), 1002),
+        (fixed("Bearer not-a-jwt"), 1002),
+        (bearer(CANARY_ACCESS, "another-secret", 0), 1002),
+        (bearer("another-access-key", CANARY_SECRET, 0), 1002),
+        (bearer(CANARY_ACCESS, CANARY_SECRET, 600), 1003),
+        (bearer(CANARY_ACCESS, CANARY_SECRET, -1900), 1004),
     ],
     ids=["no header", "not bearer", "not a jwt", "wrong secret", "wrong issuer", "nbf", "exp"],
 )
 async def test_double_refuses_bad_tokens_with_http_401_and_klings_code(http, kling, auth, code):
-    response = await post_raw(http, kling, auth)
+    response = await post_raw(http, kling, auth())
 
     assert response.status_code == 401
     assert response.json()["code"] == code and response.json()["data"] is None
