@@ -12,7 +12,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.exceptions import TimeoutError as ActivityTimeout
 
 from workflows import calls
-from workflows.approvals import PATCH_LEDGER, RouteChoice
+from workflows.approvals import PATCH_FOLLOW_LOST_CREATE, PATCH_LEDGER, RouteChoice
 from workflows.job_base import DISARMED, JobBase
 
 with workflow.unsafe.imports_passed_through():
@@ -20,7 +20,8 @@ with workflow.unsafe.imports_passed_through():
     from activities import minimax as minimax_errors
     from activities.spend import NOT_ARMED, WRONG_WORLD
     from spillway.cloud_models import CloudCreate, CloudDownload, CloudPoll, Provider
-    from spillway.models import CloudAttempt, CloudInfo, Policy
+    from spillway.host_models import Policy
+    from spillway.models import CloudAttempt, CloudInfo
     from spillway.spend_models import Reservation, SpendEntry
     from workflows import texts
     from workflows.spend_ledger import REFUSED
@@ -187,6 +188,10 @@ class CloudRoute(JobBase):
             entry = await self._settle("maybe_charged", None)
             if entry is not None and entry.state == "released":
                 self._fail(texts.create_never_began(self._plan))
+            # The create had recorded its task before the worker was lost: follow that task.
+            charged = entry is not None and entry.state == "charged" and entry.task_id
+            if charged and entry and workflow.patched(PATCH_FOLLOW_LOST_CREATE):
+                return self._follow(entry)[1]
         self._fail(self._failure_message(err))
 
     async def _release_unused_reservation(self) -> None:

@@ -1,8 +1,8 @@
 """What every part of VideoJobWorkflow shares: the job, its plan, and how the plan is published
 (memo for `spillway status`, search attributes for lists, current details for the UI), failed,
-and counted. The workflow is split by concern (deciding and waiting in video_job.py, a person's
-decision in approvals.py, the routes in local_route.py and cloud_route.py); all of it is
-workflow code."""
+and counted. The workflow is split by concern (deciding and waiting in video_job.py, measuring
+the GPU hosts in measure.py, a person's decision in approvals.py, the routes in local_route.py
+and cloud_route.py); all of it is workflow code."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ with workflow.unsafe.imports_passed_through():
     from spillway import activity_names as names
     from spillway import search_attributes as sa
     from spillway.cloud_models import SpendRequest
-    from spillway.models import HostRef, JobState, Plan, VideoJob
+    from spillway.host_models import HostRef
+    from spillway.models import JobState, Plan, VideoJob
     from spillway.spend_models import SpendEntry, SpendSettle
     from workflows import texts
 
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from workflows.approvals import RouteChoice, Ticket
 
 SettleState = Literal["charged", "maybe_charged", "released"]
+CREATES = (names.MINIMAX_CREATE, names.KLING_CREATE)
 FAILED = "JobFailed"  # the type of the failure a failed job ends with
 DISARMED = "fallback_disarmed"  # the reason a job waits when armed spending is refused now
 
@@ -95,7 +97,7 @@ class JobBase:
 
     def _failure_message(self, err: ActivityError) -> str:
         cause = err.cause
-        if err.activity_type == names.MINIMAX_CREATE and isinstance(cause, ActivityTimeout):
+        if err.activity_type in CREATES and isinstance(cause, ActivityTimeout):
             return texts.ambiguous_create(self._plan, self._create_started)
         if isinstance(cause, ApplicationError | ActivityTimeout):
             return cause.message
