@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
+import time
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Protocol, TypeVar
 
 from temporalio.client import (
     Client,
+    RPCTimeoutOrCancelledError,
     WithStartWorkflowOperation,
     WorkflowUpdateFailedError,
 )
@@ -38,9 +41,13 @@ from workflows.spend_ledger import REFUSED, SpendLedgerWorkflow, ledger_id
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
-# The ledger answers in milliseconds; a worker that cannot reach it for this long sends nothing.
-LEDGER_TRIES = 5
-LEDGER_PAUSE_S = 2.0
+# The ledger answers in milliseconds, but Temporal lets only a few updates be in flight on one
+# workflow at once (history.maxInFlightUpdates, 10 by default) and refuses the rest with
+# RESOURCE_EXHAUSTED: hundreds of jobs racing for the budget back off (jittered, growing) and try
+# again. A worker that cannot get through for LEDGER_PATIENCE_S sends nothing; it stays below the
+# reserve activity's start-to-close (1 min), so the activity's own retry takes over.
+LEDGER_PATIENCE_S = 45.0
+LEDGER_PAUSES_S = (0.05, 2.0)  # the first pause, the longest
 RPC_TIMEOUT = timedelta(seconds=10)
 LEDGER_UNAVAILABLE = "SpendLedgerUnavailable"
 
@@ -116,23 +123,28 @@ class SpendLedger:
         )
 
     async def _call(self, call: Callable[[], Awaitable[_T]]) -> _T:
-        """Refusals become SpendRefused; an unreachable ledger is tried a few times."""
-        for attempt in range(1, LEDGER_TRIES + 1):
+        """Refusals become SpendRefused; a ledger that is busy or unreachable is tried again."""
+        give_up = time.monotonic() + LEDGER_PATIENCE_S
+        pause, longest = LEDGER_PAUSES_S
+        while True:
             try:
                 return await call()
             except WorkflowUpdateFailedError as err:
                 raise _refusal(err) from None
-            except RPCError as exc:
-                # Also what an update racing the ledger's continue-as-new gets: try again.
-                if attempt == LEDGER_TRIES:
+            except (RPCError, RPCTimeoutOrCancelledError) as exc:
+                # Also what an update racing the ledger's continue-as-new gets. Every call is
+                # idempotent for one run (a repeated reservation or begin gets its entry back).
+                why = str(exc)
+                if time.monotonic() + pause > give_up:
                     raise ApplicationError(
-                        f"the spend ledger ({self.workflow_id}) did not answer ({exc.message}): "
+                        f"the spend ledger ({self.workflow_id}) did not answer ({why}): "
                         "nothing was sent to any cloud provider",
                         type=LEDGER_UNAVAILABLE,
                     ) from None
-                log.warning("spend ledger: %s; trying again", exc.message)
-                await asyncio.sleep(LEDGER_PAUSE_S)
-        raise AssertionError("unreachable")
+                if not isinstance(exc, RPCError) or exc.status != RPCStatusCode.RESOURCE_EXHAUSTED:
+                    log.warning("spend ledger: %s; trying again", why)
+                await asyncio.sleep(random.uniform(pause / 2, pause))  # noqa: S311 (jitter)
+                pause = min(pause * 2, longest)
 
 
 def _refusal(err: WorkflowUpdateFailedError) -> SpendRefused:
