@@ -24,8 +24,8 @@ from temporalio import activity
 from activities.http_errors import why
 from activities.nvml import GpuReader, GpuReadError, read_apart
 from spillway import activity_names as names
+from spillway.host_models import LoadProbeRequest, LoadStatus
 from spillway.load import Readings, assess, vram_pct
-from spillway.models import LoadProbeRequest, LoadStatus
 from spillway.settings import Settings
 
 

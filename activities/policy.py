@@ -6,8 +6,8 @@ from __future__ import annotations
 from temporalio import activity
 
 from spillway import activity_names as names
+from spillway.host_models import Policy, PolicyRequest
 from spillway.hosts import gpu_hosts, ref
-from spillway.models import Policy, PolicyRequest
 from spillway.settings import Settings
 from spillway.tiers import RoutingTiers
 

@@ -33,7 +33,7 @@ from temporalio.testing import ActivityEnvironment
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from activities.comfyui import ComfyUIActivities
-from activities.s3_store import PART_BYTES
+from activities.s3_upload import PART_BYTES
 from activities.storage import OutputStore, StoredOutput, open_output_store
 from spillway.comfyui_models import (
     ComfyUIDownload,

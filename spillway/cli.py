@@ -25,7 +25,7 @@ from spillway.models import JobState
 
 OK, FAILED, USAGE = 0, 1, 2
 STATES = list(get_args(JobState))
-SCHEMA_NAMES = ("video-job", "approval", "plan")  # spillway.client.SCHEMA_NAMES (checked by tests)
+SCHEMA_NAMES = ("video-job", "approval", "plan")  # spillway.schema.SCHEMA_NAMES (checked by tests)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -228,7 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     gpu = sims.add_parser("gpu", help="set the simulated A40's VRAM use (at COMFYUI_URL)")
     load_choice = gpu.add_mutually_exclusive_group(required=True)
     load_choice.add_argument("--vram", type=float, help="percent of VRAM in use, e.g. 95")
-    load_choice.add_argument("--free", action="store_true", help="back to 42.4% (free)")
+    load_choice.add_argument("--free", action="store_true", help="back to 42.4%% (free)")
     guard = sims.add_parser("guard", help="hold or free the simulated guard semaphore")
     guard_choice = guard.add_mutually_exclusive_group(required=True)
     guard_choice.add_argument("--busy", action="store_true", help="the A40 holds a job")

@@ -19,8 +19,8 @@ approval, Temporal unreachable; exit 1). A job that ends failed is not an except
 `state="failed"` and `error`.
 
 Clients in other languages start the workflow `VideoJobWorkflow` themselves with the JSON of a job
-(workflow id = job id, task queue SPILLWAY_TASK_QUEUE): `schemas()` below, committed as
-docs/schema/*.json, is that contract (README, "Starting jobs from code").
+(workflow id = job id, task queue SPILLWAY_TASK_QUEUE): `spillway.schema.schemas()`, committed
+as docs/schema/*.json, is that contract (README, "Starting jobs from code").
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ import asyncio
 import builtins  # `SpillwayClient.list` hides `list` inside the class
 import contextlib
 import dataclasses
-import json
 import os
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -65,7 +64,6 @@ __all__ = [
     "SpillwayClient",
     "make_decision",
     "make_job",
-    "schemas",
 ]
 
 PRESIGN_EXPIRES_S = 3600  # how long a presigned output URL from `status` lasts
@@ -315,67 +313,3 @@ async def presign_outputs(
                 url = await presign(settings, out.uri, expires_s)
         outputs.append(out.model_copy(update={"url": url}))
     return plan.model_copy(update={"outputs": outputs})
-
-
-# --- the published contract: docs/schema/ --------------------------------------------------
-
-SCHEMA_NAMES = ("video-job", "approval", "plan")
-JSON_SCHEMA = "https://json-schema.org/draft/2020-12/schema"
-
-
-def schemas() -> dict[str, dict[str, Any]]:
-    """The JSON Schemas of a job's input (VideoJob, without `carry`, which only the workflow's
-    continue-as-new sets), of an approval (the `approval` signal and `decide_approval` update)
-    and of a plan (`status --json`, the workflow's result, the `plan` query)."""
-    job = VideoJob.model_json_schema(mode="validation")
-    del job["properties"]["carry"]
-    # What the workflow checks of a graph (spillway.models._check_graph), for other languages.
-    job["properties"]["graph"] = {
-        "description": "an API-format ComfyUI graph (ComfyUI: Export (API)): node id -> node",
-        "type": "object",
-        "minProperties": 1,
-        "additionalProperties": {
-            "type": "object",
-            "properties": {
-                "class_type": {"type": "string", "minLength": 1},
-                "inputs": {"type": "object"},
-            },
-            "required": ["class_type"],
-        },
-    }
-    job["description"] = (
-        "Input of the Temporal workflow VideoJobWorkflow: start it with workflow id = job_id on "
-        "the task queue SPILLWAY_TASK_QUEUE. Input that fails validation ends the workflow "
-        "failed at once, naming each bad field."
-    )
-    found = {
-        "video-job": job,
-        "approval": ApprovalDecision.model_json_schema(mode="validation"),
-        "plan": Plan.model_json_schema(mode="serialization"),
-    }
-    return {name: {"$schema": JSON_SCHEMA, **_only_used_defs(s)} for name, s in found.items()}
-
-
-def schema_text(name: str) -> str:
-    """One schema as committed under docs/schema/<name>.json."""
-    return json.dumps(schemas()[name], indent=2, ensure_ascii=False) + "\n"
-
-
-def _only_used_defs(schema: dict[str, Any]) -> dict[str, Any]:
-    defs: dict[str, Any] = schema.pop("$defs", {})
-    used: set[str] = set()
-    todo: list[Any] = [schema]
-    while todo:
-        node = todo.pop()
-        if isinstance(node, dict):
-            ref = node.get("$ref")
-            if isinstance(ref, str) and ref.startswith("#/$defs/"):
-                name = ref.removeprefix("#/$defs/")
-                if name not in used:
-                    used.add(name)
-                    todo.append(defs[name])
-            todo.extend(node.values())
-        elif isinstance(node, list):
-            todo.extend(node)
-    kept = {name: value for name, value in defs.items() if name in used}
-    return schema | ({"$defs": kept} if kept else {})

@@ -146,7 +146,7 @@ async def cmd_budget(args: argparse.Namespace) -> int:
 async def cmd_schema(args: argparse.Namespace) -> int:
     import json
 
-    from spillway.client import SCHEMA_NAMES, schema_text, schemas
+    from spillway.schema import SCHEMA_NAMES, schema_text, schemas
 
     names = [args.name] if args.name else list(SCHEMA_NAMES)
     if args.write is None:

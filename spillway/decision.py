@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel
 
-if TYPE_CHECKING:  # models import is_armed from here
-    from spillway.models import LoadStatus
+if TYPE_CHECKING:  # host_models import is_armed from here
+    from spillway.host_models import LoadStatus
 
 Route = Literal["local", "cloud", "await"]
 

@@ -13,7 +13,7 @@ from activities.load_status import LoadStatusActivities
 from activities.nvml import NvmlReader
 from spillway.decision import table_rows
 from spillway.errors import Failed
-from spillway.models import LoadStatus, WorkersView
+from spillway.host_models import LoadStatus, WorkersView
 from spillway.settings import Settings
 from spillway.spend_models import PeriodTotals
 from spillway.tiers import RoutingTiers

@@ -14,8 +14,8 @@ from datetime import datetime
 
 from pydantic import BaseModel
 
+from spillway.host_models import HostRef, LoadStatus, Thresholds
 from spillway.load import UNREACHABLE
-from spillway.models import HostRef, LoadStatus, Thresholds
 from spillway.settings import Settings
 from spillway.tiers import RoutingTiers
 

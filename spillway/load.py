@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from spillway.models import LoadStatus, Thresholds
+from spillway.host_models import LoadStatus, Thresholds
 
 UNREACHABLE = "comfyui_unreachable"
 

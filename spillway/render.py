@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 
 from spillway.health import Health
+from spillway.host_models import LoadStatus
 from spillway.jobs import JobSummary
-from spillway.models import LoadStatus, Plan
+from spillway.models import Plan
 
 
 def _pct(value: float | None) -> str:

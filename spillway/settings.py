@@ -24,7 +24,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from spillway.decision import is_armed
 from spillway.errors import ConfigError
-from spillway.models import Thresholds
+from spillway.host_models import Thresholds
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 

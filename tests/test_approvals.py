@@ -17,7 +17,8 @@ from temporalio.client import (
 from temporalio.exceptions import ApplicationError
 
 from spillway import activity_names as names
-from spillway.models import ApprovalDecision, AwaitCarry, CloudRequest, Plan, Policy, VideoJob
+from spillway.host_models import Policy
+from spillway.models import ApprovalDecision, AwaitCarry, CloudRequest, Plan, VideoJob
 from tests.support.constants import CLIP_USD
 from tests.support.graphs import VIDEO_GRAPH
 from tests.support.jobs import RunJobs

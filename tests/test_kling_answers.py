@@ -17,7 +17,7 @@ def answer(code: int, task_id: str | None = None, message: str = "") -> dict[str
     return {"code": code, "message": message, "request_id": "req-1", "data": data}
 
 
-# (HTTP status, body) -> (outcome, task_id, rate_limited). Every code of DESIGN.md's table, the
+# (HTTP status, body) -> (outcome, task_id, rate_limited). Every code of docs/design.md's table, the
 # documented codes it has not adopted, and the HTTP-level cases.
 CREATE_ROWS: list[tuple[str, int | None, Any, CreateOutcome, str | None, bool]] = [
     ("ok with a task id", 200, answer(0, "866889456698785"), "created", "866889456698785", False),

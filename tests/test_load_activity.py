@@ -9,7 +9,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities.load_status import LoadStatusActivities
-from spillway.models import LoadProbeRequest, LoadStatus
+from spillway.host_models import LoadProbeRequest, LoadStatus
 from tests.support.constants import FREE_VRAM_PCT
 from tests.support.workflows import ProbeOnce
 

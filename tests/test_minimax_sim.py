@@ -1,4 +1,4 @@
-"""The MiniMax double answers like MiniMax's API reference (DESIGN.md, "MiniMax facts") and its
+"""The MiniMax double answers like MiniMax's API reference (docs/design.md, "MiniMax facts") and its
 knobs do what the activity tests rely on."""
 
 from __future__ import annotations

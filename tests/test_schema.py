@@ -12,8 +12,8 @@ import jsonschema  # type: ignore[import-untyped]
 import pytest
 
 from spillway import cli
-from spillway.client import SCHEMA_NAMES, schema_text, schemas
 from spillway.models import ApprovalDecision, Plan, VideoJob
+from spillway.schema import SCHEMA_NAMES, schema_text, schemas
 from spillway.settings import PROJECT_ROOT
 from tests.support.cli import spillway
 from tests.support.graphs import VIDEO_GRAPH

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 
-from activities import files, s3_store
+from activities import files, s3_store, s3_upload
 from activities.s3_store import S3OutputStore
 from activities.storage import (
     LazyOutputStore,
@@ -188,8 +188,8 @@ async def test_an_object_over_the_copy_limit_is_put_in_place_range_by_range(
     s3: S3Endpoint, monkeypatch: pytest.MonkeyPatch
 ):
     # S3 copies at most 5 GiB in one request; the same path, scaled down.
-    monkeypatch.setattr(s3_store, "SINGLE_COPY_LIMIT", 10 * MIB)
-    monkeypatch.setattr(s3_store, "COPY_PART_BYTES", 6 * MIB)
+    monkeypatch.setattr(s3_upload, "SINGLE_COPY_LIMIT", 10 * MIB)
+    monkeypatch.setattr(s3_upload, "COPY_PART_BYTES", 6 * MIB)
     data, job_id = body(20 * MIB, seed=5), job()
     async with open_output_store(s3.settings()) as store:
         out = await store.put(job_id, "clip.mp4", stream(data), len(data))

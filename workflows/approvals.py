@@ -1,7 +1,8 @@
 """A person's decision in VideoJobWorkflow: the route a job takes and who allowed it, a decision
 on its way through the workflow (a ticket the update waits on), reading the `approval`
-signal's raw payload so that even an unreadable one is recorded, not dropped, and using a
-decision (refused, recorded, or reserved in the spend ledger). Workflow code."""
+signal's raw payload so that even an unreadable one is recorded, not dropped, using a decision
+(refused, recorded, or reserved in the spend ledger), and the webhook that asks for one.
+Workflow code."""
 
 from __future__ import annotations
 
@@ -12,13 +13,15 @@ from pydantic import ValidationError
 from temporalio import workflow
 from temporalio.api.common.v1 import Payload
 from temporalio.common import RawValue
+from temporalio.exceptions import ActivityError
 
 from workflows import calls
 from workflows.job_base import JobBase
 
 with workflow.unsafe.imports_passed_through():
     from spillway.cloud_models import Provider
-    from spillway.models import ApprovalDecision, ApprovalRecord, IgnoredSignal, Policy
+    from spillway.host_models import Policy
+    from spillway.models import ApprovalDecision, ApprovalNotice, ApprovalRecord, IgnoredSignal
     from spillway.spend_models import Authorisation, Reservation
     from workflows import texts
 
@@ -29,6 +32,7 @@ PATCH_BUDGET_VIEW = "spend-ledger-budget-view"
 PATCH_HOSTS = "gpu-hosts"
 PATCH_PROMPT_PER_RUN = "prompt-id-per-run"
 PATCH_CALLBACKS = "job-callbacks"
+PATCH_FOLLOW_LOST_CREATE = "follow-charged-after-lost-create"
 
 
 # What the signal handler gets when a signal carried no input at all (the SDK decodes a handler's
@@ -150,3 +154,10 @@ class Approvals(JobBase):
             return None
         ticket.answer = "approved"
         return replace(choice, reservation=reservation)
+
+    async def _send_notice(self, notice: ApprovalNotice) -> None:
+        try:
+            await calls.notify(notice)
+        except ActivityError as err:
+            # A failing webhook never blocks or fails the job; the UI and `list` still show it.
+            workflow.logger.warning("approval webhook failed: %s", err.cause or err)

@@ -44,16 +44,9 @@ with workflow.unsafe.imports_passed_through():
         ComfyUIUploaded,
         ComfyUIWait,
     )
+    from spillway.host_models import HostRef, LoadProbeRequest, LoadStatus, Policy, PolicyRequest
     from spillway.hosts import WAITS_SUFFIX
-    from spillway.models import (
-        ApprovalNotice,
-        Downloaded,
-        HostRef,
-        LoadProbeRequest,
-        LoadStatus,
-        Policy,
-        PolicyRequest,
-    )
+    from spillway.models import ApprovalNotice, Downloaded
     from spillway.spend_models import (
         BudgetView,
         Reservation,

@@ -14,7 +14,7 @@ from temporalio.exceptions import ActivityError, FailureError
 from workflows import calls
 
 with workflow.unsafe.imports_passed_through():
-    from spillway.models import HostRef, HostView, WorkersView
+    from spillway.host_models import HostRef, HostView, WorkersView
 
 
 @workflow.defn(name="SpillwayHealthWorkflow")

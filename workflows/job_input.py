@@ -34,3 +34,8 @@ def read_job(raw: RawValue) -> VideoJob | str:
             f"{workflow.info().workflow_id!r}: start the workflow with id = job_id"
         )
     return job
+
+
+def placeholder(job_id: str) -> VideoJob:
+    """What a job whose input could not be read shows until it fails (at once)."""
+    return VideoJob.model_construct(job_id=job_id, graph={}, cloud=None, carry=None)

@@ -26,8 +26,8 @@ with workflow.unsafe.imports_passed_through():
         client_id_for,
         prompt_id_for,
     )
+    from spillway.host_models import HostRef, Policy
     from spillway.inputs import with_inputs
-    from spillway.models import HostRef, Policy
     from workflows import texts
 
 _T = TypeVar("_T")

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from spillway.models import ApprovalNotice, CloudAttempt, Plan, Policy
+from spillway.host_models import Policy
+from spillway.models import ApprovalNotice, CloudAttempt, Plan
 from spillway.spend_book import describe
 from spillway.spend_models import BudgetShortfall, BudgetView, SpendEntry
 

@@ -18,7 +18,6 @@ from temporalio.common import RawValue
 from temporalio.exceptions import (
     ActivityError,
     ApplicationError,
-    FailureError,
     is_cancelled_exception,
 )
 
@@ -29,7 +28,6 @@ from workflows.approvals import (
     NO_INPUT,
     PATCH_BUDGET_VIEW,
     PATCH_CALLBACKS,
-    PATCH_HOSTS,
     Approvals,
     RouteChoice,
     Ticket,
@@ -39,23 +37,20 @@ from workflows.approvals import (
 from workflows.callbacks import call_back
 from workflows.cloud_route import KNOWN_PROVIDERS, CloudRoute
 from workflows.job_base import FAILED
-from workflows.job_input import NAME, read_job
+from workflows.job_input import NAME, placeholder, read_job
 from workflows.local_route import LocalRoute
+from workflows.measure import Measure
 
 with workflow.unsafe.imports_passed_through():
     from spillway.callback_models import EventName
     from spillway.cloud_models import Provider
     from spillway.decision import decide
-    from spillway.hosts import no_answer, pick_host
+    from spillway.host_models import HostRef, Policy
     from spillway.models import (
         ApprovalDecision,
-        ApprovalNotice,
         AwaitCarry,
-        HostRef,
         IgnoredSignal,
-        LoadStatus,
         Plan,
-        Policy,
         VideoJob,
     )
     from workflows import texts
@@ -67,7 +62,7 @@ DECIDE_UPDATE = "decide_approval"
 
 
 @workflow.defn(name=NAME)
-class VideoJobWorkflow(Approvals, LocalRoute, CloudRoute):
+class VideoJobWorkflow(Approvals, LocalRoute, CloudRoute, Measure):
     @workflow.init
     def __init__(self, raw: RawValue) -> None:
         read = read_job(raw)
@@ -303,47 +298,3 @@ class VideoJobWorkflow(Approvals, LocalRoute, CloudRoute):
             pending_approval=self._pending.decision if self._pending else None,
         )
         workflow.continue_as_new(self._job.model_copy(update={"carry": carry}))
-
-    async def _measure(self, policy: Policy) -> LoadStatus:
-        """Every GPU host at once; the job takes the one with headroom (docs/design.md, "GPU hosts
-        and agents"). A job from before hosts existed reads the policy again to find them."""
-        if not self._hosts and workflow.patched(PATCH_HOSTS):
-            self._hosts = (await calls.read_policy(self._job.job_id)).hosts
-        if not self._hosts:
-            return await calls.probe(self._job.job_id, None)
-        readings = await asyncio.gather(*(self._probe(host, policy) for host in self._hosts))
-        choice = pick_host({r.host or "": r for r in readings})
-        self._next_host = choice.host or choice.fallback
-        return choice.load
-
-    async def _probe(self, host: HostRef, policy: Policy) -> LoadStatus:
-        try:
-            load = await calls.probe(self._job.job_id, host, self._priority)
-        except ActivityError as err:
-            # Its agent is down or did not answer in time: this probe saw no ComfyUI there.
-            cause = err.cause
-            why = cause.message if isinstance(cause, FailureError) else str(cause or err)
-            load = no_answer(host.name, policy.thresholds, workflow.now(), why)
-        return load.model_copy(update={"host": host.name})
-
-    def _note_load(self, load: LoadStatus) -> None:
-        """Keeps the latest measurement that explains why the job still waits."""
-        self._plan.overflow.last_signal = load
-        if load.reachable and self._plan.overflow.trigger == "unreachable":
-            self._plan.overflow.trigger = "overloaded"
-
-    def _last_reachable(self) -> bool:
-        load = self._plan.overflow.last_signal
-        return load is None or load.reachable
-
-    async def _send_notice(self, notice: ApprovalNotice) -> None:
-        try:
-            await calls.notify(notice)
-        except ActivityError as err:
-            # A failing webhook never blocks or fails the job; the UI and `list` still show it.
-            workflow.logger.warning("approval webhook failed: %s", err.cause or err)
-
-
-def placeholder(job_id: str) -> VideoJob:
-    """What a job whose input could not be read shows until it fails (at once)."""
-    return VideoJob.model_construct(job_id=job_id, graph={}, cloud=None, carry=None)

@@ -20,7 +20,7 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from spillway import activity_names as names
-from spillway.models import LoadStatus
+from spillway.host_models import LoadStatus
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
 from spillway.temporal import installed_binary, register_search_attributes

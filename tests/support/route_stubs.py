@@ -36,14 +36,8 @@ from spillway.comfyui_models import (
     ComfyUIUploaded,
     ComfyUIWait,
 )
-from spillway.models import (
-    ApprovalNotice,
-    Downloaded,
-    LoadProbeRequest,
-    LoadStatus,
-    OutputFile,
-    Thresholds,
-)
+from spillway.host_models import LoadProbeRequest, LoadStatus, Thresholds
+from spillway.models import ApprovalNotice, Downloaded, OutputFile
 from tests.support.constants import BUSY_VRAM_PCT, FREE_VRAM_PCT
 
 SEED = Thresholds(vram_busy_pct=85, util_busy_pct=95)

@@ -26,7 +26,8 @@ with workflow.unsafe.imports_passed_through():
         ComfyUISubmitted,
         ComfyUIWait,
     )
-    from spillway.models import Downloaded, LoadProbeRequest, LoadStatus
+    from spillway.host_models import LoadProbeRequest, LoadStatus
+    from spillway.models import Downloaded
 
 HEARTBEAT = timedelta(seconds=30)  # SPILLWAY_HEARTBEAT_TIMEOUT_S's largest value
 
