@@ -1,4 +1,4 @@
-"""Scenario 7: money across everything an operator or a deploy can do to a job (issue 10). Real
+"""Scenario 6: money across everything an operator or a deploy can do to a job (issue 10). Real
 worker processes on the session's dev server, creates counted at the MiniMax double:
 
 - 300 armed jobs racing for a budget of 10 clips: exactly 10 creates, 290 wait (budget_exhausted);

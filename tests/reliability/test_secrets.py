@@ -1,4 +1,4 @@
-"""Scenario 6: a distinctive MINIMAX_API_KEY (every worker of this suite holds it, and so does
+"""Scenario 7: a distinctive MINIMAX_API_KEY (every worker of this suite holds it, and so does
 every `spillway` command's environment) never shows in what a person or a tool can read:
 histories (payloads decoded), worker logs, the workers' Prometheus metrics, CLI output and the
 Temporal UI's API, across every scenario of the suite. Runs last (see conftest.py): it reads the
