@@ -88,6 +88,7 @@ def main_work(
         spend.reserve,
         spend.settle,
         spend.view,
+        spend.recorded,
         minimax.create,
         kling.create,
         callbacks.job_callback,

@@ -47,6 +47,10 @@ _T = TypeVar("_T")
 # again. A worker that cannot get through for LEDGER_PATIENCE_S sends nothing; it stays below the
 # reserve activity's start-to-close (1 min), so the activity's own retry takes over.
 LEDGER_PATIENCE_S = 45.0
+# A create's begin may wait longer: its activity heartbeats meanwhile and has 10 minutes, and
+# giving up there fails the job (nothing sent) instead of retrying it.
+BEGIN_PATIENCE_S = 300.0
+LEDGER_IN_FLIGHT = 8  # updates one process has in flight on the ledger (the server allows 10)
 LEDGER_PAUSES_S = (0.05, 2.0)  # the first pause, the longest
 RPC_TIMEOUT = timedelta(seconds=10)
 LEDGER_UNAVAILABLE = "SpendLedgerUnavailable"
@@ -69,6 +73,9 @@ class SpendLedger:
     def __init__(self, client: Client, task_queue: str) -> None:
         self._client, self._task_queue = client, task_queue
         self.workflow_id = ledger_id(task_queue)
+        # Queued here, in order, rather than refused by the server and retried: a burst of
+        # hundreds of jobs then costs the server LEDGER_IN_FLIGHT calls at a time, not a storm.
+        self._in_flight = asyncio.Semaphore(LEDGER_IN_FLIGHT)
 
     async def reserve(self, req: ReserveRequest) -> SpendEntry:
         return await self._call(
@@ -83,7 +90,8 @@ class SpendLedger:
     async def begin(self, req: BeginCreate) -> SpendEntry:
         handle = self._client.get_workflow_handle_for(SpendLedgerWorkflow.run, self.workflow_id)
         return await self._call(
-            lambda: handle.execute_update(SpendLedgerWorkflow.begin, req, rpc_timeout=RPC_TIMEOUT)
+            lambda: handle.execute_update(SpendLedgerWorkflow.begin, req, rpc_timeout=RPC_TIMEOUT),
+            BEGIN_PATIENCE_S,
         )
 
     async def settle(self, req: SettleRequest) -> SpendEntry:
@@ -122,35 +130,47 @@ class SpendLedger:
             static_summary="spillway spend ledger: every cloud create and the budgets",
         )
 
-    async def _call(self, call: Callable[[], Awaitable[_T]]) -> _T:
-        """Refusals become SpendRefused; a ledger that is busy or unreachable is tried again."""
-        give_up = time.monotonic() + LEDGER_PATIENCE_S
+    async def _call(
+        self, call: Callable[[], Awaitable[_T]], patience_s: float = LEDGER_PATIENCE_S
+    ) -> _T:
+        """Refusals become SpendRefused; a ledger that is busy or unreachable is tried again.
+        Every call is idempotent for one run (a repeated reservation or begin gets its entry
+        back), so asking again is safe."""
+        give_up = time.monotonic() + patience_s
         pause, longest = LEDGER_PAUSES_S
         while True:
             try:
-                return await call()
+                async with self._in_flight:
+                    return await call()
             except WorkflowUpdateFailedError as err:
-                raise _refusal(err) from None
+                if _is_refusal(err):
+                    raise _refusal(err) from None
+                # Not the ledger's "no" (e.g. UnprocessedUpdate: the server dropped the update
+                # before the ledger's worker saw it): nothing was recorded.
+                why, busy = str(err.cause or err), False
             except (RPCError, RPCTimeoutOrCancelledError) as exc:
-                # Also what an update racing the ledger's continue-as-new gets. Every call is
-                # idempotent for one run (a repeated reservation or begin gets its entry back).
+                # Also what an update racing the ledger's continue-as-new gets.
                 why = str(exc)
-                if time.monotonic() + pause > give_up:
-                    raise ApplicationError(
-                        f"the spend ledger ({self.workflow_id}) did not answer ({why}): "
-                        "nothing was sent to any cloud provider",
-                        type=LEDGER_UNAVAILABLE,
-                    ) from None
-                if not isinstance(exc, RPCError) or exc.status != RPCStatusCode.RESOURCE_EXHAUSTED:
-                    log.warning("spend ledger: %s; trying again", why)
-                await asyncio.sleep(random.uniform(pause / 2, pause))  # noqa: S311 (jitter)
-                pause = min(pause * 2, longest)
+                busy = isinstance(exc, RPCError) and exc.status == RPCStatusCode.RESOURCE_EXHAUSTED
+            if time.monotonic() + pause > give_up:
+                raise ApplicationError(
+                    f"the spend ledger ({self.workflow_id}) did not answer ({why}): "
+                    "nothing was sent to any cloud provider",
+                    type=LEDGER_UNAVAILABLE,
+                ) from None
+            if not busy:
+                log.warning("spend ledger: %s; trying again", why)
+            await asyncio.sleep(random.uniform(pause / 2, pause))  # noqa: S311 (jitter)
+            pause = min(pause * 2, longest)
+
+
+def _is_refusal(err: WorkflowUpdateFailedError) -> bool:
+    return isinstance(err.cause, ApplicationError) and err.cause.type == REFUSED
 
 
 def _refusal(err: WorkflowUpdateFailedError) -> SpendRefused:
     cause = err.cause
-    if not isinstance(cause, ApplicationError) or cause.type != REFUSED:
-        return SpendRefused(f"the spend ledger refused: {cause or err}", "error")
+    assert isinstance(cause, ApplicationError)
     details = cause.details[0] if cause.details else {}
     entry = details.get("entry") if isinstance(details, dict) else None
     shortfall = details.get("shortfall") if isinstance(details, dict) else None

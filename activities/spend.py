@@ -20,7 +20,7 @@ from spillway import activity_names as names
 from spillway.cloud_models import CreateVerdict, SpendRequest
 from spillway.kling_requests import cost_key as kling_cost_key
 from spillway.settings import Settings
-from spillway.spend_book import SpendRefused
+from spillway.spend_book import SpendRefused, recorded_create
 from spillway.spend_models import (
     Authorisation,
     BeginCreate,
@@ -114,6 +114,13 @@ class SpendActivities:
         except SpendRefused as refused:
             activity.logger.warning("spend ledger: %s", refused.message)
             return refused.entry
+
+    @activity.defn(name=names.SPEND_RECORDED)
+    async def recorded(self, req: SpendRequest) -> SpendEntry | None:
+        """The create an earlier run of this job sent (a reset job's): followed, never paid for
+        again and never put to a person again."""
+        summary = await self._ledger.summary()
+        return recorded_create(summary.entries, req.job_id) if summary else None
 
     @activity.defn(name=names.SPEND_VIEW)
     async def view(self, req: SpendRequest) -> BudgetView:

@@ -25,5 +25,6 @@ KLING_DOWNLOAD = "kling_download"
 SPEND_RESERVE = "spend_reserve"
 SPEND_SETTLE = "spend_settle"
 SPEND_VIEW = "spend_view"
+SPEND_RECORDED = "spend_recorded"
 
 JOB_CALLBACK = "job_callback"

@@ -107,7 +107,7 @@ class SpendBook:
 
     def check_reserve(self, req: ReserveRequest, now: datetime) -> None:
         current = self.live(req.job_id, now)
-        if current is not None and not (current.state == "reserved" and current.sent_at is None):
+        if current is not None and has_create(current):
             raise SpendRefused(
                 f"job {req.job_id} already has a cloud create: {describe(current)}",
                 "exists",
@@ -233,6 +233,15 @@ class SpendBook:
             "the create never began: nothing was sent" if unsent else req.note or entry.note
         )
         return entry
+
+
+def has_create(entry: SpendEntry) -> bool:
+    """A create went out for this entry (or may have): the job never creates again."""
+    return entry.state != "released" and not (entry.state == "reserved" and entry.sent_at is None)
+
+
+def recorded_create(entries: list[SpendEntry], job_id: str) -> SpendEntry | None:
+    return next((e for e in reversed(entries) if e.job_id == job_id and has_create(e)), None)
 
 
 def describe(entry: SpendEntry) -> str:

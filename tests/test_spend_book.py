@@ -8,7 +8,7 @@ from typing import Literal
 
 import pytest
 
-from spillway.spend_book import SpendBook, SpendRefused
+from spillway.spend_book import SpendBook, SpendRefused, recorded_create
 from spillway.spend_models import (
     Authorisation,
     BeginCreate,
@@ -207,3 +207,22 @@ def test_a_continued_ledger_keeps_open_entries_and_this_months_but_drops_old_set
     book.reserve(ask(job="open"), old)
     book.begin(BeginCreate(job_id="open", run_id="run-a"), old)
     assert [e.job_id for e in book.kept(NOW)] == ["new", "open"]
+
+
+def test_a_reset_run_finds_the_create_an_earlier_run_sent_and_nothing_else():
+    """What a job asks before it puts the cloud to a person: a create already out (a reset job's)
+    is followed; a reservation whose create never left, or a released one, is not a create."""
+    book = SpendBook([], Budgets())
+    book.reserve(ask(), NOW)
+    assert recorded_create(book.entries, "job-1") is None  # reserved, never sent
+    book.begin(BeginCreate(job_id="job-1", run_id="run-a"), NOW)
+    assert recorded_create(book.entries, "job-1") is not None  # sent, answer unknown yet
+    book.settle(settle("charged", task="task-7"), NOW)
+    found = recorded_create(book.entries, "job-1")
+    assert found is not None and (found.state, found.task_id) == ("charged", "task-7")
+    assert recorded_create(book.entries, "job-2") is None
+
+    released = SpendBook([], Budgets())
+    released.reserve(ask(), NOW)
+    released.settle(settle("released"), NOW)
+    assert recorded_create(released.entries, "job-1") is None

@@ -33,6 +33,7 @@ PATCH_HOSTS = "gpu-hosts"
 PATCH_PROMPT_PER_RUN = "prompt-id-per-run"
 PATCH_CALLBACKS = "job-callbacks"
 PATCH_FOLLOW_LOST_CREATE = "follow-charged-after-lost-create"
+PATCH_RECORDED_BEFORE_ASKING = "recorded-create-before-asking"
 
 
 # What the signal handler gets when a signal carried no input at all (the SDK decodes a handler's

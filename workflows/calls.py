@@ -230,6 +230,17 @@ async def spend_settle(req: SpendSettle) -> SpendEntry | None:
     )
 
 
+async def spend_recorded(req: SpendRequest) -> SpendEntry | None:
+    # Asked before a person is: a ledger that cannot answer leaves the question to the person
+    # (the reservation still refuses a second create).
+    return await workflow.execute_activity_method(
+        SpendActivities.recorded,
+        req,
+        start_to_close_timeout=timedelta(seconds=30),
+        retry_policy=RetryPolicy(maximum_attempts=2),
+    )
+
+
 async def spend_view(req: SpendRequest) -> BudgetView:
     # Only shown to people: a ledger that cannot answer quickly is no reason to wait.
     return await workflow.execute_activity_method(

@@ -12,7 +12,14 @@ from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.exceptions import TimeoutError as ActivityTimeout
 
 from workflows import calls
-from workflows.approvals import PATCH_FOLLOW_LOST_CREATE, PATCH_LEDGER, RouteChoice
+from workflows.approvals import (
+    ARMED,
+    PATCH_BUDGET_VIEW,
+    PATCH_FOLLOW_LOST_CREATE,
+    PATCH_LEDGER,
+    PATCH_RECORDED_BEFORE_ASKING,
+    RouteChoice,
+)
 from workflows.job_base import DISARMED, JobBase
 
 with workflow.unsafe.imports_passed_through():
@@ -91,6 +98,36 @@ class CloudRoute(JobBase):
             await self._render_in_the_cloud(provider, task_id)
             return None
         self._fail(texts.every_provider_refused(attempts))
+
+    async def _recorded_create(self) -> RouteChoice | None:
+        """A job reset after its create (the old approval re-applied too early to count) finds
+        its task on the ledger and follows it instead of waiting for a person."""
+        if self._job.cloud is None or not workflow.patched(PATCH_RECORDED_BEFORE_ASKING):
+            return None
+        try:
+            entry = await calls.spend_recorded(self._spend_request(ARMED, self._providers[0]))
+        except ActivityError as err:
+            workflow.logger.warning("spend ledger lookup failed: %s", err.cause or err)
+            return None
+        if entry is None:
+            return None
+        return RouteChoice(
+            "cloud",
+            authorisation=entry.authorisation,
+            by=entry.authorised_by,
+            reservation=Reservation(existing=entry),
+        )
+
+    async def _read_budget(self) -> None:
+        """The estimate and what the budgets have left, for the person who is asked."""
+        if self._job.cloud is None or not workflow.patched(PATCH_BUDGET_VIEW):
+            return
+        exhausted = self._plan.budget.exhausted if self._plan.budget else None
+        try:
+            view = await calls.spend_view(self._spend_request(ARMED, self._providers[0]))
+            self._plan.budget = view.model_copy(update={"exhausted": exhausted})
+        except ActivityError as err:  # shown to people only
+            workflow.logger.warning("budget view failed: %s", err.cause or err)
 
     def _start_cloud(
         self,

@@ -26,8 +26,8 @@ from workflows.approvals import (
     ARMED,
     LOCAL,
     NO_INPUT,
-    PATCH_BUDGET_VIEW,
     PATCH_CALLBACKS,
+    PATCH_RECORDED_BEFORE_ASKING,
     Approvals,
     RouteChoice,
     Ticket,
@@ -215,19 +215,18 @@ class VideoJobWorkflow(Approvals, LocalRoute, CloudRoute, Measure):
         return await self._await_person(policy, None)
 
     async def _await_person(self, policy: Policy, because: str | None) -> RouteChoice:
+        recorded = await self._recorded_create()
+        if recorded is not None:
+            return recorded
         now = workflow.now()
         if because is not None:
             self._plan.reasons = [*self._plan.reasons, because]
         self._plan.state = "awaiting_approval"
+        if workflow.patched(PATCH_RECORDED_BEFORE_ASKING):
+            self._publish()  # the memo says so too while the budget is read (a worker may stop)
         deadline = now + timedelta(seconds=policy.approval_timeout_s)
         self._deadline = deadline  # decisions arriving from now on are judged against it
-        if self._job.cloud is not None and workflow.patched(PATCH_BUDGET_VIEW):
-            exhausted = self._plan.budget.exhausted if self._plan.budget else None
-            try:
-                view = await calls.spend_view(self._spend_request(ARMED, self._providers[0]))
-                self._plan.budget = view.model_copy(update={"exhausted": exhausted})
-            except ActivityError as err:
-                workflow.logger.warning("budget view failed: %s", err.cause or err)
+        await self._read_budget()
         if policy.webhook_configured:
             notice = texts.approval_notice(self._plan, policy, workflow.info().namespace, deadline)
             self._notify_task = asyncio.create_task(self._send_notice(notice))  # never awaited

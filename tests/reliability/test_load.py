@@ -151,6 +151,8 @@ async def test_three_hundred_jobs_on_one_worker_with_a_flipping_gpu_and_racing_a
 
     # Every job ended, exactly once, as its input says it must.
     states = {j: p.state for j, p in plans.items()}
+    unexpected = {j: plans[j].error for j, s in states.items() if s == "failed" and j not in bad}
+    assert not unexpected, unexpected
     assert {j for j, s in states.items() if s == "failed"} == bad
     assert {j for j, s in states.items() if s == "completed"} == set(ids) - bad
     assert all("ComfyUI rejected the graph" in (plans[j].error or "") for j in bad)

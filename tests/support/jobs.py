@@ -138,6 +138,7 @@ def job_runner(environment: WorkflowEnvironment) -> RunJobs:
                         spend.reserve,
                         spend.settle,
                         spend.view,
+                        spend.recorded,
                         callbacks.job_callback,
                     ],
                 )
