@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -26,25 +24,15 @@ from pathlib import Path
 import httpx
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.testing import WorkflowEnvironment
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.common import rss_mb, run_main, start_dev_server, start_doubles, start_worker
 from spillway import activity_names as names
 from spillway import search_attributes as sa
 from spillway.jobs import submit
 from spillway.models import CloudRequest, VideoJob
-from spillway.settings import PROJECT_ROOT
-from spillway.temporal import installed_binary, register_search_attributes
 from tests.support.graphs import VIDEO_GRAPH
-
-
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def sockets(pid: int) -> int:
@@ -72,32 +60,12 @@ async def decision_s(client: Client, job_id: str) -> float:
 
 
 async def main(waiting: int, new: int) -> None:
-    sims = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "spillway.sim", "--execution-s", "3600",
-        stdout=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    assert sims.stdout is not None
-    urls = json.loads(await sims.stdout.readline())
-    env = await WorkflowEnvironment.start_local(
-        data_converter=pydantic_data_converter,
-        dev_server_existing_path=installed_binary("temporal"),
-    )
-    await register_search_attributes(env.client)
+    sims, urls = await start_doubles(execution_s=3600)
+    env = await start_dev_server()
     queue = f"bench-{uuid.uuid4()}"
-    worker = await asyncio.create_subprocess_exec(
-        sys.executable, str(PROJECT_ROOT / "worker.py"),
-        env=os.environ | {
-            "TEMPORAL_ADDRESS": env.client.service_client.config.target_host,
-            "SPILLWAY_TASK_QUEUE": queue,
-            "COMFYUI_URL": urls["comfyui"],
-            "MINIMAX_BASE_URL": urls["minimax"],
-            "MINIMAX_API_KEY": urls["minimax_key"],
-            "CLOUD_VIDEO_FALLBACK_ENABLED": "1",
-            "MINIMAX_POLL_INTERVAL_S": "2",
-            "SPILLWAY_OUTPUT_DIR": tempfile.mkdtemp(prefix="spillway-bench-"),
-        },
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
+    worker = await start_worker(
+        env, queue, urls, CLOUD_VIDEO_FALLBACK_ENABLED="1", MINIMAX_POLL_INTERVAL_S="2"
+    )
     await asyncio.sleep(3)
     idle_rss, idle_sockets = rss_mb(worker.pid), sockets(worker.pid)
 
@@ -153,6 +121,4 @@ if __name__ == "__main__":
     parser.add_argument("--waiting", type=int, default=1000)
     parser.add_argument("--new", type=int, default=50)
     args = parser.parse_args()
-    asyncio.run(main(args.waiting, args.new))
-    sys.stdout.flush()
-    os._exit(0)  # the SDK's bridge can crash at interpreter shutdown (sdk-python#300)
+    run_main(main(args.waiting, args.new))

@@ -28,18 +28,10 @@ from temporalio.testing import ActivityEnvironment
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from activities.comfyui import ComfyUIActivities
-from spillway.comfyui_models import (
-    ComfyUIDownload,
-    ComfyUIFile,
-    ComfyUIFinished,
-    ComfyUISubmit,
-    ComfyUIWait,
-    client_id_for,
-    prompt_id_for,
-)
+from bench.common import comfyui_finished, reset_peak, serve_comfyui, status_kib
+from spillway.comfyui_models import ComfyUIDownload, ComfyUIFile
 from spillway.models import OutputFile
 from spillway.settings import Settings
-from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.comfyui_graph import content_sha256, file_key
 from tests.support.graphs import VIDEO_GRAPH as TEST_GRAPH
 
@@ -47,29 +39,6 @@ MIB = 1024 * 1024
 # The tests' video graph, saving under its own prefix.
 VIDEO_GRAPH = copy.deepcopy(TEST_GRAPH)
 VIDEO_GRAPH["3"]["inputs"]["filename_prefix"] = "video/big"
-
-
-def status_kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(f"{field}:"):
-            return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
-def reset_peak() -> bool:
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        return False
-    return True
-
-
-async def serve(size: int) -> None:
-    async with ComfyUISim() as sim:
-        sim.execution_s = 0
-        sim.output_bytes = size
-        print(sim.url, flush=True)
-        await asyncio.Event().wait()
 
 
 def measure(size: int) -> None:
@@ -102,15 +71,7 @@ async def download(url: str, out: Path) -> Measured:
     async with httpx.AsyncClient() as http:
         acts = ComfyUIActivities(http, settings)
         job = "bench-download"
-        submit = ComfyUISubmit(
-            job_id=job,
-            prompt_id=prompt_id_for(job, 1),
-            client_id=client_id_for(job),
-            graph=VIDEO_GRAPH,
-        )
-        await environment.run(acts.submit, submit)
-        wait = ComfyUIWait(job_id=job, prompt_id=submit.prompt_id, client_id=submit.client_id)
-        finished: ComfyUIFinished = await environment.run(acts.wait, wait)
+        finished = await comfyui_finished(environment, acts, job, VIDEO_GRAPH)
 
         reset = reset_peak()
         before = status_kib("VmRSS") if reset else status_kib("VmHWM")
@@ -148,7 +109,7 @@ def main() -> None:
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve is not None:
-        asyncio.run(serve(args.serve))
+        asyncio.run(serve_comfyui(args.serve))
     else:
         measure(args.mib * MIB)
 

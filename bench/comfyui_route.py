@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import sys
@@ -26,17 +25,15 @@ from typing import Any
 
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
-from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.bare_workflow import BareWorkflow, noop
+from bench.common import run_main, start_dev_server, start_doubles
 from spillway.jobs import submit
 from spillway.models import VideoJob
 from spillway.settings import Settings
-from spillway.temporal import installed_binary, register_search_attributes
 from spillway.tiers import load_tiers
 from tests.support.graphs import VIDEO_GRAPH
 from worker import serving
@@ -86,17 +83,8 @@ async def print_activity_times(client: Client, handles: list[WorkflowHandle[Any,
 
 
 async def main(jobs: int) -> None:
-    sims = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "spillway.sim", "--execution-s", "0",
-        stdout=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    assert sims.stdout is not None
-    urls = json.loads(await sims.stdout.readline())
-    env = await WorkflowEnvironment.start_local(
-        data_converter=pydantic_data_converter,
-        dev_server_existing_path=installed_binary("temporal"),
-    )
-    await register_search_attributes(env.client)
+    sims, urls = await start_doubles(execution_s=0)
+    env = await start_dev_server()
     queue = f"bench-{uuid.uuid4()}"
     settings = Settings(
         SPILLWAY_TASK_QUEUE=queue,
@@ -150,6 +138,4 @@ async def main(jobs: int) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--jobs", type=int, default=200)
-    asyncio.run(main(parser.parse_args().jobs))
-    sys.stdout.flush()
-    os._exit(0)  # the SDK's bridge can crash at interpreter shutdown (sdk-python#300)
+    run_main(main(parser.parse_args().jobs))

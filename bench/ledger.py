@@ -12,23 +12,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
 import sys
 import time
 import uuid
 from pathlib import Path
 
-from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from activities.ledger_client import SpendLedger
+from bench.common import run_main, start_dev_server
 from spillway.spend_book import SpendRefused
 from spillway.spend_models import BeginCreate, Budgets, ReserveRequest, SettleRequest
-from spillway.temporal import installed_binary
 from workflows.spend_ledger import SpendLedgerWorkflow
 
 CLIP = 0.28
@@ -78,10 +75,7 @@ async def race(ledger: SpendLedger, jobs: int, budget: float | None) -> dict[str
 
 
 async def main(jobs: int, budget_clips: int) -> None:
-    env = await WorkflowEnvironment.start_local(
-        data_converter=pydantic_data_converter,
-        dev_server_existing_path=installed_binary("temporal"),
-    )
+    env = await start_dev_server()
     try:
         for label, budget in (
             ("no budget", None),
@@ -109,6 +103,4 @@ if __name__ == "__main__":
     parser.add_argument("--jobs", type=int, default=300)
     parser.add_argument("--budget-clips", type=int, default=10)
     args = parser.parse_args()
-    asyncio.run(main(args.jobs, args.budget_clips))
-    sys.stdout.flush()
-    os._exit(0)  # the SDK's bridge can crash at interpreter shutdown (sdk-python#300)
+    run_main(main(args.jobs, args.budget_clips))

@@ -35,37 +35,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from activities.comfyui import ComfyUIActivities
 from activities.s3_upload import PART_BYTES
 from activities.storage import OutputStore, StoredOutput, open_output_store
-from spillway.comfyui_models import (
-    ComfyUIDownload,
-    ComfyUIFinished,
-    ComfyUISubmit,
-    ComfyUIWait,
-    client_id_for,
-    prompt_id_for,
-)
+from bench.common import comfyui_finished, reset_peak, serve_comfyui, status_kib
+from spillway.comfyui_models import ComfyUIDownload
 from spillway.settings import Settings
-from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.comfyui_graph import content_sha256, file_key
 from tests.support.graphs import VIDEO_GRAPH
 from tests.support.s3 import S3Endpoint, moto_server
 
 MIB = 1024 * 1024
 CHUNK = MIB  # what files.py reads from httpx at a time
-
-
-def status_kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(f"{field}:"):
-            return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
-def reset_peak() -> bool:
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        return False
-    return True
 
 
 def block() -> bytes:
@@ -90,13 +68,6 @@ def serve() -> None:
     with moto_server() as url:
         print(url, flush=True)
         sys.stdin.read()  # until the parent closes it
-
-
-async def serve_comfyui(size: int) -> None:
-    async with ComfyUISim() as sim:
-        sim.execution_s, sim.output_bytes = 0, size
-        print(sim.url, flush=True)
-        await asyncio.Event().wait()
 
 
 @dataclass(frozen=True)
@@ -161,15 +132,7 @@ def comfyui_download(comfyui_url: str) -> Transfer:
         environment, job = ActivityEnvironment(), "bench-download"
         async with httpx.AsyncClient() as http:
             acts = ComfyUIActivities(http, settings, store=store)
-            submit = ComfyUISubmit(
-                job_id=job,
-                prompt_id=prompt_id_for(job, 1),
-                client_id=client_id_for(job),
-                graph=VIDEO_GRAPH,
-            )
-            await environment.run(acts.submit, submit)
-            wait = ComfyUIWait(job_id=job, prompt_id=submit.prompt_id, client_id=submit.client_id)
-            finished: ComfyUIFinished = await environment.run(acts.wait, wait)
+            finished = await comfyui_finished(environment, acts, job, VIDEO_GRAPH)
             meter.start()  # only the download counts
             downloaded = await environment.run(
                 acts.download, ComfyUIDownload(job_id=job, files=finished.files)

@@ -11,35 +11,23 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
 
 import httpx
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.common import rss_mb, run_main, start_dev_server, start_doubles, start_worker
 from spillway import search_attributes as sa
 from spillway.jobs import submit
 from spillway.models import ApprovalDecision, CloudRequest, VideoJob
-from spillway.settings import PROJECT_ROOT
-from spillway.temporal import installed_binary, register_search_attributes
 from tests.support.graphs import VIDEO_GRAPH
 from workflows.video_job import DECIDE_UPDATE
-
-
-def rss_mb(pid: int) -> tuple[float, float]:
-    """(current, peak) resident set size of a process, in MB."""
-    fields = dict(
-        line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
-    )
-    return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
 
 
 async def count(env: WorkflowEnvironment, state: str) -> int:
@@ -57,35 +45,16 @@ async def until(env: WorkflowEnvironment, state: str, n: int, timeout_s: float) 
 
 
 async def main(jobs: int) -> None:
-    sims = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "spillway.sim", "--execution-s", "0", stdout=asyncio.subprocess.PIPE
-    )
-    assert sims.stdout is not None
-    urls = json.loads(await sims.stdout.readline())
+    sims, urls = await start_doubles(execution_s=0)
     async with httpx.AsyncClient() as http:  # the A40 is busy for the whole run
         await http.post(f"{urls['comfyui']}/sim/gpu", json={"vram_used_pct": 95})
-    env = await WorkflowEnvironment.start_local(
-        data_converter=pydantic_data_converter,
-        dev_server_existing_path=installed_binary("temporal"),
-    )
-    await register_search_attributes(env.client)
+    env = await start_dev_server()
     queue = f"bench-{uuid.uuid4()}"
-    worker = await asyncio.create_subprocess_exec(
-        sys.executable, str(PROJECT_ROOT / "worker.py"),
-        env=os.environ | {
-            "TEMPORAL_ADDRESS": env.client.service_client.config.target_host,
-            "SPILLWAY_TASK_QUEUE": queue,
-            "COMFYUI_URL": urls["comfyui"],
-            "MINIMAX_BASE_URL": urls["minimax"],
-            "MINIMAX_API_KEY": urls["minimax_key"],
-            "MINIMAX_POLL_INTERVAL_S": "0.5",
-            "APPROVAL_TIMEOUT_S": "3600",
-            "SPILLWAY_OUTPUT_DIR": tempfile.mkdtemp(prefix="spillway-bench-"),
-        },
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
+    worker = await start_worker(
+        env, queue, urls, MINIMAX_POLL_INTERVAL_S="0.5", APPROVAL_TIMEOUT_S="3600"
+    )
     await asyncio.sleep(3)
-    idle_rss, _ = rss_mb(worker.pid)
+    idle_rss = rss_mb(worker.pid)
 
     started = time.perf_counter()
     ids = [f"wait-{i:04d}-{uuid.uuid4().hex[:6]}" for i in range(jobs)]
@@ -95,7 +64,7 @@ async def main(jobs: int) -> None:
     await until(env, "awaiting_approval", jobs, timeout_s=600)
     waiting_s = time.perf_counter() - started
     await asyncio.sleep(5)  # let the worker settle
-    waiting_rss, _ = rss_mb(worker.pid)
+    waiting_rss = rss_mb(worker.pid)
 
     decision = ApprovalDecision(approved=True, by="bench", reason="throughput")
     started = time.perf_counter()
@@ -110,7 +79,7 @@ async def main(jobs: int) -> None:
     accepted_s = time.perf_counter() - started
     await until(env, "completed", jobs, timeout_s=900)
     completed_s = time.perf_counter() - started
-    _, peak_rss = rss_mb(worker.pid)
+    peak_rss = rss_mb(worker.pid, "VmHWM")
 
     print(f"{jobs} jobs waiting for approval on one worker process ({os.cpu_count()} cores)")
     print(f"  submitted and all waiting after     {waiting_s:7.1f} s")
@@ -129,6 +98,4 @@ async def main(jobs: int) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--jobs", type=int, default=1000)
-    asyncio.run(main(parser.parse_args().jobs))
-    sys.stdout.flush()
-    os._exit(0)  # the SDK's bridge can crash at interpreter shutdown (sdk-python#300)
+    run_main(main(parser.parse_args().jobs))

@@ -1,0 +1,129 @@
+"""What the benchmarks share: the doubles, the dev server and a real worker in processes of their
+own; the kernel's memory figures from /proc; the ComfyUI double's output, made ready before a
+measured download; and a `__main__` that exits cleanly.
+
+A benchmark inserts the repository root into sys.path and then imports this module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any, NoReturn
+
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
+
+from activities.comfyui import ComfyUIActivities
+from spillway.comfyui_models import (
+    ComfyUIFinished,
+    ComfyUISubmit,
+    ComfyUIWait,
+    client_id_for,
+    prompt_id_for,
+)
+from spillway.settings import PROJECT_ROOT
+from spillway.sim.comfyui import ComfyUISim
+from spillway.temporal import installed_binary, register_search_attributes
+
+Process = asyncio.subprocess.Process
+
+
+async def start_doubles(execution_s: float) -> tuple[Process, dict[str, str]]:
+    """`python -m spillway.sim` (so the doubles do not share the measured process's CPU time) and
+    the URLs it prints (plus `minimax_key`)."""
+    sims = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "spillway.sim", "--execution-s", f"{execution_s:g}",
+        stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert sims.stdout is not None
+    urls: dict[str, str] = json.loads(await sims.stdout.readline())
+    return sims, urls
+
+
+async def start_dev_server() -> WorkflowEnvironment:
+    """The real `temporal` dev server, with spillway's search attributes (jobs publish their state
+    in them, and the benchmarks count jobs by it)."""
+    env = await WorkflowEnvironment.start_local(
+        data_converter=pydantic_data_converter,
+        dev_server_existing_path=installed_binary("temporal"),
+    )
+    await register_search_attributes(env.client)
+    return env
+
+
+async def start_worker(
+    env: WorkflowEnvironment, queue: str, urls: dict[str, str], **extra_env: str
+) -> Process:
+    """A real `python worker.py`, so its RSS and sockets are the worker's alone; its output is
+    dropped, as a benchmark prints only its figures."""
+    return await asyncio.create_subprocess_exec(
+        sys.executable, str(PROJECT_ROOT / "worker.py"),
+        env=os.environ | {
+            "TEMPORAL_ADDRESS": env.client.service_client.config.target_host,
+            "SPILLWAY_TASK_QUEUE": queue,
+            "COMFYUI_URL": urls["comfyui"],
+            "MINIMAX_BASE_URL": urls["minimax"],
+            "MINIMAX_API_KEY": urls["minimax_key"],
+            "SPILLWAY_OUTPUT_DIR": tempfile.mkdtemp(prefix="spillway-bench-"),
+        } | extra_env,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def status_kib(field: str, pid: int | str = "self") -> int:
+    """A kB field of /proc/PID/status: VmRSS now, VmHWM the peak."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/{pid}/status")
+
+
+def rss_mb(pid: int, field: str = "VmRSS") -> float:
+    return status_kib(field, pid) / 1024
+
+
+def reset_peak() -> bool:
+    """Resets this process's VmHWM; False where the kernel does not allow it (the peak then
+    includes whatever came before)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
+async def serve_comfyui(size: int) -> None:
+    """The ComfyUI double for a child process: instant outputs of `size` bytes, its URL on stdout
+    for the parent, then serves until killed."""
+    async with ComfyUISim() as sim:
+        sim.execution_s, sim.output_bytes = 0, size
+        print(sim.url, flush=True)
+        await asyncio.Event().wait()
+
+
+async def comfyui_finished(
+    environment: ActivityEnvironment, acts: ComfyUIActivities, job: str, graph: dict[str, Any]
+) -> ComfyUIFinished:
+    """Submits `graph` and waits for its outputs, so that only the download is measured."""
+    submit = ComfyUISubmit(
+        job_id=job,
+        prompt_id=prompt_id_for(job, 1),
+        client_id=client_id_for(job),
+        graph=graph,
+    )
+    await environment.run(acts.submit, submit)
+    wait = ComfyUIWait(job_id=job, prompt_id=submit.prompt_id, client_id=submit.client_id)
+    finished: ComfyUIFinished = await environment.run(acts.wait, wait)
+    return finished
+
+
+def run_main(main: Coroutine[Any, Any, None]) -> NoReturn:
+    asyncio.run(main)
+    sys.stdout.flush()
+    os._exit(0)  # the SDK's bridge can crash at interpreter shutdown (sdk-python#300)
