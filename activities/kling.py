@@ -282,13 +282,14 @@ class KlingActivities:
                 req.job_id,
                 task.units,
             )
-        # cost_usd stays None. Kling's query answer (like its callback) reports the actual cost
-        # only as `final_unit_deduction`, resource-pack units (a decimal string); the newer
-        # `billing` list (charge_type cash|unit, amount, currency) belongs to Kling's newer API
-        # design, not to /v1/videos/{kind}/{id} (klingai.com/document-api/api/get-started/
-        # callbacks; .../api/video/2-6/text-to-video). What a unit costs in dollars depends on
-        # the pack the account bought, so the estimate of routing_tiers.json stands.
-        return CloudDone(task_id=req.task_id, video_url=task.video_urls[0])
+        # cost_usd stays None; the units go to the plan (cloud.units). Kling's query answer (like
+        # its callback) reports the actual cost only as `final_unit_deduction`, resource-pack
+        # units (a decimal string); the newer `billing` list (charge_type cash|unit, amount,
+        # currency) belongs to Kling's newer API design, not to /v1/videos/{kind}/{id}
+        # (klingai.com/document-api/api/get-started/callbacks; .../api/video/2-6/text-to-video).
+        # What a unit costs in dollars depends on the pack the account bought, so the estimate
+        # of routing_tiers.json stands.
+        return CloudDone(task_id=req.task_id, video_url=task.video_urls[0], units=task.units)
 
     # --- download: free; a re-run never fetches a finished file again ---------------------
 

@@ -78,6 +78,7 @@ class CloudDone(BaseModel):
     video_width: int | None = None
     video_height: int | None = None
     cost_usd: float | None = None  # the provider's own figure, when it gives one
+    units: float | None = None  # Kling: resource-pack units the task used (not dollars)
 
 
 class CloudDownload(BaseModel):

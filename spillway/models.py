@@ -171,6 +171,7 @@ class CloudInfo(BaseModel):
     task_id: str | None = None
     estimated_cost_usd: float | None = None
     cost_usd: float | None = None  # what the provider itself says it cost, when it says
+    units: float | None = None  # Kling's final_unit_deduction: resource-pack units, not dollars
     authorised_by: str  # "armed" or the approver's name
     authorisation: Authorisation | None = None  # None in plans from before the spend ledger
     attempts: list[CloudAttempt] = []

@@ -65,6 +65,7 @@ async def test_minimax_with_no_balance_hands_the_job_to_kling(
     both_clouds, dev_env, minimax: MiniMaxSim, kling: KlingSim
 ):
     minimax.inject("create", 1008)  # insufficient balance, no task
+    kling.units = "2"  # what the task used of the resource pack
     worker = await both_clouds()
     plan: Plan = await asyncio.wait_for((await start_job(dev_env, worker.task_queue)).result(), 90)
 
@@ -73,6 +74,7 @@ async def test_minimax_with_no_balance_hands_the_job_to_kling(
     [attempt] = plan.cloud.attempts
     assert attempt.provider == "minimax" and "code 1008" in attempt.why
     assert plan.cloud.estimated_cost_usd == KLING_CLIP_USD
+    assert (plan.cloud.units, plan.cloud.cost_usd) == (2.0, None)  # units, never dollars
     assert (minimax.create_calls, minimax.tasks_created) == (1, 0)
     assert (kling.create_calls, kling.tasks_created) == (1, 1)
     assert plan.cloud.task_id is not None

@@ -208,7 +208,7 @@ async def test_a_first_frame_kling_cannot_take_or_read_is_refused_before_anythin
     assert kling.create_calls == 0
 
 
-async def test_units_kling_reports_are_logged_and_never_taken_for_dollars(
+async def test_units_kling_reports_are_returned_and_logged_and_never_taken_for_dollars(
     kling, kling_activities, caplog
 ):
     caplog.set_level(logging.INFO)
@@ -219,7 +219,7 @@ async def test_units_kling_reports_are_logged_and_never_taken_for_dollars(
         acts.poll, CloudPoll(job_id="job-1", task_id=created.task_id, provider="kling")
     )
 
-    assert isinstance(done, CloudDone) and done.cost_usd is None
+    assert isinstance(done, CloudDone) and (done.cost_usd, done.units) == (None, 1.5)
     assert "used 1.5 resource-pack units" in caplog.text
 
 

@@ -161,6 +161,7 @@ class CloudRoute(JobBase):
         self._publish()
         poll = CloudPoll(job_id=self._job.job_id, task_id=task_id, provider=provider)
         done = await calls.cloud_poll(poll, self._heartbeat, self._priority)
+        self._plan.cloud.units = done.units
         if done.cost_usd is not None:  # the provider's own figure replaces the estimate
             self._plan.cloud.cost_usd = done.cost_usd
             await self._settle("charged", task_id, done.cost_usd)
