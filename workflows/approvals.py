@@ -34,6 +34,7 @@ PATCH_PROMPT_PER_RUN = "prompt-id-per-run"
 PATCH_CALLBACKS = "job-callbacks"
 PATCH_FOLLOW_LOST_CREATE = "follow-charged-after-lost-create"
 PATCH_RECORDED_BEFORE_ASKING = "recorded-create-before-asking"
+PATCH_ANSWER_AT_END = "answer-open-decision-at-end"
 
 
 # What the signal handler gets when a signal carried no input at all (the SDK decodes a handler's
@@ -126,6 +127,16 @@ class Approvals(JobBase):
         """An accepted decision the job could not use: its caller hears why, the plan keeps it."""
         ticket.refusal = why
         self._ignore(IgnoredSignal(**ticket.decision.model_dump(), at=workflow.now(), why=why))
+
+    async def _answer_open_decision(self) -> None:
+        """A decision accepted just as the job left its wait (headroom came back in the same
+        moment) hears that it was not used, instead of Temporal's "workflow completed before the
+        update completed"; the plan records it."""
+        ticket = self._pending
+        if ticket is None or ticket.settled or not workflow.patched(PATCH_ANSWER_AT_END):
+            return
+        self._unused(ticket, texts.ended_unused(self._job.job_id, self._plan.state))
+        await workflow.wait_condition(workflow.all_handlers_finished)
 
     async def _use_decision(self, ticket: Ticket, policy: Policy) -> RouteChoice | None:
         decision = ticket.decision

@@ -118,6 +118,10 @@ def approval_notice(
     )
 
 
+def ended_unused(job_id: str, state: str) -> str:
+    return f"job {job_id} ended ({state}) before it could use this decision: nothing was applied"
+
+
 def approved_without_key(by: str) -> str:
     return (
         f"approved by {by}, but no cloud provider key is configured on the worker: nothing was "

@@ -93,14 +93,17 @@ class VideoJobWorkflow(Approvals, LocalRoute, CloudRoute, Measure):
             await self._run(self._job)
         except ApplicationError as err:
             if err.type == FAILED:
+                await self._answer_open_decision()
                 await self._tell("job.failed")
             raise
         except (asyncio.CancelledError, ActivityError):
             if self._plan.state == "cancelled":
+                await self._answer_open_decision()
                 await self._tell("job.cancelled")
             raise
         self._plan.progress = None
         self._set_state("completed")
+        await self._answer_open_decision()
         await self._tell("job.completed")
         return self._plan
 

@@ -197,8 +197,8 @@ def _kind(message: str) -> str:
         return "local only"
     if "already completed" in message or "already finished" in message:
         return "closed"
-    # Accepted while the job was ending (it went local as headroom returned and finished):
-    # Temporal answers the update itself. Nothing was applied; the approver is told it closed.
-    if "Workflow completed before the Update completed" in message:
+    # Accepted just as the job left its wait (headroom returned) and answered when it ended;
+    # or, arriving as it completed, answered by Temporal itself. Nothing was applied either way.
+    if "before it could use this decision" in message or "completed before the Update" in message:
         return "closed"
     return message
