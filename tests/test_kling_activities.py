@@ -22,6 +22,7 @@ from activities.kling import KlingActivities
 from activities.kling_client import KlingClient
 from spillway.cloud_models import CloudCreate, CloudCreated, CloudDone, CloudDownload, CloudPoll
 from spillway.inputs import prepare_inputs
+from spillway.kling_requests import sign_jwt
 from spillway.models import CloudRequest, Downloaded, JobInput
 from spillway.sim.kling import KlingSim
 from spillway.spend_models import SettleRequest, SpendEntry
@@ -567,7 +568,7 @@ async def test_keys_and_tokens_appear_in_no_error_log_heartbeat_or_result(
 
     acts = kling_activities(timing=dataclasses.replace(FAST, create_retry_budget_s=0.5))
     # Kling echoing the keys and a token back in its own words, on create and on query.
-    echo = f"invalid Bearer {CANARY_ACCESS} {CANARY_SECRET} eyJhbGciOiJIUzI1NiJ9.eyJpc3MiOjF9.x-y"
+    echo = f"invalid Bearer {CANARY_ACCESS} {CANARY_SECRET} {sign_jwt(CANARY_ACCESS, 'x', 0)}"
     kling.answers["/v1/videos/text2video"] = {"code": 1201, "message": echo}
     await run(acts.create, create_request())
     del kling.answers["/v1/videos/text2video"]
