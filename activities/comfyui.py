@@ -44,7 +44,8 @@ from activities.comfyui_watch import ComfyUIWatcher, Ended
 from activities.handover import unless_shutting_down
 from activities.heartbeat import Heartbeat
 from activities.inputs import InputUnreadable
-from activities.storage import STORE_FAILED, LazyOutputStore, OutputStore, StoreError, UnsafeName
+from activities.storage import STORE_FAILED, OutputStore, StoreError, UnsafeName
+from activities.store_owner import OwnsOutputStore
 from spillway import activity_names as names
 from spillway.comfyui_answers import (
     PromptFailed,
@@ -90,7 +91,7 @@ class SubmitProgress(Progress):
     posted_at: datetime | None = None
 
 
-class ComfyUIActivities:
+class ComfyUIActivities(OwnsOutputStore):
     def __init__(
         self,
         http: httpx.AsyncClient,
@@ -108,11 +109,9 @@ class ComfyUIActivities:
         # Six beats per heartbeat timeout: a slow ComfyUI never looks like a dead worker.
         self._heartbeat_every_s = heartbeat_every_s or settings.SPILLWAY_HEARTBEAT_TIMEOUT_S / 6
         self._post_grace_s = post_grace_s
-        # The worker's one output store; without it, one of their own (closed by aclose()).
-        self._own_store: LazyOutputStore | None = None
-        if store is None:
-            store = self._own_store = LazyOutputStore(settings)
-        self._files = ComfyUIFiles(self._client, store, http, self._heartbeat_every_s)
+        self._files = ComfyUIFiles(
+            self._client, self._use_store(settings, store), http, self._heartbeat_every_s
+        )
 
     @property
     def client_id(self) -> str:
@@ -123,8 +122,7 @@ class ComfyUIActivities:
         """Stops the watcher (its socket and poll loop); waits still following end retryably.
         Closes the output store too if these activities opened their own."""
         await self._watcher.aclose()
-        if self._own_store is not None:
-            await self._own_store.aclose()
+        await super().aclose()
 
     # --- submit ------------------------------------------------------------------------------
 

@@ -33,9 +33,9 @@ from activities.kling_download import KlingDownloader
 from activities.ledger_client import Ledger
 from activities.spend import CreateGuard
 from activities.storage import (
-    LazyOutputStore,
     OutputStore,
 )
+from activities.store_owner import OwnsOutputStore
 from spillway import activity_names as names
 from spillway.cloud_models import (
     CloudCreate,
@@ -81,7 +81,7 @@ _WHAT_TO_DO = {
 }
 
 
-class KlingActivities:
+class KlingActivities(OwnsOutputStore):
     def __init__(
         self,
         http: httpx.AsyncClient,
@@ -95,16 +95,7 @@ class KlingActivities:
             heartbeat_every_s=settings.SPILLWAY_HEARTBEAT_TIMEOUT_S / 6
         )
         self._guard = CreateGuard(ledger, settings)
-        # The worker's one output store; without it, one of their own (closed by aclose()).
-        self._own_store: LazyOutputStore | None = None
-        if store is None:
-            store = self._own_store = LazyOutputStore(settings)
-        self._store = store
-
-    async def aclose(self) -> None:
-        """Closes the output store these activities opened themselves, if any."""
-        if self._own_store is not None:
-            await self._own_store.aclose()
+        self._use_store(settings, store)
 
     # --- create: the only call that costs money -----------------------------------------
 

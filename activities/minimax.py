@@ -36,7 +36,8 @@ from activities.minimax_download import PERMANENT as PERMANENT
 from activities.minimax_download import UNAVAILABLE as UNAVAILABLE
 from activities.minimax_download import MiniMaxDownloader
 from activities.spend import CreateGuard
-from activities.storage import LazyOutputStore, OutputStore
+from activities.storage import OutputStore
+from activities.store_owner import OwnsOutputStore
 from spillway import activity_names as names
 from spillway.cloud_models import (
     CloudCreate,
@@ -66,7 +67,7 @@ NO_KEY = "MiniMaxNoKey"
 TASK_FAILED = "MiniMaxTaskFailed"
 
 
-class MiniMaxActivities:
+class MiniMaxActivities(OwnsOutputStore):
     def __init__(
         self,
         http: httpx.AsyncClient,
@@ -81,16 +82,7 @@ class MiniMaxActivities:
         )
         self._client = MiniMaxClient(http, settings, timing)
         self._guard = CreateGuard(ledger, settings)
-        # The worker's one output store; without it, one of their own (closed by aclose()).
-        self._own_store: LazyOutputStore | None = None
-        if store is None:
-            store = self._own_store = LazyOutputStore(settings)
-        self._store = store
-
-    async def aclose(self) -> None:
-        """Closes the output store these activities opened themselves, if any."""
-        if self._own_store is not None:
-            await self._own_store.aclose()
+        self._use_store(settings, store)
 
     # --- create: the only call that costs money -----------------------------------------
 
