@@ -22,9 +22,8 @@ import pytest
 from activities.kling import KlingActivities
 from activities.kling_client import KlingTiming
 from spillway.sim.kling import KlingSim
-from spillway.spend_models import BeginCreate, Budgets, ReserveRequest, SpendEntry
-from tests.support.minimax import BookLedger
-from tests.support.settings import SettingsFactory, make_settings
+from tests.support.minimax import FAST_WAITS, BookLedger
+from tests.support.settings import SettingsFactory, settings_on
 
 CANARY_ACCESS = "kling-CANARY-access-51c0e2"
 CANARY_SECRET = "kling-CANARY-secret-3b9f1e7d-do-not-log"
@@ -33,17 +32,7 @@ VIDEO_SIZE = 300_000  # a few chunks, so the download streams and reports progre
 KLING_CLIP_USD = 0.21
 
 # Production waits are seconds to minutes; the same logic runs here in milliseconds.
-FAST = KlingTiming(
-    connect_timeout_s=1.0,
-    create_timeout_s=0.5,
-    request_timeout_s=2.0,
-    heartbeat_every_s=0.05,
-    create_retry_budget_s=3.0,
-    backoff_s=(0.05,),
-    rate_limit_backoff_s=(0.3,),
-    poll_backoff_max_s=1.0,
-    unknown_task_polls=3,
-)
+FAST = KlingTiming(**FAST_WAITS, create_timeout_s=0.5, unknown_task_polls=3)
 
 
 @pytest.fixture
@@ -66,10 +55,7 @@ def kling_values(kling: KlingSim, outputs: Path) -> dict[str, Any]:
 
 @pytest.fixture
 def kling_settings(kling: KlingSim, tmp_path: Path) -> SettingsFactory:
-    def make(**overrides: Any) -> Any:
-        return make_settings(kling_values(kling, tmp_path / "outputs"), **overrides)
-
-    return make
+    return settings_on(kling_values(kling, tmp_path / "outputs"))
 
 
 @pytest.fixture
@@ -86,23 +72,7 @@ def kling_activities(
 
 
 class KlingBookLedger(BookLedger):
-    """BookLedger whose first `begin` for a job reserves it for Kling (BookLedger's own reserves
-    for MiniMax)."""
+    """BookLedger whose first `begin` for a job reserves it for Kling, at Kling's price."""
 
-    async def begin(self, req: BeginCreate) -> SpendEntry:
-        if not any(e.job_id == req.job_id for e in self.book.entries):
-            await self.reserve(
-                ReserveRequest(
-                    job_id=req.job_id,
-                    run_id=req.run_id,
-                    provider="kling",
-                    cost_usd=KLING_CLIP_USD,
-                    authorised_by="test",
-                    authorisation="approved",
-                    budgets=Budgets(),
-                )
-            )
-        return await super().begin(req)
-
-    def entry_of(self, job_id: str) -> SpendEntry | None:
-        return next((e for e in reversed(self.book.entries) if e.job_id == job_id), None)
+    def __init__(self) -> None:
+        super().__init__(provider="kling", cost_usd=KLING_CLIP_USD)

@@ -5,6 +5,7 @@
 - `minimax_activities(timing=FAST, ledger=None, **overrides)`: MiniMaxActivities on
   `minimax_settings`, with `FAST` timing and a `BookLedger` (the real book-keeping, in process)
   that reserves a job on its first create.
+- `FAST_WAITS`: the waits MiniMax's and Kling's FAST timings share.
 """
 
 from __future__ import annotations
@@ -34,16 +35,16 @@ from tests.support.settings import SettingsFactory
 VIDEO_SIZE = 300_000  # a few chunks, so the download streams and reports progress
 
 # Production waits are seconds to minutes; the same logic runs here in milliseconds.
-FAST = MiniMaxTiming(
-    heartbeat_every_s=0.05,
-    connect_timeout_s=1.0,
-    request_timeout_s=2.0,
-    create_retry_budget_s=3.0,
-    backoff_s=(0.05,),
-    rate_limit_backoff_s=(0.3,),
-    poll_backoff_max_s=1.0,
-    url_refreshes=3,
-)
+FAST_WAITS: dict[str, Any] = {
+    "heartbeat_every_s": 0.05,
+    "connect_timeout_s": 1.0,
+    "request_timeout_s": 2.0,
+    "create_retry_budget_s": 3.0,
+    "backoff_s": (0.05,),
+    "rate_limit_backoff_s": (0.3,),
+    "poll_backoff_max_s": 1.0,
+}
+FAST = MiniMaxTiming(**FAST_WAITS, url_refreshes=3)
 
 
 @pytest.fixture
@@ -68,11 +69,13 @@ def minimax_activities(
 
 class BookLedger:
     """The spend ledger's rules (SpendBook) in this process, for tests of one activity outside a
-    workflow. `begin` reserves a job it has never seen (approved, no budget) first, as the
-    workflow's `spend_reserve` would have; everything else is the ledger's own answer."""
+    workflow. `begin` reserves a job it has never seen (approved, no budget, for `provider` at
+    `cost_usd`) first, as the workflow's `spend_reserve` would have; everything else is the
+    ledger's own answer."""
 
-    def __init__(self) -> None:
+    def __init__(self, provider: str = "minimax", cost_usd: float = CLIP_USD) -> None:
         self.book = SpendBook([], Budgets())
+        self.provider, self.cost_usd = provider, cost_usd
 
     async def reserve(self, req: ReserveRequest) -> SpendEntry:
         return self.book.reserve(req, datetime.now(UTC))
@@ -83,8 +86,8 @@ class BookLedger:
                 ReserveRequest(
                     job_id=req.job_id,
                     run_id=req.run_id,
-                    provider="minimax",
-                    cost_usd=CLIP_USD,
+                    provider=self.provider,
+                    cost_usd=self.cost_usd,
                     authorised_by="test",
                     authorisation="approved",
                     budgets=Budgets(),
@@ -101,6 +104,9 @@ class BookLedger:
     async def summary(self) -> LedgerSummary | None:
         return self.book.summary(datetime.now(UTC))
 
+    def entry_of(self, job_id: str) -> SpendEntry | None:
+        return next((e for e in reversed(self.book.entries) if e.job_id == job_id), None)
+
     def state_of(self, job_id: str) -> str | None:
-        entry = next((e for e in reversed(self.book.entries) if e.job_id == job_id), None)
+        entry = self.entry_of(job_id)
         return entry.state if entry else None

@@ -6,6 +6,7 @@ values. Later layers win, the test's own keyword arguments (env names) last.
 - `comfyui_values(sim, outputs)`: pointed at the ComfyUI double, with a short history poll and
   probe timeout; `minimax_values(sim, outputs)`: at the MiniMax double with the canary key and
   short intervals. Both write outputs to a folder of the test's own.
+- `settings_on(values)`: a factory of settings on those values, `(**overrides) -> Settings`.
 - Fixtures: `comfyui_settings(**overrides)` and `minimax_settings(**overrides)`.
 """
 
@@ -63,17 +64,18 @@ def minimax_values(minimax: MiniMaxSim, outputs: Path) -> dict[str, Any]:
     }
 
 
-@pytest.fixture
-def comfyui_settings(comfyui: ComfyUISim, tmp_path: Path) -> SettingsFactory:
+def settings_on(values: Mapping[str, Any]) -> SettingsFactory:
     def make(**overrides: Any) -> Settings:
-        return make_settings(comfyui_values(comfyui, tmp_path / "outputs"), **overrides)
+        return make_settings(values, **overrides)
 
     return make
+
+
+@pytest.fixture
+def comfyui_settings(comfyui: ComfyUISim, tmp_path: Path) -> SettingsFactory:
+    return settings_on(comfyui_values(comfyui, tmp_path / "outputs"))
 
 
 @pytest.fixture
 def minimax_settings(minimax: MiniMaxSim, tmp_path: Path) -> SettingsFactory:
-    def make(**overrides: Any) -> Settings:
-        return make_settings(minimax_values(minimax, tmp_path / "outputs"), **overrides)
-
-    return make
+    return settings_on(minimax_values(minimax, tmp_path / "outputs"))
