@@ -31,11 +31,11 @@ from tests.support.cli import free_ports
 
 pytest_plugins = [
     "tests.support.settings",
+    "tests.support.activity",  # before the modules whose helpers run an activity
     "tests.support.comfyui",
     "tests.support.a40",
     "tests.support.minimax",
     "tests.support.kling",
-    "tests.support.activity",
     "tests.support.jobs",
     "tests.support.worker_process",
     "tests.support.s3",

@@ -9,6 +9,7 @@ import dataclasses
 import hashlib
 import uuid
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -32,7 +33,13 @@ from spillway.inputs import prepare_inputs, with_inputs
 from spillway.models import Downloaded, JobInput, Progress
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.comfyui_graph import Failure
-from tests.support.comfyui import ComfyUIDouble, submit_request, wait_request
+from tests.support.comfyui import (
+    ESCAPING_OUTPUTS,
+    ComfyUIDouble,
+    submit_new_job,
+    submit_request,
+    wait_request,
+)
 from tests.support.graphs import ANIMATION_GRAPH, SLOW_GRAPH, VIDEO_GRAPH, graph_without
 from tests.support.images import I2V_GRAPH, png
 from tests.support.waiting import until
@@ -48,13 +55,20 @@ def on_disk(path: Path) -> tuple[int, str]:
     return len(content), hashlib.sha256(content).hexdigest()
 
 
-def worker_for(env: WorkflowEnvironment, acts: ComfyUIActivities, task_queue: str) -> Worker:
-    return Worker(
+async def run_workflow(
+    env: WorkflowEnvironment, acts: ComfyUIActivities, workflow: Any, req: Any
+) -> Any:
+    """One of the tiny workflows (SubmitOnce, RenderLocally) on a worker and queue of its own."""
+    task_queue = f"comfyui-{uuid.uuid4()}"
+    async with Worker(
         env.client,
         task_queue=task_queue,
         workflows=[SubmitOnce, RenderLocally],
         activities=[acts.submit, acts.wait, acts.download, acts.cancel],
-    )
+    ):
+        return await env.client.execute_workflow(
+            workflow, req, id=f"comfyui-{uuid.uuid4()}", task_queue=task_queue
+        )
 
 
 def application_error(failure: WorkflowFailureError) -> ApplicationError:
@@ -75,11 +89,7 @@ async def test_video_job_is_submitted_followed_and_downloaded_with_matching_sha2
     comfyui.execution_s = 0.3
     comfyui.output_bytes = 3 * 1024 * 1024 + 17  # several chunks and a ragged end
     req = submit_request(new_job(), VIDEO_GRAPH)
-    task_queue = f"comfyui-{uuid.uuid4()}"
-    async with worker_for(env, comfyui_activities(), task_queue):
-        downloaded = await env.client.execute_workflow(
-            RenderLocally.run, req, id=f"render-{uuid.uuid4()}", task_queue=task_queue
-        )
+    downloaded = await run_workflow(env, comfyui_activities(), RenderLocally.run, req)
 
     assert isinstance(downloaded, Downloaded)
     [output] = downloaded.outputs
@@ -101,8 +111,7 @@ async def test_download_run_again_keeps_the_completed_files_and_fetches_nothing(
         "4": {"class_type": "CreateVideo", "inputs": {"images": ["1", 0], "fps": 8.0}},
         "3": VIDEO_GRAPH["3"] | {"inputs": VIDEO_GRAPH["3"]["inputs"] | {"video": ["4", 0]}},
     }
-    req = submit_request(new_job(), graph)
-    await run_activity(acts.submit, req)
+    req = await submit_new_job(acts, graph)
     finished, _ = await run_activity(acts.wait, wait_request(req))
     assert isinstance(finished, ComfyUIFinished) and len(finished.files) == 2
 
@@ -125,8 +134,7 @@ async def test_dropped_download_leaves_no_file_behind_and_the_retry_completes_it
 ):
     comfyui.execution_s = 0
     acts = comfyui_activities()
-    req = submit_request(new_job(), VIDEO_GRAPH)
-    await run_activity(acts.submit, req)
+    req = await submit_new_job(acts, VIDEO_GRAPH)
     finished, _ = await run_activity(acts.wait, wait_request(req))
     download = ComfyUIDownload(job_id=req.job_id, files=finished.files)
 
@@ -149,8 +157,7 @@ async def test_download_reports_bytes_in_its_heartbeats(
     comfyui.execution_s = 0
     comfyui.output_bytes = 8 * 1024 * 1024
     acts = comfyui_activities()
-    req = submit_request(new_job(), VIDEO_GRAPH)
-    await run_activity(acts.submit, req)
+    req = await submit_new_job(acts, VIDEO_GRAPH)
     finished, _ = await run_activity(acts.wait, wait_request(req))
     _, heartbeats = await run_activity(
         acts.download, ComfyUIDownload(job_id=req.job_id, files=finished.files)
@@ -161,16 +168,7 @@ async def test_download_reports_bytes_in_its_heartbeats(
     )
 
 
-@pytest.mark.parametrize(
-    ("subfolder", "filename"),
-    [
-        ("", "../../escaped.mp4"),
-        ("../..", "escaped.mp4"),
-        ("/etc", "passwd"),
-        ("video", ".hidden"),
-        ("", "a/../../b.mp4"),
-    ],
-)
+@pytest.mark.parametrize(("subfolder", "filename"), ESCAPING_OUTPUTS)
 async def test_output_names_that_would_leave_the_job_folder_are_refused_before_any_request(
     comfyui: ComfyUISim, comfyui_activities, run_activity, tmp_path, subfolder, filename
 ):
@@ -203,12 +201,8 @@ async def test_invalid_graph_fails_once_without_retries_naming_node_class_and_re
     env: WorkflowEnvironment, comfyui: ComfyUISim, comfyui_activities
 ):
     req = submit_request(new_job(), graph_without(ANIMATION_GRAPH, "2", "fps"))
-    task_queue = f"comfyui-{uuid.uuid4()}"
-    async with worker_for(env, comfyui_activities(), task_queue):
-        with pytest.raises(WorkflowFailureError) as failure:
-            await env.client.execute_workflow(
-                SubmitOnce.run, req, id=f"submit-{uuid.uuid4()}", task_queue=task_queue
-            )
+    with pytest.raises(WorkflowFailureError) as failure:
+        await run_workflow(env, comfyui_activities(), SubmitOnce.run, req)
 
     activity_error = failure.value.cause
     assert isinstance(activity_error, ActivityError)
@@ -281,8 +275,7 @@ async def test_retried_submit_finding_its_prompt_in_history_does_not_post_again(
 ):
     comfyui.execution_s = 0
     acts = comfyui_activities()
-    req = submit_request(new_job(), VIDEO_GRAPH)
-    await run_activity(acts.submit, req)
+    req = await submit_new_job(acts, VIDEO_GRAPH)
     await comfyui.wait_until(req.prompt_id, "done")
     again, _ = await run_activity(acts.submit, req)
     assert again == ComfyUISubmitted(prompt_id=req.prompt_id, posted=False)
@@ -295,11 +288,7 @@ async def test_submit_whose_answer_was_lost_is_retried_by_temporal_without_a_sec
     comfyui.pause()
     comfyui.lose_prompt_answers = 1  # ComfyUI queues it, the connection drops before the answer
     req = submit_request(new_job(), VIDEO_GRAPH)
-    task_queue = f"comfyui-{uuid.uuid4()}"
-    async with worker_for(env, comfyui_activities(), task_queue):
-        submitted = await env.client.execute_workflow(
-            SubmitOnce.run, req, id=f"submit-{uuid.uuid4()}", task_queue=task_queue
-        )
+    submitted = await run_workflow(env, comfyui_activities(), SubmitOnce.run, req)
     assert submitted == ComfyUISubmitted(prompt_id=req.prompt_id, posted=False)
     assert comfyui.prompt_posts[req.prompt_id] == 1
     assert comfyui.hits["POST /prompt"] == 1
@@ -347,11 +336,7 @@ async def test_submit_whose_post_lands_after_its_timeout_runs_the_prompt_once(
     comfyui.late_prompt_posts, comfyui.late_prompt_s = 1, 1.5
     acts = comfyui_activities(request_timeout=httpx.Timeout(0.3), post_grace_s=5.0)
     req = submit_request(new_job(), VIDEO_GRAPH)
-    task_queue = f"comfyui-{uuid.uuid4()}"
-    async with worker_for(env, acts, task_queue):
-        submitted = await env.client.execute_workflow(
-            SubmitOnce.run, req, id=f"submit-{uuid.uuid4()}", task_queue=task_queue
-        )
+    submitted = await run_workflow(env, acts, SubmitOnce.run, req)
     assert submitted == ComfyUISubmitted(prompt_id=req.prompt_id, posted=False)
     await comfyui.wait_until(req.prompt_id, "done")
     assert comfyui.prompt_posts[req.prompt_id] == 1
@@ -400,8 +385,7 @@ async def test_submit_posts_under_the_agents_client_id_so_its_one_socket_hears_t
 ):
     comfyui.pause()
     acts = comfyui_activities()
-    req = submit_request(new_job(), VIDEO_GRAPH)
-    await run_activity(acts.submit, req)
+    req = await submit_new_job(acts, VIDEO_GRAPH)
     [item] = comfyui.queue_pending
     assert item[3]["client_id"] == acts.client_id != req.client_id
 
@@ -497,8 +481,7 @@ async def test_wait_heartbeats_queued_then_running_with_node_progress(
     comfyui.progress_steps = 4
     comfyui.pause()
     acts = comfyui_activities()
-    req = submit_request(new_job(), SLOW_GRAPH)
-    await run_activity(acts.submit, req)
+    req = await submit_new_job(acts, SLOW_GRAPH)
     reads = comfyui.hits["GET /queue"]
     waiting = asyncio.create_task(run_activity(acts.wait, wait_request(req)))
     await until(lambda: comfyui.hits["GET /queue"] > reads, timeout_s=5, every_s=0.005)
@@ -518,8 +501,7 @@ async def test_wait_keeps_heartbeating_while_nothing_changes(
 ):
     comfyui.pause()
     acts = comfyui_activities()  # heartbeats every 0.05 s here, every 5 s in production
-    req = submit_request(new_job(), VIDEO_GRAPH)
-    await run_activity(acts.submit, req)
+    req = await submit_new_job(acts, VIDEO_GRAPH)
     waiting = asyncio.create_task(run_activity(acts.wait, wait_request(req)))
     await asyncio.sleep(0.6)
     comfyui.execution_s = 0
@@ -554,8 +536,7 @@ async def test_wait_returns_every_output_file_with_its_kind(
     graph["1"] = copy.deepcopy(graph["1"])
     graph["1"]["inputs"]["batch_size"] = 2
     acts = comfyui_activities()
-    req = submit_request(new_job(), graph)
-    await run_activity(acts.submit, req)
+    req = await submit_new_job(acts, graph)
     finished, _ = await run_activity(acts.wait, wait_request(req))
 
     assert isinstance(finished, ComfyUIFinished)
@@ -573,8 +554,7 @@ async def test_execution_error_fails_without_retry_carrying_comfyuis_exception_a
     comfyui.execution_s = 0.05
     comfyui.fail_next()
     acts = comfyui_activities()
-    req = submit_request(new_job(), VIDEO_GRAPH)
-    await run_activity(acts.submit, req)
+    req = await submit_new_job(acts, VIDEO_GRAPH)
     failed, _ = await run_activity(acts.wait, wait_request(req))
 
     assert isinstance(failed, ApplicationError)
@@ -609,8 +589,7 @@ async def test_interrupted_prompt_fails_without_retry_naming_the_node(
 ):
     comfyui.execution_s = 1.0
     acts = comfyui_activities()
-    req = submit_request(new_job(), SLOW_GRAPH)
-    await run_activity(acts.submit, req)
+    req = await submit_new_job(acts, SLOW_GRAPH)
     waiting = asyncio.create_task(run_activity(acts.wait, wait_request(req)))
     await comfyui.wait_until(req.prompt_id, "running")
     # Someone presses "cancel" in ComfyUI's own UI.
@@ -628,8 +607,7 @@ async def test_socket_going_silent_mid_job_is_finished_by_the_history_poll(
     comfyui.execution_s = 0.5
     comfyui.ws_silent_after = 4  # greeting, execution_start, ... then nothing more arrives
     acts = comfyui_activities()
-    req = submit_request(new_job(), SLOW_GRAPH)
-    await run_activity(acts.submit, req)
+    req = await submit_new_job(acts, SLOW_GRAPH)
     finished, _ = await run_activity(acts.wait, wait_request(req))
 
     assert isinstance(finished, ComfyUIFinished) and finished.outcome == "success"
@@ -642,8 +620,7 @@ async def test_wait_started_after_the_prompt_finished_reads_it_from_history(
 ):
     comfyui.execution_s = 0
     acts = comfyui_activities()
-    req = submit_request(new_job(), VIDEO_GRAPH)
-    await run_activity(acts.submit, req)
+    req = await submit_new_job(acts, VIDEO_GRAPH)
     await comfyui.wait_until(req.prompt_id, "done")  # finished while no worker watched
     finished, _ = await run_activity(acts.wait, wait_request(req))
     assert isinstance(finished, ComfyUIFinished) and finished.outcome == "success"
@@ -655,8 +632,7 @@ async def test_comfyui_restart_mid_job_reports_the_prompt_lost(
 ):
     comfyui.execution_s = 5.0
     acts = comfyui_activities()
-    req = submit_request(new_job(), SLOW_GRAPH)
-    await run_activity(acts.submit, req)
+    req = await submit_new_job(acts, SLOW_GRAPH)
     waiting = asyncio.create_task(run_activity(acts.wait, wait_request(req)))
     await comfyui.wait_until(req.prompt_id, "running")
     await comfyui.restart(down_s=0.2)
@@ -669,8 +645,7 @@ async def test_prompt_missing_from_one_poll_only_is_not_lost(
 ):
     comfyui.pause()
     acts = comfyui_activities(COMFYUI_HISTORY_POLL_S=0.5)
-    req = submit_request(new_job(), VIDEO_GRAPH)
-    await run_activity(acts.submit, req)
+    req = await submit_new_job(acts, VIDEO_GRAPH)
     # One glitched answer: the queue looks empty once while history says `{}`.
     comfyui.answers["/queue"] = {"queue_running": [], "queue_pending": []}
     reads = comfyui.hits["GET /queue"]
@@ -691,8 +666,7 @@ async def test_cancel_while_pending_deletes_the_prompt_from_the_queue(
 ):
     comfyui.pause()
     acts = comfyui_activities()
-    req = submit_request(new_job(), VIDEO_GRAPH)
-    await run_activity(acts.submit, req)
+    req = await submit_new_job(acts, VIDEO_GRAPH)
     cancelled, _ = await run_activity(acts.cancel, ComfyUICancel(prompt_id=req.prompt_id))
     assert cancelled == ComfyUICancelled(prompt_id=req.prompt_id, was="pending")
     assert comfyui.state_of(req.prompt_id) == "unknown"
@@ -706,8 +680,7 @@ async def test_cancel_while_running_interrupts_and_returns_once_comfyui_let_go(
 ):
     comfyui.execution_s = 1.0
     acts = comfyui_activities()
-    req = submit_request(new_job(), SLOW_GRAPH)
-    await run_activity(acts.submit, req)
+    req = await submit_new_job(acts, SLOW_GRAPH)
     await comfyui.wait_until(req.prompt_id, "running")
     cancelled, _ = await run_activity(acts.cancel, ComfyUICancel(prompt_id=req.prompt_id))
 
@@ -770,8 +743,7 @@ async def test_cancel_uses_newer_comfyuis_job_cancel_endpoint_when_it_has_one(
     comfyui.jobs_api = True
     comfyui.pause()
     acts = comfyui_activities()
-    req = submit_request(new_job(), VIDEO_GRAPH)
-    await run_activity(acts.submit, req)
+    req = await submit_new_job(acts, VIDEO_GRAPH)
     cancelled, _ = await run_activity(acts.cancel, ComfyUICancel(prompt_id=req.prompt_id))
     assert cancelled == ComfyUICancelled(prompt_id=req.prompt_id, was="pending")
     assert comfyui.hits[f"POST /api/jobs/{req.prompt_id}/cancel"] == 1

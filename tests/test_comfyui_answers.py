@@ -32,6 +32,7 @@ from spillway.comfyui_models import (
     ComfyUIFinished,
 )
 from spillway.models import Progress
+from tests.support.comfyui import ESCAPING_OUTPUTS
 
 TRANSCRIPTS = Path(__file__).resolve().parent / "comfyui_transcripts"
 
@@ -272,18 +273,7 @@ def test_output_lands_in_its_subfolder_of_the_job_folder(tmp_path: Path):
     assert output_path(job_dir, file) == tmp_path.resolve() / "job-1" / "video" / "job_00001_.mp4"
 
 
-@pytest.mark.parametrize(
-    ("subfolder", "filename"),
-    [
-        ("", "../../escaped.mp4"),
-        ("../..", "escaped.mp4"),
-        ("/etc", "passwd"),
-        ("video", ".hidden"),
-        ("", "a/../../b.mp4"),
-        ("..\\..", "escaped.mp4"),
-        ("", ""),
-    ],
-)
+@pytest.mark.parametrize(("subfolder", "filename"), ESCAPING_OUTPUTS)
 def test_output_names_that_would_leave_the_job_folder_are_refused(
     tmp_path: Path, subfolder: str, filename: str
 ):

@@ -8,13 +8,16 @@
   closed (their ComfyUI watcher stopped) when the test ends. Upper-case keywords are settings,
   lower-case ones go to ComfyUIActivities (`heartbeat_every_s`, `request_timeout`, ...).
 - `submit_request(job_id, graph)`, `wait_request(submit)`: the activities' inputs for a graph
-  (tests/support/graphs.py).
+  (tests/support/graphs.py); `submit_new_job(acts, graph)`: a graph under a new job id, through
+  the submit activity, returning its request.
+- `ESCAPING_OUTPUTS`: (subfolder, filename) of outputs that would land outside the job's folder.
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
+import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -25,6 +28,7 @@ from aiohttp import web
 from activities.comfyui import ComfyUIActivities
 from spillway.comfyui_models import ComfyUISubmit, ComfyUIWait, client_id_for, prompt_id_for
 from spillway.sim.comfyui import ComfyUISim
+from tests.support.activity import run_activity
 from tests.support.constants import FREE_VRAM_PCT
 from tests.support.settings import SettingsFactory
 
@@ -78,6 +82,23 @@ def submit_request(job_id: str, graph: dict[str, Any], attempt: int = 1) -> Comf
 
 def wait_request(submit: ComfyUISubmit) -> ComfyUIWait:
     return ComfyUIWait(job_id=submit.job_id, prompt_id=submit.prompt_id, client_id=submit.client_id)
+
+
+async def submit_new_job(acts: ComfyUIActivities, graph: dict[str, Any]) -> ComfyUISubmit:
+    req = submit_request(f"job-{uuid.uuid4().hex[:12]}", graph)
+    await run_activity(acts.submit, req)
+    return req
+
+
+ESCAPING_OUTPUTS = [
+    ("", "../../escaped.mp4"),
+    ("../..", "escaped.mp4"),
+    ("/etc", "passwd"),
+    ("video", ".hidden"),
+    ("", "a/../../b.mp4"),
+    ("..\\..", "escaped.mp4"),
+    ("", ""),
+]
 
 
 @pytest.fixture
