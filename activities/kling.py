@@ -22,19 +22,19 @@ import httpx
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities import cloud_create
 from activities.handover import unless_shutting_down
 from activities.heartbeat import Heartbeat
-from activities.inputs import InputUnreadable, data_url, read_input
+from activities.inputs import InputUnreadable
 from activities.kling_client import KlingClient, KlingError, KlingTiming
-from activities.kling_create import KlingCreator
+from activities.kling_create import AMBIGUOUS_CREATE as AMBIGUOUS_CREATE
+from activities.kling_create import KlingCreator, ambiguous, refused_message
 from activities.kling_download import DOWNLOAD_FAILED as DOWNLOAD_FAILED
 from activities.kling_download import VIDEO_GONE as VIDEO_GONE
 from activities.kling_download import KlingDownloader
 from activities.ledger_client import Ledger
 from activities.spend import CreateGuard
-from activities.storage import (
-    OutputStore,
-)
+from activities.storage import OutputStore
 from activities.store_owner import OwnsOutputStore
 from spillway import activity_names as names
 from spillway.cloud_models import (
@@ -51,16 +51,15 @@ from spillway.kling_requests import (
     Kind,
     create_request,
     external_task_id,
-    kind_of,
 )
-from spillway.models import Downloaded, JobInput, Progress
+from spillway.models import Downloaded, Progress
 from spillway.settings import Settings
 
 # Error types the workflow names in its retry policies and failure handling (with the
-# download's DOWNLOAD_FAILED and VIDEO_GONE, imported above from activities/kling_download.py).
+# download's DOWNLOAD_FAILED and VIDEO_GONE, imported above from activities/kling_download.py,
+# and AMBIGUOUS_CREATE from activities/kling_create.py).
 REFUSED = "KlingRefused"  # Kling provably made nothing and will not for this account or request
 CREATE_GAVE_UP = "KlingCreateGaveUp"  # every try was a provable "not now" until the budget ended
-AMBIGUOUS_CREATE = "KlingAmbiguousCreate"  # a task, and a charge, may exist
 NO_KEY = "KlingNoKey"
 TASK_FAILED = "KlingTaskFailed"
 TASK_UNKNOWN = "KlingTaskUnknown"  # Kling reports no such task under either kind
@@ -68,17 +67,6 @@ UNAVAILABLE = "KlingUnavailable"  # a free call got no usable answer: retried
 
 KINDS: tuple[Kind, ...] = ("text2video", "image2video")
 KEY_NAMES = ("KLING_ACCESS_KEY", "KLING_SECRET_KEY")
-_WHAT_TO_DO = {
-    1000: "check KLING_ACCESS_KEY and KLING_SECRET_KEY (one key pair from Kling's developer "
-    "console) and the worker's clock",
-    1001: "check KLING_ACCESS_KEY and KLING_SECRET_KEY on the worker",
-    1002: "check that KLING_ACCESS_KEY and KLING_SECRET_KEY are one key pair from Kling's "
-    "developer console",
-    1003: "the worker's clock is ahead of Kling's: fix the time (NTP)",
-    1100: "look at the account in Kling's developer console",
-    1101: "the Kling account is in arrears: pay the outstanding bill",
-    1102: "buy or renew a Kling resource pack",
-}
 
 
 class KlingActivities(OwnsOutputStore):
@@ -113,38 +101,39 @@ class KlingActivities(OwnsOutputStore):
                 lambda: self._send_create(req, external, creator),
             )
         verdict = done.verdict
-        if verdict.outcome == "created" and verdict.task_id:
+        if (made := cloud_create.created(done)) is not None:
             activity.logger.info(
                 "Kling task %s created for job %s (external_task_id %s, create requests: %d)",
-                verdict.task_id,
+                made.task_id,
                 req.job_id,
                 external,
-                verdict.attempts,
+                made.create_calls,
             )
-            return CloudCreated(
-                task_id=verdict.task_id,
-                created_at=verdict.sent_at,
-                create_calls=verdict.attempts,
-                settled=done.settled,
-            )
+            return made
         details = {"job_id": req.job_id, "code": verdict.code, "create_calls": verdict.attempts}
         if verdict.outcome == "refused" and verdict.code in REFUSED_CODES:
             raise ApplicationError(
-                _refused_message(req.job_id, verdict), details, type=REFUSED, non_retryable=True
+                refused_message(req.job_id, verdict), details, type=REFUSED, non_retryable=True
             )
         if verdict.outcome == "refused":
             # attempts 0: refused here before sending; else every try was a provable "not now".
             kind = REFUSED if verdict.attempts == 0 else CREATE_GAVE_UP
             raise ApplicationError(verdict.message, details, type=kind, non_retryable=True)
-        raise self._ambiguous(req, verdict, external)
+        raise ambiguous(req, verdict, external, str(self._settings.KLING_BASE_URL))
 
     async def _send_create(
         self, req: CloudCreate, external: str, creator: KlingCreator
     ) -> CreateVerdict:
         s = self._settings
         try:
-            # Read before anything is sent: an input that cannot be read costs nothing.
-            frame = None if req.first_frame is None else await self._first_frame(req.first_frame)
+            # Read before anything is sent: an input that cannot be read costs nothing. Kling's
+            # `image` takes bare base64 (create_request strips the data URL's prefix), and one
+            # byte over its limit is enough to know it is over (create_request says so).
+            frame = None
+            if req.first_frame is not None:
+                frame = await cloud_create.first_frame(
+                    self._store, self._http, req.first_frame, IMAGE_MAX_BYTES + 1
+                )
             kind, body = create_request(
                 req.request,
                 external_task_id=external,
@@ -160,40 +149,6 @@ class KlingActivities(OwnsOutputStore):
                 "sent to Kling and nothing was charged",
             )
         return await creator.run(kind, body)
-
-    async def _first_frame(self, frame: JobInput) -> str:
-        """Kling's `image`: the stored image as a data URL (create_request strips the prefix:
-        Kling takes bare base64), or the client's URL as it is; for the data URL's reasons see
-        MiniMaxActivities._first_frame."""
-        if frame.uri.startswith(("http://", "https://")) and frame.sha256 is None:
-            return frame.uri
-        # One byte over Kling's limit is enough to know it is over (create_request says so).
-        return data_url(await read_input(self._store, self._http, frame, IMAGE_MAX_BYTES + 1))
-
-    def _ambiguous(
-        self, req: CloudCreate, verdict: CreateVerdict, external: str
-    ) -> ApplicationError:
-        sent = verdict.sent_at
-        when = sent.strftime("%Y-%m-%d %H:%M:%S UTC") if sent else "the time of the create"
-        base = str(self._settings.KLING_BASE_URL).rstrip("/")
-        return ApplicationError(
-            f"Kling create for job {req.job_id} is ambiguous ({verdict.message}): a charge may "
-            f"exist. The create sent at {when} carried external_task_id {external}, and Kling "
-            "has not said whether it made a task. Check with GET "
-            f"{base}/v1/videos/{kind_of(req.request, req.first_frame is not None)}/{external} "
-            "or in Kling's console (task "
-            "list and resource pack usage). spillway will not create again for this job; "
-            "resubmit it only if Kling shows no such task.",
-            {
-                "job_id": req.job_id,
-                "external_task_id": external,
-                "attempted_at": sent.isoformat() if sent else None,
-                "reason": verdict.message,
-                "task_id": verdict.task_id,
-            },
-            type=AMBIGUOUS_CREATE,
-            non_retryable=True,
-        )
 
     # --- poll: free, retried by Temporal ---------------------------------------------------
 
@@ -310,12 +265,3 @@ class KlingActivities(OwnsOutputStore):
                 non_retryable=not retryable,
             )
         return KlingClient(self._http, str(s.KLING_BASE_URL), values[0], values[1], self._timing)
-
-
-def _refused_message(job_id: str, verdict: CreateVerdict) -> str:
-    code = verdict.code or 0
-    todo = _WHAT_TO_DO.get(code, "look at the Kling account")
-    return (
-        f"Kling refused the create for job {job_id} ({verdict.message}): {todo}. Kling made no "
-        "task and charged nothing; spillway hands the job to the next cloud provider, if any."
-    )

@@ -9,17 +9,33 @@ Kling has not said), even when the activity is cancelled part-way.
 from __future__ import annotations
 
 import asyncio
-import random
 from dataclasses import dataclass
 from typing import Any
 
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
+from activities import cloud_create
+from activities.cloud_create import Backoff
 from activities.heartbeat import Heartbeat
 from activities.kling_client import KlingClient, KlingTiming
-from spillway.cloud_models import CreateVerdict
-from spillway.kling_requests import Kind
+from spillway.cloud_models import CloudCreate, CreateVerdict
+from spillway.kling_requests import Kind, kind_of
 from spillway.models import Progress
+
+AMBIGUOUS_CREATE = "KlingAmbiguousCreate"  # a task, and a charge, may exist
+# What a person can do about a provable refusal, by Kling's code.
+_WHAT_TO_DO = {
+    1000: "check KLING_ACCESS_KEY and KLING_SECRET_KEY (one key pair from Kling's developer "
+    "console) and the worker's clock",
+    1001: "check KLING_ACCESS_KEY and KLING_SECRET_KEY on the worker",
+    1002: "check that KLING_ACCESS_KEY and KLING_SECRET_KEY are one key pair from Kling's "
+    "developer console",
+    1003: "the worker's clock is ahead of Kling's: fix the time (NTP)",
+    1100: "look at the account in Kling's developer console",
+    1101: "the Kling account is in arrears: pay the outstanding bill",
+    1102: "buy or renew a Kling resource pack",
+}
 
 
 @dataclass
@@ -143,11 +159,27 @@ class KlingCreator:
         )
 
 
-class Backoff:
-    def __init__(self, delays: tuple[float, ...]) -> None:
-        self._delays, self._n = delays, 0
+def refused_message(job_id: str, verdict: CreateVerdict) -> str:
+    code = verdict.code or 0
+    todo = _WHAT_TO_DO.get(code, "look at the Kling account")
+    return (
+        f"Kling refused the create for job {job_id} ({verdict.message}): {todo}. Kling made no "
+        "task and charged nothing; spillway hands the job to the next cloud provider, if any."
+    )
 
-    def next(self) -> float:
-        delay = self._delays[min(self._n, len(self._delays) - 1)]
-        self._n += 1
-        return delay * random.uniform(0.8, 1.2)  # noqa: S311 - jitter, not security
+
+def ambiguous(
+    req: CloudCreate, verdict: CreateVerdict, external: str, base_url: str
+) -> ApplicationError:
+    base = base_url.rstrip("/")
+    return ApplicationError(
+        f"Kling create for job {req.job_id} is ambiguous ({verdict.message}): a charge may "
+        f"exist. The create sent at {cloud_create.sent_when(verdict)} carried external_task_id "
+        f"{external}, and Kling has not said whether it made a task. Check with GET "
+        f"{base}/v1/videos/{kind_of(req.request, req.first_frame is not None)}/{external} "
+        "or in Kling's console (task list and resource pack usage). spillway will not create "
+        "again for this job; resubmit it only if Kling shows no such task.",
+        cloud_create.ambiguous_details(req.job_id, verdict, external_task_id=external),
+        type=AMBIGUOUS_CREATE,
+        non_retryable=True,
+    )

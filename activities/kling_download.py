@@ -15,8 +15,8 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities import files
+from activities.cloud_download import download_failures, progress_beats
 from activities.heartbeat import Heartbeat
-from activities.http_errors import why
 from activities.kling_client import KlingClient, KlingError, KlingTiming
 from activities.storage import (
     STORE_FAILED,
@@ -64,17 +64,21 @@ class KlingDownloader:
 
     async def _fetch(self, req: CloudDownload, video_url: str, name: str) -> StoredOutput:
         client = self._client
+        failures = download_failures(
+            DOWNLOAD_FAILED,
+            f"download of Kling task {req.task_id}",
+            f"downloading the video of Kling task {req.task_id}",
+            client.clean,
+        )
         async with Heartbeat(self._timing.heartbeat_every_s, Progress(phase="downloading")) as hb:
-
-            def progress(done: int, total: int | None) -> None:
-                percent = round(100 * done / total, 1) if total else None
-                hb.update(Progress(phase="downloading", value=done, max=total, percent=percent))
-
             try:
-                async with client.stream_video(video_url) as response:
-                    chunks = response.aiter_bytes(files.CHUNK_BYTES)
-                    size = announced_bytes(response)
-                    return await self._store.put(req.job_id, name, chunks, size, progress)
+                with failures:
+                    async with client.stream_video(video_url) as response:
+                        chunks = response.aiter_bytes(files.CHUNK_BYTES)
+                        size = announced_bytes(response)
+                        return await self._store.put(
+                            req.job_id, name, chunks, size, progress_beats(hb)
+                        )
             except KlingError as exc:
                 if exc.retryable:
                     raise ApplicationError(str(exc), type=DOWNLOAD_FAILED) from None
@@ -85,14 +89,4 @@ class KlingDownloader:
                     {"task_id": req.task_id, "http_status": exc.http_status},
                     type=VIDEO_GONE,
                     non_retryable=True,
-                ) from None
-            except files.IncompleteDownload as exc:
-                raise ApplicationError(
-                    f"download of Kling task {req.task_id}: {exc}", type=DOWNLOAD_FAILED
-                ) from None
-            except httpx.HTTPError as exc:
-                raise ApplicationError(
-                    f"downloading the video of Kling task {req.task_id} failed "
-                    f"({client.clean(why(exc))})",
-                    type=DOWNLOAD_FAILED,
                 ) from None

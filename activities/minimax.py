@@ -13,17 +13,16 @@ retry freely.
 from __future__ import annotations
 
 import asyncio
-import random
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import httpx
 from pydantic import BaseModel
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities import cloud_create
 from activities.handover import unless_shutting_down
 from activities.heartbeat import Heartbeat
-from activities.inputs import InputUnreadable, data_url, read_input
 from activities.ledger_client import Ledger
 from activities.minimax_client import (
     MiniMaxClient,
@@ -31,6 +30,8 @@ from activities.minimax_client import (
     MiniMaxTiming,
     MiniMaxUnavailable,
 )
+from activities.minimax_create import AMBIGUOUS_CREATE as AMBIGUOUS_CREATE
+from activities.minimax_create import MiniMaxCreator
 from activities.minimax_download import DOWNLOAD_FAILED as DOWNLOAD_FAILED
 from activities.minimax_download import PERMANENT as PERMANENT
 from activities.minimax_download import UNAVAILABLE as UNAVAILABLE
@@ -45,9 +46,7 @@ from spillway.cloud_models import (
     CloudDone,
     CloudDownload,
     CloudPoll,
-    CreateVerdict,
 )
-from spillway.inputs import FIRST_FRAME_MAX_BYTES
 from spillway.minimax_answers import (
     PERMANENT_CODES,
     RATE_LIMIT_CODES,
@@ -60,8 +59,8 @@ from spillway.settings import Settings
 
 _A = TypeVar("_A", bound=BaseModel)
 # Error types the workflow names in its retry policies and failure handling; PERMANENT,
-# UNAVAILABLE and DOWNLOAD_FAILED, shared with the download, come from minimax_download.py.
-AMBIGUOUS_CREATE = "MiniMaxAmbiguousCreate"
+# UNAVAILABLE and DOWNLOAD_FAILED, shared with the download, come from minimax_download.py,
+# AMBIGUOUS_CREATE from minimax_create.py.
 CREATE_GAVE_UP = "MiniMaxCreateGaveUp"
 NO_KEY = "MiniMaxNoKey"
 TASK_FAILED = "MiniMaxTaskFailed"
@@ -76,13 +75,13 @@ class MiniMaxActivities(OwnsOutputStore):
         timing: MiniMaxTiming | None = None,
         store: OutputStore | None = None,
     ) -> None:
-        self._settings, self._http = settings, http
+        self._settings = settings
         timing = timing or MiniMaxTiming(
             heartbeat_every_s=settings.SPILLWAY_HEARTBEAT_TIMEOUT_S / 6
         )
         self._client = MiniMaxClient(http, settings, timing)
         self._guard = CreateGuard(ledger, settings)
-        self._use_store(settings, store)
+        self._creator = MiniMaxCreator(self._client, self._use_store(settings, store), http)
 
     # --- create: the only call that costs money -----------------------------------------
 
@@ -96,22 +95,17 @@ class MiniMaxActivities(OwnsOutputStore):
                 req.job_id,
                 req.authorisation,
                 req.simulated,
-                lambda: self._send_create(req, key, hb),
+                lambda: self._creator.run(req, key, hb),
             )
         verdict = done.verdict
-        if verdict.outcome == "created" and verdict.task_id:
+        if (made := cloud_create.created(done)) is not None:
             activity.logger.info(
                 "MiniMax task %s created for job %s (create requests sent: %d)",
-                verdict.task_id,
+                made.task_id,
                 req.job_id,
-                verdict.attempts,
+                made.create_calls,
             )
-            return CloudCreated(
-                task_id=verdict.task_id,
-                created_at=verdict.sent_at,
-                create_calls=verdict.attempts,
-                settled=done.settled,
-            )
+            return made
         if verdict.outcome == "refused" and verdict.code in PERMANENT_CODES:
             raise ApplicationError(
                 permanent_message(verdict.code, verdict.message, task_id=None),
@@ -126,93 +120,7 @@ class MiniMaxActivities(OwnsOutputStore):
                 type=CREATE_GAVE_UP,
                 non_retryable=True,
             )
-        raise self._ambiguous(req, verdict)
-
-    async def _send_create(self, req: CloudCreate, key: str, hb: Heartbeat) -> CreateVerdict:
-        """Sends the create until MiniMax answers anything but a provable "not now"."""
-        cloud = req.request
-        body: dict[str, Any] = {
-            "model": cloud.model,
-            "prompt": cloud.prompt,
-            "duration": cloud.duration,
-            "resolution": cloud.resolution,
-            "prompt_optimizer": cloud.prompt_optimizer,
-        }
-        if cloud.first_frame_image is not None:
-            body["first_frame_image"] = cloud.first_frame_image
-        if req.first_frame is not None:
-            # Read before anything is sent: an input that cannot be read costs nothing.
-            try:
-                body["first_frame_image"] = await self._first_frame(req)
-            except InputUnreadable as exc:
-                return CreateVerdict(
-                    outcome="refused",
-                    attempts=0,
-                    message=f"job {req.job_id}'s first frame: {exc}. Nothing was sent to "
-                    "MiniMax and nothing was charged.",
-                )
-        t = self._client.timing
-        loop = asyncio.get_running_loop()
-        started, calls = loop.time(), 0
-        backoff, rate_backoff = _Backoff(t.backoff_s), _Backoff(t.rate_limit_backoff_s)
-        while True:
-            calls += 1
-            hb.update(Progress(phase="creating", value=calls), now=True)
-            verdict = (await self._client.create(key, body)).model_copy(update={"attempts": calls})
-            if verdict.outcome != "retry":
-                return verdict
-            delay = rate_backoff.next() if verdict.rate_limited else backoff.next()
-            if loop.time() - started + delay > t.create_retry_budget_s:
-                return verdict.model_copy(
-                    update={
-                        "outcome": "refused",
-                        "message": f"MiniMax did not accept the create for job {req.job_id} "
-                        f"after {calls} tries in {loop.time() - started:.0f}s (last: "
-                        f"{verdict.message}). No task was created and nothing was charged: "
-                        "every try was refused before sending or answered with an explicit "
-                        "'no'. Resubmit the job later.",
-                    }
-                )
-            activity.logger.warning(
-                "MiniMax create for job %s not accepted (%s): nothing was created, "
-                "trying again in %.1fs",
-                req.job_id,
-                verdict.message,
-                delay,
-            )
-            hb.update(Progress(phase="create_backoff", value=calls), now=True)
-            await asyncio.sleep(delay)
-
-    async def _first_frame(self, req: CloudCreate) -> str:
-        """MiniMax's first_frame_image: a data URL of the stored image, or the client's URL as
-        it is. A data URL rather than a presigned one: MiniMax validates it with the create
-        itself (a refusal before any task), it needs no bucket MiniMax can reach (a MinIO on an
-        internal network is fine) and no URL that may expire while the task waits in line."""
-        frame = req.first_frame
-        assert frame is not None
-        if frame.uri.startswith(("http://", "https://")) and frame.sha256 is None:
-            return frame.uri
-        return data_url(await read_input(self._store, self._http, frame, FIRST_FRAME_MAX_BYTES))
-
-    def _ambiguous(self, req: CloudCreate, verdict: CreateVerdict) -> ApplicationError:
-        sent = verdict.sent_at
-        when = sent.strftime("%Y-%m-%d %H:%M:%S UTC") if sent else "the time of the create"
-        task = f" (MiniMax named task {verdict.task_id})" if verdict.task_id else ""
-        return ApplicationError(
-            f"MiniMax create for job {req.job_id} is ambiguous ({verdict.message}): a charge "
-            f"may exist{task}. MiniMax may have started a video task for the request sent at "
-            f"{when}; check the usage and billing records in {self._client.console()} for a "
-            "video generation task created around then. spillway will not create again for "
-            "this job; resubmit it only if MiniMax shows no such task.",
-            {
-                "job_id": req.job_id,
-                "attempted_at": sent.isoformat() if sent else None,
-                "reason": verdict.message,
-                "task_id": verdict.task_id,
-            },
-            type=AMBIGUOUS_CREATE,
-            non_retryable=True,
-        )
+        raise self._creator.ambiguous(req, verdict)
 
     # --- poll: free, retried by Temporal without limit -------------------------------------
 
@@ -315,13 +223,3 @@ class MiniMaxActivities(OwnsOutputStore):
 
     def _clean(self, text: str) -> str:
         return self._client.clean(text)
-
-
-class _Backoff:
-    def __init__(self, delays: tuple[float, ...]) -> None:
-        self._delays, self._n = delays, 0
-
-    def next(self) -> float:
-        delay = self._delays[min(self._n, len(self._delays) - 1)]
-        self._n += 1
-        return delay * random.uniform(0.8, 1.2)  # noqa: S311 - jitter, not security

@@ -11,13 +11,12 @@ from __future__ import annotations
 import re
 from pathlib import PurePosixPath
 
-import httpx
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities import files
+from activities.cloud_download import download_failures, progress_beats
 from activities.heartbeat import Heartbeat
-from activities.http_errors import why
 from activities.minimax_client import MiniMaxClient, MiniMaxUnavailable
 from activities.storage import STORE_FAILED, OutputStore, StoredOutput, StoreError, announced_bytes
 from spillway.cloud_models import CloudDownload
@@ -107,12 +106,12 @@ class MiniMaxDownloader:
     ) -> StoredOutput | None:
         """The video into the store as `name`; None when the URL has expired. The key is not
         sent: the URL is pre-signed and often on another host."""
-
-        def progress(done: int, total: int | None) -> None:
-            percent = round(100 * done / total, 1) if total else None
-            hb.update(Progress(phase="downloading", value=done, max=total, percent=percent))
-
-        try:
+        with download_failures(
+            DOWNLOAD_FAILED,
+            f"download of file {file.file_id}",
+            f"downloading MiniMax file {file.file_id}",
+            self._client.clean,
+        ):
             async with self._client.stream(file.download_url) as response:
                 if response.status_code in EXPIRED_URL_STATUSES:
                     return None
@@ -124,16 +123,7 @@ class MiniMaxDownloader:
                 # MiniMax may announce 0 bytes; then the host's Content-Length is the check.
                 size = file.bytes or announced_bytes(response)
                 chunks = response.aiter_bytes(files.CHUNK_BYTES)
-                output = await self._store.put(job_id, name, chunks, size, progress)
-        except files.IncompleteDownload as exc:
-            raise ApplicationError(
-                f"download of file {file.file_id}: {exc}", type=DOWNLOAD_FAILED
-            ) from None
-        except httpx.HTTPError as exc:
-            raise ApplicationError(
-                f"downloading MiniMax file {file.file_id} failed ({self._client.clean(why(exc))})",
-                type=DOWNLOAD_FAILED,
-            ) from None
+                output = await self._store.put(job_id, name, chunks, size, progress_beats(hb))
         hb.beat()
         return output
 
