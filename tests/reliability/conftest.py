@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from spillway.sim.comfyui import ComfyUISim
+from spillway.sim.minimax import MiniMaxSim
 from tests.reliability.harness import WORKER_DEFAULTS, DevServer, Sightings, Worker
 from tests.support.jobs import Jobs
 from tests.support.worker_process import worker_env
@@ -90,3 +92,19 @@ def jobs_on(temporal_server: DevServer, sightings: Sightings) -> Callable[[Worke
         return Jobs(temporal_server.client, worker.task_queue, started=sightings.jobs)
 
     return make
+
+
+@pytest.fixture
+async def armed(
+    workers: Callable[..., Any],
+    jobs_on: Callable[[Worker], Jobs],
+    comfyui: ComfyUISim,
+    minimax: MiniMaxSim,
+) -> tuple[Worker, Jobs]:
+    """A worker on the ComfyUI and MiniMax doubles with the cloud fallback armed (a job that went
+    to the cloud would show at MiniMax), and its jobs; ComfyUI renders in 0.1 s."""
+    comfyui.execution_s = 0.1
+    worker: Worker = await workers(
+        COMFYUI_URL=comfyui.url, MINIMAX_BASE_URL=minimax.url, CLOUD_VIDEO_FALLBACK_ENABLED=1
+    )
+    return worker, jobs_on(worker)

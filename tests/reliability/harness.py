@@ -7,6 +7,7 @@ are started and watched with tests/support's `Jobs`, waits are tests/support's `
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 from collections.abc import Iterable
@@ -21,6 +22,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 
 from spillway import activity_names as names
 from spillway.host_models import LoadStatus
+from spillway.models import Plan
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
 from spillway.temporal import installed_binary, register_search_attributes
@@ -231,3 +233,39 @@ def posts_of(comfyui: ComfyUISim, job_ids: Iterable[str]) -> dict[str, int]:
 def creates_of(minimax: MiniMaxSim, prompts: dict[str, str]) -> dict[str, int]:
     """MiniMax create requests received for each job (by its unique cloud prompt)."""
     return {job: minimax.create_calls_by_prompt[prompt] for job, prompt in prompts.items()}
+
+
+# A video streamed for long enough that a process can be killed with it part-way home.
+BIG_VIDEO_BYTES = 200 * 1024**2
+
+
+def partial_files(job_dir: Path) -> list[Path]:
+    """The job's downloads still under way (`.NAME.part` files)."""
+    return list(job_dir.glob("**/.*.part"))
+
+
+def partial_bytes(job_dir: Path) -> int:
+    total = 0
+    for part in partial_files(job_dir):
+        with contextlib.suppress(FileNotFoundError):  # renamed into place meanwhile
+            total += part.stat().st_size
+    return total
+
+
+async def kill_mid_download(process: WorkerProcess, job_dir: Path, video_bytes: int) -> None:
+    """Kill the process downloading the job's video once 16 MiB of it are on disk, and check it
+    died with the video part-way home."""
+    await until(lambda: partial_bytes(job_dir) >= 16 * 1024**2, timeout_s=30)
+    await process.kill()
+    assert 0 < partial_bytes(job_dir) < video_bytes
+
+
+async def assert_whole_video_fetched_again(plan: Plan, comfyui: ComfyUISim, job_dir: Path) -> None:
+    """The job's one video is whole (ComfyUI's size and sha256), fetched twice (the killed
+    download and the one after), no partial file left; then deleted (200 MB: not kept by pytest)."""
+    [video] = plan.outputs
+    assert video.bytes == comfyui.output_bytes
+    assert video.sha256 == comfyui.expected_sha256(Path(video.path).name, "video")
+    assert not partial_files(job_dir)  # the dead process's partial file is gone
+    assert comfyui.hits["GET /view"] == 2
+    await asyncio.to_thread(Path(video.path).unlink)

@@ -5,14 +5,16 @@ again, the job completes with its whole video and ComfyUI saw one POST for its p
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from pathlib import Path
 
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
-from tests.reliability.harness import posts_of
-from tests.support.waiting import until
+from tests.reliability.harness import (
+    BIG_VIDEO_BYTES,
+    assert_whole_video_fetched_again,
+    kill_mid_download,
+    posts_of,
+)
 
 AGENT = ["agent", "--host", "a40_local"]
 
@@ -44,7 +46,7 @@ async def test_an_agent_killed_mid_download_fetches_the_whole_video_after_restar
     workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim, tmp_path: Path
 ):
     comfyui.execution_s = 0.1
-    comfyui.output_bytes = 200 * 1024**2  # streamed for long enough to be caught mid-way
+    comfyui.output_bytes = BIG_VIDEO_BYTES
     worker = await workers(args=["worker", "--no-agents"], MINIMAX_BASE_URL=minimax.url)
     agent = await workers(
         args=AGENT, SPILLWAY_TASK_QUEUE=worker.task_queue, COMFYUI_URL=comfyui.url
@@ -52,25 +54,10 @@ async def test_an_agent_killed_mid_download_fetches_the_whole_video_after_restar
     jobs = jobs_on(worker)
     job_id = await jobs.submit("agent killed mid-download")
     job_dir = tmp_path / "outputs" / job_id
-
-    def partial_bytes() -> int:
-        total = 0
-        for part in job_dir.glob("**/.*.part"):
-            with contextlib.suppress(FileNotFoundError):  # renamed into place meanwhile
-                total += part.stat().st_size
-        return total
-
-    await until(lambda: partial_bytes() >= 16 * 1024**2, timeout_s=30)
-    await agent.kill()
-    assert 0 < partial_bytes() < comfyui.output_bytes
+    await kill_mid_download(agent, job_dir, comfyui.output_bytes)
     await agent.start()
 
     plan = await jobs.finished(job_id)
     assert (plan.state, plan.route, plan.local_attempts) == ("completed", "local", 1)
-    [video] = plan.outputs
-    assert video.bytes == comfyui.output_bytes
-    assert video.sha256 == comfyui.expected_sha256(Path(video.path).name, "video")
-    assert not list(job_dir.glob("**/.*.part"))
-    assert comfyui.hits["GET /view"] == 2
+    await assert_whole_video_fetched_again(plan, comfyui, job_dir)
     assert posts_of(comfyui, [job_id]) == {job_id: 1}
-    await asyncio.to_thread(Path(video.path).unlink)  # 200 MB: not kept by pytest

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 from temporalio.client import Client
@@ -53,12 +52,9 @@ async def pending_failure(client: Client, job_id: str, activity: str, attempts: 
 
 
 async def test_prompts_and_save_names_with_unicode_and_shell_metacharacters_arrive_unchanged(
-    workers, comfyui: ComfyUISim, minimax: MiniMaxSim, sightings: Sightings, tmp_path: Path
+    armed, comfyui: ComfyUISim, minimax: MiniMaxSim, sightings: Sightings, tmp_path: Path
 ):
-    comfyui.execution_s = 0.1
-    worker = await workers(
-        COMFYUI_URL=comfyui.url, MINIMAX_BASE_URL=minimax.url, CLOUD_VIDEO_FALLBACK_ENABLED=1
-    )
+    worker, _ = armed
     pwned = tmp_path / "pwned"
     prompt = (
         f"Straße im Nebel, 夜の灯台 🌊 — \"quoted\" 'single' $(touch {pwned}) `touch {pwned}`; "
@@ -122,13 +118,9 @@ async def test_job_ids_with_unicode_or_shell_metacharacters_are_refused_before_a
 
 
 async def test_comfyui_answering_html_to_the_submit_is_retried_with_the_reason_and_posted_once(
-    workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim
+    armed, comfyui: ComfyUISim, minimax: MiniMaxSim
 ):
-    comfyui.execution_s = 0.1
-    worker = await workers(
-        COMFYUI_URL=comfyui.url, MINIMAX_BASE_URL=minimax.url, CLOUD_VIDEO_FALLBACK_ENABLED=1
-    )
-    jobs = jobs_on(worker)
+    worker, jobs = armed
     comfyui.faults["/prompt"] = "html"  # a proxy in front of ComfyUI answering its error page
     job_id = await jobs.submit("html to the submit")
 
@@ -174,13 +166,9 @@ async def test_comfyui_answering_html_to_the_history_poll_is_never_taken_for_a_l
 
 
 @pytest.fixture
-async def busy_and_armed(workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim) -> Any:
-    comfyui.execution_s = 0.1
+def busy_and_armed(armed: tuple[Worker, Jobs], comfyui: ComfyUISim) -> tuple[Worker, Jobs]:
     comfyui.set_vram_used_pct(BUSY_VRAM_PCT)
-    worker = await workers(
-        COMFYUI_URL=comfyui.url, MINIMAX_BASE_URL=minimax.url, CLOUD_VIDEO_FALLBACK_ENABLED=1
-    )
-    return worker, jobs_on(worker)
+    return armed
 
 
 async def test_minimax_answering_html_with_200_while_polling_is_retried_and_never_recreated(

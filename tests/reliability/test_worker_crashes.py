@@ -10,8 +10,6 @@ MiniMax at most one create per job.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 from pathlib import Path
 
@@ -19,20 +17,25 @@ from temporalio.api.enums.v1 import PendingWorkflowTaskState
 
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
-from tests.reliability.harness import Sightings, cli, creates_of, polling, posts_of
+from tests.reliability.harness import (
+    BIG_VIDEO_BYTES,
+    Sightings,
+    assert_whole_video_fetched_again,
+    cli,
+    creates_of,
+    kill_mid_download,
+    polling,
+    posts_of,
+)
 from tests.support.constants import BUSY_VRAM_PCT, FREE_VRAM_PCT
 from tests.support.waiting import until
 
 
 async def test_a_worker_killed_before_the_probe_leaves_jobs_that_complete_after_restart(
-    workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim
+    armed, comfyui: ComfyUISim, minimax: MiniMaxSim
 ):
-    comfyui.execution_s = 0.1
     # Armed, so a job that lost track of its probe and went to the cloud would show at MiniMax.
-    worker = await workers(
-        COMFYUI_URL=comfyui.url, MINIMAX_BASE_URL=minimax.url, CLOUD_VIDEO_FALLBACK_ENABLED=1
-    )
-    jobs = jobs_on(worker)
+    worker, jobs = armed
     await polling(jobs.client, worker.task_queue)
     worker.freeze()  # its pollers stay connected: the server hands it tasks it cannot run
     texts = [f"before the probe {n}" for n in range(3)]
@@ -102,31 +105,16 @@ async def test_a_worker_killed_mid_download_fetches_the_whole_video_again_after_
     workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim, tmp_path: Path
 ):
     comfyui.execution_s = 0.1
-    comfyui.output_bytes = 200 * 1024**2  # streamed for long enough to be caught mid-way
+    comfyui.output_bytes = BIG_VIDEO_BYTES
     worker = await workers(COMFYUI_URL=comfyui.url, MINIMAX_BASE_URL=minimax.url)
     jobs = jobs_on(worker)
     job_id = await jobs.submit("killed mid-download")
     job_dir = tmp_path / "outputs" / job_id
-
-    def partial_bytes() -> int:
-        total = 0
-        for part in job_dir.glob("**/.*.part"):
-            with contextlib.suppress(FileNotFoundError):  # renamed into place meanwhile
-                total += part.stat().st_size
-        return total
-
-    await until(lambda: partial_bytes() >= 16 * 1024**2, timeout_s=30)
-    await worker.kill()
-    assert 0 < partial_bytes() < comfyui.output_bytes  # killed with the video part-way home
+    await kill_mid_download(worker, job_dir, comfyui.output_bytes)
 
     await worker.start()
     plan = await jobs.finished(job_id)
     assert (plan.state, plan.route, plan.local_attempts) == ("completed", "local", 1)
-    [video] = plan.outputs
-    assert video.bytes == comfyui.output_bytes
-    assert video.sha256 == comfyui.expected_sha256(Path(video.path).name, "video")
-    assert not list(job_dir.glob("**/.*.part"))  # the dead worker's partial file is gone
-    assert comfyui.hits["GET /view"] == 2
+    await assert_whole_video_fetched_again(plan, comfyui, job_dir)
     assert posts_of(comfyui, [job_id]) == {job_id: 1}
     assert minimax.create_calls == 0
-    await asyncio.to_thread(Path(video.path).unlink)  # 200 MB: not kept by pytest
