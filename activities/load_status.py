@@ -23,6 +23,7 @@ from temporalio import activity
 
 from activities.http_errors import why
 from activities.nvml import GpuReader, GpuReadError, read_apart
+from activities.shared_read import SharedRead
 from spillway import activity_names as names
 from spillway.host_models import LoadProbeRequest, LoadStatus
 from spillway.load import Readings, assess, vram_pct
@@ -84,6 +85,7 @@ class LoadStatusActivities:
     def __init__(self, http: httpx.AsyncClient, settings: Settings, gpu: GpuReader) -> None:
         self._http, self._settings, self._gpu = http, settings, gpu
         self._timeout = settings.LOAD_PROBE_TIMEOUT_S
+        self._reads: dict[str, SharedRead[_Answer]] = {}
 
     @activity.defn(name=names.PROBE)
     async def a40_load_status(self, req: LoadProbeRequest) -> LoadStatus:
@@ -160,15 +162,25 @@ class LoadStatusActivities:
         return guard.busy, None if guard.job is None else str(guard.job), None
 
     async def _get_json(self, source: str, url: str) -> _Answer:
+        """`url`'s answer, fetched and parsed once for every probe that asks while it is on
+        its way (activities/shared_read.py)."""
+        if (shared := self._reads.get(url)) is None:
+            shared = self._reads[url] = SharedRead(lambda: self._fetch_json(source, url))
+        try:
+            # Bounds this probe's wait even if it joined a read another probe started earlier.
+            async with asyncio.timeout(self._timeout):
+                return await shared()
+        except TimeoutError:
+            return _no_answer_within(source, url, self._timeout)
+
+    async def _fetch_json(self, source: str, url: str) -> _Answer:
         try:
             # httpx's timeout bounds each network step; this bounds the whole exchange, so a
             # server that trickles bytes cannot stretch the probe.
             async with asyncio.timeout(self._timeout):
                 response = await self._http.get(url, timeout=self._timeout)
         except (TimeoutError, httpx.TimeoutException):
-            return _Answer(
-                source, False, error=f"{source}: no answer from {url} within {self._timeout:g}s"
-            )
+            return _no_answer_within(source, url, self._timeout)
         except httpx.HTTPError as exc:
             return _Answer(source, False, error=f"{source}: no answer from {url} ({why(exc)})")
         if not response.is_success:
@@ -180,6 +192,10 @@ class LoadStatusActivities:
             return _Answer(
                 source, True, error=f"{source}: answer from {url} is not JSON ({snippet!r})"
             )
+
+
+def _no_answer_within(source: str, url: str, timeout: float) -> _Answer:
+    return _Answer(source, False, error=f"{source}: no answer from {url} within {timeout:g}s")
 
 
 def _parse(answer: _Answer, model: type[_M], errors: list[str]) -> _M | None:
