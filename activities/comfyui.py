@@ -139,7 +139,10 @@ class ComfyUIActivities(OwnsOutputStore):
                 # Absent while an earlier POST may still land: give it its grace first.
                 until = None if earlier is None else earlier.timestamp() + self._post_grace_s
                 waiting = SubmitProgress(phase="waiting for an earlier POST", posted_at=earlier)
-                seen = await self._located(req.prompt_id, until, heartbeat, waiting)
+                if self._first_post(req, earlier):
+                    seen = Seen("absent")  # saves a GET /queue (MBs behind a backlog) per job
+                else:
+                    seen = await self._located(req.prompt_id, until, heartbeat, waiting)
                 if seen.where != "absent":
                     # An earlier try posted it (its answer was lost): posting again runs it twice.
                     activity.logger.info("prompt %s already %s", req.prompt_id, seen.where)
@@ -202,6 +205,12 @@ class ComfyUIActivities(OwnsOutputStore):
             await asyncio.sleep(min(self._settings.COMFYUI_HISTORY_POLL_S, left))
             seen = await self._client.locate(prompt_id)
         return seen
+
+    @staticmethod
+    def _first_post(req: ComfyUISubmit, earlier: datetime | None) -> bool:
+        """Nothing can hold this prompt yet: its id is this run's own and no attempt before this
+        one existed (Temporal starts each attempt once; a retry is attempt 2 and looks)."""
+        return req.own_run and earlier is None and activity.info().attempt == 1
 
     def _earlier_post(self, prompt_id: str) -> datetime | None:
         """When an earlier attempt sent a POST of this prompt that got no answer: this agent's

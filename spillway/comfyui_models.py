@@ -45,6 +45,9 @@ class ComfyUISubmit(BaseModel):
     client_id: str
     graph: dict[str, Any]  # API format: node id -> {"class_type", "inputs", ...}
     front: bool = False  # sent as "front": true: ComfyUI queues it first (priority 1 jobs)
+    # The prompt id carries the run id (patch prompt-id-per-run): no earlier run posted it, so a
+    # first attempt has nothing to look for and posts at once.
+    own_run: bool = False
 
 
 class ComfyUISubmitted(BaseModel):

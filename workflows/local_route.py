@@ -69,6 +69,7 @@ class LocalRoute(JobBase):
                 client_id=client_id,
                 graph=graph,
                 front=self._job.priority == 1,
+                own_run=run is not None,
             )
             # Never abandoned: a job cancelled mid-submit waits for it, then takes it back out.
             await to_the_end(calls.comfyui_submit(submit, self._heartbeat, host, self._priority))
