@@ -21,11 +21,11 @@ from spillway.host_models import Policy
 from spillway.models import ApprovalDecision, AwaitCarry, CloudRequest, Plan, VideoJob
 from tests.support.constants import CLIP_USD
 from tests.support.graphs import VIDEO_GRAPH
-from tests.support.jobs import RunJobs
+from tests.support.jobs import RunJobs, cause_message
 from tests.support.route_stubs import BUSY, FREE, SEED, RouteStubs
 from tests.support.settings import ARMED, KEY
 from tests.support.waiting import until
-from tests.test_video_job_workflow import HOUR, cause_message
+from tests.test_video_job_workflow import HOUR
 from workflows.texts import current_details
 from workflows.video_job import APPROVAL_SIGNAL, DECIDE_UPDATE
 

@@ -13,52 +13,35 @@ from typing import Any
 
 import pytest
 from temporalio.client import WorkflowFailureError
-from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
 from spillway.models import Plan
-from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.kling import KlingSim
 from spillway.sim.minimax import MiniMaxSim
 from tests.support.cli import spillway, temporal_show
-from tests.support.constants import BUSY_VRAM_PCT
-from tests.support.jobs import Jobs
+from tests.support.jobs import Jobs, cause_message
 from tests.support.kling import CANARY_ACCESS, CANARY_SECRET, KLING_CLIP_USD
-from tests.support.waiting import until
-from tests.support.worker_process import FAST_CLOUD
+from tests.support.worker_process import kill_after_the_create_answer
 
 
 @pytest.fixture
-def both_clouds(worker_process, comfyui: ComfyUISim, minimax: MiniMaxSim, kling: KlingSim):
+def both_clouds(cloud_worker, kling: KlingSim):
     """A worker whose A40 is busy, armed, with keys for both providers (MiniMax first)."""
-    comfyui.set_vram_used_pct(BUSY_VRAM_PCT)
+    kling_keys = {
+        "KLING_BASE_URL": kling.url,
+        "KLING_ACCESS_KEY": CANARY_ACCESS,
+        "KLING_SECRET_KEY": CANARY_SECRET,
+        "KLING_POLL_INTERVAL_S": "0.2",
+    }
 
     async def start(**overrides: Any):
-        return await worker_process(
-            **FAST_CLOUD
-            | {
-                "COMFYUI_URL": comfyui.url,
-                "CLOUD_VIDEO_FALLBACK_ENABLED": "1",
-                "MINIMAX_BASE_URL": minimax.url,
-                "KLING_BASE_URL": kling.url,
-                "KLING_ACCESS_KEY": CANARY_ACCESS,
-                "KLING_SECRET_KEY": CANARY_SECRET,
-                "KLING_POLL_INTERVAL_S": "0.2",
-            }
-            | overrides
-        )
+        return await cloud_worker(**kling_keys | overrides)
 
     return start
 
 
 async def start_job(dev_env: WorkflowEnvironment, task_queue: str) -> Any:
     return await Jobs(dev_env.client, task_queue).start(f"a heron {uuid.uuid4().hex[:6]}")
-
-
-def failure(err: pytest.ExceptionInfo[WorkflowFailureError]) -> str:
-    cause = err.value.cause
-    assert isinstance(cause, ApplicationError)
-    return cause.message
 
 
 async def test_minimax_with_no_balance_hands_the_job_to_kling(
@@ -91,7 +74,7 @@ async def test_both_providers_refusing_fail_the_job_once_with_both_reasons(
     with pytest.raises(WorkflowFailureError) as failed:
         await asyncio.wait_for(handle.result(), 90)
 
-    message = failure(failed)
+    message = cause_message(failed)
     assert "every cloud provider refused" in message and "nothing charged" in message
     assert "MiniMax: " in message and "code 1008" in message
     assert "Kling: " in message and "1102" in message
@@ -117,14 +100,7 @@ async def test_a_worker_killed_right_after_klings_create_answer_leaves_one_task(
 ):
     worker = await both_clouds(CLOUD_PROVIDERS="kling")
     handle = await start_job(dev_env, worker.task_queue)
-    await until(lambda: kling.tasks_created >= 1, timeout_s=30)
-    await worker.kill()  # the answer is on its way, or read, or the activity just completed
-    await worker.start()
-    try:
-        plan: Plan = await asyncio.wait_for(handle.result(), 90)
-        assert plan.state == "completed"
-    except WorkflowFailureError as err:
-        assert isinstance(err.cause, ApplicationError) and "a charge may exist" in err.cause.message
+    await kill_after_the_create_answer(worker, handle, kling)
     assert kling.tasks_created == 1
 
 

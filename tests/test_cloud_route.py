@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 from temporalio.client import WorkflowFailureError
-from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
 from spillway.models import Plan
@@ -19,39 +18,14 @@ from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
 from tests.support.cli import spillway, temporal_show
 from tests.support.constants import BUSY_VRAM_PCT, CANARY_KEY
-from tests.support.jobs import Jobs
+from tests.support.jobs import Jobs, cause_message
 from tests.support.waiting import until
-from tests.support.worker_process import FAST_CLOUD
-
-
-@pytest.fixture
-def cloud_worker(worker_process, comfyui: ComfyUISim, minimax: MiniMaxSim):
-    """A worker whose A40 is overloaded and whose fallback is armed: every job goes to MiniMax."""
-    comfyui.set_vram_used_pct(BUSY_VRAM_PCT)
-
-    async def start(**overrides: Any):
-        return await worker_process(
-            **FAST_CLOUD
-            | {
-                "COMFYUI_URL": comfyui.url,
-                "CLOUD_VIDEO_FALLBACK_ENABLED": "1",
-                "MINIMAX_BASE_URL": minimax.url,
-            }
-            | overrides
-        )
-
-    return start
+from tests.support.worker_process import kill_after_the_create_answer
 
 
 async def start_job(dev_env: WorkflowEnvironment, task_queue: str) -> Any:
     prompt = f"a lighthouse at dusk {uuid.uuid4().hex[:6]}"
     return await Jobs(dev_env.client, task_queue).start(prompt)
-
-
-def failure(err: pytest.ExceptionInfo[WorkflowFailureError]) -> str:
-    cause = err.value.cause
-    assert isinstance(cause, ApplicationError)
-    return cause.message
 
 
 async def test_a_full_cloud_job_never_shows_the_key_anywhere(
@@ -101,7 +75,7 @@ async def test_a_create_that_hangs_fails_the_job_clearly_and_is_never_repeated(
     handle = await start_job(dev_env, worker.task_queue)
     with pytest.raises(WorkflowFailureError) as failed:
         await asyncio.wait_for(handle.result(), 60)
-    assert "a charge may exist" in failure(failed)
+    assert "a charge may exist" in cause_message(failed)
     assert (minimax.create_calls, minimax.tasks_created) == (1, 1)
 
 
@@ -124,12 +98,5 @@ async def test_a_worker_killed_right_after_the_create_answer_never_creates_again
 ):
     worker = await cloud_worker()
     handle = await start_job(dev_env, worker.task_queue)
-    await until(lambda: minimax.tasks_created >= 1, timeout_s=30)
-    await worker.kill()  # the answer is on its way, or read, or the activity just completed
-    await worker.start()
-    try:
-        plan: Plan = await asyncio.wait_for(handle.result(), 90)
-        assert plan.state == "completed"
-    except WorkflowFailureError as err:
-        assert isinstance(err.cause, ApplicationError) and "a charge may exist" in err.cause.message
+    await kill_after_the_create_answer(worker, handle, minimax)
     assert (minimax.create_calls, minimax.tasks_created) == (1, 1)

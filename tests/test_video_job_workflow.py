@@ -12,17 +12,10 @@ from temporalio.testing import WorkflowEnvironment
 from spillway import activity_names as names
 from spillway.models import ApprovalDecision, Plan
 from tests.support.constants import CLIP_USD
-from tests.support.jobs import RunJobs
+from tests.support.jobs import RunJobs, cause_message
 from tests.support.route_stubs import BUSY, DOWN, FREE, RouteStubs
 from tests.support.settings import ARMED, KEY
 from workflows.video_job import APPROVAL_SIGNAL, DECIDE_UPDATE, VideoJobWorkflow
-
-
-def cause_message(failed: pytest.ExceptionInfo[WorkflowFailureError]) -> str:
-    cause = failed.value.cause
-    assert isinstance(cause, ApplicationError)
-    return cause.message
-
 
 HOUR = {"APPROVAL_TIMEOUT_S": 3600, "APPROVAL_RECHECK_S": 60}
 
@@ -260,10 +253,7 @@ async def test_cancelling_a_waiting_job_ends_it_cancelled(run_jobs: RunJobs):
     async with run_jobs(stubs, **HOUR) as jobs:
         handle = await jobs.start()
         await jobs.until(handle, "awaiting_approval")
-        await handle.cancel()
-        with pytest.raises(WorkflowFailureError):
-            await handle.result()
-        plan: Plan = await handle.query(VideoJobWorkflow.plan)
+        plan = await jobs.cancel(handle)
     assert plan.state == "cancelled" and stubs.calls[names.COMFYUI_CANCEL] == 0
 
 
@@ -275,10 +265,7 @@ async def test_cancelling_a_local_render_removes_the_prompt_from_comfyui(run_dev
     async with run_dev_jobs(stubs) as jobs:
         handle = await jobs.start()
         await jobs.until(handle, "running_local")
-        await handle.cancel()
-        with pytest.raises(WorkflowFailureError):
-            await handle.result()
-        plan: Plan = await handle.query(VideoJobWorkflow.plan)
+        plan = await jobs.cancel(handle)
     assert plan.state == "cancelled" and stubs.calls[names.COMFYUI_CANCEL] == 1
     assert "comfyui_prompt_running_cancelled" in plan.reasons
 

@@ -5,10 +5,12 @@ in-process job runner; loaded by conftest.
   returns its handle, `submit` the same returning its id; `status(job)` reads it; `until(job,
   state)` waits for a state (or any condition on the plan); `finished(job)` for its end. A job
   given by its handle is asked directly (a query: the live plan, a worker must be running); one
-  given by its id is read as `spillway status` reads it (no worker needed).
+  given by its id is read as `spillway status` reads it (no worker needed). `cancel(handle)`
+  cancels a job and returns its plan once it ended.
 - `run_jobs(stubs, task_queue=None, **settings)` (`run_dev_jobs` on the real dev server): an
   async context with a worker running VideoJobWorkflow and the spend ledger with the route
   stubs and the real policy and spend activities; it yields a `Jobs` on that worker's queue.
+- `cause_message(failed)`: the message of the ApplicationError a failed job ended with.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from typing import Any
 
 import httpx
 import pytest
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
+from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
@@ -97,6 +100,20 @@ class Jobs:
 
     async def finished(self, job: Job, timeout_s: float = 90) -> Plan:
         return await self.until(job, lambda plan: plan.state in FINAL_STATES, timeout_s)
+
+    async def cancel(self, job: WorkflowHandle[Any, Plan]) -> Plan:
+        """Cancel the job, as `spillway cancel` does; its plan once the cancel has ended it (a
+        cancelled job's result is a failure)."""
+        await job.cancel()
+        with pytest.raises(WorkflowFailureError):
+            await job.result()
+        return await self.status(job)
+
+
+def cause_message(failed: pytest.ExceptionInfo[WorkflowFailureError]) -> str:
+    cause = failed.value.cause
+    assert isinstance(cause, ApplicationError)
+    return cause.message
 
 
 RunJobs = Callable[..., AbstractAsyncContextManager[Jobs]]

@@ -1,6 +1,10 @@
 """`python worker.py` as a real process that a test can SIGKILL and start again, against the dev
 server and the doubles running in the test process. Its output is kept (to look for leaks).
-Loaded by conftest: `await worker_process(**env)` starts one on its own task queue.
+Loaded by conftest: `await worker_process(**env)` starts one on its own task queue;
+`await cloud_worker(**env)` one whose A40 is busy and whose fallback is armed (every job goes to
+the cloud: MiniMax, unless `env` names other providers).
+`kill_after_the_create_answer(worker, job, cloud)` kills a worker the moment the cloud double made
+the job's task, starts it again and checks how the job ended.
 
 `worker_env` is the environment every worker process of the tests runs with (FAST_WORKER:
 production logic on a test's clock); FAST_CLOUD adds what a worker needs to reach the MiniMax
@@ -17,10 +21,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from temporalio.client import WorkflowFailureError, WorkflowHandle
+from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
+from spillway.models import Plan
 from spillway.settings import PROJECT_ROOT
-from tests.support.constants import CANARY_KEY
+from spillway.sim.comfyui import ComfyUISim
+from spillway.sim.kling import KlingSim
+from spillway.sim.minimax import MiniMaxSim
+from tests.support.constants import BUSY_VRAM_PCT, CANARY_KEY
+from tests.support.waiting import until
 
 FAST_WORKER = {
     "SPILLWAY_HEARTBEAT_TIMEOUT_S": "2",
@@ -146,3 +157,39 @@ async def worker_process(
     yield start
     for worker in started:
         await worker.kill()
+
+
+@pytest.fixture
+def cloud_worker(
+    worker_process: Callable[..., Any], comfyui: ComfyUISim, minimax: MiniMaxSim
+) -> Callable[..., Any]:
+    """`await cloud_worker(**env)`: a worker process whose A40 is overloaded and whose fallback
+    is armed, on the MiniMax double with FAST_CLOUD."""
+    comfyui.set_vram_used_pct(BUSY_VRAM_PCT)
+
+    async def start(**overrides: Any) -> WorkerProcess:
+        armed = {
+            "COMFYUI_URL": comfyui.url,
+            "CLOUD_VIDEO_FALLBACK_ENABLED": "1",
+            "MINIMAX_BASE_URL": minimax.url,
+        }
+        worker: WorkerProcess = await worker_process(**FAST_CLOUD | armed | overrides)
+        return worker
+
+    return start
+
+
+async def kill_after_the_create_answer(
+    worker: WorkerProcess, job: WorkflowHandle[Any, Plan], cloud: MiniMaxSim | KlingSim
+) -> None:
+    """SIGKILL the worker as soon as the provider's double made the job's task (the answer is on
+    its way, or read, or the activity just completed) and start it again: the job completes, or
+    fails saying a charge may exist, and never creates again (the test counts the creates)."""
+    await until(lambda: cloud.tasks_created >= 1, timeout_s=30)
+    await worker.kill()
+    await worker.start()
+    try:
+        plan = await asyncio.wait_for(job.result(), 90)
+        assert plan.state == "completed"
+    except WorkflowFailureError as err:
+        assert isinstance(err.cause, ApplicationError) and "a charge may exist" in err.cause.message
