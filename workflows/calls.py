@@ -1,6 +1,7 @@
 """Every activity VideoJobWorkflow runs, called typed (`execute_activity_method` on the activity
 classes, so mypy checks inputs and results) with the timeouts and retry policies that make the
 money invariants hold. Test workflows call the same functions, so what they prove is what runs.
+The ComfyUI calls live in workflows/comfyui_calls.py and are re-exported here.
 
 Workflow code only: these functions must be awaited inside a workflow.
 """
@@ -14,17 +15,22 @@ from temporalio import workflow
 from temporalio.common import Priority, RetryPolicy
 from temporalio.workflow import ActivityHandle
 
+from workflows.call_options import FREE_RETRY, heartbeating
+from workflows.comfyui_calls import comfyui_cancel as comfyui_cancel
+from workflows.comfyui_calls import comfyui_download as comfyui_download
+from workflows.comfyui_calls import comfyui_submit as comfyui_submit
+from workflows.comfyui_calls import comfyui_upload as comfyui_upload
+from workflows.comfyui_calls import comfyui_wait as comfyui_wait
+
 with workflow.unsafe.imports_passed_through():
     from activities import kling as kling_errors
     from activities import minimax as minimax_errors
-    from activities.comfyui import ComfyUIActivities
     from activities.kling import KlingActivities
     from activities.load_status import LoadStatusActivities
     from activities.minimax import MiniMaxActivities
     from activities.notify import NotifyActivities
     from activities.policy import PolicyActivities
     from activities.spend import SpendActivities
-    from spillway import comfyui_models as comfyui
     from spillway.cloud_models import (
         CloudCreate,
         CloudCreated,
@@ -33,31 +39,11 @@ with workflow.unsafe.imports_passed_through():
         CloudPoll,
         SpendRequest,
     )
-    from spillway.comfyui_models import (
-        ComfyUICancel,
-        ComfyUICancelled,
-        ComfyUIDownload,
-        ComfyUIFinished,
-        ComfyUISubmit,
-        ComfyUISubmitted,
-        ComfyUIUpload,
-        ComfyUIUploaded,
-        ComfyUIWait,
-    )
     from spillway.host_models import HostRef, LoadProbeRequest, LoadStatus, Policy, PolicyRequest
     from spillway.hosts import WAITS_SUFFIX
     from spillway.models import ApprovalNotice, Downloaded
-    from spillway.spend_models import (
-        BudgetView,
-        Reservation,
-        SpendEntry,
-        SpendSettle,
-    )
+    from spillway.spend_models import BudgetView, Reservation, SpendEntry, SpendSettle
 
-# Reads that cost nothing may retry for as long as it takes; a stuck one is visible in the UI.
-FREE_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30)
-)
 # A create is never run twice by Temporal (money invariant 2); the ledger guards the rest.
 NEVER_RETRY = RetryPolicy(maximum_attempts=1)
 CREATE_TIMEOUT = timedelta(minutes=10)
@@ -107,102 +93,6 @@ async def notify(notice: ApprovalNotice) -> None:
         notice,
         start_to_close_timeout=timedelta(seconds=30),
         retry_policy=RetryPolicy(maximum_attempts=5, initial_interval=timedelta(seconds=2)),
-    )
-
-
-# --- LOCAL ---------------------------------------------------------------------------------
-# `priority`: the job's own (Priority.default: the workflow's, which its client may have set).
-
-
-async def comfyui_upload(
-    req: ComfyUIUpload, heartbeat: timedelta, host: HostRef | None, priority: Priority
-) -> ComfyUIUploaded:
-    return await workflow.execute_activity_method(
-        ComfyUIActivities.upload,
-        req,
-        task_queue=host.task_queue if host else None,
-        priority=priority,
-        # Safe to retry: the content names the file, so a second upload writes the same file.
-        start_to_close_timeout=timedelta(minutes=10),
-        heartbeat_timeout=heartbeat,
-        retry_policy=RetryPolicy(
-            maximum_interval=timedelta(seconds=30),
-            non_retryable_error_types=[comfyui.UPLOAD_REFUSED, comfyui.INPUT_UNREADABLE],
-        ),
-    )
-
-
-async def comfyui_submit(
-    req: ComfyUISubmit,
-    heartbeat: timedelta,
-    host: HostRef | None,
-    priority: Priority = Priority.default,
-) -> ComfyUISubmitted:
-    return await workflow.execute_activity_method(
-        ComfyUIActivities.submit,
-        req,
-        task_queue=host.task_queue if host else None,
-        priority=priority,
-        # Longer than one attempt can take (its requests and their timeouts), so two attempts
-        # never overlap; a dead agent is noticed by its heartbeat instead. A retried submit
-        # looks for its prompt_id in ComfyUI before posting, so it never posts twice.
-        start_to_close_timeout=timedelta(minutes=5),
-        heartbeat_timeout=heartbeat,
-        retry_policy=RetryPolicy(
-            maximum_interval=timedelta(seconds=30),
-            non_retryable_error_types=[comfyui.GRAPH_REJECTED],
-        ),
-    )
-
-
-async def comfyui_wait(
-    req: ComfyUIWait,
-    heartbeat: timedelta,
-    host: HostRef | None,
-    priority: Priority = Priority.default,
-) -> ComfyUIFinished:
-    return await workflow.execute_activity_method(
-        ComfyUIActivities.wait,
-        req,
-        # Its own queue and slot pool: thousands of waits never starve a probe or a create.
-        task_queue=host.waits_queue if host else None,
-        priority=priority,
-        start_to_close_timeout=timedelta(hours=24),
-        heartbeat_timeout=heartbeat,
-        retry_policy=RetryPolicy(
-            maximum_interval=timedelta(seconds=30),
-            non_retryable_error_types=[comfyui.EXECUTION_FAILED, comfyui.INTERRUPTED],
-        ),
-    )
-
-
-async def comfyui_download(
-    req: ComfyUIDownload,
-    heartbeat: timedelta,
-    host: HostRef | None,
-    priority: Priority = Priority.default,
-) -> Downloaded:
-    return await workflow.execute_activity_method(
-        ComfyUIActivities.download,
-        req,
-        task_queue=host.waits_queue if host else None,
-        priority=priority,
-        start_to_close_timeout=timedelta(hours=6),
-        heartbeat_timeout=heartbeat,
-        retry_policy=FREE_RETRY,
-    )
-
-
-async def comfyui_cancel(
-    req: ComfyUICancel, heartbeat: timedelta, host: HostRef | None
-) -> ComfyUICancelled:
-    return await workflow.execute_activity_method(
-        ComfyUIActivities.cancel,
-        req,
-        task_queue=host.task_queue if host else None,
-        start_to_close_timeout=timedelta(minutes=10),
-        heartbeat_timeout=heartbeat,
-        retry_policy=FREE_RETRY,
     )
 
 
@@ -277,43 +167,35 @@ def waits_queue() -> str:
 async def cloud_poll(
     req: CloudPoll, heartbeat: timedelta, priority: Priority = Priority.default
 ) -> CloudDone:
-    if req.provider == "kling":
-        return await workflow.execute_activity_method(
-            KlingActivities.poll,
-            req,
-            **_waiting(heartbeat, priority, [kling_errors.TASK_FAILED, kling_errors.REFUSED]),
-        )
+    kling = req.provider == "kling"
+    method = KlingActivities.poll if kling else MiniMaxActivities.poll
+    final = (
+        [kling_errors.TASK_FAILED, kling_errors.REFUSED]
+        if kling
+        else [minimax_errors.TASK_FAILED, minimax_errors.PERMANENT]
+    )
     return await workflow.execute_activity_method(
-        MiniMaxActivities.poll,
-        req,
-        **_waiting(heartbeat, priority, [minimax_errors.TASK_FAILED, minimax_errors.PERMANENT]),
+        method, req, **_waiting(heartbeat, priority, final)
     )
 
 
 async def cloud_download(
     req: CloudDownload, heartbeat: timedelta, priority: Priority = Priority.default
 ) -> Downloaded:
-    if req.provider == "kling":
-        return await workflow.execute_activity_method(
-            KlingActivities.download,
-            req,
-            **_waiting(heartbeat, priority, [kling_errors.VIDEO_GONE]),
-        )
+    kling = req.provider == "kling"
+    method = KlingActivities.download if kling else MiniMaxActivities.download
+    final = [kling_errors.VIDEO_GONE] if kling else [minimax_errors.PERMANENT]
     return await workflow.execute_activity_method(
-        MiniMaxActivities.download,
-        req,
-        **_waiting(heartbeat, priority, [minimax_errors.PERMANENT]),
+        method, req, **_waiting(heartbeat, priority, final)
     )
 
 
 def _waiting(heartbeat: timedelta, priority: Priority, final: list[str]) -> Any:
     """Options of the long cloud activities: free to retry, on their own queue, bounded."""
-    return {
-        "task_queue": waits_queue(),
-        "priority": priority,
-        "start_to_close_timeout": timedelta(hours=24),
-        "heartbeat_timeout": heartbeat,
-        "retry_policy": RetryPolicy(
-            maximum_interval=timedelta(seconds=60), non_retryable_error_types=final
-        ),
-    }
+    return heartbeating(
+        waits_queue(),
+        priority,
+        heartbeat,
+        start_to_close=timedelta(hours=24),
+        retry=RetryPolicy(maximum_interval=timedelta(seconds=60), non_retryable_error_types=final),
+    )
