@@ -1,8 +1,8 @@
 """What every part of VideoJobWorkflow shares: the job, its plan, and how the plan is published
 (memo for `spillway status`, search attributes for lists, current details for the UI), failed,
-and counted. The workflow is split by concern (deciding and waiting in video_job.py, measuring
-the GPU hosts in measure.py, a person's decision in approvals.py, the routes in local_route.py
-and cloud_route.py); all of it is workflow code."""
+and counted. The workflow is split by concern (deciding in video_job.py, waiting for a person in
+waiting.py, measuring the GPU hosts in measure.py, a person's decision in approvals.py, the
+routes in local_route.py and cloud_route.py); all of it is workflow code."""
 
 from __future__ import annotations
 
