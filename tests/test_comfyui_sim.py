@@ -27,6 +27,15 @@ def transcript(name: str) -> Any:
     return json.loads((TRANSCRIPTS / name).read_text())
 
 
+def answer_in(exchange: dict[str, Any]) -> tuple[int, Any, Any]:
+    """A recorded exchange's answer as `post` and `get` return theirs: status, type, body."""
+    return exchange["status"], exchange["content_type"], exchange["body"]
+
+
+def recorded_answer(name: str) -> tuple[int, Any, Any]:
+    return answer_in(transcript(name))
+
+
 def normalised(value: Any) -> Any:
     """Timestamps and ComfyUI's file counters differ from run to run; nothing else may."""
     text = json.dumps(value)
@@ -51,13 +60,18 @@ async def session() -> AsyncIterator[aiohttp.ClientSession]:
         yield client
 
 
+async def answer_of(response: aiohttp.ClientResponse) -> tuple[int, Any, Any]:
+    """Status, content type and body (parsed if JSON), as `answer_in` reads a recorded one."""
+    text = await response.text()
+    content_type = response.headers.get("Content-Type")
+    parsed = json.loads(text) if content_type and "json" in content_type else text
+    return response.status, content_type, parsed
+
+
 async def post(session: aiohttp.ClientSession, url: str, body: Any) -> tuple[int, Any, Any]:
     data = body if isinstance(body, str) else json.dumps(body)
     async with session.post(url, data=data) as response:
-        text = await response.text()
-        content_type = response.headers.get("Content-Type")
-        parsed = json.loads(text) if content_type and "json" in content_type else text
-        return response.status, content_type, parsed
+        return await answer_of(response)
 
 
 async def get(session: aiohttp.ClientSession, url: str) -> tuple[int, Any, Any]:
@@ -82,7 +96,7 @@ async def messages_until_done(ws: aiohttp.ClientWebSocketResponse) -> list[dict[
 async def test_accepted_prompt_answers_exactly_like_comfyui(comfyui: ComfyUISim, session):
     recorded = transcript("post_prompt_ok.json")
     answer = await post(session, f"{comfyui.url}/prompt", recorded["request_body"])
-    assert answer == (recorded["status"], recorded["content_type"], recorded["body"])
+    assert answer == answer_in(recorded)
 
 
 @pytest.mark.parametrize(
@@ -97,7 +111,7 @@ async def test_accepted_prompt_answers_exactly_like_comfyui(comfyui: ComfyUISim,
 async def test_rejected_prompt_answers_exactly_like_comfyui(comfyui: ComfyUISim, session, name):
     recorded = transcript(name)
     answer = await post(session, f"{comfyui.url}/prompt", recorded["request_body"])
-    assert answer == (recorded["status"], recorded["content_type"], recorded["body"])
+    assert answer == answer_in(recorded)
     assert comfyui.queue_pending == comfyui.queue_running == []
 
 
@@ -146,21 +160,17 @@ async def running_and_pending(comfyui: ComfyUISim, session: aiohttp.ClientSessio
 
 async def test_queue_answers_exactly_like_comfyui_idle_and_busy(comfyui: ComfyUISim, session):
     idle = transcript("queue_idle.json")
-    assert await get(session, f"{comfyui.url}/queue") == (
-        idle["status"],
-        idle["content_type"],
-        idle["body"],
-    )
+    assert await get(session, f"{comfyui.url}/queue") == answer_in(idle)
     await running_and_pending(comfyui, session)
     busy = transcript("queue_running_and_pending.json")
-    assert await get(session, f"{comfyui.url}/queue") == (200, busy["content_type"], busy["body"])
+    assert await get(session, f"{comfyui.url}/queue") == answer_in(busy)
 
 
 async def test_get_prompt_counts_what_is_left_like_comfyui(comfyui: ComfyUISim, session):
     idle, busy = transcript("prompt_idle.json"), transcript("prompt_busy.json")
-    assert await get(session, f"{comfyui.url}/prompt") == (200, idle["content_type"], idle["body"])
+    assert await get(session, f"{comfyui.url}/prompt") == answer_in(idle)
     await running_and_pending(comfyui, session)
-    assert await get(session, f"{comfyui.url}/prompt") == (200, busy["content_type"], busy["body"])
+    assert await get(session, f"{comfyui.url}/prompt") == answer_in(busy)
 
 
 async def test_deleting_a_pending_prompt_answers_an_empty_200_and_leaves_the_running_one(
@@ -169,9 +179,9 @@ async def test_deleting_a_pending_prompt_answers_an_empty_200_and_leaves_the_run
     await running_and_pending(comfyui, session)
     recorded = transcript("queue_delete_pending.json")
     answer = await post(session, f"{comfyui.url}/queue", recorded["request_body"])
-    assert answer == (recorded["status"], recorded["content_type"], recorded["body"])
+    assert answer == answer_in(recorded)
     after = transcript("queue_after_delete.json")
-    assert await get(session, f"{comfyui.url}/queue") == (200, after["content_type"], after["body"])
+    assert await get(session, f"{comfyui.url}/queue") == answer_in(after)
 
 
 async def test_interrupt_by_prompt_id_ends_the_running_prompt_like_comfyui(
@@ -188,7 +198,7 @@ async def test_interrupt_by_prompt_id_ends_the_running_prompt_like_comfyui(
                 pass
         request = transcript("interrupt_running.json")
         answer = await post(session, f"{comfyui.url}/interrupt", request["request_body"])
-        assert answer == (request["status"], request["content_type"], request["body"])
+        assert answer == answer_in(request)
         tail = transcript("ws_interrupted_tail.json")
         received = await messages_until_done(ws)
 
@@ -218,11 +228,7 @@ async def test_history_is_empty_for_unknown_and_for_unfinished_prompts(
     comfyui: ComfyUISim, session
 ):
     unknown = transcript("history_unknown_id.json")
-    assert await get(session, f"{comfyui.url}/history/never-submitted-id") == (
-        unknown["status"],
-        unknown["content_type"],
-        unknown["body"],
-    )
+    assert await get(session, f"{comfyui.url}/history/never-submitted-id") == answer_in(unknown)
     await running_and_pending(comfyui, session)
     while_running = transcript("history_while_running.json")
     for prompt_id in [item[1] for item in comfyui.queue_running + comfyui.queue_pending]:
@@ -351,38 +357,30 @@ async def upload(
         ("subfolder", subfolder), ("type", "input"), ("overwrite", str(overwrite).lower())
     )
     async with session.post(f"{comfyui.url}/upload/image", data=form) as response:
-        text = await response.text()
-        content_type = response.headers.get("Content-Type")
-        parsed = json.loads(text) if content_type and "json" in content_type else text
-        return response.status, content_type, parsed
-
-
-def recorded(name: str) -> tuple[int, Any, Any]:
-    answer = transcript(name)
-    return answer["status"], answer["content_type"], answer["body"]
+        return await answer_of(response)
 
 
 async def test_uploads_answer_like_comfyui_reusing_renaming_and_overwriting(
     comfyui: ComfyUISim, session
 ):
     first, other = b"\x89PNG first image", b"\x89PNG another image"
-    assert await upload(session, comfyui, first) == recorded("upload_image_new.json")
+    assert await upload(session, comfyui, first) == recorded_answer("upload_image_new.json")
     # The same name and the same bytes: the file is reused.
-    assert await upload(session, comfyui, first) == recorded(
+    assert await upload(session, comfyui, first) == recorded_answer(
         "upload_image_same_name_no_overwrite.json"
     )
     # The same name, other bytes, no overwrite: stored under a new name.
-    assert await upload(session, comfyui, other) == recorded(
+    assert await upload(session, comfyui, other) == recorded_answer(
         "upload_image_same_name_other_content.json"
     )
     # With overwrite the name stays and the bytes are replaced.
     answer = await upload(session, comfyui, other, overwrite=True)
-    assert answer == recorded("upload_image_overwrite.json")
+    assert answer == recorded_answer("upload_image_overwrite.json")
     assert comfyui.inputs.files == {
         f"{FOLDER}/{START}": other,
         f"{FOLDER}/3f2a9c-start (1).png": other,
     }
-    assert await upload(session, comfyui, first, subfolder="../escape") == recorded(
+    assert await upload(session, comfyui, first, subfolder="../escape") == recorded_answer(
         "upload_image_bad_subfolder.json"
     )
 
@@ -394,7 +392,7 @@ async def test_loadimage_of_an_uploaded_file_runs_and_its_history_matches_comfyu
     await upload(session, comfyui, b"\x89PNG start frame")
     request = transcript("post_prompt_loadimage_subfolder.json")["request"]["json"]
     status, content_type, answer = await post(session, f"{comfyui.url}/prompt", request)
-    expected = recorded("post_prompt_loadimage_subfolder.json")
+    expected = recorded_answer("post_prompt_loadimage_subfolder.json")
     assert (status, content_type, answer) == (*expected[:2], expected[2] | {"number": 0})
 
     prompt_id, entry = recorded_history("history_loadimage_success.json")
@@ -408,7 +406,7 @@ async def test_loadimage_of_a_missing_file_fails_at_post_time_like_comfyui(
 ):
     request = transcript("post_prompt_loadimage_missing_file.json")["request"]["json"]
     answer = await post(session, f"{comfyui.url}/prompt", request)
-    assert answer == recorded("post_prompt_loadimage_missing_file.json")
+    assert answer == recorded_answer("post_prompt_loadimage_missing_file.json")
     assert comfyui.queue_pending == comfyui.queue_running == []
 
 
@@ -423,7 +421,7 @@ async def test_a_prompt_posted_with_front_is_queued_first_with_a_negative_number
     request = transcript("post_prompt_front.json")["request"]["json"]
     status, content_type, answer = await post(session, f"{comfyui.url}/prompt", request)
 
-    expected = recorded("post_prompt_front.json")
+    expected = recorded_answer("post_prompt_front.json")
     assert (status, content_type, answer) == (*expected[:2], expected[2] | {"number": -2})
     assert [item[1] for item in comfyui.queue_pending] == [
         request["prompt_id"],

@@ -25,29 +25,25 @@ BODY = {
 }
 
 
-async def create(http: httpx.AsyncClient, sim: MiniMaxSim, **changes: Any) -> dict[str, Any]:
-    response = await http.post(f"{sim.url}/v1/video_generation", json=BODY | changes, headers=AUTH)
+def ok(response: httpx.Response) -> dict[str, Any]:
+    """The JSON of an answer MiniMax gave with HTTP 200 (its errors too come as 200)."""
     assert response.status_code == 200
     answer: dict[str, Any] = response.json()
     return answer
+
+
+async def create(http: httpx.AsyncClient, sim: MiniMaxSim, **changes: Any) -> dict[str, Any]:
+    return ok(await http.post(f"{sim.url}/v1/video_generation", json=BODY | changes, headers=AUTH))
 
 
 async def query(http: httpx.AsyncClient, sim: MiniMaxSim, task_id: str) -> dict[str, Any]:
-    response = await http.get(
-        f"{sim.url}/v1/query/video_generation", params={"task_id": task_id}, headers=AUTH
-    )
-    assert response.status_code == 200
-    answer: dict[str, Any] = response.json()
-    return answer
+    url = f"{sim.url}/v1/query/video_generation"
+    return ok(await http.get(url, params={"task_id": task_id}, headers=AUTH))
 
 
 async def retrieve(http: httpx.AsyncClient, sim: MiniMaxSim, file_id: str) -> dict[str, Any]:
-    response = await http.get(
-        f"{sim.url}/v1/files/retrieve", params={"file_id": file_id}, headers=AUTH
-    )
-    assert response.status_code == 200
-    answer: dict[str, Any] = response.json()
-    return answer
+    url = f"{sim.url}/v1/files/retrieve"
+    return ok(await http.get(url, params={"file_id": file_id}, headers=AUTH))
 
 
 async def test_task_walks_to_success_and_its_file_downloads_without_the_key(http, minimax):
