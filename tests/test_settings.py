@@ -51,6 +51,14 @@ def test_armed_needs_switch_and_key(clean_env):
     assert "mm-test-key-do-not-print" not in repr(s) and "mm-test-key" not in str(s.model_dump())
 
 
+def settings_error(clean_env: pytest.MonkeyPatch, name: str, value: str) -> str:
+    """What loading the settings says with `name` set to `value` (it must refuse)."""
+    clean_env.setenv(name, value)
+    with pytest.raises(ConfigError) as raised:
+        load_settings()
+    return str(raised.value)
+
+
 @pytest.mark.parametrize(
     ("name", "value"),
     [
@@ -64,10 +72,7 @@ def test_armed_needs_switch_and_key(clean_env):
     ],
 )
 def test_bad_setting_names_the_setting_in_one_line(clean_env, name, value):
-    clean_env.setenv(name, value)
-    with pytest.raises(ConfigError) as raised:
-        load_settings()
-    message = str(raised.value)
+    message = settings_error(clean_env, name, value)
     assert name in message and "\n" not in message
 
 
@@ -128,7 +133,5 @@ def test_missing_routing_tiers_file_says_which(tmp_path):
     ],
 )
 def test_a_bad_storage_or_webhook_url_is_named_but_never_shown(clean_env, name, value):
-    clean_env.setenv(name, value)
-    with pytest.raises(ConfigError) as raised:
-        load_settings()
-    assert name in str(raised.value) and "canary-secret" not in str(raised.value)
+    message = settings_error(clean_env, name, value)
+    assert name in message and "canary-secret" not in message
