@@ -59,7 +59,7 @@ class CallbackActivities:
         except ValidationError:  # not a whole plan: sent as the workflow gave it
             return event
         # The CLI's own (imported here: they reach the workflows, which import this module).
-        from spillway.client import presign_outputs
+        from spillway.output_urls import presign_outputs
         from spillway.render import plan_json
 
         plan = await presign_outputs(plan, self._settings)

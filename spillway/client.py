@@ -27,31 +27,22 @@ from __future__ import annotations
 
 import asyncio
 import builtins  # `SpillwayClient.list` hides `list` inside the class
-import contextlib
 import dataclasses
-import os
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
 
-from pydantic import ValidationError
 from temporalio.client import Client
 from temporalio.contrib.pydantic import PydanticPayloadConverter
 
 from spillway import jobs
 from spillway.errors import ConfigError, Failed
 from spillway.jobs import JobSummary
-from spillway.models import (
-    FINAL_STATES,
-    ApprovalDecision,
-    JobInput,
-    JobState,
-    OutputFile,
-    Plan,
-    VideoJob,
-)
-from spillway.settings import Settings, describe_validation_error, load_settings
+from spillway.models import FINAL_STATES, ApprovalDecision, JobInput, JobState, Plan, VideoJob
+from spillway.new_jobs import make_decision, make_job, prepare_job_inputs
+from spillway.output_urls import PRESIGN_EXPIRES_S as PRESIGN_EXPIRES_S
+from spillway.output_urls import presign_outputs as presign_outputs
+from spillway.settings import Settings, load_settings
 
 if TYPE_CHECKING:
     from spillway.spend_models import LedgerSummary
@@ -66,7 +57,6 @@ __all__ = [
     "make_job",
 ]
 
-PRESIGN_EXPIRES_S = 3600  # how long a presigned output URL from `status` lasts
 POLL_S = 1.0  # how often `wait` reads the job
 
 
@@ -226,90 +216,5 @@ class SpillwayClient:
         stored = [i for i in inputs if isinstance(i, JobInput)]
         specs = [i for i in inputs if isinstance(i, str)]
         if specs:
-            stored += await _prepare_inputs(self.settings, job, specs)
+            stored += await prepare_job_inputs(self.settings, job, specs)
         return stored
-
-
-def make_job(
-    graph: dict[str, Any] | Path,
-    *,
-    job_id: str | None = None,
-    prompt: str | None = None,
-    model: str | None = None,
-    duration: int | None = None,
-    resolution: str | None = None,
-    callback_url: str | None = None,
-    priority: int = 3,
-) -> VideoJob:
-    """A job, every part checked (ConfigError naming what is wrong); nothing is started.
-
-    `graph`: an API-format ComfyUI graph (ComfyUI's "Export (API)"), a dict or a JSON file, at
-    most 1.5 MB. `prompt` (with `model`, `duration`, `resolution`, checked against what MiniMax
-    accepts) is what the cloud renders if the job goes there; without it the job runs only
-    locally. `job_id` defaults to `job-<UTC time>-<random>`. `callback_url`: the job's
-    job.completed|failed|cancelled POST goes there instead of the workers' JOB_WEBHOOK_URL; it
-    travels in the job's input and so in its history: a URL that holds a secret belongs in
-    JOB_WEBHOOK_URL on the workers. `priority`: 1 (first) to 5 (last), default 3.
-    """
-    if isinstance(graph, Path):
-        graph = jobs.read_graph(graph)
-    else:
-        jobs.check_graph_size(graph)
-    options = {"model": model, "duration": duration, "resolution": resolution}
-    return jobs.build_job(
-        job_id or new_job_id(),
-        graph,
-        prompt,
-        {k: v for k, v in options.items() if v is not None},
-        callback_url=callback_url,
-        priority=priority,
-    )
-
-
-def make_decision(
-    approved: bool, by: str, reason: str = "", over_budget: bool = False
-) -> ApprovalDecision:
-    """An approval (or rejection), checked: ConfigError for an empty `by` or a long reason."""
-    try:
-        return ApprovalDecision(approved=approved, by=by, reason=reason, over_budget=over_budget)
-    except ValidationError as exc:
-        raise ConfigError(describe_validation_error(exc, "decision")) from None
-
-
-def new_job_id() -> str:
-    return datetime.now(UTC).strftime("job-%Y%m%d-%H%M%S-") + os.urandom(3).hex()
-
-
-async def _prepare_inputs(settings: Settings, job: VideoJob, specs: list[str]) -> list[JobInput]:
-    """Each file checked against the graph (and, for a job with a cloud prompt, the first against
-    what the cloud takes as a first frame) and stored once; ConfigError in one line."""
-    from spillway.inputs import prepare_inputs
-
-    return await prepare_inputs(settings, job.job_id, job.graph, specs, cloud=job.cloud is not None)
-
-
-# --- ADAPTER: presigned output URLs ----------------------------------------------------------
-# activities/storage.py (the output store) is being settled; this is the one place that knows
-# its API: `presign(settings, uri, expires_s) -> str | None`, raising ConfigError, ValueError or
-# StoreError.
-
-
-async def presign_outputs(
-    plan: Plan, settings: Settings, expires_s: int = PRESIGN_EXPIRES_S
-) -> Plan:
-    """The plan with a `url` for every output in object storage that these settings can sign
-    (SPILLWAY_OUTPUT_URL and the AWS_* variables); the others keep `url` None. Signing makes
-    no request to S3, and a store that cannot sign leaves the URLs out rather than failing
-    `status`."""
-    if not any(out.uri and out.uri.startswith("s3://") for out in plan.outputs):
-        return plan
-    from activities.storage import StoreError, presign
-
-    outputs: list[OutputFile] = []
-    for out in plan.outputs:
-        url = None
-        if out.uri:
-            with contextlib.suppress(ConfigError, StoreError, ValueError):
-                url = await presign(settings, out.uri, expires_s)
-        outputs.append(out.model_copy(update={"url": url}))
-    return plan.model_copy(update={"outputs": outputs})

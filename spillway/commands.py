@@ -78,7 +78,7 @@ async def cmd_health(args: argparse.Namespace) -> int:
 
 
 async def cmd_submit(args: argparse.Namespace) -> int:
-    from spillway.client import make_job
+    from spillway.new_jobs import make_job
 
     settings, _ = _config()
     # Everything is checked before Temporal is even asked (bad input: exit 2 whatever its state).
@@ -126,7 +126,7 @@ async def cmd_list(args: argparse.Namespace) -> int:
 
 
 async def cmd_decide(args: argparse.Namespace) -> int:
-    from spillway.client import make_decision
+    from spillway.new_jobs import make_decision
 
     settings, _ = _config()
     decision = make_decision(args.approved, args.by, args.reason, args.over_budget)
