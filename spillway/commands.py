@@ -1,11 +1,12 @@
-"""What each `spillway` command does (spillway/cli.py parses the command line and turns errors
-into exit codes). Heavy imports (temporalio's client) happen inside the commands that need
-them, so `load` starts fast."""
+"""What each `spillway` command does (spillway/cli_parser.py parses the command line, and
+spillway/cli.py turns errors into exit codes). Heavy imports (temporalio's client) happen
+inside the commands that need them, so `load` starts fast."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import sys
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
@@ -191,16 +192,8 @@ async def cmd_dev(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    options = DevOptions(
-        simulate=args.simulate,
-        port=args.port,
-        ui_port=args.ui_port,
-        comfyui_port=args.comfyui_port,
-        guard_port=args.guard_port,
-        minimax_port=args.minimax_port,
-        kling_port=args.kling_port,
-        state_dir=args.state_dir,
-    )
+    # `spillway dev`'s options are named after DevOptions' fields (spillway/cli_parser.py).
+    options = DevOptions(**{f.name: getattr(args, f.name) for f in dataclasses.fields(DevOptions)})
     return await run_dev(options)
 
 
