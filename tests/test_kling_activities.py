@@ -5,7 +5,6 @@ makes a second task, and no key or token shows anywhere."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import dataclasses
 import hashlib
@@ -16,7 +15,6 @@ from typing import Any
 
 import pytest
 from temporalio.exceptions import ApplicationError
-from temporalio.testing import ActivityEnvironment
 
 from activities.kling import KlingActivities
 from activities.kling_client import KlingClient
@@ -26,6 +24,7 @@ from spillway.kling_requests import sign_jwt
 from spillway.models import CloudRequest, Downloaded, JobInput
 from spillway.sim.kling import KlingSim
 from spillway.spend_models import SettleRequest, SpendEntry
+from tests.support.activity import cancelled_in_flight, run_activity
 from tests.support.images import I2V_GRAPH, png, webp
 from tests.support.kling import (
     CANARY_ACCESS,
@@ -34,7 +33,6 @@ from tests.support.kling import (
     VIDEO_SIZE,
     KlingBookLedger,
 )
-from tests.support.waiting import until
 
 PROMPT = "a heron lifting off over a spillway at dawn"
 PNG = (  # Kling's own example of a bare base64 image
@@ -56,20 +54,6 @@ def external_id(req: CloudCreate) -> str:
     return f"spillway-{req.job_id}-{RUN[:8]}"
 
 
-async def run_as(fn: Any, arg: Any, **info: Any) -> tuple[Any, list[Any]]:
-    """One activity run in an ActivityEnvironment whose info differs from the default by
-    `info` (attempt, workflow_run_id): another attempt of the same run, for instance."""
-    heartbeats: list[Any] = []
-    environment = ActivityEnvironment()
-    environment.info = dataclasses.replace(environment.info, **info)
-    environment.on_heartbeat = lambda *details: heartbeats.append(details[0] if details else None)
-    try:
-        result: Any = await environment.run(fn, arg)
-    except Exception as exc:
-        result = exc
-    return result, heartbeats
-
-
 def app_error(result: object, type_: str) -> ApplicationError:
     assert isinstance(result, ApplicationError), result
     assert result.type == type_, f"{result.type}: {result}"
@@ -86,15 +70,15 @@ def no_secrets(*things: object) -> None:
 async def run_route(
     acts: KlingActivities, req: CloudCreate
 ) -> tuple[CloudCreated, CloudDone, Downloaded, list[Any]]:
-    created, create_beats = await run_as(acts.create, req)
+    created, create_beats = await run_activity(acts.create, req)
     assert isinstance(created, CloudCreated), created
     poll = CloudPoll(job_id=req.job_id, task_id=created.task_id, provider="kling")
-    done, poll_beats = await run_as(acts.poll, poll)
+    done, poll_beats = await run_activity(acts.poll, poll)
     assert isinstance(done, CloudDone), done
     download = CloudDownload(
         job_id=req.job_id, task_id=done.task_id, video_url=done.video_url, provider="kling"
     )
-    downloaded, download_beats = await run_as(acts.download, download)
+    downloaded, download_beats = await run_activity(acts.download, download)
     assert isinstance(downloaded, Downloaded), downloaded
     return created, done, downloaded, create_beats + poll_beats + download_beats
 
@@ -202,7 +186,7 @@ async def test_a_first_frame_kling_cannot_take_or_read_is_refused_before_anythin
     )
     for req, says in [(webp_frame, "JPG or PNG"), (unreadable, "outside SPILLWAY_OUTPUT_DIR")]:
         ledger = KlingBookLedger()
-        result, _ = await run_as(kling_activities(ledger=ledger).create, req)
+        result, _ = await run_activity(kling_activities(ledger=ledger).create, req)
         error = app_error(result, "KlingRefused")
         assert says in error.message and "nothing was sent" in error.message
         assert ledger.state_of(req.job_id) == "released"
@@ -215,8 +199,8 @@ async def test_units_kling_reports_are_returned_and_logged_and_never_taken_for_d
     caplog.set_level(logging.INFO)
     kling.units = "1.5"
     acts = kling_activities()
-    created, _ = await run_as(acts.create, create_request())
-    done, _ = await run_as(
+    created, _ = await run_activity(acts.create, create_request())
+    done, _ = await run_activity(
         acts.poll, CloudPoll(job_id="job-1", task_id=created.task_id, provider="kling")
     )
 
@@ -234,7 +218,7 @@ async def test_account_or_resource_pack_refusal_makes_nothing_and_releases_the_l
     kling.refuse_next_creates(code)
     ledger = KlingBookLedger()
     req = create_request()
-    result, _ = await run_as(kling_activities(ledger=ledger).create, req)
+    result, _ = await run_activity(kling_activities(ledger=ledger).create, req)
 
     error = app_error(result, "KlingRefused")
     assert error.non_retryable
@@ -247,7 +231,7 @@ async def test_account_or_resource_pack_refusal_makes_nothing_and_releases_the_l
 
 async def test_used_up_resource_pack_1102_says_to_buy_or_renew_one(kling, kling_activities):
     kling.refuse_next_creates(1102)
-    result, _ = await run_as(kling_activities().create, create_request())
+    result, _ = await run_activity(kling_activities().create, create_request())
     assert "buy or renew a Kling resource pack" in app_error(result, "KlingRefused").message
 
 
@@ -255,7 +239,7 @@ async def test_wrong_secret_is_refused_naming_both_settings_and_showing_neither(
     kling, kling_activities
 ):
     acts = kling_activities(KLING_SECRET_KEY="kling-CANARY-not-the-secret")
-    result, _ = await run_as(acts.create, create_request())
+    result, _ = await run_activity(acts.create, create_request())
 
     error = app_error(result, "KlingRefused")
     assert "code 1002" in error.message
@@ -270,7 +254,7 @@ async def test_parallel_task_limit_1303_is_sent_again_after_a_backoff_and_makes_
     kling.refuse_next_creates(1303)
     ledger = KlingBookLedger()
     req = create_request()
-    created, heartbeats = await run_as(kling_activities(ledger=ledger).create, req)
+    created, heartbeats = await run_activity(kling_activities(ledger=ledger).create, req)
 
     assert isinstance(created, CloudCreated), created
     assert created.create_calls == 2
@@ -289,7 +273,7 @@ async def test_kling_unreachable_for_the_whole_budget_gives_up_saying_nothing_wa
         ledger=ledger,
         KLING_BASE_URL=refused_url,
     )
-    result, _ = await run_as(acts.create, req)
+    result, _ = await run_activity(acts.create, req)
 
     error = app_error(result, "KlingCreateGaveUp")
     assert error.non_retryable
@@ -302,7 +286,7 @@ async def test_an_image_kling_cannot_read_is_refused_before_anything_is_sent(
 ):
     ledger = KlingBookLedger()
     req = create_request(first_frame_image="data:image/webp;base64,UklGRg==")
-    result, _ = await run_as(kling_activities(ledger=ledger).create, req)
+    result, _ = await run_activity(kling_activities(ledger=ledger).create, req)
 
     error = app_error(result, "KlingRefused")
     assert "JPG or PNG" in error.message and "nothing was sent" in error.message
@@ -312,8 +296,10 @@ async def test_an_image_kling_cannot_read_is_refused_before_anything_is_sent(
 
 async def test_missing_keys_fail_naming_both_variables_without_any_request(kling, kling_activities):
     acts = kling_activities(KLING_ACCESS_KEY=None, KLING_SECRET_KEY=None)
-    created, _ = await run_as(acts.create, create_request())
-    polled, _ = await run_as(acts.poll, CloudPoll(job_id="job-1", task_id="1", provider="kling"))
+    created, _ = await run_activity(acts.create, create_request())
+    polled, _ = await run_activity(
+        acts.poll, CloudPoll(job_id="job-1", task_id="1", provider="kling")
+    )
 
     error = app_error(created, "KlingNoKey")
     assert error.non_retryable
@@ -328,7 +314,7 @@ async def test_armed_create_on_a_worker_that_is_not_armed_now_sends_nothing(
     kling, kling_activities
 ):
     req = create_request().model_copy(update={"authorisation": "armed"})
-    result, _ = await run_as(kling_activities(CLOUD_VIDEO_FALLBACK_ENABLED=False).create, req)
+    result, _ = await run_activity(kling_activities(CLOUD_VIDEO_FALLBACK_ENABLED=False).create, req)
 
     assert app_error(result, "SpendNotArmed").non_retryable
     assert kling.create_calls == 0
@@ -344,7 +330,7 @@ async def test_create_lost_after_the_task_was_made_is_reconciled_to_that_one_tas
     kling.fault_next_create(fault, creates_task=True)  # Kling made it; its answer never comes
     ledger = KlingBookLedger()
     req = create_request()
-    created, heartbeats = await run_as(kling_activities(ledger=ledger).create, req)
+    created, heartbeats = await run_activity(kling_activities(ledger=ledger).create, req)
 
     assert isinstance(created, CloudCreated), created
     [task] = kling.tasks.values()
@@ -361,7 +347,7 @@ async def test_create_lost_before_any_task_was_made_is_sent_again_with_the_same_
 ):
     kling.fault_next_create("drop", creates_task=False)
     req = create_request()
-    created, _ = await run_as(kling_activities().create, req)
+    created, _ = await run_activity(kling_activities().create, req)
 
     assert isinstance(created, CloudCreated), created
     assert (kling.create_calls, kling.tasks_created) == (2, 1)
@@ -378,7 +364,7 @@ async def test_create_kling_cannot_be_asked_about_stays_ambiguous_and_says_how_t
     acts = kling_activities(
         timing=dataclasses.replace(FAST, create_retry_budget_s=1.0), ledger=ledger
     )
-    result, _ = await run_as(acts.create, req)
+    result, _ = await run_activity(acts.create, req)
 
     error = app_error(result, "KlingAmbiguousCreate")
     assert error.non_retryable and "a charge may exist" in error.message
@@ -395,10 +381,10 @@ async def test_repeated_create_of_the_same_run_is_refused_by_the_ledger_and_make
     ledger = KlingBookLedger()
     acts = kling_activities(ledger=ledger)
     req = create_request()
-    created, _ = await run_as(acts.create, req)
+    created, _ = await run_activity(acts.create, req)
     assert isinstance(created, CloudCreated), created
 
-    again, _ = await run_as(acts.create, req, attempt=2)
+    again, _ = await run_activity(acts.create, req, attempt=2)
 
     error = app_error(again, "SpendRefused")
     assert error.non_retryable and "nothing was sent" in error.message
@@ -415,8 +401,8 @@ async def test_same_attempt_beginning_again_reaches_kling_but_its_external_id_ma
     ledger = KlingBookLedger()
     acts = kling_activities(ledger=ledger)
     req = create_request()
-    first, _ = await run_as(acts.create, req)
-    second, _ = await run_as(acts.create, req)
+    first, _ = await run_activity(acts.create, req)
+    second, _ = await run_activity(acts.create, req)
 
     assert isinstance(first, CloudCreated) and isinstance(second, CloudCreated), (first, second)
     assert second.task_id == first.task_id
@@ -439,13 +425,13 @@ async def test_worker_killed_between_klings_answer_and_completion_never_makes_a_
     ledger = KilledBeforeSettling()
     acts = kling_activities(ledger=ledger)
     req = create_request()
-    killed, _ = await run_as(acts.create, req)
+    killed, _ = await run_activity(acts.create, req)
     assert isinstance(killed, WorkerKilled), killed
     [task] = kling.tasks.values()  # Kling made it; the run never learned its id
     entry = ledger.entry_of(req.job_id)
     assert entry is not None and (entry.state, entry.sent_at is not None) == ("reserved", True)
 
-    retried, _ = await run_as(acts.create, req, attempt=2)
+    retried, _ = await run_activity(acts.create, req, attempt=2)
 
     error = app_error(retried, "SpendRefused")
     assert "may not create again" in error.message and "nothing was sent" in error.message
@@ -463,15 +449,10 @@ async def test_create_cancelled_with_the_request_in_flight_reports_ambiguous_not
     ledger = KlingBookLedger()
     acts = kling_activities(timing=dataclasses.replace(FAST, create_timeout_s=30), ledger=ledger)
     req = create_request()
-    environment = ActivityEnvironment()
-    running = asyncio.create_task(environment.run(acts.create, req))
-    await until(lambda: kling.create_bodies)
-    environment.cancel()
-    with pytest.raises(ApplicationError) as raised:
-        await running
+    error = await cancelled_in_flight(acts.create, req, sent=lambda: kling.create_bodies)
 
-    assert raised.value.type == "KlingAmbiguousCreate" and raised.value.non_retryable
-    assert "cancelled while the create was under way" in raised.value.message
+    assert error.type == "KlingAmbiguousCreate" and error.non_retryable
+    assert "cancelled while the create was under way" in error.message
     assert kling.create_calls == 1
     assert ledger.state_of(req.job_id) == "maybe_charged"
 
@@ -482,8 +463,8 @@ async def test_create_cancelled_with_the_request_in_flight_reports_ambiguous_not
 async def test_task_that_fails_at_kling_fails_with_klings_message(kling, kling_activities):
     kling.fail_with("Failure to pass the risk control system")
     acts = kling_activities()
-    created, _ = await run_as(acts.create, create_request())
-    result, heartbeats = await run_as(
+    created, _ = await run_activity(acts.create, create_request())
+    result, heartbeats = await run_activity(
         acts.poll, CloudPoll(job_id="job-1", task_id=created.task_id, provider="kling")
     )
 
@@ -495,9 +476,9 @@ async def test_task_that_fails_at_kling_fails_with_klings_message(kling, kling_a
 
 async def test_poll_that_gets_no_usable_answer_is_retryable(kling, kling_activities):
     acts = kling_activities()
-    created, _ = await run_as(acts.create, create_request())
+    created, _ = await run_activity(acts.create, create_request())
     kling.faults[f"/v1/videos/text2video/{created.task_id}"] = "http500"
-    result, _ = await run_as(
+    result, _ = await run_activity(
         acts.poll, CloudPoll(job_id="job-1", task_id=created.task_id, provider="kling")
     )
 
@@ -507,7 +488,7 @@ async def test_poll_that_gets_no_usable_answer_is_retryable(kling, kling_activit
 async def test_poll_of_a_task_kling_does_not_know_gives_up_after_a_few_queries(
     kling, kling_activities
 ):
-    result, _ = await run_as(
+    result, _ = await run_activity(
         kling_activities().poll, CloudPoll(job_id="job-1", task_id="404404", provider="kling")
     )
 
@@ -521,12 +502,12 @@ async def test_download_whose_url_expired_fails_clearly_and_is_not_retried(
 ):
     acts = kling_activities()
     req = create_request()
-    created, _ = await run_as(acts.create, req)
-    done, _ = await run_as(
+    created, _ = await run_activity(acts.create, req)
+    done, _ = await run_activity(
         acts.poll, CloudPoll(job_id=req.job_id, task_id=created.task_id, provider="kling")
     )
     kling.expire_videos()  # 30 days later
-    result, _ = await run_as(
+    result, _ = await run_activity(
         acts.download,
         CloudDownload(job_id=req.job_id, task_id=done.task_id, video_url=done.video_url),
     )
@@ -544,7 +525,7 @@ async def test_finished_download_is_kept_on_a_rerun(kling, kling_activities):
     _, done, downloaded, _ = await run_route(acts, req)
     download = CloudDownload(job_id=req.job_id, task_id=done.task_id, video_url=done.video_url)
 
-    again, _ = await run_as(acts.download, download)
+    again, _ = await run_activity(acts.download, download)
 
     assert isinstance(again, Downloaded) and again.outputs == downloaded.outputs
     assert kling.download_hits == 1
@@ -560,7 +541,7 @@ async def test_keys_and_tokens_appear_in_no_error_log_heartbeat_or_result(
     seen: list[object] = []
 
     async def run(fn: Any, arg: Any) -> Any:
-        result, heartbeats = await run_as(fn, arg)
+        result, heartbeats = await run_activity(fn, arg)
         seen.extend([result, heartbeats])
         if isinstance(result, ApplicationError):
             seen.append(result.details)

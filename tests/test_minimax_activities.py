@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ActivityError, ApplicationError
-from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
+from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities.minimax import MiniMaxActivities
@@ -30,11 +30,11 @@ from spillway.hosts import WAITS_SUFFIX
 from spillway.inputs import prepare_inputs
 from spillway.minimax_answers import PERMANENT_CODES, RATE_LIMIT_CODES, SERVER_TROUBLE_CODES
 from spillway.models import CloudRequest, Downloaded, JobInput
+from tests.support.activity import cancelled_in_flight, run_activity
 from tests.support.cli import decoded
 from tests.support.constants import CANARY_KEY
 from tests.support.images import I2V_GRAPH, png
 from tests.support.minimax import FAST, VIDEO_SIZE, BookLedger
-from tests.support.waiting import until
 from tests.support.workflows import CloudOnce, CreateOnce, CreateOnceInput
 
 PROMPT = "a heron lifting off over a spillway at dawn"
@@ -367,17 +367,13 @@ async def test_create_cancelled_with_the_request_in_flight_reports_ambiguous_not
 ):
     # A worker shutting down cancels its activities: the request may already be at MiniMax.
     minimax.fault_next_create("hang")
-    env = ActivityEnvironment()
-    running = asyncio.create_task(
-        env.run(minimax_activities(MINIMAX_CREATE_TIMEOUT_S=30).create, create_request())
+    acts = minimax_activities(MINIMAX_CREATE_TIMEOUT_S=30)
+    error = await cancelled_in_flight(
+        acts.create, create_request(), sent=lambda: minimax.create_bodies
     )
-    await until(lambda: minimax.create_bodies)
-    env.cancel()
-    with pytest.raises(ApplicationError) as raised:
-        await running
 
-    assert raised.value.type == "MiniMaxAmbiguousCreate" and raised.value.non_retryable
-    assert "cancelled while the request was in flight" in raised.value.message
+    assert error.type == "MiniMaxAmbiguousCreate" and error.non_retryable
+    assert "cancelled while the request was in flight" in error.message
     assert minimax.create_calls == 1
 
 
@@ -439,19 +435,24 @@ async def test_key_with_a_line_break_is_refused_before_any_request(
 # --- polling --------------------------------------------------------------------------------
 
 
+async def created_task(acts: MiniMaxActivities) -> CloudPoll:
+    """A task made through the create activity: the poll that follows it."""
+    created, _ = await run_activity(acts.create, create_request())
+    assert isinstance(created, CloudCreated), created
+    return CloudPoll(job_id="job-1", task_id=created.task_id)
+
+
 async def test_task_that_fails_at_minimax_fails_with_minimax_message(
     minimax, minimax_activities, run_activity
 ):
     minimax.fail_with("video generation failed: the scene could not be rendered")
     acts = minimax_activities()
-    created, _ = await run_activity(acts.create, create_request())
-    result, heartbeats = await run_activity(
-        acts.poll, CloudPoll(job_id="job-1", task_id=created.task_id)
-    )
+    poll = await created_task(acts)
+    result, heartbeats = await run_activity(acts.poll, poll)
 
     error = app_error(result, "MiniMaxTaskFailed")
     assert error.non_retryable
-    assert "the scene could not be rendered" in error.message and created.task_id in error.message
+    assert "the scene could not be rendered" in error.message and poll.task_id in error.message
     assert "Processing" in [h.phase for h in heartbeats]
 
 
@@ -459,9 +460,9 @@ async def test_rate_limit_during_poll_backs_off_and_continues(
     minimax, minimax_activities, run_activity
 ):
     acts = minimax_activities()
-    created, _ = await run_activity(acts.create, create_request())
+    poll = await created_task(acts)
     minimax.inject("query", 1002)
-    done, _ = await run_activity(acts.poll, CloudPoll(job_id="job-1", task_id=created.task_id))
+    done, _ = await run_activity(acts.poll, poll)
 
     assert isinstance(done, CloudDone), done
     queries = [r.at for r in minimax.requests if r.endpoint == "query"]
@@ -474,12 +475,12 @@ async def test_permanent_code_while_polling_fails_naming_the_task_that_exists(
     minimax, minimax_activities, run_activity
 ):
     acts = minimax_activities()
-    created, _ = await run_activity(acts.create, create_request())
+    poll = await created_task(acts)
     minimax.inject("query", 1004)
-    result, _ = await run_activity(acts.poll, CloudPoll(job_id="job-1", task_id=created.task_id))
+    result, _ = await run_activity(acts.poll, poll)
 
     error = app_error(result, "MiniMaxPermanent")
-    assert error.non_retryable and created.task_id in error.message and "code 1004" in error.message
+    assert error.non_retryable and poll.task_id in error.message and "code 1004" in error.message
 
 
 async def test_network_error_while_polling_is_retryable(minimax, minimax_activities, run_activity):
