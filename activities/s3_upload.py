@@ -116,14 +116,13 @@ class S3Bucket:
         content_type: str,
     ) -> None:
         """A multipart upload of the part in `held` and the rest of `parts`, one in memory at a
-        time; aborted on any failure, cancellation included, so no upload is left to bill."""
+        time."""
         with self._errors("CreateMultipartUpload"):
             created = await self._s3.create_multipart_upload(
                 Bucket=self._bucket, Key=key, ContentType=content_type
             )
         upload_id = created["UploadId"]
-        done: list[CompletedPartTypeDef] = []
-        try:
+        async with self._completed(key, upload_id) as done:
             part: bytes | None = held.pop()
             while part is not None:
                 number = len(done) + 1
@@ -144,16 +143,26 @@ class S3Bucket:
                 part = None  # let it go before the next one is read
                 part = await anext(parts, None)
             meter.check()
-            await self._complete(key, upload_id, done)
+
+    @contextlib.asynccontextmanager
+    async def _completed(
+        self, key: str, upload_id: str
+    ) -> AsyncIterator[list[CompletedPartTypeDef]]:
+        """The parts the block adds to upload `upload_id`, completed when it ends; aborted on
+        any failure, cancellation included, so no upload is left to bill."""
+        done: list[CompletedPartTypeDef] = []
+        try:
+            yield done
+            with self._errors("CompleteMultipartUpload"):
+                await self._s3.complete_multipart_upload(
+                    Bucket=self._bucket,
+                    Key=key,
+                    UploadId=upload_id,
+                    MultipartUpload={"Parts": done},
+                )
         except BaseException:
             await self._abort_quietly(key, upload_id)
             raise
-
-    async def _complete(self, key: str, upload_id: str, done: list[CompletedPartTypeDef]) -> None:
-        with self._errors("CompleteMultipartUpload"):
-            await self._s3.complete_multipart_upload(
-                Bucket=self._bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": done}
-            )
 
     async def _place(
         self, staging: str, key: str, size: int, sha256: str, content_type: str
@@ -177,8 +186,7 @@ class S3Bucket:
                 Bucket=self._bucket, Key=key, ContentType=content_type, Metadata=metadata
             )
         upload_id = created["UploadId"]
-        done: list[CompletedPartTypeDef] = []
-        try:
+        async with self._completed(key, upload_id) as done:
             for number, start in enumerate(range(0, size, COPY_PART_BYTES), 1):
                 end = min(start + COPY_PART_BYTES, size) - 1
                 with self._errors("UploadPartCopy"):
@@ -191,10 +199,6 @@ class S3Bucket:
                         CopySourceRange=f"bytes={start}-{end}",
                     )
                 done.append({"ETag": copied["CopyPartResult"]["ETag"], "PartNumber": number})
-            await self._complete(key, upload_id, done)
-        except BaseException:
-            await self._abort_quietly(key, upload_id)
-            raise
 
     async def _clear_stale(self, key: str) -> None:
         """Aborts the uploads and deletes the staging objects of an earlier attempt at `key`
