@@ -10,10 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from temporalio.client import WorkflowHandle
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
 from spillway import activity_names as names
+from spillway.models import Plan
 from tests.support.cli import one_line, spillway, temporal
 from tests.support.constants import CLIP_USD
 from tests.support.graphs import VIDEO_GRAPH
@@ -55,6 +57,22 @@ def job_env(cli_env, dev_env: WorkflowEnvironment):
 
 def new_id() -> str:
     return f"cli-{uuid.uuid4().hex[:10]}"
+
+
+# A key, the fallback not armed, an hour to decide: a job on a busy A40 waits for a person.
+WAITS = KEY | {"APPROVAL_TIMEOUT_S": 3600}
+
+
+async def submit_until_waiting(
+    jobs: Jobs, env: dict[str, str], graph_file: Path, job_id: str, prompt: str = "x"
+) -> WorkflowHandle[Any, Plan]:
+    """`spillway submit` of a job that will wait for approval; its handle once it waits."""
+    args = ("--graph", str(graph_file), "--job-id", job_id, "--prompt", prompt)
+    code, _, err = await spillway("submit", *args, env=env)
+    assert code == 0, err
+    handle: WorkflowHandle[Any, Plan] = jobs.client.get_workflow_handle(job_id)
+    await jobs.until(handle, "awaiting_approval")
+    return handle
 
 
 async def assert_never_started(dev_env: WorkflowEnvironment, job_id: str) -> None:
@@ -159,14 +177,9 @@ async def test_waiting_job_shows_why_in_status_list_and_the_ui_then_approve_send
 ):
     job_id = new_id()
     stubs = RouteStubs(BUSY)
-    async with run_dev_jobs(stubs, **KEY, APPROVAL_TIMEOUT_S=3600) as jobs:
+    async with run_dev_jobs(stubs, **WAITS) as jobs:
         env = job_env(jobs)
-        code, _, err = await spillway(
-            "submit", "--graph", str(graph_file), "--job-id", job_id, "--prompt", "a lighthouse",
-            env=env,
-        )  # fmt: skip
-        assert code == 0, err
-        await jobs.until(jobs.client.get_workflow_handle(job_id), "awaiting_approval")
+        await submit_until_waiting(jobs, env, graph_file, job_id, prompt="a lighthouse")
 
         code, out, _ = await spillway("status", job_id, "--json", env=env)
         status = json.loads(out)
@@ -269,12 +282,9 @@ async def test_the_ui_signal_with_plain_json_rejects_a_waiting_job(
     # What the Temporal UI's "Send a Signal" sends: the signal name and a JSON object.
     job_id = new_id()
     stubs = RouteStubs(BUSY)
-    async with run_dev_jobs(stubs, **KEY, APPROVAL_TIMEOUT_S=3600) as jobs:
+    async with run_dev_jobs(stubs, **WAITS) as jobs:
         env = job_env(jobs)
-        args = ("submit", "--graph", str(graph_file), "--job-id", job_id, "--prompt", "x")
-        assert (await spillway(*args, env=env))[0] == 0
-        handle = jobs.client.get_workflow_handle(job_id)
-        await jobs.until(handle, "awaiting_approval")
+        handle = await submit_until_waiting(jobs, env, graph_file, job_id)
         await temporal(
             env, "workflow", "signal", "--workflow-id", job_id, "--name", "approval",
             "--input", '{"approved": false, "by": "ui-user", "reason": "too expensive"}',
@@ -292,15 +302,12 @@ async def test_an_approval_without_a_running_worker_is_applied_when_one_starts(
 ):
     job_id = new_id()
     stubs = RouteStubs(BUSY)
-    settings = KEY | {"APPROVAL_TIMEOUT_S": 3600}
-    async with run_dev_jobs(stubs, **settings) as jobs:
+    async with run_dev_jobs(stubs, **WAITS) as jobs:
         env = job_env(jobs)
-        args = ("submit", "--graph", str(graph_file), "--job-id", job_id, "--prompt", "x")
-        assert (await spillway(*args, env=env))[0] == 0
-        await jobs.until(jobs.client.get_workflow_handle(job_id), "awaiting_approval")
+        await submit_until_waiting(jobs, env, graph_file, job_id)
     code, out, err = await spillway("approve", job_id, "--by", "bär", env=env)
     assert code == 0 and "no worker answered" in out, err
-    async with run_dev_jobs(stubs, task_queue=jobs.task_queue, **settings):
+    async with run_dev_jobs(stubs, task_queue=jobs.task_queue, **WAITS):
         code, out, _ = await spillway("watch", job_id, env=env)
     assert code == 0 and "completed on the cloud route" in out and "approved by bär" in out
     assert stubs.calls[names.MINIMAX_CREATE] == 1

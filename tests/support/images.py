@@ -5,23 +5,17 @@ and spillway ever read of them), followed by filler bytes. `I2V_GRAPH`: an image
 
 from __future__ import annotations
 
+import copy
 import struct
 import zlib
 from typing import Any, Literal
 
-I2V_GRAPH: dict[str, Any] = {
-    "1": {"class_type": "LoadImage", "inputs": {"image": "placeholder.png"}},
-    "2": {"class_type": "CreateVideo", "inputs": {"images": ["1", 0], "fps": 8.0}},
-    "3": {
-        "class_type": "SaveVideo",
-        "inputs": {
-            "video": ["2", 0],
-            "filename_prefix": "i2v/job",
-            "format": "mp4",
-            "codec": "h264",
-        },
-    },
-}
+from tests.support.graphs import VIDEO_GRAPH
+
+# VIDEO_GRAPH whose frames come from one LoadImage, saved under "i2v".
+I2V_GRAPH: dict[str, Any] = copy.deepcopy(VIDEO_GRAPH)
+I2V_GRAPH["1"] = {"class_type": "LoadImage", "inputs": {"image": "placeholder.png"}}
+I2V_GRAPH["3"]["inputs"]["filename_prefix"] = "i2v/job"
 
 
 def _chunk(kind: bytes, data: bytes) -> bytes:
