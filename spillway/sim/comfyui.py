@@ -32,7 +32,7 @@ from spillway.sim import comfyui_graph as graph
 from spillway.sim.comfyui_endpoints import A40_VRAM_TOTAL, InputFolder, system_stats, view
 from spillway.sim.comfyui_graph import Failure
 from spillway.sim.comfyui_run import PromptRun
-from spillway.sim.server import SimServer
+from spillway.sim.server import SimServer, json_body
 
 # aiohttp's answer to an unhandled exception: what ComfyUI sends for a body that is not JSON.
 INTERNAL_ERROR = "500 Internal Server Error\n\nServer got itself in trouble"
@@ -187,7 +187,7 @@ class ComfyUISim(SimServer):
 
     async def _sim_gpu(self, request: web.Request) -> web.Response:
         """Not ComfyUI's: how `spillway sim gpu` flips a running double between free and busy."""
-        body = await _json_body(request)
+        body = await json_body(request)
         if isinstance(body, dict) and isinstance(body.get("vram_used_pct"), int | float):
             self.set_vram_used_pct(float(body["vram_used_pct"]))
         if isinstance(body, dict) and isinstance(body.get("execution_s"), int | float):
@@ -211,7 +211,7 @@ class ComfyUISim(SimServer):
         return web.json_response(self._queue_info())
 
     async def _post_prompt(self, request: web.Request) -> web.Response:
-        body = await _json_body(request)
+        body = await json_body(request)
         if not isinstance(body, dict):
             return web.Response(status=500, text=INTERNAL_ERROR)
         # ComfyUI numbers every POST, rejected ones included; "front" queues it first.
@@ -252,7 +252,7 @@ class ComfyUISim(SimServer):
         )
 
     async def _post_queue(self, request: web.Request) -> web.Response:
-        body = await _json_body(request)
+        body = await json_body(request)
         if not isinstance(body, dict):
             return web.Response(status=500, text=INTERNAL_ERROR)
         if body.get("clear"):
@@ -277,7 +277,7 @@ class ComfyUISim(SimServer):
         return web.json_response({} if entry is None else {prompt_id: entry})
 
     async def _post_history(self, request: web.Request) -> web.Response:
-        body = await _json_body(request)
+        body = await json_body(request)
         if isinstance(body, dict):
             if body.get("clear"):
                 self.history = {}
@@ -287,7 +287,7 @@ class ComfyUISim(SimServer):
         return web.Response(status=200)
 
     async def _post_interrupt(self, request: web.Request) -> web.Response:
-        body = await _json_body(request)
+        body = await json_body(request)
         prompt_id = body.get("prompt_id") if isinstance(body, dict) else None
         # With a prompt_id ComfyUI interrupts only if that prompt is the one running.
         if not prompt_id or any(i[1] == prompt_id for i in self.queue_running):
@@ -386,10 +386,3 @@ class ComfyUISim(SimServer):
         self._touch()
         await self._broadcast("status", {"status": self._queue_info()})
         await send("executing", {"node": None, "prompt_id": prompt_id})
-
-
-async def _json_body(request: web.Request) -> Any:
-    try:
-        return await request.json()
-    except ValueError:
-        return None

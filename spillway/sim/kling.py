@@ -28,7 +28,6 @@ leaves the field out), plus SimServer's per-path faults and `answers`. Counters:
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import time
 import uuid
@@ -47,7 +46,8 @@ from spillway.kling_requests import (
     PROMPT_MAX_CHARS,
     verify_jwt,
 )
-from spillway.sim.server import SimServer
+from spillway.sim.cloud import CloudSim
+from spillway.sim.server import json_body
 
 SIM_ACCESS_KEY = "sim-kling-access-key"
 SIM_SECRET_KEY = "sim-kling-secret-key"  # noqa: S105 - the double's own, never a real key
@@ -57,7 +57,6 @@ DEFAULT_STATUSES: tuple[TaskStatus, ...] = ("submitted", "processing", "succeed"
 TASK_BASE, VIDEO_BASE = 866_889_456_698_785_000, 867_283_741_759_111_000
 DUPLICATE_MSG = "external_task_id already exists"
 
-CreateFault = Literal["hang", "drop"]
 PathKind = Literal["create", "query", "download"]
 
 
@@ -88,7 +87,7 @@ def _verifier(access_key: str, secret_key: str) -> Callable[[str, int], str | No
     return verify
 
 
-class KlingSim(SimServer):
+class KlingSim(CloudSim):
     def __init__(
         self,
         host: str = "127.0.0.1",
@@ -99,17 +98,15 @@ class KlingSim(SimServer):
         video_size: int = 256 * 1024,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        super().__init__(host, port)
+        super().__init__(host, port, video_size=video_size, video_seed="spillway-kling-sim-video")
         self._verify = _verifier(access_key, secret_key)
-        self.video_size, self.clock = video_size, clock
+        self.clock = clock
         self.tasks: dict[str, SimTask] = {}
         self.create_bodies: list[Any] = []
         # Every Authorization header received, per path kind ("" when there was none).
         self.auth_headers: dict[PathKind, list[str]] = {"create": [], "query": [], "download": []}
         self._script = _Script(DEFAULT_STATUSES)
         self._refusals: deque[tuple[int, str]] = deque()
-        self._create_faults: deque[tuple[CreateFault, bool]] = deque()
-        self._unhang = asyncio.Event()
         self.expired: set[str] = set()  # video ids whose URL answers 410 Gone
         self.units: str | None = None
 
@@ -132,26 +129,9 @@ class KlingSim(SimServer):
         (1102 and 1303: 429). The JWT is still checked first, as Kling does."""
         self._refusals.extend([(code, message or CODES.get(code, (400, "error"))[1])] * times)
 
-    def fault_next_create(
-        self, mode: CreateFault, *, creates_task: bool = True, times: int = 1
-    ) -> None:
-        """The next creates are read in full and then never answered: "hang" holds the
-        connection open until `release()` (or stop), "drop" closes it at once. With
-        `creates_task` Kling made the task anyway: the client cannot know but can reconcile."""
-        self._create_faults.extend([(mode, creates_task)] * times)
-
-    def release(self) -> None:
-        """Ends every hanging create (its connection closes without an answer)."""
-        self._unhang.set()
-        self._unhang = asyncio.Event()
-
     def expire_videos(self) -> None:
         """Every video made so far is deleted: its URL answers 410 Gone."""
         self.expired |= {t.video_id for t in self.tasks.values()}
-
-    async def stop(self) -> None:
-        self.release()
-        await super().stop()
 
     # --- what tests read --------------------------------------------------------------------
 
@@ -181,12 +161,6 @@ class KlingSim(SimServer):
             (t for t in self.tasks.values() if t.external_task_id == external_task_id), None
         )
 
-    def video_bytes(self, video_id: str) -> bytes:
-        """The deterministic content of a video: an MP4 signature, then a pattern of its id."""
-        head = b"\x00\x00\x00\x18ftypmp42\x00\x00\x00\x00mp42isom"
-        block = hashlib.sha256(f"spillway-kling-sim-video-{video_id}".encode()).digest() * 128
-        return (head + block * (self.video_size // len(block) + 1))[: self.video_size]
-
     def sha256_of_task(self, task_id: str) -> str:
         return hashlib.sha256(self.video_bytes(self.tasks[task_id].video_id)).hexdigest()
 
@@ -200,10 +174,7 @@ class KlingSim(SimServer):
 
     async def _create(self, request: web.Request) -> web.StreamResponse:
         kind = request.path.rsplit("/", 1)[-1]
-        try:
-            body: Any = await request.json()
-        except ValueError:
-            body = None
+        body = await json_body(request)
         self.create_bodies.append(body)
         if (denied := self._check_auth(request, "create")) is not None:
             return denied
@@ -216,14 +187,9 @@ class KlingSim(SimServer):
         if external is not None and self.task_by_external_id(external) is not None:
             return _error(1201, DUPLICATE_MSG)
         if self._create_faults:
-            mode, creates_task = self._create_faults.popleft()
-            if creates_task:
-                self._new_task(kind, body, external)
-            if mode == "hang":
-                await self._unhang.wait()
-            if request.transport is not None:  # None: the client gave up and closed it
-                request.transport.close()
-            return web.Response()
+            return await self._leave_unanswered(
+                request, lambda: self._new_task(kind, body, external)
+            )
         task = self._new_task(kind, body, external)
         return _ok(_data(task, "submitted"))
 

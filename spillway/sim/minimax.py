@@ -32,7 +32,8 @@ from aiohttp import web
 
 from spillway.minimax_answers import STATUS_MSGS
 from spillway.models import MINIMAX_MODELS
-from spillway.sim.server import SimServer
+from spillway.sim.cloud import CloudSim
+from spillway.sim.server import json_body
 
 CREATE_PATH = "/v1/video_generation"
 QUERY_PATH = "/v1/query/video_generation"
@@ -53,7 +54,6 @@ VIDEO_SIZES = {"512P": (910, 512), "720P": (1280, 720), "768P": (1366, 768), "10
 TASK_BASE, FILE_BASE = 106_916_112_212_032, 205_258_526_306_433
 
 Endpoint = Literal["create", "query", "retrieve"]
-CreateFault = Literal["hang", "drop"]
 Auth = Literal["ok", "missing", "wrong", "none"]
 
 
@@ -87,7 +87,7 @@ class _Script:
     fail_msg: str = ""
 
 
-class MiniMaxSim(SimServer):
+class MiniMaxSim(CloudSim):
     def __init__(
         self,
         host: str = "127.0.0.1",
@@ -97,10 +97,10 @@ class MiniMaxSim(SimServer):
         video_size: int = 256 * 1024,
         filename: str = "output.mp4",
     ) -> None:
-        super().__init__(host, port)
+        super().__init__(host, port, video_size=video_size, video_seed="spillway-sim-video")
         # Only a digest is kept, so no dump of the double can show the key.
         self._expected_auth = _digest(f"Bearer {api_key}".encode())
-        self.video_size, self.filename = video_size, filename
+        self.filename = filename
         self.tasks: dict[str, SimTask] = {}
         self.requests: list[Recorded] = []
         self.create_calls_by_prompt: Counter[str] = Counter()
@@ -112,12 +112,10 @@ class MiniMaxSim(SimServer):
             "query": deque(),
             "retrieve": deque(),
         }
-        self._create_faults: deque[tuple[CreateFault, bool]] = deque()
         self.create_delay_s = 0.0  # every create answers (normally) only after this
         self._expire_next: deque[int] = deque()
         self._urls: dict[str, tuple[int, int | None]] = {}  # token -> (file_id, expired status)
         self._files: dict[int, SimTask] = {}
-        self._unhang = asyncio.Event()
 
     # --- knobs ------------------------------------------------------------------------------
 
@@ -155,26 +153,9 @@ class MiniMaxSim(SimServer):
         msg = STATUS_MSGS.get(code, "error") if status_msg is None else status_msg
         self._injected[endpoint].extend([(code, msg, with_task)] * times)
 
-    def fault_next_create(
-        self, mode: CreateFault, *, creates_task: bool = True, times: int = 1
-    ) -> None:
-        """The next creates are read in full and counted, then never answered: "hang" holds the
-        connection open until `release()` (or stop), "drop" closes it at once. With
-        `creates_task` MiniMax made the task anyway: the charge exists, the caller cannot know."""
-        self._create_faults.extend([(mode, creates_task)] * times)
-
-    def release(self) -> None:
-        """Ends every hanging create (its connection closes without an answer)."""
-        self._unhang.set()
-        self._unhang = asyncio.Event()
-
     def expire_next_urls(self, count: int = 1, status: int = 403) -> None:
         """The next `count` download URLs handed out by retrieve are already expired."""
         self._expire_next.extend([status] * count)
-
-    async def stop(self) -> None:
-        self.release()
-        await super().stop()
 
     # --- what tests read --------------------------------------------------------------------
 
@@ -203,12 +184,6 @@ class MiniMaxSim(SimServer):
     def create_bodies(self) -> list[Any]:
         return [r.body for r in self.requests if r.endpoint == "create"]
 
-    def video_bytes(self, file_id: int) -> bytes:
-        """The deterministic content of a file: an MP4 signature, then a pattern of its id."""
-        head = b"\x00\x00\x00\x18ftypmp42\x00\x00\x00\x00mp42isom"
-        block = hashlib.sha256(f"spillway-sim-video-{file_id}".encode()).digest() * 128
-        return (head + block * (self.video_size // len(block) + 1))[: self.video_size]
-
     def sha256_of_task(self, task_id: str) -> str:
         return hashlib.sha256(self.video_bytes(self.tasks[task_id].file_id)).hexdigest()
 
@@ -221,24 +196,16 @@ class MiniMaxSim(SimServer):
         app.router.add_get(FILES_PATH + "/{token}", self._download)
 
     async def _create(self, request: web.Request) -> web.StreamResponse:
-        try:
-            body: Any = await request.json()
-        except ValueError:
-            body = None
+        body = await json_body(request)
         prompt = body.get("prompt") if isinstance(body, dict) else None
         prompt = prompt if isinstance(prompt, str) else ""
         self.create_calls_by_prompt[prompt] += 1
         if (denied := self._check_auth(request, "create", body)) is not None:
             return denied
-        if self._create_faults:
-            mode, creates_task = self._create_faults.popleft()
-            if creates_task and isinstance(body, dict):
-                self._new_task(body, prompt)
-            if mode == "hang":
-                await self._unhang.wait()
-            if request.transport is not None:  # None: the client gave up and closed it
-                request.transport.close()
-            return web.Response()
+        if self._create_faults:  # a body that is no JSON object makes no task
+            return await self._leave_unanswered(
+                request, lambda: isinstance(body, dict) and self._new_task(body, prompt)
+            )
         if self.create_delay_s:
             await asyncio.sleep(self.create_delay_s)
         if self._injected["create"]:
@@ -253,11 +220,8 @@ class MiniMaxSim(SimServer):
 
     async def _query(self, request: web.Request) -> web.Response:
         task_id = request.query.get("task_id", "")
-        if (denied := self._check_auth(request, "query", None)) is not None:
-            return denied
-        if self._injected["query"]:
-            code, msg, _ = self._injected["query"].popleft()
-            return _error(code, msg, task_id=task_id)
+        if (refused := self._refusal(request, "query", task_id=task_id)) is not None:
+            return refused
         task = self.tasks.get(task_id)
         if task is None:
             return _error(2013, "invalid params, task_id not found", task_id=task_id)
@@ -273,11 +237,8 @@ class MiniMaxSim(SimServer):
 
     async def _retrieve(self, request: web.Request) -> web.Response:
         raw = request.query.get("file_id", "")
-        if (denied := self._check_auth(request, "retrieve", None)) is not None:
-            return denied
-        if self._injected["retrieve"]:
-            code, msg, _ = self._injected["retrieve"].popleft()
-            return _error(code, msg)
+        if (refused := self._refusal(request, "retrieve")) is not None:
+            return refused
         task = self._files.get(int(raw)) if raw.isdigit() else None
         if task is None:
             return _error(2013, "invalid params, file_id not found")
@@ -326,6 +287,18 @@ class MiniMaxSim(SimServer):
             return _error(1004, NO_KEY_MSG, task_id="" if endpoint == "create" else None)
         if auth == "wrong":
             return _error(2049, STATUS_MSGS[2049], task_id="" if endpoint == "create" else None)
+        return None
+
+    def _refusal(
+        self, request: web.Request, endpoint: Endpoint, task_id: str | None = None
+    ) -> web.Response | None:
+        """A query's or retrieve's answer when the key is missing or wrong, or a code was
+        injected for it; None when it is to be answered."""
+        if (denied := self._check_auth(request, endpoint, None)) is not None:
+            return denied
+        if self._injected[endpoint]:
+            code, msg, _ = self._injected[endpoint].popleft()
+            return _error(code, msg, task_id=task_id)
         return None
 
     def _new_task(self, body: dict[str, Any], prompt: str) -> SimTask:

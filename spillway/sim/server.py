@@ -101,3 +101,11 @@ class SimServer:
         if request.path in self.answers:
             return web.json_response(self.answers[request.path])
         return await handler(request)
+
+
+async def json_body(request: web.Request) -> Any:
+    """The request's JSON, or None when it is not JSON (the doubles answer that themselves)."""
+    try:
+        return await request.json()
+    except ValueError:
+        return None
