@@ -3,7 +3,7 @@ host (its own task queue; long waits and downloads on the host's waits queue) wi
 and retry policies that let an agent die without losing or doubling a render. Re-exported by
 workflows/calls.py, where the workflows find every activity call.
 
-Workflow code only: these functions must be awaited inside a workflow.
+Workflow code only: these calls must be awaited inside a workflow.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 from temporalio import workflow
 from temporalio.common import Priority, RetryPolicy
@@ -29,26 +29,28 @@ _Result = TypeVar("_Result")
 
 
 @dataclass(frozen=True)
-class HostCall:
-    """How one ComfyUI activity runs on the job's host (without one: the job's own queue)."""
+class HostCall(Generic[_Req, _Result]):
+    """One ComfyUI activity, run on the job's host (without one: the job's own queue)."""
 
+    method: Callable[[ComfyUIActivities, _Req], Awaitable[_Result]]
     start_to_close: timedelta
     retry: RetryPolicy
     waits: bool = False  # on the host's waits queue and slot pool
 
-    async def run(
+    async def __call__(
         self,
-        method: Callable[[ComfyUIActivities, _Req], Awaitable[_Result]],
         req: _Req,
         heartbeat: timedelta,
         host: HostRef | None,
-        priority: Priority,
+        priority: Priority = Priority.default,
     ) -> _Result:
+        """`priority`: the job's own (Priority.default: the workflow's, which its client may
+        have set)."""
         queue = None if host is None else host.waits_queue if self.waits else host.task_queue
         options = heartbeating(
             queue, priority, heartbeat, start_to_close=self.start_to_close, retry=self.retry
         )
-        return await workflow.execute_activity_method(method, req, **options)
+        return await workflow.execute_activity_method(self.method, req, **options)
 
 
 def _retried_but(*final: str) -> RetryPolicy:
@@ -56,57 +58,27 @@ def _retried_but(*final: str) -> RetryPolicy:
 
 
 # Safe to retry: the content names the file, so a second upload writes the same file.
-UPLOAD = HostCall(
-    timedelta(minutes=10), _retried_but(comfyui.UPLOAD_REFUSED, comfyui.INPUT_UNREADABLE)
+comfyui_upload: HostCall[comfyui.ComfyUIUpload, comfyui.ComfyUIUploaded] = HostCall(
+    ComfyUIActivities.upload,
+    timedelta(minutes=10),
+    _retried_but(comfyui.UPLOAD_REFUSED, comfyui.INPUT_UNREADABLE),
 )
 # Longer than one attempt can take (its requests and their timeouts), so two attempts never
 # overlap; a dead agent is noticed by its heartbeat instead. A retried submit looks for its
 # prompt_id in ComfyUI before posting, so it never posts twice.
-SUBMIT = HostCall(timedelta(minutes=5), _retried_but(comfyui.GRAPH_REJECTED))
-# Its own queue and slot pool: thousands of waits never starve a probe or a create.
-WAIT = HostCall(
-    timedelta(hours=24), _retried_but(comfyui.EXECUTION_FAILED, comfyui.INTERRUPTED), waits=True
+comfyui_submit: HostCall[comfyui.ComfyUISubmit, comfyui.ComfyUISubmitted] = HostCall(
+    ComfyUIActivities.submit, timedelta(minutes=5), _retried_but(comfyui.GRAPH_REJECTED)
 )
-DOWNLOAD = HostCall(timedelta(hours=6), FREE_RETRY, waits=True)
-CANCEL = HostCall(timedelta(minutes=10), FREE_RETRY)
-
-# `priority`: the job's own (Priority.default: the workflow's, which its client may have set).
-
-
-async def comfyui_upload(
-    req: comfyui.ComfyUIUpload, heartbeat: timedelta, host: HostRef | None, priority: Priority
-) -> comfyui.ComfyUIUploaded:
-    return await UPLOAD.run(ComfyUIActivities.upload, req, heartbeat, host, priority)
-
-
-async def comfyui_submit(
-    req: comfyui.ComfyUISubmit,
-    heartbeat: timedelta,
-    host: HostRef | None,
-    priority: Priority = Priority.default,
-) -> comfyui.ComfyUISubmitted:
-    return await SUBMIT.run(ComfyUIActivities.submit, req, heartbeat, host, priority)
-
-
-async def comfyui_wait(
-    req: comfyui.ComfyUIWait,
-    heartbeat: timedelta,
-    host: HostRef | None,
-    priority: Priority = Priority.default,
-) -> comfyui.ComfyUIFinished:
-    return await WAIT.run(ComfyUIActivities.wait, req, heartbeat, host, priority)
-
-
-async def comfyui_download(
-    req: comfyui.ComfyUIDownload,
-    heartbeat: timedelta,
-    host: HostRef | None,
-    priority: Priority = Priority.default,
-) -> Downloaded:
-    return await DOWNLOAD.run(ComfyUIActivities.download, req, heartbeat, host, priority)
-
-
-async def comfyui_cancel(
-    req: comfyui.ComfyUICancel, heartbeat: timedelta, host: HostRef | None
-) -> comfyui.ComfyUICancelled:
-    return await CANCEL.run(ComfyUIActivities.cancel, req, heartbeat, host, Priority.default)
+# Its own queue and slot pool: thousands of waits never starve a probe or a create.
+comfyui_wait: HostCall[comfyui.ComfyUIWait, comfyui.ComfyUIFinished] = HostCall(
+    ComfyUIActivities.wait,
+    timedelta(hours=24),
+    _retried_but(comfyui.EXECUTION_FAILED, comfyui.INTERRUPTED),
+    waits=True,
+)
+comfyui_download: HostCall[comfyui.ComfyUIDownload, Downloaded] = HostCall(
+    ComfyUIActivities.download, timedelta(hours=6), FREE_RETRY, waits=True
+)
+comfyui_cancel: HostCall[comfyui.ComfyUICancel, comfyui.ComfyUICancelled] = HostCall(
+    ComfyUIActivities.cancel, timedelta(minutes=10), FREE_RETRY
+)
