@@ -27,5 +27,7 @@ def test_there_are_histories_of_every_main_path():
 @pytest.mark.parametrize("name", list(HISTORIES))
 async def test_recorded_history_replays(name: str):
     history = WorkflowHistory.from_json(name, HISTORIES[name])
+    # Temporal's default sandbox, not the worker's (worker.WORKFLOW_RUNNER): workflow modules
+    # re-imported per run and restricted, so non-deterministic calls fail here.
     replayer = Replayer(workflows=WORKFLOWS, data_converter=pydantic_data_converter)
     await replayer.replay_workflow(history)

@@ -6,6 +6,8 @@ the budget covers the next estimate (docs/design.md, "The decision" and "Money i
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
+from types import MappingProxyType
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
@@ -44,7 +46,7 @@ PROVIDER_REFUSED = frozenset(
 )
 
 
-KNOWN_PROVIDERS: dict[str, Provider] = {"minimax": "minimax", "kling": "kling"}
+KNOWN_PROVIDERS: Mapping[str, Provider] = MappingProxyType({"minimax": "minimax", "kling": "kling"})
 
 
 class Refused(Exception):

@@ -4,17 +4,23 @@ failure messages. Pure string building (deterministic), kept apart so the workfl
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from types import MappingProxyType
 
 from spillway.host_models import Policy
 from spillway.models import ApprovalNotice, CloudAttempt, Plan
 from spillway.spend_book import describe
 from spillway.spend_models import BudgetShortfall, BudgetView, SpendEntry
 
-PROVIDER_NAMES = {"minimax": "MiniMax", "kling": "Kling"}
-CONSOLES = {
-    "minimax": "MiniMax's console (platform.minimax.io: usage / billing, video generation tasks)",
-    "kling": "Kling's console (task list and resource pack usage)",
-}
+# Read-only: the worker loads workflow modules once for all runs (worker.WORKFLOW_RUNNER).
+PROVIDER_NAMES = MappingProxyType({"minimax": "MiniMax", "kling": "Kling"})
+CONSOLES = MappingProxyType(
+    {
+        "minimax": (
+            "MiniMax's console (platform.minimax.io: usage / billing, video generation tasks)"
+        ),
+        "kling": "Kling's console (task list and resource pack usage)",
+    }
+)
 
 
 def check(provider: str) -> str:
