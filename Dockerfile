@@ -26,6 +26,9 @@ COPY worker.py routing_tiers.json ./
 RUN pip install -c requirements.lock . \
     && pip check \
     && rm -rf build ./*.egg-info
+# Bytecode now, while /app is writable: with PYTHONDONTWRITEBYTECODE nothing caches it later,
+# and every import from /app (every re-import in a workflow sandbox too) would compile again.
+RUN python -m compileall -q spillway workflows activities worker.py
 
 # SPILLWAY_OUTPUT_DIR (default `outputs`, relative to /app): owned by the worker user, so the
 # named volume mounted here starts out writable. The code itself stays root-owned, read-only.
