@@ -77,6 +77,11 @@ class _Answer:
     error: str | None = None
 
 
+# How long a good `/queue` answer serves other probes after its request: behind a backlog it is
+# the one big read (every waiting prompt's graph), and a count half a second old decides as well
+# as a new one. Reachability (`/system_stats`), the guard and every failure are read anew.
+QUEUE_REUSE_S = 0.5
+
 # Which agent answered a probe (`spillway health` shows it).
 AGENT = f"{os.getpid()}@{socket.gethostname()}"
 
@@ -165,7 +170,11 @@ class LoadStatusActivities:
         """`url`'s answer, fetched and parsed once for every probe that asks while it is on
         its way (activities/shared_read.py)."""
         if (shared := self._reads.get(url)) is None:
-            shared = self._reads[url] = SharedRead(lambda: self._fetch_json(source, url))
+            shared = self._reads[url] = SharedRead(
+                lambda: self._fetch_json(source, url),
+                reuse_s=QUEUE_REUSE_S if source == "queue" else 0.0,
+                reusable=lambda answer: answer.error is None,
+            )
         try:
             # Bounds this probe's wait even if it joined a read another probe started earlier.
             async with asyncio.timeout(self._timeout):

@@ -1,13 +1,16 @@
-"""Probes that ask while a read of a source is on its way share that read
-(activities/shared_read.py): fifty jobs arriving behind a backlog parse ComfyUI's `/queue`
-once, not fifty times. No probe gets an answer that finished before it asked."""
+"""Probes that ask while a read of a source is on its way share that read, and a good `/queue`
+answer serves the probes of the next moment (activities/shared_read.py, QUEUE_REUSE_S): fifty
+jobs arriving behind a backlog parse ComfyUI's `/queue` a few times, not fifty. Reachability,
+the guard and failures are always read anew."""
 
 from __future__ import annotations
 
 import asyncio
 
+from activities import load_status
 from activities.load_status import LoadStatusActivities
 from spillway.sim.comfyui import ComfyUISim
+from tests.support.constants import BUSY_VRAM_PCT
 
 
 async def test_probes_asking_together_share_one_read_of_each_source(
@@ -24,14 +27,43 @@ async def test_probes_asking_together_share_one_read_of_each_source(
     )
 
 
-async def test_a_probe_after_a_read_finished_reads_again_and_sees_the_change(
-    http, comfyui_settings, comfyui: ComfyUISim, gpu
+async def test_a_good_queue_answer_serves_the_probes_of_the_next_moment_and_nothing_else(
+    http, comfyui_settings, comfyui: ComfyUISim, gpu, monkeypatch
 ):
+    monkeypatch.setattr(load_status, "QUEUE_REUSE_S", 30.0)
     acts = LoadStatusActivities(http, comfyui_settings(), gpu)
     comfyui.set_queue(pending=7)
     assert (await acts.probe()).queue_pending == 7
     comfyui.set_queue(pending=0)
+    comfyui.set_vram_used_pct(BUSY_VRAM_PCT)
+    stats = comfyui.hits["GET /system_stats"]
+    again = await acts.probe()
+    assert again.queue_pending == 7  # the queue of a moment ago
+    assert again.vram_pct == BUSY_VRAM_PCT and comfyui.hits["GET /system_stats"] == stats + 1
+
+
+async def test_after_the_moment_a_probe_reads_the_queue_again_and_sees_the_change(
+    http, comfyui_settings, comfyui: ComfyUISim, gpu, monkeypatch
+):
+    monkeypatch.setattr(load_status, "QUEUE_REUSE_S", 0.05)
+    acts = LoadStatusActivities(http, comfyui_settings(), gpu)
+    comfyui.set_queue(pending=7)
+    assert (await acts.probe()).queue_pending == 7
+    comfyui.set_queue(pending=0)
+    await asyncio.sleep(0.1)
     assert (await acts.probe()).queue_pending == 0
+
+
+async def test_a_failed_queue_read_is_never_handed_to_a_later_probe(
+    http, comfyui_settings, comfyui: ComfyUISim, gpu, monkeypatch
+):
+    monkeypatch.setattr(load_status, "QUEUE_REUSE_S", 30.0)
+    acts = LoadStatusActivities(http, comfyui_settings(), gpu)
+    comfyui.set_queue(pending=7)
+    comfyui.faults["/queue"] = "http500"
+    assert (await acts.probe()).queue_pending is None
+    del comfyui.faults["/queue"]
+    assert (await acts.probe()).queue_pending == 7
 
 
 async def test_probes_sharing_a_hung_read_each_give_up_within_their_bound(
