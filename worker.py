@@ -57,11 +57,9 @@ from workflows.video_job import VideoJobWorkflow
 log = logging.getLogger("spillway.worker")
 
 WORKFLOWS = [VideoJobWorkflow, SpendLedgerWorkflow, HealthWorkflow, CallbackWorkflow]
-# The sandbox re-imports a workflow's modules for every run it starts, to isolate module state;
-# ours hold constants only (tests/test_workflow_modules.py), and re-importing them cost ~20 ms
-# of the worker's one event loop per job (2 cores; bench/comfyui_route.py: 0.44 -> 0.66 of a bare
-# workflow's throughput). They are loaded once here instead; the replay test and the tests'
-# own workers still run them in the full sandbox, re-imported and restricted.
+# Temporal's sandbox re-imports workflow modules per run to isolate their state; ours hold
+# constants only (tests/test_workflow_modules.py), so they load once: ~20 ms of the event loop
+# per job less. The replay test and the tests' own workers still use the full sandbox.
 WORKFLOW_RUNNER = SandboxedWorkflowRunner(
     restrictions=SandboxRestrictions.default.with_passthrough_modules("workflows")
 )

@@ -12,16 +12,14 @@ Outputs go to the output store (activities/storage.py) the worker passes as `sto
 one, the activities open their own at first use and `aclose()` closes it too).
 
 activities/comfyui_client.py talks to ComfyUI and spillway/comfyui_answers.py reads what it
-says; activities/comfyui_files.py moves outputs and input images; this module decides,
-heartbeats, and names failures for the workflow's retry policies.
+says; activities/comfyui_files.py moves outputs and input images; activities/comfyui_failures.py
+names failures for the workflow's retry policies; this module decides and heartbeats.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -33,36 +31,26 @@ from temporalio.exceptions import ApplicationError
 from activities.comfyui_client import (
     REQUEST_TIMEOUT,
     ComfyUIClient,
-    OutputMissing,
     Rejected,
     Unanswered,
     Unavailable,
-    UploadRefused,
 )
+from activities.comfyui_failures import activity_errors, finished
 from activities.comfyui_files import ComfyUIFiles
 from activities.comfyui_watch import ComfyUIWatcher, Ended
 from activities.handover import unless_shutting_down
 from activities.heartbeat import Heartbeat
-from activities.inputs import InputUnreadable
-from activities.storage import STORE_FAILED, OutputStore, StoreError, UnsafeName
+from activities.storage import OutputStore
 from activities.store_owner import OwnsOutputStore
 from spillway import activity_names as names
 from spillway.comfyui_answers import (
-    PromptFailed,
     Queued,
     Seen,
-    UnsafePath,
-    outcome_of,
     rejection_message,
 )
 from spillway.comfyui_models import (
     GRAPH_REJECTED,
-    INPUT_UNREADABLE,
-    OUTPUT_MISSING,
-    UNAVAILABLE,
-    UNSAFE_PATH,
     UNSUPPORTED,
-    UPLOAD_REFUSED,
     ComfyUICancel,
     ComfyUICancelled,
     ComfyUIDownload,
@@ -135,7 +123,7 @@ class ComfyUIActivities(OwnsOutputStore):
         earlier = self._earlier_post(req.prompt_id)
         details = SubmitProgress(phase="looking", posted_at=earlier)
         async with Heartbeat(self._heartbeat_every_s, details) as heartbeat:
-            with _activity_errors():
+            with activity_errors():
                 # Absent while an earlier POST may still land: give it its grace first.
                 until = None if earlier is None else earlier.timestamp() + self._post_grace_s
                 waiting = SubmitProgress(phase="waiting for an earlier POST", posted_at=earlier)
@@ -238,12 +226,12 @@ class ComfyUIActivities(OwnsOutputStore):
             self._watcher.follow(req.prompt_id) as following,
         ):
             while True:
-                with _activity_errors():
+                with activity_errors():
                     news = await following.next()
                 if isinstance(news, Ended):
                     if news.entry is None:
                         return ComfyUIFinished(prompt_id=req.prompt_id, outcome="lost")
-                    return _finished(req.prompt_id, news.entry)
+                    return finished(req.prompt_id, news.entry)
                 shown = heartbeat.details
                 if news == _RUNNING and shown is not None and shown.phase == "running":
                     continue  # "running" with a node or a percentage says more: keep it
@@ -256,14 +244,14 @@ class ComfyUIActivities(OwnsOutputStore):
         return await unless_shutting_down(self._download(req))
 
     async def _download(self, req: ComfyUIDownload) -> Downloaded:
-        with _activity_errors():
+        with activity_errors():
             return await self._files.download(req)
 
     @activity.defn(name=names.COMFYUI_UPLOAD)
     async def upload(self, req: ComfyUIUpload) -> ComfyUIUploaded:
         """Puts one input image into this host's ComfyUI under a content-hash name and returns
         the name its LoadImage takes; safe to retry (docs/design.md, "ComfyUI facts")."""
-        with _activity_errors():
+        with activity_errors():
             return await self._files.upload(req)
 
     # --- cancel ------------------------------------------------------------------------------
@@ -277,7 +265,7 @@ class ComfyUIActivities(OwnsOutputStore):
         until = time.time() + self._settings.COMFYUI_HISTORY_POLL_S
         if posted := self._client.posts.get(req.prompt_id):
             until = max(until, posted.timestamp() + self._post_grace_s)
-        with _activity_errors():
+        with activity_errors():
             async with Heartbeat(self._heartbeat_every_s) as heartbeat:
                 looking = Progress(phase="looking for a late prompt")
                 seen = await self._located(req.prompt_id, until, heartbeat, looking)
@@ -308,36 +296,3 @@ def _show(heartbeat: Heartbeat, progress: Progress) -> None:
     # wait for the regular beat.
     if progress != heartbeat.details:
         heartbeat.update(progress, now=True)
-
-
-def _finished(prompt_id: str, entry: dict[str, Any]) -> ComfyUIFinished:
-    outcome = outcome_of(prompt_id, entry)
-    if isinstance(outcome, PromptFailed):
-        details = () if outcome.details is None else (outcome.details,)
-        raise ApplicationError(
-            outcome.message, *details, type=outcome.error_type, non_retryable=True
-        )
-    return outcome
-
-
-@contextlib.contextmanager
-def _activity_errors() -> Iterator[None]:
-    """The client's and the answers' exceptions as the ApplicationError types retry policies
-    name. The cause stays what explains them (httpx's error, a short download), not our wrapper."""
-    try:
-        yield
-    except Unavailable as exc:
-        raise ApplicationError(str(exc), type=UNAVAILABLE) from exc.__cause__
-    except OutputMissing as exc:
-        raise ApplicationError(str(exc), type=OUTPUT_MISSING, non_retryable=True) from None
-    except (UnsafePath, UnsafeName) as exc:
-        raise ApplicationError(str(exc), type=UNSAFE_PATH, non_retryable=True) from None
-    except UploadRefused as exc:
-        raise ApplicationError(str(exc), type=UPLOAD_REFUSED, non_retryable=True) from None
-    except InputUnreadable as exc:
-        raise ApplicationError(
-            str(exc), type=INPUT_UNREADABLE, non_retryable=not exc.retryable
-        ) from None
-    except StoreError as exc:
-        # Retried even when only new settings help: a worker restarted with them finishes it.
-        raise ApplicationError(f"output store: {exc}", type=STORE_FAILED) from None
