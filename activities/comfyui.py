@@ -94,8 +94,10 @@ class ComfyUIActivities(OwnsOutputStore):
         url = str(settings.COMFYUI_URL)
         self._client = ComfyUIClient(http, url, request_timeout=request_timeout or REQUEST_TIMEOUT)
         self._watcher = ComfyUIWatcher(self._client, settings.COMFYUI_HISTORY_POLL_S)
-        # Six beats per heartbeat timeout: a slow ComfyUI never looks like a dead worker.
+        # Six beats per heartbeat timeout, so a slow ComfyUI never looks like a dead worker; waits
+        # three (the SDK sends one per 0.8 timeout anyway; 1,000 waits at six: 200 calls/s).
         self._heartbeat_every_s = heartbeat_every_s or settings.SPILLWAY_HEARTBEAT_TIMEOUT_S / 6
+        self._wait_beat_s = heartbeat_every_s or settings.SPILLWAY_HEARTBEAT_TIMEOUT_S / 3
         self._post_grace_s = post_grace_s
         self._files = ComfyUIFiles(
             self._client, self._use_store(settings, store), http, self._heartbeat_every_s
@@ -222,7 +224,7 @@ class ComfyUIActivities(OwnsOutputStore):
         # Beats without details until the watcher says where the prompt is. The watcher follows
         # the prompt under the agent's client id; `req.client_id` is kept for old histories.
         async with (
-            Heartbeat(self._heartbeat_every_s) as heartbeat,
+            Heartbeat(self._wait_beat_s) as heartbeat,
             self._watcher.follow(req.prompt_id) as following,
         ):
             while True:

@@ -59,7 +59,22 @@ async def decision_s(client: Client, job_id: str) -> float:
     raise SystemExit(f"{job_id} never decided")
 
 
-async def main(waiting: int, new: int) -> None:
+async def print_steps(client: Client, job_id: str) -> None:
+    """What one job did from its start to its decision, with the time of each event."""
+    history = await client.get_workflow_handle(job_id).fetch_history()
+    started = history.events[0].event_time.ToDatetime()
+    print(f"  steps of {job_id} up to its decision:")
+    for event in history.events:
+        at = (event.event_time.ToDatetime() - started).total_seconds()
+        name = EventType.Name(event.event_type).removeprefix("EVENT_TYPE_")
+        attributes = event.activity_task_scheduled_event_attributes
+        activity = attributes.activity_type.name if name == "ACTIVITY_TASK_SCHEDULED" else ""
+        print(f"    {at:6.2f} s  {name} {activity}")
+        if activity == names.SPEND_RESERVE:
+            return
+
+
+async def main(waiting: int, new: int, pause_s: float) -> None:
     sims, urls = await start_doubles(execution_s=3600)
     env = await start_dev_server()
     queue = f"bench-{uuid.uuid4()}"
@@ -80,6 +95,9 @@ async def main(waiting: int, new: int) -> None:
         await asyncio.sleep(1)
     await asyncio.sleep(10)  # every wait is under way
     backlog_rss, backlog_sockets = rss_mb(worker.pid), sockets(worker.pid)
+    if pause_s:  # time to attach a profiler: py-spy record --pid <pid>
+        print(f"backlog formed; worker pid {worker.pid}; new jobs in {pause_s:g} s", flush=True)
+        await asyncio.sleep(pause_s)
 
     # The GPU is busy now: armed jobs must reach the cloud without waiting behind the backlog.
     async with httpx.AsyncClient() as http:
@@ -102,6 +120,8 @@ async def main(waiting: int, new: int) -> None:
             raise SystemExit("the new jobs never reached the cloud")
         await asyncio.sleep(0.5)
     decisions = sorted([await decision_s(env.client, i) for i in ids])
+    if os.environ.get("BENCH_DETAIL"):
+        await print_steps(env.client, ids[-1])
     q = statistics.quantiles(decisions, n=100, method="inclusive")
     print(f"{waiting} local jobs waiting on ComfyUI, then {new} armed jobs for a busy GPU")
     print(f"  one worker process, agent in process, {os.cpu_count()} cores, dev server")
@@ -120,5 +140,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--waiting", type=int, default=1000)
     parser.add_argument("--new", type=int, default=50)
+    parser.add_argument(
+        "--pause", type=float, default=0, help="seconds between the backlog and the new jobs"
+    )
     args = parser.parse_args()
-    run_main(main(args.waiting, args.new))
+    run_main(main(args.waiting, args.new, args.pause))
