@@ -29,14 +29,7 @@ from temporalio.worker import Worker
 from activities import callbacks
 from activities.callbacks import CallbackActivities, sign
 from spillway import activity_names as names
-from spillway.callback_models import (
-    CALLBACK_BAD_URL,
-    CALLBACK_REFUSED,
-    CALLBACK_UNREACHABLE,
-    CallbackDelivery,
-    CallbackResult,
-    JobEvent,
-)
+from spillway import callback_models as cb
 from spillway.errors import ConfigError
 from spillway.models import Plan, VideoJob
 from spillway.settings import load_settings
@@ -114,12 +107,12 @@ async def receiver() -> AsyncIterator[Receiver]:
     await runner.cleanup()
 
 
-def delivery(url: str | None, event: str = "job.completed") -> CallbackDelivery:
+def delivery(url: str | None, event: str = "job.completed") -> cb.CallbackDelivery:
     job_id = f"job-{uuid.uuid4().hex[:8]}"
-    return CallbackDelivery(
+    return cb.CallbackDelivery(
         url=url,
         delivery_id=f"{job_id}:{event}",
-        event=JobEvent.model_validate({"event": event, "job_id": job_id, "plan": PLAN}),
+        event=cb.JobEvent.model_validate({"event": event, "job_id": job_id, "plan": PLAN}),
     )
 
 
@@ -168,7 +161,7 @@ async def test_the_receiver_verifies_the_signature_over_the_raw_body(
     sent = delivery(receiver.url, "job.failed")
     result = await ActivityEnvironment().run(activities(http).job_callback, sent)
 
-    assert result == CallbackResult(status_code=204, signed=True)
+    assert result == cb.CallbackResult(status_code=204, signed=True)
     [got] = receiver.received
     assert got.signature_valid
     assert got.headers["Content-Type"] == "application/json"
@@ -187,7 +180,7 @@ async def test_a_wrong_secret_is_refused_by_the_receiver_and_retryable(
     acts = activities(http, secret="not-the-receivers-secret")
     with pytest.raises(ApplicationError) as refused:
         await ActivityEnvironment().run(acts.job_callback, delivery(receiver.url))
-    assert refused.value.type == CALLBACK_REFUSED and not refused.value.non_retryable
+    assert refused.value.type == cb.CALLBACK_REFUSED and not refused.value.non_retryable
     assert "HTTP 401" in str(refused.value)
     assert not receiver.received[0].signature_valid
 
@@ -204,7 +197,7 @@ async def test_the_jobs_own_url_wins_and_the_workers_url_is_the_default(
 
 async def test_with_no_url_anywhere_nothing_is_sent(http: httpx.AsyncClient):
     result = await ActivityEnvironment().run(activities(http).job_callback, delivery(None))
-    assert result == CallbackResult(status_code=None, signed=False)
+    assert result == cb.CallbackResult(status_code=None, signed=False)
 
 
 async def test_without_a_secret_the_callback_goes_out_unsigned_with_a_warning(
@@ -213,7 +206,7 @@ async def test_without_a_secret_the_callback_goes_out_unsigned_with_a_warning(
     caplog.set_level(logging.WARNING, logger="httpx")
     acts = activities(http, secret=None)
     result = await ActivityEnvironment().run(acts.job_callback, delivery(receiver.url))
-    assert result == CallbackResult(status_code=204, signed=False)
+    assert result == cb.CallbackResult(status_code=204, signed=False)
     assert "X-Spillway-Signature" not in receiver.received[0].headers
     assert "JOB_WEBHOOK_SECRET is not set" in logged(caplog)
     assert_no_url(logged(caplog), receiver.url)
@@ -235,8 +228,8 @@ async def test_a_dead_receiver_fails_retryably_without_naming_the_url(
     acts = activities(http)
     receiver.hold = asyncio.Event()  # it never answers
     cases = [
-        (refused_url + HOOK_PATH, CALLBACK_UNREACHABLE, "ConnectError"),
-        (receiver.url, CALLBACK_UNREACHABLE, "Timeout"),
+        (refused_url + HOOK_PATH, cb.CALLBACK_UNREACHABLE, "ConnectError"),
+        (receiver.url, cb.CALLBACK_UNREACHABLE, "Timeout"),
     ]
     for url, kind, says in cases:
         started = time.monotonic()
@@ -258,7 +251,7 @@ async def test_a_url_no_retry_can_fix_fails_at_once_without_naming_it(http: http
     url = "http://[::1" + HOOK_PATH  # unbalanced bracket: not a URL
     with pytest.raises(ApplicationError) as bad:
         await ActivityEnvironment().run(activities(http).job_callback, delivery(url))
-    assert bad.value.type == CALLBACK_BAD_URL and bad.value.non_retryable
+    assert bad.value.type == cb.CALLBACK_BAD_URL and bad.value.non_retryable
     assert_no_url(every_text(bad.value), url)
 
 
@@ -268,7 +261,7 @@ def test_the_url_stays_out_of_reprs_validation_errors_and_settings_errors(
     url = "https://hooks.example.com" + HOOK_PATH
     assert_no_url(repr(delivery(url)), url)
     with pytest.raises(ValidationError) as invalid:
-        CallbackDelivery.model_validate(
+        cb.CallbackDelivery.model_validate(
             {"url": "ftp://hooks.example.com" + HOOK_PATH, "delivery_id": "d", "event": {}}
         )
     assert_no_url(str(invalid.value), url)
@@ -301,7 +294,7 @@ async def test_a_receiver_failing_twice_gets_the_same_delivery_id_three_times(
         result = await env.client.execute_workflow(
             CallbackWorkflow.run, sent, id=f"callback-{uuid.uuid4()}", task_queue=task_queue
         )
-    assert result == CallbackResult(status_code=204, signed=True)
+    assert result == cb.CallbackResult(status_code=204, signed=True)
     ids = [r.headers["X-Spillway-Delivery"] for r in receiver.received]
     assert ids == [sent.delivery_id] * 3
     assert all(r.signature_valid for r in receiver.received)
@@ -346,7 +339,7 @@ async def test_the_job_returns_at_once_and_its_callback_arrives_later(
                 break
             await env.sleep(1)  # skipped time on the time-skipping server
         child = env.client.get_workflow_handle(
-            f"{job_id}-callback-job.completed", result_type=CallbackResult
+            f"{job_id}-callback-job.completed", result_type=cb.CallbackResult
         )
         delivered = await child.result()
     assert delivered.status_code == 204

@@ -6,9 +6,13 @@ the guard and failures are always read anew."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+
+import pytest
 
 from activities import load_status
 from activities.load_status import LoadStatusActivities
+from spillway.host_models import LoadStatus
 from spillway.sim.comfyui import ComfyUISim
 from tests.support.constants import BUSY_VRAM_PCT
 
@@ -27,43 +31,51 @@ async def test_probes_asking_together_share_one_read_of_each_source(
     )
 
 
+@pytest.fixture
+def probe_twice(http, comfyui_settings, comfyui: ComfyUISim, gpu, monkeypatch):
+    """Probes with 7 prompts pending, lets `change` happen (and `pause_s` pass), probes again;
+    a good `/queue` answer serves for `reuse_s`."""
+
+    async def run(
+        reuse_s: float, change: Callable[[], object], pause_s: float = 0.0
+    ) -> tuple[LoadStatus, LoadStatus]:
+        monkeypatch.setattr(load_status, "QUEUE_REUSE_S", reuse_s)
+        acts = LoadStatusActivities(http, comfyui_settings(), gpu)
+        comfyui.set_queue(pending=7)
+        first = await acts.probe()
+        change()
+        await asyncio.sleep(pause_s)
+        return first, await acts.probe()
+
+    return run
+
+
 async def test_a_good_queue_answer_serves_the_probes_of_the_next_moment_and_nothing_else(
-    http, comfyui_settings, comfyui: ComfyUISim, gpu, monkeypatch
+    probe_twice, comfyui: ComfyUISim
 ):
-    monkeypatch.setattr(load_status, "QUEUE_REUSE_S", 30.0)
-    acts = LoadStatusActivities(http, comfyui_settings(), gpu)
-    comfyui.set_queue(pending=7)
-    assert (await acts.probe()).queue_pending == 7
-    comfyui.set_queue(pending=0)
-    comfyui.set_vram_used_pct(BUSY_VRAM_PCT)
+    def emptied_and_busy() -> None:
+        comfyui.set_queue(pending=0)
+        comfyui.set_vram_used_pct(BUSY_VRAM_PCT)
+
     stats = comfyui.hits["GET /system_stats"]
-    again = await acts.probe()
-    assert again.queue_pending == 7  # the queue of a moment ago
-    assert again.vram_pct == BUSY_VRAM_PCT and comfyui.hits["GET /system_stats"] == stats + 1
+    first, again = await probe_twice(30.0, emptied_and_busy)
+    assert first.queue_pending == again.queue_pending == 7  # the queue of a moment ago
+    assert again.vram_pct == BUSY_VRAM_PCT and comfyui.hits["GET /system_stats"] == stats + 2
 
 
 async def test_after_the_moment_a_probe_reads_the_queue_again_and_sees_the_change(
-    http, comfyui_settings, comfyui: ComfyUISim, gpu, monkeypatch
+    probe_twice, comfyui: ComfyUISim
 ):
-    monkeypatch.setattr(load_status, "QUEUE_REUSE_S", 0.05)
-    acts = LoadStatusActivities(http, comfyui_settings(), gpu)
-    comfyui.set_queue(pending=7)
-    assert (await acts.probe()).queue_pending == 7
-    comfyui.set_queue(pending=0)
-    await asyncio.sleep(0.1)
-    assert (await acts.probe()).queue_pending == 0
+    first, again = await probe_twice(0.05, lambda: comfyui.set_queue(pending=0), pause_s=0.1)
+    assert (first.queue_pending, again.queue_pending) == (7, 0)
 
 
 async def test_a_failed_queue_read_is_never_handed_to_a_later_probe(
-    http, comfyui_settings, comfyui: ComfyUISim, gpu, monkeypatch
+    probe_twice, comfyui: ComfyUISim
 ):
-    monkeypatch.setattr(load_status, "QUEUE_REUSE_S", 30.0)
-    acts = LoadStatusActivities(http, comfyui_settings(), gpu)
-    comfyui.set_queue(pending=7)
     comfyui.faults["/queue"] = "http500"
-    assert (await acts.probe()).queue_pending is None
-    del comfyui.faults["/queue"]
-    assert (await acts.probe()).queue_pending == 7
+    first, again = await probe_twice(30.0, lambda: comfyui.faults.pop("/queue"))
+    assert (first.queue_pending, again.queue_pending) == (None, 7)
 
 
 async def test_probes_sharing_a_hung_read_each_give_up_within_their_bound(

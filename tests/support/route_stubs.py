@@ -16,26 +16,8 @@ from temporalio.exceptions import ApplicationError
 
 from activities.spend import CreateGuard
 from spillway import activity_names as names
-from spillway.cloud_models import (
-    CloudCreate,
-    CloudCreated,
-    CloudDone,
-    CloudDownload,
-    CloudPoll,
-    CreateVerdict,
-)
-from spillway.comfyui_models import (
-    ComfyUICancel,
-    ComfyUICancelled,
-    ComfyUIDownload,
-    ComfyUIFile,
-    ComfyUIFinished,
-    ComfyUISubmit,
-    ComfyUISubmitted,
-    ComfyUIUpload,
-    ComfyUIUploaded,
-    ComfyUIWait,
-)
+from spillway import cloud_models as cloud
+from spillway import comfyui_models as comfyui
 from spillway.host_models import LoadProbeRequest, LoadStatus, Thresholds
 from spillway.models import ApprovalNotice, Downloaded, OutputFile
 from tests.support.constants import BUSY_VRAM_PCT, FREE_VRAM_PCT
@@ -113,19 +95,23 @@ class RouteStubs:
         return current.model_copy(update={"measured_at": datetime.now(UTC)})
 
     @activity.defn(name=names.COMFYUI_UPLOAD)
-    async def upload(self, req: ComfyUIUpload) -> ComfyUIUploaded:
+    async def upload(self, req: comfyui.ComfyUIUpload) -> comfyui.ComfyUIUploaded:
         self._count(names.COMFYUI_UPLOAD)
         sha256 = req.input.sha256 or "0" * 64
-        return ComfyUIUploaded(node=req.input.node, name=f"spillway/{sha256}.png", sha256=sha256)
+        return comfyui.ComfyUIUploaded(
+            node=req.input.node, name=f"spillway/{sha256}.png", sha256=sha256
+        )
 
     @activity.defn(name=names.COMFYUI_SUBMIT)
-    async def submit(self, req: ComfyUISubmit) -> ComfyUISubmitted:
+    async def submit(self, req: comfyui.ComfyUISubmit) -> comfyui.ComfyUISubmitted:
         self._count(names.COMFYUI_SUBMIT)
         self.submitted.append(req.prompt_id)
-        return ComfyUISubmitted(prompt_id=req.prompt_id, number=len(self.submitted), posted=True)
+        return comfyui.ComfyUISubmitted(
+            prompt_id=req.prompt_id, number=len(self.submitted), posted=True
+        )
 
     @activity.defn(name=names.COMFYUI_WAIT)
-    async def wait(self, req: ComfyUIWait) -> ComfyUIFinished:
+    async def wait(self, req: comfyui.ComfyUIWait) -> comfyui.ComfyUIFinished:
         self._count(names.COMFYUI_WAIT)
         while not self.wait_release.is_set():
             activity.heartbeat()
@@ -133,12 +119,14 @@ class RouteStubs:
                 await asyncio.wait_for(self.wait_release.wait(), timeout=0.2)
         if self.lost:
             self.lost -= 1
-            return ComfyUIFinished(prompt_id=req.prompt_id, outcome="lost")
-        video = ComfyUIFile(node_id="3", kind="images", filename="v_00001_.mp4", subfolder="video")
-        return ComfyUIFinished(prompt_id=req.prompt_id, outcome="success", files=[video])
+            return comfyui.ComfyUIFinished(prompt_id=req.prompt_id, outcome="lost")
+        video = comfyui.ComfyUIFile(
+            node_id="3", kind="images", filename="v_00001_.mp4", subfolder="video"
+        )
+        return comfyui.ComfyUIFinished(prompt_id=req.prompt_id, outcome="success", files=[video])
 
     @activity.defn(name=names.COMFYUI_DOWNLOAD)
-    async def download(self, req: ComfyUIDownload) -> Downloaded:
+    async def download(self, req: comfyui.ComfyUIDownload) -> Downloaded:
         self._count(names.COMFYUI_DOWNLOAD)
         return Downloaded(
             outputs=[
@@ -148,34 +136,34 @@ class RouteStubs:
         )
 
     @activity.defn(name=names.COMFYUI_CANCEL)
-    async def cancel(self, req: ComfyUICancel) -> ComfyUICancelled:
+    async def cancel(self, req: comfyui.ComfyUICancel) -> comfyui.ComfyUICancelled:
         self._count(names.COMFYUI_CANCEL)
-        return ComfyUICancelled(prompt_id=req.prompt_id, was="running")
+        return comfyui.ComfyUICancelled(prompt_id=req.prompt_id, was="running")
 
     @activity.defn(name=names.MINIMAX_CREATE)
-    async def create(self, req: CloudCreate) -> CloudCreated:
+    async def create(self, req: cloud.CloudCreate) -> cloud.CloudCreated:
         """Inside the real CreateGuard (armed now? the ledger's begin and settle): only the
         request to MiniMax is stubbed. `creates` counts the requests that would have left."""
 
-        async def send() -> CreateVerdict:
+        async def send() -> cloud.CreateVerdict:
             self.creates += 1
             if self.create_hang:
                 await asyncio.sleep(3600)
-            return CreateVerdict(outcome="created", task_id=f"task-{req.job_id}")
+            return cloud.CreateVerdict(outcome="created", task_id=f"task-{req.job_id}")
 
         self._count(names.MINIMAX_CREATE)
         assert self.guard is not None, "the job runner sets the guard"
         done = await self.guard.create(req.job_id, req.authorisation, req.simulated, send)
         assert done.verdict.task_id is not None
-        return CloudCreated(task_id=done.verdict.task_id, settled=done.settled)
+        return cloud.CloudCreated(task_id=done.verdict.task_id, settled=done.settled)
 
     @activity.defn(name=names.MINIMAX_POLL)
-    async def poll(self, req: CloudPoll) -> CloudDone:
+    async def poll(self, req: cloud.CloudPoll) -> cloud.CloudDone:
         self._count(names.MINIMAX_POLL)
-        return CloudDone(task_id=req.task_id, file_id="205258526306433", video_width=1366)
+        return cloud.CloudDone(task_id=req.task_id, file_id="205258526306433", video_width=1366)
 
     @activity.defn(name=names.MINIMAX_DOWNLOAD)
-    async def cloud_download(self, req: CloudDownload) -> Downloaded:
+    async def cloud_download(self, req: cloud.CloudDownload) -> Downloaded:
         self._count(names.MINIMAX_DOWNLOAD)
         path = f"outputs/{req.job_id}/{req.task_id}.mp4"
         return Downloaded(outputs=[OutputFile(path=path, bytes=2048, sha256="cd" * 32)])
