@@ -289,12 +289,9 @@ async def main(*, agents: bool = True, only_host: str | None = None) -> int:
         if only_host is not None and only_host not in names:
             raise ConfigError(f"no GPU host {only_host!r} in routing tiers; hosts: {names}")
         client = await connect(_runtime(settings))
-    except ConfigError as exc:
+    except (ConfigError, TemporalUnreachable) as exc:
         print(f"{what}: {exc}", file=sys.stderr)
-        return 2
-    except TemporalUnreachable as exc:
-        print(f"{what}: {exc}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(exc, ConfigError) else 1
     if settings.SPILLWAY_METRICS_PORT is not None:
         log.info("Prometheus metrics on :%d/metrics", settings.SPILLWAY_METRICS_PORT)
     await run_worker(settings, tiers, client, agents=agents, only_host=only_host)

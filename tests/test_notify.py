@@ -35,20 +35,20 @@ def notice() -> ApprovalNotice:
 @pytest.fixture
 async def receiver() -> Any:
     received: list[Any] = []
+    answer = {"status": 200}  # what the hook answers; a test may change it
 
     async def hook(request: web.Request) -> web.Response:
         received.append(await request.json())
-        return web.Response(status=int(request.app["status"]))
+        return web.Response(status=answer["status"])
 
     app = web.Application()
-    app["status"] = 200
     app.router.add_post(SECRET_PATH, hook)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    yield app, f"http://127.0.0.1:{port}{SECRET_PATH}", received
+    yield answer, f"http://127.0.0.1:{port}{SECRET_PATH}", received
     await runner.cleanup()
 
 
@@ -60,8 +60,8 @@ async def test_the_notice_reaches_the_webhook(http, receiver):
 
 
 async def test_a_failing_webhook_names_the_status_code_never_the_url(http, receiver):
-    app, url, _ = receiver
-    app["status"] = 500
+    answer, url, _ = receiver
+    answer["status"] = 500
     acts = NotifyActivities(http, Settings(APPROVAL_WEBHOOK_URL=url))
     with pytest.raises(ApplicationError) as failed:
         await ActivityEnvironment().run(acts.notify_approval_needed, notice())
