@@ -32,14 +32,14 @@ WAIT = KEY | {"APPROVAL_TIMEOUT_S": 900, "APPROVAL_RECHECK_S": 60}
 async def record(run_jobs: RunJobs, name: str) -> WorkflowHandle[Any, Any]:
     """One job per main path; the name says which."""
     decision = ApprovalDecision(approved=True, by="bär", reason="client deadline")
-    if name in ("replay-local", "replay-local-policy-here"):
+    if name == "replay-local":
         async with run_jobs(RouteStubs(FREE)) as jobs:
             handle = await jobs.start(job_id=name)
             await handle.result()
     elif name in (
         "replay-approved-cloud",
         "replay-ledger-approved-cloud",
-        "replay-approved-recorded-policy-here",
+        "replay-approved-asks-ledger-first",
     ):
         async with run_jobs(RouteStubs(BUSY), **WAIT) as jobs:
             handle = await jobs.start(job_id=name)
@@ -92,9 +92,8 @@ NAMES = (
     "replay-ledger-approved-cloud",
     "replay-ledger-budget-over",
     "replay-i2v-priority-callback",
-    # Since the policy is a local activity and a job asks the ledger before asking a person.
-    "replay-local-policy-here",
-    "replay-approved-recorded-policy-here",
+    # Since a job asks the ledger for a create of its own before it asks a person.
+    "replay-approved-asks-ledger-first",
 )
 
 
