@@ -1,13 +1,14 @@
 """A backlog that must not starve a decision (docs/design.md, "GPU hosts and agents"): N local
 jobs wait on a slow ComfyUI, then M armed jobs arrive for a GPU that is now busy.
 
-    .venv/bin/python bench/backlog.py [--waiting 1000] [--new 50]
+    .venv/bin/python bench/backlog.py [--waiting 1000] [--new 50] [--agent-apart]
 
 Prints, for the new jobs, the time from their start to their decision (the `spend_reserve` the
 cloud route schedules first: policy read, every host probed, decided), p50 and p99; and the
 worker process's RSS and open sockets while the backlog waits. The worker is a real
-`python worker.py` (agent in process), the doubles run in their own process, the server is the
-Temporal dev server.
+`python worker.py` with the agent in process, or with `--agent-apart` `spillway worker
+--no-agents` next to `spillway agent --host a40_local` (a GPU host's set-up); the doubles run in
+their own process, the server is the Temporal dev server.
 """
 
 from __future__ import annotations
@@ -74,13 +75,17 @@ async def print_steps(client: Client, job_id: str) -> None:
             return
 
 
-async def main(waiting: int, new: int, pause_s: float) -> None:
+async def main(waiting: int, new: int, pause_s: float, agent_apart: bool) -> None:
     sims, urls = await start_doubles(execution_s=3600)
     env = await start_dev_server()
     queue = f"bench-{uuid.uuid4()}"
-    worker = await start_worker(
-        env, queue, urls, CLOUD_VIDEO_FALLBACK_ENABLED="1", MINIMAX_POLL_INTERVAL_S="2"
-    )
+    armed = {"CLOUD_VIDEO_FALLBACK_ENABLED": "1", "MINIMAX_POLL_INTERVAL_S": "2"}
+    agent = None
+    if agent_apart:  # the GPU host's set-up: the agent in a process of its own
+        worker = await start_worker(env, queue, urls, "worker", "--no-agents", **armed)
+        agent = await start_worker(env, queue, urls, "agent", "--host", "a40_local", **armed)
+    else:
+        worker = await start_worker(env, queue, urls, **armed)
     await asyncio.sleep(3)
     idle_rss, idle_sockets = rss_mb(worker.pid), sockets(worker.pid)
 
@@ -95,6 +100,9 @@ async def main(waiting: int, new: int, pause_s: float) -> None:
         await asyncio.sleep(1)
     await asyncio.sleep(10)  # every wait is under way
     backlog_rss, backlog_sockets = rss_mb(worker.pid), sockets(worker.pid)
+    if agent is not None:
+        agent_rss, agent_sockets = rss_mb(agent.pid), sockets(agent.pid)
+        print(f"  agent during the backlog: RSS {agent_rss:.1f} MB, {agent_sockets} sockets")
     if pause_s:  # time to attach a profiler: py-spy record --pid <pid>
         print(f"backlog formed; worker pid {worker.pid}; new jobs in {pause_s:g} s", flush=True)
         await asyncio.sleep(pause_s)
@@ -124,15 +132,17 @@ async def main(waiting: int, new: int, pause_s: float) -> None:
         await print_steps(env.client, ids[-1])
     q = statistics.quantiles(decisions, n=100, method="inclusive")
     print(f"{waiting} local jobs waiting on ComfyUI, then {new} armed jobs for a busy GPU")
-    print(f"  one worker process, agent in process, {os.cpu_count()} cores, dev server")
+    where = "its own process" if agent_apart else "the worker's process"
+    print(f"  one worker, the agent in {where}, {os.cpu_count()} cores, dev server")
     print(f"  decision of the new jobs     p50 {q[49]:6.2f} s   p99 {q[98]:6.2f} s")
     print(f"  worker RSS                   idle {idle_rss:6.1f} MB   backlog {backlog_rss:6.1f} MB")
     print(
         f"  worker open sockets          idle {idle_sockets:6d}      backlog {backlog_sockets:6d}"
     )
-    worker.terminate()
-    sims.terminate()
-    await asyncio.gather(worker.wait(), sims.wait())
+    processes = [p for p in (worker, agent, sims) if p is not None]
+    for process in processes:
+        process.terminate()
+    await asyncio.gather(*(p.wait() for p in processes))
     await env.shutdown()
 
 
@@ -143,5 +153,10 @@ if __name__ == "__main__":
     parser.add_argument(
         "--pause", type=float, default=0, help="seconds between the backlog and the new jobs"
     )
+    parser.add_argument(
+        "--agent-apart",
+        action="store_true",
+        help="run the GPU host's agent as `spillway agent` in a process of its own",
+    )
     args = parser.parse_args()
-    run_main(main(args.waiting, args.new, args.pause))
+    run_main(main(args.waiting, args.new, args.pause, args.agent_apart))

@@ -58,12 +58,22 @@ async def start_dev_server() -> WorkflowEnvironment:
 
 
 async def start_worker(
-    env: WorkflowEnvironment, queue: str, urls: dict[str, str], **extra_env: str
+    env: WorkflowEnvironment,
+    queue: str,
+    urls: dict[str, str],
+    *command: str,
+    **extra_env: str,
 ) -> Process:
-    """A real `python worker.py`, so its RSS and sockets are the worker's alone; its output is
-    dropped, as a benchmark prints only its figures."""
+    """A real `python worker.py` (or the `spillway` command given, e.g. `agent --host NAME`), so
+    its RSS and sockets are its own; its output is dropped, as a benchmark prints only its
+    figures."""
+    program = (
+        [str(Path(sys.executable).parent / "spillway"), *command]
+        if command
+        else [sys.executable, str(PROJECT_ROOT / "worker.py")]
+    )
     return await asyncio.create_subprocess_exec(
-        sys.executable, str(PROJECT_ROOT / "worker.py"),
+        *program,
         env=os.environ | {
             "TEMPORAL_ADDRESS": env.client.service_client.config.target_host,
             "SPILLWAY_TASK_QUEUE": queue,
