@@ -19,10 +19,8 @@ import contextlib
 import logging
 import signal
 import sys
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
 from datetime import timedelta
-from typing import Any
 
 import httpx
 from temporalio.client import Client
@@ -30,22 +28,16 @@ from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
-from activities.callbacks import CallbackActivities
-from activities.comfyui import ComfyUIActivities
-from activities.kling import KlingActivities
 from activities.kling_client import KlingTiming
-from activities.ledger_client import Ledger, SpendLedger
-from activities.load_status import LoadStatusActivities
-from activities.minimax import MiniMaxActivities
+from activities.ledger_client import SpendLedger
 from activities.minimax_client import MiniMaxTiming
-from activities.notify import NotifyActivities
 from activities.nvml import GpuReader, NvmlReader
-from activities.policy import PolicyActivities
-from activities.spend import SpendActivities, budgets_of
-from activities.storage import OutputStore, open_output_store
+from activities.queues import Agent, QueueWork, main_work
+from activities.spend import budgets_of
+from activities.storage import open_output_store
 from spillway import search_attributes as sa
 from spillway.errors import ConfigError
-from spillway.hosts import WAITS_SUFFIX, GpuHost, gpu_hosts, host_settings, ref
+from spillway.hosts import gpu_hosts
 from spillway.settings import Settings, load_settings
 from spillway.temporal import TemporalUnreachable, connect
 from spillway.tiers import RoutingTiers, load_tiers
@@ -63,88 +55,6 @@ WORKFLOWS = [VideoJobWorkflow, SpendLedgerWorkflow, HealthWorkflow, CallbackWork
 WORKFLOW_RUNNER = SandboxedWorkflowRunner(
     restrictions=SandboxRestrictions.default.with_passthrough_modules("workflows")
 )
-
-
-@dataclass
-class QueueWork:
-    """What one Temporal worker (one task queue, one slot pool) serves."""
-
-    task_queue: str
-    activities: list[Callable[..., Any]]
-    workflows: list[type] = field(default_factory=list)
-    max_activities: int | None = None  # None: the SDK's default
-
-
-def main_work(
-    http: httpx.AsyncClient,
-    settings: Settings,
-    tiers: RoutingTiers,
-    ledger: Ledger,
-    store: OutputStore,
-) -> list[QueueWork]:
-    policy = PolicyActivities(settings, tiers)
-    notify = NotifyActivities(http, settings)
-    minimax = MiniMaxActivities(http, settings, ledger, store=store)
-    kling = KlingActivities(http, settings, ledger, store=store)
-    spend = SpendActivities(ledger, settings, tiers)
-    callbacks = CallbackActivities(http, settings)
-    queue = settings.SPILLWAY_TASK_QUEUE
-    decisions: list[Callable[..., Any]] = [
-        policy.read_policy,
-        notify.notify_approval_needed,
-        spend.reserve,
-        spend.settle,
-        spend.view,
-        spend.recorded,
-        minimax.create,
-        kling.create,
-        callbacks.job_callback,
-    ]
-    waits: list[Callable[..., Any]] = [minimax.poll, minimax.download, kling.poll, kling.download]
-    return [
-        # Polls scheduled before the waits queue existed still run here.
-        QueueWork(queue, [*decisions, *waits], WORKFLOWS),
-        QueueWork(queue + WAITS_SUFFIX, waits, max_activities=settings.SPILLWAY_MAX_WAITS),
-    ]
-
-
-@dataclass
-class Agent:
-    """One GPU host's activities; its ComfyUI watcher (one socket, one poll loop) is closed
-    with `aclose` once its Temporal workers have stopped."""
-
-    load: LoadStatusActivities
-    comfyui: ComfyUIActivities
-
-    @classmethod
-    def of(
-        cls,
-        http: httpx.AsyncClient,
-        settings: Settings,
-        host: GpuHost,
-        gpu: GpuReader,
-        store: OutputStore,
-    ) -> Agent:
-        mine = host_settings(settings, host)
-        return cls(
-            LoadStatusActivities(http, mine, gpu), ComfyUIActivities(http, mine, store=store)
-        )
-
-    @property
-    def short(self) -> list[Callable[..., Any]]:
-        comfyui = self.comfyui
-        return [self.load.a40_load_status, comfyui.upload, comfyui.submit, comfyui.cancel]
-
-    @property
-    def waits(self) -> list[Callable[..., Any]]:
-        return [self.comfyui.wait, self.comfyui.download]
-
-    def work(self, settings: Settings, host: GpuHost) -> list[QueueWork]:
-        queues = ref(settings.SPILLWAY_TASK_QUEUE, host.name)
-        return [
-            QueueWork(queues.task_queue, self.short),
-            QueueWork(queues.waits_queue, self.waits, max_activities=settings.SPILLWAY_MAX_WAITS),
-        ]
 
 
 @contextlib.asynccontextmanager
@@ -173,7 +83,7 @@ async def serving(
             running = {}
         if only_host is None:
             ledger = SpendLedger(client, settings.SPILLWAY_TASK_QUEUE)
-            works = main_work(http, settings, tiers, ledger, store)
+            works = main_work(http, settings, tiers, ledger, store, WORKFLOWS)
             if running:
                 # Jobs started before GPU hosts existed schedule their probe and ComfyUI
                 # activities on the main queue: the first host's agent serves them there too.
