@@ -30,6 +30,7 @@ from spillway.hosts import WAITS_SUFFIX
 from spillway.inputs import prepare_inputs
 from spillway.minimax_answers import PERMANENT_CODES, RATE_LIMIT_CODES, SERVER_TROUBLE_CODES
 from spillway.models import CloudRequest, Downloaded, JobInput
+from spillway.sim.minimax import MiniMaxSim
 from tests.support.activity import cancelled_in_flight, run_activity
 from tests.support.cli import decoded
 from tests.support.constants import CANARY_KEY
@@ -442,6 +443,17 @@ async def created_task(acts: MiniMaxActivities) -> CloudPoll:
     return CloudPoll(job_id="job-1", task_id=created.task_id)
 
 
+async def polled_after_code(
+    minimax: MiniMaxSim, acts: MiniMaxActivities, code: int
+) -> tuple[CloudPoll, object]:
+    """A task made, then polled with MiniMax answering the first query with the error `code`: the
+    poll and what the poll activity returned."""
+    poll = await created_task(acts)
+    minimax.inject("query", code)
+    result, _ = await run_activity(acts.poll, poll)
+    return poll, result
+
+
 async def test_task_that_fails_at_minimax_fails_with_minimax_message(
     minimax, minimax_activities, run_activity
 ):
@@ -456,13 +468,8 @@ async def test_task_that_fails_at_minimax_fails_with_minimax_message(
     assert "Processing" in [h.phase for h in heartbeats]
 
 
-async def test_rate_limit_during_poll_backs_off_and_continues(
-    minimax, minimax_activities, run_activity
-):
-    acts = minimax_activities()
-    poll = await created_task(acts)
-    minimax.inject("query", 1002)
-    done, _ = await run_activity(acts.poll, poll)
+async def test_rate_limit_during_poll_backs_off_and_continues(minimax, minimax_activities):
+    _, done = await polled_after_code(minimax, minimax_activities(), 1002)
 
     assert isinstance(done, CloudDone), done
     queries = [r.at for r in minimax.requests if r.endpoint == "query"]
@@ -472,12 +479,9 @@ async def test_rate_limit_during_poll_backs_off_and_continues(
 
 
 async def test_permanent_code_while_polling_fails_naming_the_task_that_exists(
-    minimax, minimax_activities, run_activity
+    minimax, minimax_activities
 ):
-    acts = minimax_activities()
-    poll = await created_task(acts)
-    minimax.inject("query", 1004)
-    result, _ = await run_activity(acts.poll, poll)
+    poll, result = await polled_after_code(minimax, minimax_activities(), 1004)
 
     error = app_error(result, "MiniMaxPermanent")
     assert error.non_retryable and poll.task_id in error.message and "code 1004" in error.message
