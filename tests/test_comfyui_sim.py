@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from spillway.sim.comfyui import ComfyUISim
+from spillway.sim.comfyui import ComfyUISim, PromptState
 
 TRANSCRIPTS = Path(__file__).resolve().parent / "comfyui_transcripts"
 CLIENT = "capture-553293"
@@ -77,6 +77,17 @@ async def post(session: aiohttp.ClientSession, url: str, body: Any) -> tuple[int
 async def get(session: aiohttp.ClientSession, url: str) -> tuple[int, Any, Any]:
     async with session.get(url) as response:
         return response.status, response.headers.get("Content-Type"), await response.json()
+
+
+async def posted_until(
+    comfyui: ComfyUISim, session: aiohttp.ClientSession, state: PromptState
+) -> dict[str, Any]:
+    """The recorded accepted prompt (post_prompt_ok.json) posted, once the double holds it in
+    `state`: its request body."""
+    body: dict[str, Any] = transcript("post_prompt_ok.json")["request_body"]
+    await post(session, f"{comfyui.url}/prompt", body)
+    await comfyui.wait_until(body["prompt_id"], state)
+    return body
 
 
 async def messages_until_done(ws: aiohttp.ClientWebSocketResponse) -> list[dict[str, Any]]:
@@ -213,9 +224,7 @@ async def test_interrupt_naming_another_prompt_leaves_the_running_one_alone(
     comfyui: ComfyUISim, session
 ):
     comfyui.execution_s = 0.3
-    body = transcript("post_prompt_ok.json")["request_body"]
-    await post(session, f"{comfyui.url}/prompt", body)
-    await comfyui.wait_until(body["prompt_id"], "running")
+    body = await posted_until(comfyui, session, "running")
     await post(session, f"{comfyui.url}/interrupt", {"prompt_id": "someone-else"})
     await comfyui.wait_until(body["prompt_id"], "done")
     assert comfyui.history[body["prompt_id"]]["status"]["status_str"] == "success"
@@ -288,9 +297,7 @@ async def test_failed_prompt_history_carries_the_exception_like_comfyui(
 
 async def test_view_streams_the_output_with_comfyuis_headers(comfyui: ComfyUISim, session):
     comfyui.execution_s = 0
-    body = transcript("post_prompt_ok.json")["request_body"]
-    await post(session, f"{comfyui.url}/prompt", body)
-    await comfyui.wait_until(body["prompt_id"], "done")
+    await posted_until(comfyui, session, "done")
     recorded = transcript("view_headers.json")
     query = {"filename": "orch_00001_.webp", "subfolder": "anim", "type": "output"}
     async with session.get(f"{comfyui.url}/view", params=query) as response:
@@ -306,9 +313,7 @@ async def test_view_streams_the_output_with_comfyuis_headers(comfyui: ComfyUISim
 async def test_view_of_a_large_output_streams_its_exact_bytes(comfyui: ComfyUISim, session):
     comfyui.execution_s = 0
     comfyui.output_bytes = 5 * 1024 * 1024 + 3
-    body = transcript("post_prompt_ok.json")["request_body"]
-    await post(session, f"{comfyui.url}/prompt", body)
-    await comfyui.wait_until(body["prompt_id"], "done")
+    await posted_until(comfyui, session, "done")
     digest, size = hashlib.sha256(), 0
     query = {"filename": "orch_00001_.webp", "subfolder": "anim"}
     async with session.get(f"{comfyui.url}/view", params=query) as response:
@@ -537,9 +542,7 @@ async def test_restart_forgets_queue_and_history_closes_sockets_and_keeps_files(
     comfyui: ComfyUISim, session
 ):
     comfyui.execution_s = 0
-    done = transcript("post_prompt_ok.json")["request_body"]
-    await post(session, f"{comfyui.url}/prompt", done)
-    await comfyui.wait_until(done["prompt_id"], "done")
+    done = await posted_until(comfyui, session, "done")
     comfyui.execution_s = 30
     _, slow = recorded_history("history_interrupted.json")
     await post(session, f"{comfyui.url}/prompt", queued_request(slow["prompt"]))
