@@ -34,7 +34,14 @@ from activities.s3_upload import (
     part_size,
     staging_key,
 )
-from activities.storage import MAX_PRESIGN_S, Progress, StoredOutput, StoreError, folders
+from activities.storage import (
+    MAX_PRESIGN_S,
+    OutputStore,
+    StoredOutput,
+    StoreError,
+    Upload,
+    folders,
+)
 from spillway.settings import Settings
 
 log = logging.getLogger("spillway.storage")
@@ -42,7 +49,7 @@ log = logging.getLogger("spillway.storage")
 S3_ATTEMPTS = 5  # botocore's own retries of one request (a 503 on one part redoes only that part)
 
 
-class S3OutputStore(S3Bucket):
+class S3OutputStore(S3Bucket, OutputStore):
     """`s3://<bucket>/<prefix>/<job id>/<name>`, with its sha256 as the `sha256` metadata."""
 
     def _key(self, job_id: str, name: str) -> str:
@@ -51,19 +58,12 @@ class S3OutputStore(S3Bucket):
     def _stored(self, key: str, size: int, sha256: str) -> StoredOutput:
         return StoredOutput(uri=f"s3://{self._bucket}/{key}", path=key, bytes=size, sha256=sha256)
 
-    async def put(
-        self,
-        job_id: str,
-        name: str,
-        chunks: AsyncIterable[bytes],
-        size_hint: int | None = None,
-        progress: Progress | None = None,
-    ) -> StoredOutput:
-        key = self._key(job_id, name)
-        content_type = mimetypes.guess_type(name)[0] or "application/octet-stream"
+    async def _put(self, upload: Upload, chunks: AsyncIterable[bytes]) -> StoredOutput:
+        key = self._key(upload.job_id, upload.name)
+        content_type = mimetypes.guess_type(upload.name)[0] or "application/octet-stream"
         await self._clear_stale(key)
-        part_bytes, digest = part_size(size_hint), hashlib.sha256()
-        meter = Meter(progress, size_hint)
+        part_bytes, digest = part_size(upload.size_hint), hashlib.sha256()
+        meter = Meter(upload.progress, upload.size_hint)
         async with contextlib.aclosing(cut_parts(chunks, part_bytes, digest, meter)) as parts:
             first = await anext(parts)
             if len(first) < part_bytes:  # the whole body is in hand: one PUT, sha256 known

@@ -16,12 +16,13 @@ operation and S3's error code, without the original exception attached.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import re
 from collections.abc import AsyncIterable, AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 from urllib.parse import unquote, urlsplit
 
 import httpx
@@ -70,7 +71,17 @@ class StoreError(Exception):
         self.retryable = retryable
 
 
-class OutputStore(Protocol):
+@dataclass(frozen=True)
+class Upload:
+    """One `put`: where its body goes and what is known of it."""
+
+    job_id: str
+    name: str
+    size_hint: int | None
+    progress: Progress | None
+
+
+class OutputStore(abc.ABC):
     async def put(
         self,
         job_id: str,
@@ -83,20 +94,24 @@ class OutputStore(Protocol):
         `size_hint`, when given, must be the body's size: a body that ends elsewhere raises
         files.IncompleteDownload and stores nothing. `progress(done, total)` about twice a
         second, for heartbeats."""
-        ...
+        return await self._put(Upload(job_id, name, size_hint, progress), chunks)
 
+    @abc.abstractmethod
+    async def _put(self, upload: Upload, chunks: AsyncIterable[bytes]) -> StoredOutput:
+        """`put`'s work, as each store does it (callers see `put`'s one signature)."""
+
+    @abc.abstractmethod
     async def find(self, job_id: str, name: str) -> StoredOutput | None:
         """The finished object at `<job id>/<name>`, or None: a re-run keeps what it finds."""
-        ...
 
+    @abc.abstractmethod
     async def read(self, uri: str, limit: int) -> bytes:
         """A small object of this store (an input image), whole; StoreError (not retryable)
         when it is larger than `limit` or `uri` is not this store's."""
-        ...
 
+    @abc.abstractmethod
     async def presign(self, uri: str, expires_s: int = 3600) -> str | None:
         """A URL anyone can GET for `expires_s` seconds; None for a local file."""
-        ...
 
 
 def folders(job_id: str, name: str) -> list[str]:
@@ -123,7 +138,7 @@ def announced_bytes(response: httpx.Response) -> int | None:
     return int(length) if length.isdigit() else None
 
 
-class LocalOutputStore:
+class LocalOutputStore(OutputStore):
     """Today's behaviour: `<root>/<job id>/<name>` on the host that downloaded it."""
 
     def __init__(self, root: Path) -> None:
@@ -137,18 +152,11 @@ class LocalOutputStore:
             raise UnsafeName(f"output name {name!r} leads outside the job's folder (a symlink)")
         return target
 
-    async def put(
-        self,
-        job_id: str,
-        name: str,
-        chunks: AsyncIterable[bytes],
-        size_hint: int | None = None,
-        progress: Progress | None = None,
-    ) -> StoredOutput:
-        target = self._target(job_id, name)
+    async def _put(self, upload: Upload, chunks: AsyncIterable[bytes]) -> StoredOutput:
+        target = self._target(upload.job_id, upload.name)
         # files.save streams an httpx response: an in-memory one carrying the chunks is that.
         body = httpx.Response(200, content=chunks)
-        saved = await files.save(body, target, progress or _ignore, size_hint)
+        saved = await files.save(body, target, upload.progress or _ignore, upload.size_hint)
         return _local(target, saved)
 
     async def find(self, job_id: str, name: str) -> StoredOutput | None:
@@ -239,7 +247,7 @@ async def open_output_store(settings: Settings) -> AsyncIterator[OutputStore]:
         yield store
 
 
-class LazyOutputStore:
+class LazyOutputStore(OutputStore):
     """The store the settings choose, opened at its first use (inside the worker's event loop)
     and closed by `aclose()`; an activity class's default when it was given none."""
 
@@ -264,15 +272,8 @@ class LazyOutputStore:
                 self._stack = stack
         return self._store
 
-    async def put(
-        self,
-        job_id: str,
-        name: str,
-        chunks: AsyncIterable[bytes],
-        size_hint: int | None = None,
-        progress: Progress | None = None,
-    ) -> StoredOutput:
-        return await (await self._opened()).put(job_id, name, chunks, size_hint, progress)
+    async def _put(self, upload: Upload, chunks: AsyncIterable[bytes]) -> StoredOutput:
+        return await (await self._opened())._put(upload, chunks)
 
     async def find(self, job_id: str, name: str) -> StoredOutput | None:
         return await (await self._opened()).find(job_id, name)
