@@ -37,6 +37,7 @@ from tests.support.comfyui import (
     ESCAPING_OUTPUTS,
     ComfyUIDouble,
     submit_new_job,
+    submit_new_job_until,
     submit_request,
     wait_request,
 )
@@ -275,8 +276,7 @@ async def test_retried_submit_finding_its_prompt_in_history_does_not_post_again(
 ):
     comfyui.execution_s = 0
     acts = comfyui_activities()
-    req = await submit_new_job(acts, VIDEO_GRAPH)
-    await comfyui.wait_until(req.prompt_id, "done")
+    req = await submit_new_job_until(acts, VIDEO_GRAPH, comfyui, "done")
     again, _ = await run_activity(acts.submit, req)
     assert again == ComfyUISubmitted(prompt_id=req.prompt_id, posted=False)
     assert comfyui.prompt_posts[req.prompt_id] == 1
@@ -620,8 +620,8 @@ async def test_wait_started_after_the_prompt_finished_reads_it_from_history(
 ):
     comfyui.execution_s = 0
     acts = comfyui_activities()
-    req = await submit_new_job(acts, VIDEO_GRAPH)
-    await comfyui.wait_until(req.prompt_id, "done")  # finished while no worker watched
+    # It finishes while no worker watches.
+    req = await submit_new_job_until(acts, VIDEO_GRAPH, comfyui, "done")
     finished, _ = await run_activity(acts.wait, wait_request(req))
     assert isinstance(finished, ComfyUIFinished) and finished.outcome == "success"
     assert [f.filename for f in finished.files] == ["job_00001_.mp4"]
@@ -680,8 +680,7 @@ async def test_cancel_while_running_interrupts_and_returns_once_comfyui_let_go(
 ):
     comfyui.execution_s = 1.0
     acts = comfyui_activities()
-    req = await submit_new_job(acts, SLOW_GRAPH)
-    await comfyui.wait_until(req.prompt_id, "running")
+    req = await submit_new_job_until(acts, SLOW_GRAPH, comfyui, "running")
     cancelled, _ = await run_activity(acts.cancel, ComfyUICancel(prompt_id=req.prompt_id))
 
     assert cancelled == ComfyUICancelled(prompt_id=req.prompt_id, was="running")

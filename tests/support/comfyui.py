@@ -9,7 +9,8 @@
   lower-case ones go to ComfyUIActivities (`heartbeat_every_s`, `request_timeout`, ...).
 - `submit_request(job_id, graph)`, `wait_request(submit)`: the activities' inputs for a graph
   (tests/support/graphs.py); `submit_new_job(acts, graph)`: a graph under a new job id, through
-  the submit activity, returning its request.
+  the submit activity, returning its request; `submit_new_job_until(acts, graph, comfyui, state)`
+  returns once ComfyUI holds that prompt in `state` ("running", "done").
 - `ESCAPING_OUTPUTS`: (subfolder, filename) of outputs that would land outside the job's folder.
 """
 
@@ -27,7 +28,7 @@ from aiohttp import web
 
 from activities.comfyui import ComfyUIActivities
 from spillway.comfyui_models import ComfyUISubmit, ComfyUIWait, client_id_for, prompt_id_for
-from spillway.sim.comfyui import ComfyUISim
+from spillway.sim.comfyui import ComfyUISim, PromptState
 from tests.support.activity import run_activity
 from tests.support.constants import FREE_VRAM_PCT
 from tests.support.settings import SettingsFactory
@@ -87,6 +88,14 @@ def wait_request(submit: ComfyUISubmit) -> ComfyUIWait:
 async def submit_new_job(acts: ComfyUIActivities, graph: dict[str, Any]) -> ComfyUISubmit:
     req = submit_request(f"job-{uuid.uuid4().hex[:12]}", graph)
     await run_activity(acts.submit, req)
+    return req
+
+
+async def submit_new_job_until(
+    acts: ComfyUIActivities, graph: dict[str, Any], comfyui: ComfyUISim, state: PromptState
+) -> ComfyUISubmit:
+    req = await submit_new_job(acts, graph)
+    await comfyui.wait_until(req.prompt_id, state)
     return req
 
 
