@@ -59,18 +59,25 @@ def settings_error(clean_env: pytest.MonkeyPatch, name: str, value: str) -> str:
     return str(raised.value)
 
 
-@pytest.mark.parametrize(
-    ("name", "value"),
-    [
-        ("A40_VRAM_BUSY_PCT", "abc"),
-        ("A40_UTIL_BUSY_PCT", "0"),
-        ("A40_VRAM_BUSY_PCT", "101"),
-        ("LOAD_PROBE_TIMEOUT_S", "-1"),
-        ("A40_NVML_INDEX", "first"),
-        ("COMFYUI_URL", "not a url"),
-        ("CLOUD_VIDEO_FALLBACK_ENABLED", "maybe"),
-    ],
-)
+# Bad URLs that carry a credential: the refusal must name the setting, never show the value.
+SECRET_URLS = [
+    ("SPILLWAY_OUTPUT_URL", "https://AKIACANARY:canary-secret@minio:9000/bucket"),
+    ("AWS_ENDPOINT_URL", "not-a-url-AKIACANARY:canary-secret"),
+    ("JOB_WEBHOOK_URL", "ftp://hooks.example/canary-secret"),
+]
+BAD_SETTINGS = [
+    ("A40_VRAM_BUSY_PCT", "abc"),
+    ("A40_UTIL_BUSY_PCT", "0"),
+    ("A40_VRAM_BUSY_PCT", "101"),
+    ("LOAD_PROBE_TIMEOUT_S", "-1"),
+    ("A40_NVML_INDEX", "first"),
+    ("COMFYUI_URL", "not a url"),
+    ("CLOUD_VIDEO_FALLBACK_ENABLED", "maybe"),
+    *SECRET_URLS,
+]
+
+
+@pytest.mark.parametrize(("name", "value"), BAD_SETTINGS)
 def test_bad_setting_names_the_setting_in_one_line(clean_env, name, value):
     message = settings_error(clean_env, name, value)
     assert name in message and "\n" not in message
@@ -124,14 +131,7 @@ def test_missing_routing_tiers_file_says_which(tmp_path):
         load_tiers(tmp_path / "nope.json")
 
 
-@pytest.mark.parametrize(
-    ("name", "value"),
-    [
-        ("SPILLWAY_OUTPUT_URL", "https://AKIACANARY:canary-secret@minio:9000/bucket"),
-        ("AWS_ENDPOINT_URL", "not-a-url-AKIACANARY:canary-secret"),
-        ("JOB_WEBHOOK_URL", "ftp://hooks.example/canary-secret"),
-    ],
-)
+@pytest.mark.parametrize(("name", "value"), SECRET_URLS)
 def test_a_bad_storage_or_webhook_url_is_named_but_never_shown(clean_env, name, value):
     message = settings_error(clean_env, name, value)
     assert name in message and "canary-secret" not in message
