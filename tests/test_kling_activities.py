@@ -10,6 +10,7 @@ import dataclasses
 import hashlib
 import logging
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -375,13 +376,21 @@ async def test_create_kling_cannot_be_asked_about_stays_ambiguous_and_says_how_t
     assert ledger.state_of(req.job_id) == "maybe_charged"
 
 
-async def test_repeated_create_of_the_same_run_is_refused_by_the_ledger_and_makes_no_second_task(
-    kling, kling_activities, http
-):
-    ledger = KlingBookLedger()
+async def first_create(
+    kling_activities: Callable[..., KlingActivities], ledger: KlingBookLedger
+) -> tuple[KlingActivities, CloudCreate, object]:
+    """A new job's create, attempt 1, on `ledger`: the activities and the request, for the create
+    to run again, and what this one returned (or raised)."""
     acts = kling_activities(ledger=ledger)
     req = create_request()
-    created, _ = await run_activity(acts.create, req)
+    result, _ = await run_activity(acts.create, req)
+    return acts, req, result
+
+
+async def test_repeated_create_of_the_same_run_is_refused_by_the_ledger_and_makes_no_second_task(
+    kling, kling_activities
+):
+    acts, req, created = await first_create(kling_activities, KlingBookLedger())
     assert isinstance(created, CloudCreated), created
 
     again, _ = await run_activity(acts.create, req, attempt=2)
@@ -399,9 +408,7 @@ async def test_same_attempt_beginning_again_reaches_kling_but_its_external_id_ma
     # The ledger lets the same attempt begin again (its first answer may have been lost); Kling's
     # uniqueness of external_task_id is the second guard: the repeat is reconciled to the task.
     ledger = KlingBookLedger()
-    acts = kling_activities(ledger=ledger)
-    req = create_request()
-    first, _ = await run_activity(acts.create, req)
+    acts, req, first = await first_create(kling_activities, ledger)
     second, _ = await run_activity(acts.create, req)
 
     assert isinstance(first, CloudCreated) and isinstance(second, CloudCreated), (first, second)
@@ -423,9 +430,7 @@ async def test_worker_killed_between_klings_answer_and_completion_never_makes_a_
     kling, kling_activities, http
 ):
     ledger = KilledBeforeSettling()
-    acts = kling_activities(ledger=ledger)
-    req = create_request()
-    killed, _ = await run_activity(acts.create, req)
+    acts, req, killed = await first_create(kling_activities, ledger)
     assert isinstance(killed, WorkerKilled), killed
     [task] = kling.tasks.values()  # Kling made it; the run never learned its id
     entry = ledger.entry_of(req.job_id)
