@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import queue
 import threading
 import weakref
 from typing import Protocol
@@ -73,22 +74,50 @@ class NvmlReader:
                 self._initialised = False
 
 
+_Answer = asyncio.Future[GpuReading]
+
+
 class _ReadThread:
-    """At most one read of a reader at a time, on a daemon thread (a hung one never holds up the
-    process's exit). A read still running when the next one is asked for is not queued behind
-    it: that one fails at once, "still busy"."""
+    """One daemon thread per reader (a hung one never holds up the process's exit), started on
+    the first read and kept while reads keep coming: starting a thread per read held the event
+    loop up while it started. At most one read at a time: a read asked for while one is still
+    running is not queued behind it, it fails at once, "still busy"."""
+
+    IDLE_S = 60.0  # an idle thread ends; the next read starts another
 
     def __init__(self, gpu: GpuReader) -> None:
         self._gpu = gpu
         self._busy = threading.Lock()
+        self._state = threading.Lock()  # guards _thread against its own idle exit
+        self._thread: threading.Thread | None = None
+        self._work: queue.SimpleQueue[tuple[int, _Answer]] = queue.SimpleQueue()
 
     async def read(self, index: int) -> GpuReading:
         if not self._busy.acquire(blocking=False):
             raise GpuReadError("still busy: an earlier read has not returned (NVML hung?)")
-        loop = asyncio.get_running_loop()
-        answer: asyncio.Future[GpuReading] = loop.create_future()
+        answer: _Answer = asyncio.get_running_loop().create_future()
+        with self._state:
+            try:
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._serve, name="nvml", daemon=True)
+                    self._thread.start()
+            except RuntimeError as exc:  # no thread to be had
+                self._thread = None
+                self._busy.release()
+                raise GpuReadError(f"no thread for NVML ({exc})") from None
+            self._work.put((index, answer))
+        return await answer
 
-        def run() -> None:
+    def _serve(self) -> None:
+        while True:
+            try:
+                index, answer = self._work.get(timeout=self.IDLE_S)
+            except queue.Empty:
+                with self._state:
+                    if self._work.empty():
+                        self._thread = None
+                        return
+                continue
             outcome: GpuReading | GpuReadError
             try:
                 outcome = self._gpu.read(index)
@@ -100,17 +129,10 @@ class _ReadThread:
             finally:
                 self._busy.release()
             with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits
-                loop.call_soon_threadsafe(_settle, answer, outcome)
-
-        try:
-            threading.Thread(target=run, name="nvml", daemon=True).start()
-        except RuntimeError as exc:  # no thread to be had
-            self._busy.release()
-            raise GpuReadError(f"no thread for NVML ({exc})") from None
-        return await answer
+                answer.get_loop().call_soon_threadsafe(_settle, answer, outcome)
 
 
-def _settle(answer: asyncio.Future[GpuReading], outcome: GpuReading | GpuReadError) -> None:
+def _settle(answer: _Answer, outcome: GpuReading | GpuReadError) -> None:
     if answer.done():  # the probe timed out meanwhile
         return
     if isinstance(outcome, GpuReadError):

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pynvml
 import pytest
 
-from activities.nvml import GpuReadError, NvmlReader, read_apart
+from activities.nvml import GpuReadError, NvmlReader, _ReadThread, read_apart
 
 GIB = 1024**3
 
@@ -91,17 +91,30 @@ async def test_reads_apart_run_on_nvmls_own_thread(fake_nvml, monkeypatch):
     real = NvmlReader.read
 
     def read(self: NvmlReader, index: int):
-        threads.append(threading.current_thread().name)
+        threads.append(threading.current_thread())
         return real(self, index)
 
     monkeypatch.setattr(NvmlReader, "read", read)
     reader = NvmlReader()
     assert (await read_apart(reader, 0)).util_pct == 73.0
     assert (await read_apart(reader, 0)).util_pct == 73.0  # the thread is free again
-    assert threads == ["nvml", "nvml"]
+    # one thread, kept between reads (starting one per read held the event loop up)
+    assert threads[0] is threads[1] and threads[0].name == "nvml"
 
 
 async def test_any_exception_in_a_read_apart_is_one_line_read_error(fake_nvml):
     fake_nvml.fail = ZeroDivisionError("division by zero")
     with pytest.raises(GpuReadError, match=r"^ZeroDivisionError: division by zero$"):
         await read_apart(NvmlReader(), 0)
+
+
+async def test_an_idle_reader_thread_ends_and_the_next_read_starts_another(fake_nvml):
+    reader = NvmlReader()
+    apart = _ReadThread(reader)
+    apart.IDLE_S = 0.05
+    assert (await apart.read(0)).util_pct == 73.0
+    first = apart._thread
+    assert first is not None
+    first.join(timeout=5)
+    assert apart._thread is None
+    assert (await apart.read(0)).util_pct == 73.0
