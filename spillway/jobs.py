@@ -29,20 +29,33 @@ from temporalio.client import (
     WorkflowUpdateRPCTimeoutOrCancelledError,
     WorkflowUpdateStage,
 )
-from temporalio.common import Priority, WorkflowIDReusePolicy
+from temporalio.common import (
+    Priority,
+    SearchAttributePair,
+    TypedSearchAttributes,
+    WorkflowIDReusePolicy,
+)
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from spillway import search_attributes as sa
 from spillway.errors import ConfigError, Failed
-from spillway.models import ApprovalDecision, CloudRequest, JobState, Plan, Progress, VideoJob
+from spillway.models import (
+    PLAN_MEMO,
+    PRIORITY_MEMO,
+    ApprovalDecision,
+    CloudRequest,
+    JobState,
+    Plan,
+    Progress,
+    VideoJob,
+)
 from spillway.settings import describe_validation_error
 from workflows.job_input import NAME
 from workflows.video_job import APPROVAL_SIGNAL, DECIDE_UPDATE
 
 # Temporal refuses payloads over 2 MB; a graph that big is not an API-format graph anyway.
 MAX_GRAPH_BYTES = 1_500_000
-PRIORITY_MEMO = "priority"  # memo key `list` reads a job's priority from
 
 
 class JobSummary(BaseModel):
@@ -135,6 +148,7 @@ def build_job(
 async def submit(client: Client, job: VideoJob, task_queue: str) -> WorkflowHandle[Any, Plan]:
     nodes = ", ".join(sorted({n["class_type"] for n in job.graph.values()}))
     cloud = f'cloud prompt: "{job.cloud.prompt[:80]}"' if job.cloud else "local only"
+    plan = Plan(job_id=job.job_id)
     try:
         return await client.start_workflow(
             NAME,
@@ -144,7 +158,11 @@ async def submit(client: Client, job: VideoJob, task_queue: str) -> WorkflowHand
             result_type=Plan,
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
             priority=Priority(priority_key=job.priority),
-            memo={PRIORITY_MEMO: job.priority},
+            # What the job's first workflow task would publish, set at once: `status` and
+            # `list` know the job before a worker picks it up, and the workflow upserts
+            # nothing then (workflows/job_base.py, _published_at_start).
+            memo={PLAN_MEMO: plan, PRIORITY_MEMO: job.priority},
+            search_attributes=TypedSearchAttributes([SearchAttributePair(sa.STATE, plan.state)]),
             static_summary=f"video job {job.job_id}: {len(job.graph)} nodes; {cloud}",
             static_details=f"ComfyUI nodes: {nodes}",
         )
@@ -160,7 +178,7 @@ async def status(client: Client, job_id: str) -> Plan:
         if exc.status == RPCStatusCode.NOT_FOUND:
             raise Failed(f"job {job_id} not found") from None
         raise
-    plan = await description.memo_value("plan", None, type_hint=Plan) or Plan(job_id=job_id)
+    plan = await description.memo_value(PLAN_MEMO, None, type_hint=Plan) or Plan(job_id=job_id)
     match description.status:
         case WorkflowExecutionStatus.COMPLETED:
             result: Plan = await handle.result()

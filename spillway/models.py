@@ -189,6 +189,12 @@ JobState = Literal[
 FINAL_STATES: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
 
 
+# The memo keys a job publishes: its plan (`spillway status` without a worker) and its priority
+# (`list`: Temporal's list does not return an execution's priority).
+PLAN_MEMO = "plan"
+PRIORITY_MEMO = "priority"
+
+
 class Plan(BaseModel):
     """What `spillway status` and the `plan` query show (docs/design.md, "The command-line
     contract")."""

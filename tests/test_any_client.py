@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from typing import Any
 
 import pytest
-from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
 from temporalio.exceptions import ApplicationError
 
+from spillway import search_attributes as sa
 from spillway.models import Plan
 from tests.support.graphs import VIDEO_GRAPH
 from tests.support.jobs import RunJobs
@@ -74,3 +77,39 @@ async def test_good_json_from_a_raw_client_runs_like_a_job_from_the_cli(run_jobs
         )
         plan = await handle.result()
     assert (plan.state, plan.route, plan.job_id) == ("completed", "local", job_id)
+
+
+async def _publications_before_the_policy_read(handle: WorkflowHandle[Any, Plan]) -> int:
+    """Upserts (search attributes, memo) the job's first workflow task made."""
+    published = (
+        EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES,
+        EventType.EVENT_TYPE_WORKFLOW_PROPERTIES_MODIFIED,
+    )
+    count = 0
+    async for event in handle.fetch_history_events():
+        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            break
+        count += event.event_type in published
+    return count
+
+
+async def test_a_job_from_spillways_client_starts_with_its_first_publication(run_jobs: RunJobs):
+    # The raw job publishes "probing" in its first workflow task; spillway's client starts a
+    # job with that memo and search attribute, so the first task upserts nothing.
+    job_id = f"raw-{uuid.uuid4().hex[:10]}"
+    async with run_jobs(RouteStubs(FREE)) as jobs:
+        ours = await jobs.start(prompt=None)
+        started = await ours.describe()
+        raw = await jobs.client.start_workflow(
+            "VideoJobWorkflow",
+            {"job_id": job_id, "graph": VIDEO_GRAPH},
+            id=job_id,
+            task_queue=jobs.task_queue,
+            result_type=Plan,
+        )
+        plans = [await ours.result(), await raw.result()]
+        counts = [await _publications_before_the_policy_read(h) for h in (ours, raw)]
+    assert [p.state for p in plans] == ["completed", "completed"]
+    assert await started.memo_value("plan", type_hint=Plan) == Plan(job_id=ours.id)
+    assert started.typed_search_attributes.get(sa.STATE) == "probing"
+    assert counts == [0, 2]

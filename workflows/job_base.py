@@ -21,7 +21,7 @@ with workflow.unsafe.imports_passed_through():
     from spillway import search_attributes as sa
     from spillway.cloud_models import SpendRequest
     from spillway.host_models import HostRef
-    from spillway.models import JobState, Plan, VideoJob
+    from spillway.models import PLAN_MEMO, PRIORITY_MEMO, JobState, Plan, VideoJob
     from spillway.spend_models import SpendEntry, SpendSettle
     from workflows import texts
 
@@ -69,6 +69,27 @@ class JobBase:
         self._plan.state = state
         self._publish()
 
+    def _published_at_start(self) -> str:
+        """The plan's snapshot when the job's start already carries what its first publication
+        would upsert (spillway's own clients start jobs so: see `spillway.jobs.submit`), so that
+        the first workflow task upserts nothing: each upsert is two history events and two
+        visibility writes. "" otherwise (another client, an older job: it publishes as before)."""
+        try:
+            plan = workflow.memo_value(PLAN_MEMO, None, type_hint=Plan)
+            priority = workflow.memo_value(PRIORITY_MEMO, None)
+        except Exception:  # a raw client's memo may hold anything
+            return ""
+        started = workflow.info().typed_search_attributes
+        if (
+            plan != self._plan
+            or priority != self._job.priority
+            or started.get(sa.STATE) != self._plan.state
+            or any(started.get(key) is not None for key in sa.ALL if key is not sa.STATE)
+        ):
+            return ""
+        workflow.set_current_details(texts.current_details(self._plan))
+        return self._plan.model_dump_json()
+
     def _publish(self) -> None:
         plan = self._plan
         snapshot = plan.model_dump_json()
@@ -87,7 +108,7 @@ class JobBase:
         workflow.upsert_search_attributes(updates)
         # `priority` too: `list` reads it there (Temporal's list does not return a priority),
         # also for jobs whose client set no memo of its own.
-        workflow.upsert_memo({"plan": plan, "priority": self._job.priority})
+        workflow.upsert_memo({PLAN_MEMO: plan, PRIORITY_MEMO: self._job.priority})
         workflow.set_current_details(texts.current_details(plan))
 
     def _fail(self, message: str) -> NoReturn:

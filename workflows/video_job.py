@@ -72,7 +72,7 @@ class VideoJobWorkflow(Waiting, LocalRoute):
         pending = self._carry.pending_approval if self._carry else None
         self._pending: Ticket | None = Ticket(pending) if pending else None
         self._deadline = self._carry.approval_deadline if self._carry else datetime.max
-        self._published = ""
+        self._published = "" if continued else self._published_at_start()
         self._notify_task: asyncio.Task[None] | None = None
         self._create_started = datetime.min
         self._unused_reservation = False  # reserved, and no create started for it yet
