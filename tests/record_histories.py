@@ -32,7 +32,7 @@ WAIT = KEY | {"APPROVAL_TIMEOUT_S": 900, "APPROVAL_RECHECK_S": 60}
 async def record(run_jobs: RunJobs, name: str) -> WorkflowHandle[Any, Any]:
     """One job per main path; the name says which."""
     decision = ApprovalDecision(approved=True, by="bär", reason="client deadline")
-    if name == "replay-local":
+    if name in ("replay-local", "replay-local-published-at-start"):
         async with run_jobs(RouteStubs(FREE)) as jobs:
             handle = await jobs.start(job_id=name)
             await handle.result()
@@ -94,6 +94,9 @@ NAMES = (
     "replay-i2v-priority-callback",
     # Since a job asks the ledger for a create of its own before it asks a person.
     "replay-approved-asks-ledger-first",
+    # Since spillway's client starts a job with its first publication (no upsert before the
+    # policy read).
+    "replay-local-published-at-start",
 )
 
 
