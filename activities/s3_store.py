@@ -68,21 +68,17 @@ class S3OutputStore(S3Bucket, OutputStore):
             first = await anext(parts)
             if len(first) < part_bytes:  # the whole body is in hand: one PUT, sha256 known
                 meter.check()
+                final = self._final(key, content_type, digest.hexdigest())
                 with self._errors("PutObject"):
-                    await self._s3.put_object(
-                        Bucket=self._bucket,
-                        Key=key,
-                        Body=first,
-                        ContentType=content_type,
-                        Metadata={"sha256": digest.hexdigest()},
-                    )
+                    await self._s3.put_object(**final, Body=first)
             else:
                 staging = staging_key(key)
                 # Handed over in a list so that this frame does not keep the first part alive.
                 held, first = [first], b""
                 await self._upload(staging, held, parts, meter, content_type)
                 try:
-                    await self._place(staging, key, meter.done, digest.hexdigest(), content_type)
+                    final = self._final(key, content_type, digest.hexdigest())
+                    await self._place(staging, final, meter.done)
                 finally:
                     await self._delete_quietly(staging)
         meter.finish()
@@ -141,7 +137,23 @@ async def open_s3_store(
 ) -> AsyncIterator[S3OutputStore]:
     """One S3 client for the store's whole life."""
     endpoint = str(settings.AWS_ENDPOINT_URL).rstrip("/") if settings.AWS_ENDPOINT_URL else None
-    config = AioConfig(
+    keys = (settings.AWS_ACCESS_KEY_ID, settings.AWS_SECRET_ACCESS_KEY, settings.AWS_SESSION_TOKEN)
+    key_id, secret, token = (k.get_secret_value() if k else None for k in keys)
+    async with get_session().create_client(
+        "s3",
+        region_name=settings.AWS_REGION,
+        endpoint_url=endpoint,
+        aws_access_key_id=key_id,
+        aws_secret_access_key=secret,
+        aws_session_token=token,
+        config=_config(endpoint),
+    ) as client:
+        secrets = tuple(s for s in (key_id, secret, token) if s)
+        yield S3OutputStore(client, bucket, prefix, secrets)
+
+
+def _config(endpoint: str | None) -> AioConfig:
+    return AioConfig(
         connect_timeout=10,
         read_timeout=60,
         retries={"total_max_attempts": S3_ATTEMPTS, "mode": "standard"},
@@ -153,16 +165,3 @@ async def open_s3_store(
         request_checksum_calculation="when_required",
         response_checksum_validation="when_required",
     )
-    keys = (settings.AWS_ACCESS_KEY_ID, settings.AWS_SECRET_ACCESS_KEY, settings.AWS_SESSION_TOKEN)
-    key_id, secret, token = (k.get_secret_value() if k else None for k in keys)
-    async with get_session().create_client(
-        "s3",
-        region_name=settings.AWS_REGION,
-        endpoint_url=endpoint,
-        aws_access_key_id=key_id,
-        aws_secret_access_key=secret,
-        aws_session_token=token,
-        config=config,
-    ) as client:
-        secrets = tuple(s for s in (key_id, secret, token) if s)
-        yield S3OutputStore(client, bucket, prefix, secrets)

@@ -11,7 +11,7 @@ import re
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict, Unpack
 
 import aiohttp
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
@@ -21,7 +21,11 @@ from activities.storage import Progress, StoreError
 
 if TYPE_CHECKING:
     from types_aiobotocore_s3 import S3Client
-    from types_aiobotocore_s3.type_defs import CompletedPartTypeDef, CopySourceTypeDef
+    from types_aiobotocore_s3.type_defs import (
+        CompletedPartTypeDef,
+        CopySourceTypeDef,
+        CreateMultipartUploadRequestTypeDef,
+    )
 
 log = logging.getLogger("spillway.storage")
 
@@ -98,6 +102,40 @@ def staging_key(key: str) -> str:
     return f"{folder}/.{base}.{uuid.uuid4().hex[:12]}.part"
 
 
+class FinalObject(TypedDict):
+    """An object under its final key as this store writes it: its sha256 in the metadata marks
+    it finished (PutObject, CopyObject and a large copy's CreateMultipartUpload all take this)."""
+
+    Bucket: str
+    Key: str
+    ContentType: str
+    Metadata: dict[str, str]
+
+
+class _UploadRef(TypedDict):
+    Bucket: str
+    Key: str
+    UploadId: str
+
+
+class _PartRef(_UploadRef):
+    PartNumber: int
+
+
+class _Parts:
+    """The parts sent so far of one multipart upload, numbered in the order they are added."""
+
+    def __init__(self, upload: _UploadRef) -> None:
+        self.upload = upload
+        self.done: list[CompletedPartTypeDef] = []
+
+    def next_part(self) -> _PartRef:
+        return {**self.upload, "PartNumber": len(self.done) + 1}
+
+    def add(self, part: _PartRef, etag: str) -> None:
+        self.done.append({"ETag": etag, "PartNumber": part["PartNumber"]})
+
+
 class S3Bucket:
     """One bucket through one client: the multipart uploads and copies, and the error mapping."""
 
@@ -106,6 +144,14 @@ class S3Bucket:
     ) -> None:
         self._s3, self._bucket, self._prefix = client, bucket, prefix.strip("/")
         self._secrets = tuple(s for s in secrets if s)
+
+    def _final(self, key: str, content_type: str, sha256: str) -> FinalObject:
+        return {
+            "Bucket": self._bucket,
+            "Key": key,
+            "ContentType": content_type,
+            "Metadata": {"sha256": sha256},
+        }
 
     async def _upload(
         self,
@@ -117,88 +163,59 @@ class S3Bucket:
     ) -> None:
         """A multipart upload of the part in `held` and the rest of `parts`, one in memory at a
         time."""
-        with self._errors("CreateMultipartUpload"):
-            created = await self._s3.create_multipart_upload(
-                Bucket=self._bucket, Key=key, ContentType=content_type
-            )
-        upload_id = created["UploadId"]
-        async with self._completed(key, upload_id) as done:
+        async with self._multipart(Bucket=self._bucket, Key=key, ContentType=content_type) as up:
             part: bytes | None = held.pop()
             while part is not None:
-                number = len(done) + 1
-                if number > MAX_PARTS:
+                at = up.next_part()
+                if at["PartNumber"] > MAX_PARTS:
                     raise StoreError(
                         f"the body needs more than {MAX_PARTS} parts: pass its size as size_hint",
                         retryable=False,
                     )
                 with self._errors("UploadPart"):
-                    sent = await self._s3.upload_part(
-                        Bucket=self._bucket,
-                        Key=key,
-                        UploadId=upload_id,
-                        PartNumber=number,
-                        Body=part,
-                    )
-                done.append({"ETag": sent["ETag"], "PartNumber": number})
+                    sent = await self._s3.upload_part(**at, Body=part)
+                up.add(at, sent["ETag"])
                 part = None  # let it go before the next one is read
                 part = await anext(parts, None)
             meter.check()
 
     @contextlib.asynccontextmanager
-    async def _completed(
-        self, key: str, upload_id: str
-    ) -> AsyncIterator[list[CompletedPartTypeDef]]:
-        """The parts the block adds to upload `upload_id`, completed when it ends; aborted on
-        any failure, cancellation included, so no upload is left to bill."""
-        done: list[CompletedPartTypeDef] = []
+    async def _multipart(
+        self, **create: Unpack[CreateMultipartUploadRequestTypeDef]
+    ) -> AsyncIterator[_Parts]:
+        """A multipart upload, created now; the parts the block adds to it are completed when it
+        ends, and it is aborted on any failure, cancellation included, so none is left to bill."""
+        with self._errors("CreateMultipartUpload"):
+            created = await self._s3.create_multipart_upload(**create)
+        up = _Parts(
+            {"Bucket": create["Bucket"], "Key": create["Key"], "UploadId": created["UploadId"]}
+        )
         try:
-            yield done
+            yield up
             with self._errors("CompleteMultipartUpload"):
                 await self._s3.complete_multipart_upload(
-                    Bucket=self._bucket,
-                    Key=key,
-                    UploadId=upload_id,
-                    MultipartUpload={"Parts": done},
+                    **up.upload, MultipartUpload={"Parts": up.done}
                 )
         except BaseException:
-            await self._abort_quietly(key, upload_id)
+            await self._abort_quietly(create["Key"], up.upload["UploadId"])
             raise
 
-    async def _place(
-        self, staging: str, key: str, size: int, sha256: str, content_type: str
-    ) -> None:
-        """Server-side copy of the staging object to `key` with its sha256 (no bytes travel)."""
-        metadata = {"sha256": sha256}
+    async def _place(self, staging: str, final: FinalObject, size: int) -> None:
+        """Server-side copy of the staging object to its final key (no bytes travel)."""
         source: CopySourceTypeDef = {"Bucket": self._bucket, "Key": staging}
         if size <= SINGLE_COPY_LIMIT:
             with self._errors("CopyObject"):
-                await self._s3.copy_object(
-                    Bucket=self._bucket,
-                    Key=key,
-                    CopySource=source,
-                    Metadata=metadata,
-                    MetadataDirective="REPLACE",
-                    ContentType=content_type,
-                )
+                await self._s3.copy_object(**final, CopySource=source, MetadataDirective="REPLACE")
             return
-        with self._errors("CreateMultipartUpload"):
-            created = await self._s3.create_multipart_upload(
-                Bucket=self._bucket, Key=key, ContentType=content_type, Metadata=metadata
-            )
-        upload_id = created["UploadId"]
-        async with self._completed(key, upload_id) as done:
-            for number, start in enumerate(range(0, size, COPY_PART_BYTES), 1):
+        async with self._multipart(**final) as up:
+            for start in range(0, size, COPY_PART_BYTES):
                 end = min(start + COPY_PART_BYTES, size) - 1
+                at = up.next_part()
                 with self._errors("UploadPartCopy"):
                     copied = await self._s3.upload_part_copy(
-                        Bucket=self._bucket,
-                        Key=key,
-                        UploadId=upload_id,
-                        PartNumber=number,
-                        CopySource=source,
-                        CopySourceRange=f"bytes={start}-{end}",
+                        **at, CopySource=source, CopySourceRange=f"bytes={start}-{end}"
                     )
-                done.append({"ETag": copied["CopyPartResult"]["ETag"], "PartNumber": number})
+                up.add(at, copied["CopyPartResult"]["ETag"])
 
     async def _clear_stale(self, key: str) -> None:
         """Aborts the uploads and deletes the staging objects of an earlier attempt at `key`
