@@ -276,14 +276,16 @@ def _extension(cls: NodeClass, inputs: dict[str, Any]) -> str:
 
 
 @lru_cache(maxsize=8)
-def _pattern(key: str) -> bytes:
-    return hashlib.shake_256(key.encode()).digest(BLOCK)
+def _pattern(key: str, length: int) -> bytes:
+    # SHAKE is a stream: a shorter digest is the start of a longer one, so a small file costs
+    # only its own bytes (512-byte outputs had each hashed a whole MiB).
+    return hashlib.shake_256(key.encode()).digest(length)
 
 
 def iter_content(key: str, size: int) -> Iterator[bytes]:
     """The file's bytes in blocks of at most 1 MiB: one block of pseudo-random bytes derived from
     the key, repeated."""
-    block = _pattern(key)
+    block = _pattern(key, min(size, BLOCK))
     full, rest = divmod(size, BLOCK)
     for _ in range(full):
         yield block
