@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,16 +66,38 @@ def new_id() -> str:
 WAITS = KEY | {"APPROVAL_TIMEOUT_S": 3600}
 
 
-async def submit_until_waiting(
-    jobs: Jobs, env: dict[str, str], graph_file: Path, job_id: str, prompt: str = "x"
-) -> WorkflowHandle[Any, Plan]:
-    """`spillway submit` of a job that will wait for approval; its handle once it waits."""
-    args = ("--graph", str(graph_file), "--job-id", job_id, "--prompt", prompt)
-    code, _, err = await spillway("submit", *args, env=env)
-    assert code == 0, err
-    handle: WorkflowHandle[Any, Plan] = jobs.client.get_workflow_handle(job_id)
-    await jobs.until(handle, "awaiting_approval")
-    return handle
+@dataclass
+class WaitingJob:
+    """A job `spillway submit` started that now waits for approval, with what the CLI needs to
+    reach it (`env`), its handle, and the route stubs of its worker."""
+
+    id: str
+    env: dict[str, str]
+    handle: WorkflowHandle[Any, Plan]
+    stubs: RouteStubs
+    task_queue: str
+
+
+@pytest.fixture
+def waiting_job(
+    run_dev_jobs: RunJobs, job_env, graph_file: Path
+) -> Callable[..., AbstractAsyncContextManager[WaitingJob]]:
+    """`async with waiting_job(prompt=...) as job:` a worker with WAITS on a busy A40 and a job
+    submitted to it once it awaits approval; the worker stops when the block ends."""
+
+    @asynccontextmanager
+    async def start(prompt: str = "x") -> AsyncIterator[WaitingJob]:
+        job_id, stubs = new_id(), RouteStubs(BUSY)
+        async with run_dev_jobs(stubs, **WAITS) as jobs:
+            env = job_env(jobs)
+            args = ("--graph", str(graph_file), "--job-id", job_id, "--prompt", prompt)
+            code, _, err = await spillway("submit", *args, env=env)
+            assert code == 0, err
+            handle: WorkflowHandle[Any, Plan] = jobs.client.get_workflow_handle(job_id)
+            await jobs.until(handle, "awaiting_approval")
+            yield WaitingJob(job_id, env, handle, stubs, jobs.task_queue)
+
+    return start
 
 
 async def assert_never_started(dev_env: WorkflowEnvironment, job_id: str) -> None:
@@ -173,46 +198,41 @@ async def test_an_existing_job_id_is_refused_with_exit_1(run_dev_jobs, job_env, 
 
 
 async def test_waiting_job_shows_why_in_status_list_and_the_ui_then_approve_sends_it_to_cloud(
-    run_dev_jobs: RunJobs, job_env, graph_file
+    waiting_job,
 ):
-    job_id = new_id()
-    stubs = RouteStubs(BUSY)
-    async with run_dev_jobs(stubs, **WAITS) as jobs:
-        env = job_env(jobs)
-        await submit_until_waiting(jobs, env, graph_file, job_id, prompt="a lighthouse")
-
-        code, out, _ = await spillway("status", job_id, "--json", env=env)
+    async with waiting_job(prompt="a lighthouse") as job:
+        code, out, _ = await spillway("status", job.id, "--json", env=job.env)
         status = json.loads(out)
         assert (
             status["state"] == "awaiting_approval" and status["overflow"]["trigger"] == "overloaded"
         )
         assert status["overflow"]["last_signal"]["reasons"] == BUSY.reasons
 
-        code, out, _ = await spillway("list", "--state", "awaiting_approval", "--json", env=env)
+        code, out, _ = await spillway("list", "--state", "awaiting_approval", "--json", env=job.env)
         listed = {j["job_id"]: j for j in json.loads(out)}
-        assert listed[job_id]["state"] == "awaiting_approval" and listed[job_id]["route"] is None
-        assert set(listed[job_id]) == {"job_id", "state", "route", "started", "host", "priority"}
-        assert listed[job_id]["priority"] == 3  # the default
+        assert listed[job.id]["state"] == "awaiting_approval" and listed[job.id]["route"] is None
+        assert set(listed[job.id]) == {"job_id", "state", "route", "started", "host", "priority"}
+        assert listed[job.id]["priority"] == 3  # the default
 
         # The Temporal UI's "current details", read with the real temporal CLI.
-        details = await temporal_metadata(env, job_id)
+        details = await temporal_metadata(job.env, job.id)
         assert "Waiting for approval" in details and BUSY.reasons[0] in details
-        assert f"spillway approve {job_id}" in details
+        assert f"spillway approve {job.id}" in details
 
         code, out, err = await spillway(
-            "approve", job_id, "--by", "bär", "--reason", "deadline", env=env
+            "approve", job.id, "--by", "bär", "--reason", "deadline", env=job.env
         )
         assert code == 0 and "approved" in out, err
-        code, out, _ = await spillway("watch", job_id, env=env)
+        code, out, _ = await spillway("watch", job.id, env=job.env)
         assert code == 0
 
-        code, out, _ = await spillway("status", job_id, "--json", env=env)
+        code, out, _ = await spillway("status", job.id, "--json", env=job.env)
         status = json.loads(out)
     assert (status["state"], status["route"]) == ("completed", "cloud")
     assert status["approval"]["by"] == "bär" and status["approval"]["reason"] == "deadline"
-    assert status["cloud"]["task_id"] == f"task-{job_id}"
+    assert status["cloud"]["task_id"] == f"task-{job.id}"
     assert status["cloud"]["estimated_cost_usd"] == CLIP_USD
-    assert stubs.calls[names.MINIMAX_CREATE] == 1
+    assert job.stubs.calls[names.MINIMAX_CREATE] == 1
 
 
 async def temporal_metadata(env: dict[str, str], job_id: str) -> str:
@@ -276,41 +296,32 @@ async def test_armed_job_status_never_shows_the_key(run_dev_jobs, job_env, graph
     assert key not in out and key not in history.to_json()
 
 
-async def test_the_ui_signal_with_plain_json_rejects_a_waiting_job(
-    run_dev_jobs: RunJobs, job_env, graph_file
-):
+async def test_the_ui_signal_with_plain_json_rejects_a_waiting_job(waiting_job):
     # What the Temporal UI's "Send a Signal" sends: the signal name and a JSON object.
-    job_id = new_id()
-    stubs = RouteStubs(BUSY)
-    async with run_dev_jobs(stubs, **WAITS) as jobs:
-        env = job_env(jobs)
-        handle = await submit_until_waiting(jobs, env, graph_file, job_id)
+    async with waiting_job() as job:
         await temporal(
-            env, "workflow", "signal", "--workflow-id", job_id, "--name", "approval",
+            job.env, "workflow", "signal", "--workflow-id", job.id, "--name", "approval",
             "--input", '{"approved": false, "by": "ui-user", "reason": "too expensive"}',
         )  # fmt: skip
-        code, out, _ = await spillway("watch", job_id, env=env)
-        summary = await (await handle.describe()).static_summary()
+        code, out, _ = await spillway("watch", job.id, env=job.env)
+        summary = await (await job.handle.describe()).static_summary()
     assert code == 0 and "completed on the local route" in out
     assert "rejected by ui-user" in out and "too expensive" in out
-    assert summary is not None and summary.startswith(f"video job {job_id}: 3 nodes")
-    assert stubs.calls[names.MINIMAX_CREATE] == 0
+    assert summary is not None and summary.startswith(f"video job {job.id}: 3 nodes")
+    assert job.stubs.calls[names.MINIMAX_CREATE] == 0
 
 
 async def test_an_approval_without_a_running_worker_is_applied_when_one_starts(
-    run_dev_jobs: RunJobs, job_env, graph_file
+    run_dev_jobs: RunJobs, waiting_job
 ):
-    job_id = new_id()
-    stubs = RouteStubs(BUSY)
-    async with run_dev_jobs(stubs, **WAITS) as jobs:
-        env = job_env(jobs)
-        await submit_until_waiting(jobs, env, graph_file, job_id)
-    code, out, err = await spillway("approve", job_id, "--by", "bär", env=env)
+    async with waiting_job() as job:
+        pass  # its worker stops, the job still waiting
+    code, out, err = await spillway("approve", job.id, "--by", "bär", env=job.env)
     assert code == 0 and "no worker answered" in out, err
-    async with run_dev_jobs(stubs, task_queue=jobs.task_queue, **WAITS):
-        code, out, _ = await spillway("watch", job_id, env=env)
+    async with run_dev_jobs(job.stubs, task_queue=job.task_queue, **WAITS):
+        code, out, _ = await spillway("watch", job.id, env=job.env)
     assert code == 0 and "completed on the cloud route" in out and "approved by bär" in out
-    assert stubs.calls[names.MINIMAX_CREATE] == 1
+    assert job.stubs.calls[names.MINIMAX_CREATE] == 1
 
 
 @pytest.mark.parametrize(

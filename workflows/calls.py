@@ -61,6 +61,18 @@ async def read_policy(job_id: str) -> Policy:
     )
 
 
+async def read_policy_here(job_id: str) -> Policy:
+    """`read_policy` as a local activity: the worker running the job's workflow task reads its
+    own policy (it serves `read_policy` too), recorded as a marker with the same result; one
+    activity task and one workflow task less per job, ~0.2 s of a decision under load."""
+    return await workflow.execute_local_activity_method(
+        PolicyActivities.read_policy,
+        PolicyRequest(job_id=job_id),
+        start_to_close_timeout=timedelta(seconds=30),
+        retry_policy=FREE_RETRY,
+    )
+
+
 async def probe(
     job_id: str, host: HostRef | None, priority: Priority = Priority.default
 ) -> LoadStatus:

@@ -26,6 +26,7 @@ from workflows.approvals import (
     LOCAL,
     NO_INPUT,
     PATCH_CALLBACKS,
+    PATCH_POLICY_HERE,
     RouteChoice,
     Ticket,
     raw_text,
@@ -112,7 +113,10 @@ class VideoJobWorkflow(Waiting, LocalRoute):
                 policy = self._carry.policy
             else:
                 self._publish()
-                policy = await calls.read_policy(job.job_id)
+                if workflow.patched(PATCH_POLICY_HERE):
+                    policy = await calls.read_policy_here(job.job_id)
+                else:
+                    policy = await calls.read_policy(job.job_id)
             # A dead worker's long activity moves to another worker after this (at most 30 s).
             self._heartbeat = timedelta(seconds=policy.heartbeat_timeout_s)
             self._hosts = policy.hosts
