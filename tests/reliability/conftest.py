@@ -1,6 +1,7 @@
 """Fixtures of the reliability suite (issue 7): one Temporal dev server process for the session
-(Web UI included, so its API can be read), worker processes on it, and the session's
-`sightings`. The secrets scenario runs last, so it sees what every other scenario left behind.
+(Web UI included, so its API can be read), worker processes on it, the session's `sightings`,
+and `killed_mid_download`, the download-kill scenario the worker and the agent both go through.
+The secrets scenario runs last, so it sees what every other scenario left behind.
 
 `slow` marks the scenarios a quick local run skips (`pytest -m "not slow"`); CI runs them all.
 """
@@ -8,7 +9,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,16 @@ import pytest
 
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
-from tests.reliability.harness import WORKER_DEFAULTS, DevServer, Sightings, Worker
+from tests.reliability.harness import (
+    BIG_VIDEO_BYTES,
+    WORKER_DEFAULTS,
+    DevServer,
+    Sightings,
+    Worker,
+    assert_whole_video_fetched_again,
+    kill_mid_download,
+    posts_of,
+)
 from tests.support.jobs import Jobs
 from tests.support.worker_process import worker_env
 
@@ -108,3 +118,27 @@ async def armed(
         COMFYUI_URL=comfyui.url, MINIMAX_BASE_URL=minimax.url, CLOUD_VIDEO_FALLBACK_ENABLED=1
     )
     return worker, jobs_on(worker)
+
+
+@pytest.fixture
+def killed_mid_download(
+    comfyui: ComfyUISim, tmp_path: Path
+) -> Callable[[Worker, Jobs, str], Awaitable[None]]:
+    """`await killed_mid_download(downloader, jobs, prompt)`: a job is submitted, the process
+    fetching its video (`downloader`, a worker or an agent) is SIGKILLed part-way through, then
+    started again; the job must complete on the local route at its first attempt, with its whole
+    video fetched again and one POST to ComfyUI. ComfyUI renders BIG_VIDEO_BYTES in 0.1 s."""
+    comfyui.execution_s = 0.1
+    comfyui.output_bytes = BIG_VIDEO_BYTES
+
+    async def scenario(downloader: Worker, jobs: Jobs, prompt: str) -> None:
+        job_id = await jobs.submit(prompt)
+        job_dir = tmp_path / "outputs" / job_id
+        await kill_mid_download(downloader, job_dir, comfyui.output_bytes)
+        await downloader.start()
+        plan = await jobs.finished(job_id)
+        assert (plan.state, plan.route, plan.local_attempts) == ("completed", "local", 1)
+        await assert_whole_video_fetched_again(plan, comfyui, job_dir)
+        assert posts_of(comfyui, [job_id]) == {job_id: 1}
+
+    return scenario

@@ -5,16 +5,9 @@ again, the job completes with its whole video and ComfyUI saw one POST for its p
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
-from tests.reliability.harness import (
-    BIG_VIDEO_BYTES,
-    assert_whole_video_fetched_again,
-    kill_mid_download,
-    posts_of,
-)
+from tests.reliability.harness import posts_of
 
 AGENT = ["agent", "--host", "a40_local"]
 
@@ -43,21 +36,10 @@ async def test_an_agent_killed_mid_render_picks_the_wait_up_again_after_restart(
 
 
 async def test_an_agent_killed_mid_download_fetches_the_whole_video_after_restart(
-    workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim, tmp_path: Path
+    workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim, killed_mid_download
 ):
-    comfyui.execution_s = 0.1
-    comfyui.output_bytes = BIG_VIDEO_BYTES
     worker = await workers(args=["worker", "--no-agents"], MINIMAX_BASE_URL=minimax.url)
     agent = await workers(
         args=AGENT, SPILLWAY_TASK_QUEUE=worker.task_queue, COMFYUI_URL=comfyui.url
     )
-    jobs = jobs_on(worker)
-    job_id = await jobs.submit("agent killed mid-download")
-    job_dir = tmp_path / "outputs" / job_id
-    await kill_mid_download(agent, job_dir, comfyui.output_bytes)
-    await agent.start()
-
-    plan = await jobs.finished(job_id)
-    assert (plan.state, plan.route, plan.local_attempts) == ("completed", "local", 1)
-    await assert_whole_video_fetched_again(plan, comfyui, job_dir)
-    assert posts_of(comfyui, [job_id]) == {job_id: 1}
+    await killed_mid_download(agent, jobs_on(worker), "agent killed mid-download")

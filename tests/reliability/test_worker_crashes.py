@@ -11,19 +11,15 @@ MiniMax at most one create per job.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from temporalio.api.enums.v1 import PendingWorkflowTaskState
 
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
 from tests.reliability.harness import (
-    BIG_VIDEO_BYTES,
     Sightings,
-    assert_whole_video_fetched_again,
     cli,
     creates_of,
-    kill_mid_download,
     polling,
     posts_of,
 )
@@ -102,19 +98,8 @@ async def test_a_worker_killed_while_jobs_await_approval_keeps_every_decision(
 
 
 async def test_a_worker_killed_mid_download_fetches_the_whole_video_again_after_restart(
-    workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim, tmp_path: Path
+    workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim, killed_mid_download
 ):
-    comfyui.execution_s = 0.1
-    comfyui.output_bytes = BIG_VIDEO_BYTES
     worker = await workers(COMFYUI_URL=comfyui.url, MINIMAX_BASE_URL=minimax.url)
-    jobs = jobs_on(worker)
-    job_id = await jobs.submit("killed mid-download")
-    job_dir = tmp_path / "outputs" / job_id
-    await kill_mid_download(worker, job_dir, comfyui.output_bytes)
-
-    await worker.start()
-    plan = await jobs.finished(job_id)
-    assert (plan.state, plan.route, plan.local_attempts) == ("completed", "local", 1)
-    await assert_whole_video_fetched_again(plan, comfyui, job_dir)
-    assert posts_of(comfyui, [job_id]) == {job_id: 1}
+    await killed_mid_download(worker, jobs_on(worker), "killed mid-download")
     assert minimax.create_calls == 0
