@@ -1,19 +1,67 @@
-"""What every cloud provider's create activity (activities/minimax.py, activities/kling.py)
-shares around its one paid request: the jittered backoff between provable "not now"s, the first
-frame as the provider takes it, and how the guard's outcome becomes the activity's result or its
-ambiguous failure's details."""
+"""What every cloud provider's activities (activities/minimax.py, activities/kling.py) share
+around their one paid request: the base class that holds the settings, the timing, the output
+store and the guard every create runs inside, the jittered backoff between provable "not now"s,
+the first frame as the provider takes it, and how the guard's outcome becomes the activity's
+result or its ambiguous failure's details."""
 
 from __future__ import annotations
 
 import random
+from collections.abc import Awaitable, Callable
+from typing import Generic, Protocol, TypeVar
 
 import httpx
 
+from activities.heartbeat import Heartbeat
 from activities.inputs import data_url, read_input
-from activities.spend import CreatedOnce
+from activities.ledger_client import Ledger
+from activities.spend import CreatedOnce, CreateGuard
 from activities.storage import OutputStore
-from spillway.cloud_models import CloudCreated, CreateVerdict
-from spillway.models import JobInput
+from activities.store_owner import OwnsOutputStore
+from spillway.cloud_models import CloudCreate, CloudCreated, CreateVerdict
+from spillway.models import JobInput, Progress
+from spillway.settings import Settings
+
+
+class Timing(Protocol):
+    @property
+    def heartbeat_every_s(self) -> float: ...
+
+
+TimingT = TypeVar("TimingT", bound=Timing)
+
+
+class CloudActivities(OwnsOutputStore, Generic[TimingT]):
+    """A provider's activity class: `timing` None takes the provider's defaults with a beat six
+    times per heartbeat timeout; `store` None opens a store of its own (OwnsOutputStore)."""
+
+    def __init__(
+        self,
+        http: httpx.AsyncClient,
+        settings: Settings,
+        ledger: Ledger,
+        timing: TimingT | None = None,
+        store: OutputStore | None = None,
+    ) -> None:
+        self._http, self._settings = http, settings
+        every = settings.SPILLWAY_HEARTBEAT_TIMEOUT_S / 6
+        self._timing = timing or self._default_timing(every)
+        self._guard = CreateGuard(ledger, settings)
+        self._use_store(settings, store)
+
+    def _default_timing(self, heartbeat_every_s: float) -> TimingT:
+        raise NotImplementedError
+
+    async def _create_once(
+        self, req: CloudCreate, send: Callable[[Heartbeat], Awaitable[CreateVerdict]]
+    ) -> CreatedOnce:
+        """`send(heartbeat)`, once, inside the guard (the right world, armed, the ledger's
+        begin, the outcome settled)."""
+        # Beats through the ledger's begin and settle too: a slow ledger is not a dead worker.
+        async with Heartbeat(self._timing.heartbeat_every_s, Progress(phase="reserving")) as hb:
+            return await self._guard.create(
+                req.job_id, req.authorisation, req.simulated, lambda: send(hb)
+            )
 
 
 class Backoff:

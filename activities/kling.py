@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import asyncio
 
-import httpx
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities import cloud_create
+from activities.cloud_create import CloudActivities
 from activities.handover import unless_shutting_down
 from activities.heartbeat import Heartbeat
 from activities.inputs import InputUnreadable
@@ -31,11 +31,7 @@ from activities.kling_create import AMBIGUOUS_CREATE as AMBIGUOUS_CREATE
 from activities.kling_create import KlingCreator, ambiguous, refused_message
 from activities.kling_download import DOWNLOAD_FAILED as DOWNLOAD_FAILED
 from activities.kling_download import VIDEO_GONE as VIDEO_GONE
-from activities.kling_download import KlingDownloader
-from activities.ledger_client import Ledger
-from activities.spend import CreateGuard
-from activities.storage import OutputStore
-from activities.store_owner import OwnsOutputStore
+from activities.kling_download import KlingDownloader, kling_failure
 from spillway import activity_names as names
 from spillway.cloud_models import (
     CloudCreate,
@@ -53,7 +49,6 @@ from spillway.kling_requests import (
     external_task_id,
 )
 from spillway.models import Downloaded, Progress
-from spillway.settings import Settings
 
 # Error types the workflow names in its retry policies and failure handling (with the
 # download's DOWNLOAD_FAILED and VIDEO_GONE, imported above from activities/kling_download.py,
@@ -69,21 +64,9 @@ KINDS: tuple[Kind, ...] = ("text2video", "image2video")
 KEY_NAMES = ("KLING_ACCESS_KEY", "KLING_SECRET_KEY")
 
 
-class KlingActivities(OwnsOutputStore):
-    def __init__(
-        self,
-        http: httpx.AsyncClient,
-        settings: Settings,
-        ledger: Ledger,
-        timing: KlingTiming | None = None,
-        store: OutputStore | None = None,
-    ) -> None:
-        self._http, self._settings = http, settings
-        self._timing = timing or KlingTiming(
-            heartbeat_every_s=settings.SPILLWAY_HEARTBEAT_TIMEOUT_S / 6
-        )
-        self._guard = CreateGuard(ledger, settings)
-        self._use_store(settings, store)
+class KlingActivities(CloudActivities[KlingTiming]):
+    def _default_timing(self, heartbeat_every_s: float) -> KlingTiming:
+        return KlingTiming(heartbeat_every_s=heartbeat_every_s)
 
     # --- create: the only call that costs money -----------------------------------------
 
@@ -91,16 +74,7 @@ class KlingActivities(OwnsOutputStore):
     async def create(self, req: CloudCreate) -> CloudCreated:
         client = self._client(retryable=False)
         external = external_task_id(req.job_id, activity.info().workflow_run_id or "")
-        # Beats through the ledger's begin and settle too: a slow ledger is not a dead worker.
-        async with Heartbeat(self._timing.heartbeat_every_s, Progress(phase="reserving")) as hb:
-            creator = KlingCreator(client, self._timing, req.job_id, external, hb)
-            done = await self._guard.create(
-                req.job_id,
-                req.authorisation,
-                req.simulated,
-                lambda: self._send_create(req, external, creator),
-            )
-        verdict = done.verdict
+        done = await self._create_once(req, lambda hb: self._send_create(req, client, external, hb))
         if (made := cloud_create.created(done)) is not None:
             activity.logger.info(
                 "Kling task %s created for job %s (external_task_id %s, create requests: %d)",
@@ -110,6 +84,7 @@ class KlingActivities(OwnsOutputStore):
                 made.create_calls,
             )
             return made
+        verdict = done.verdict
         details = {"job_id": req.job_id, "code": verdict.code, "create_calls": verdict.attempts}
         if verdict.outcome == "refused" and verdict.code in REFUSED_CODES:
             raise ApplicationError(
@@ -122,7 +97,7 @@ class KlingActivities(OwnsOutputStore):
         raise ambiguous(req, verdict, external, str(self._settings.KLING_BASE_URL))
 
     async def _send_create(
-        self, req: CloudCreate, external: str, creator: KlingCreator
+        self, req: CloudCreate, client: KlingClient, external: str, hb: Heartbeat
     ) -> CreateVerdict:
         s = self._settings
         try:
@@ -148,6 +123,7 @@ class KlingActivities(OwnsOutputStore):
                 message=f"Kling would refuse job {req.job_id}'s request ({exc}): nothing was "
                 "sent to Kling and nothing was charged",
             )
+        creator = KlingCreator(client, self._timing, req.job_id, external, hb)
         return await creator.run(kind, body)
 
     # --- poll: free, retried by Temporal ---------------------------------------------------
@@ -204,16 +180,9 @@ class KlingActivities(OwnsOutputStore):
             except KlingError as exc:
                 if exc.code == TASK_NOT_FOUND:
                     continue
-                if exc.retryable:
-                    raise ApplicationError(str(exc), type=UNAVAILABLE) from None
-                raise ApplicationError(
-                    f"Kling refuses to report task {req.task_id} of job {req.job_id} ({exc}): "
-                    "check KLING_ACCESS_KEY, KLING_SECRET_KEY and the account. The task exists "
-                    "and may be charged; its video stays in Kling's console for 30 days.",
-                    {"task_id": req.task_id, "code": exc.code},
-                    type=REFUSED,
-                    non_retryable=True,
-                ) from None
+                refusal = _refusal(req, exc)
+                details = {"task_id": req.task_id, "code": exc.code}
+                raise kling_failure(exc, UNAVAILABLE, REFUSED, refusal, details) from None
         return None
 
     def _done(self, req: CloudPoll, task: KlingTask) -> CloudDone:
@@ -265,3 +234,11 @@ class KlingActivities(OwnsOutputStore):
                 non_retryable=not retryable,
             )
         return KlingClient(self._http, str(s.KLING_BASE_URL), values[0], values[1], self._timing)
+
+
+def _refusal(req: CloudPoll, exc: KlingError) -> str:
+    return (
+        f"Kling refuses to report task {req.task_id} of job {req.job_id} ({exc}): check "
+        "KLING_ACCESS_KEY, KLING_SECRET_KEY and the account. The task exists and may be charged; "
+        "its video stays in Kling's console for 30 days."
+    )

@@ -9,6 +9,7 @@ fetch it; Kling deletes videos after 30 days, and a URL answering 404/410 will n
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 import httpx
 from temporalio import activity
@@ -80,13 +81,24 @@ class KlingDownloader:
                             req.job_id, name, chunks, size, progress_beats(hb)
                         )
             except KlingError as exc:
-                if exc.retryable:
-                    raise ApplicationError(str(exc), type=DOWNLOAD_FAILED) from None
-                raise ApplicationError(
-                    f"the video of Kling task {req.task_id} (job {req.job_id}) is gone: {exc}. "
-                    "Kling deletes videos 30 days after it makes them and such a URL does not "
-                    "come back; the task was charged. Resubmit the job to render it again.",
-                    {"task_id": req.task_id, "http_status": exc.http_status},
-                    type=VIDEO_GONE,
-                    non_retryable=True,
-                ) from None
+                gone = _gone(req, exc)
+                details = {"task_id": req.task_id, "http_status": exc.http_status}
+                raise kling_failure(exc, DOWNLOAD_FAILED, VIDEO_GONE, gone, details) from None
+
+
+def kling_failure(
+    exc: KlingError, retried_as: str, final_as: str, explained: str, details: Mapping[str, object]
+) -> ApplicationError:
+    """A KlingError as a free activity's failure (the poll's too): retried as `retried_as` while
+    asking Kling again may help, else final as `final_as`, `explained` telling a person why."""
+    if exc.retryable:
+        return ApplicationError(str(exc), type=retried_as)
+    return ApplicationError(explained, details, type=final_as, non_retryable=True)
+
+
+def _gone(req: CloudDownload, exc: KlingError) -> str:
+    return (
+        f"the video of Kling task {req.task_id} (job {req.job_id}) is gone: {exc}. Kling deletes "
+        "videos 30 days after it makes them and such a URL does not come back; the task was "
+        "charged. Resubmit the job to render it again."
+    )

@@ -13,17 +13,17 @@ retry freely.
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import TypeVar
 
-import httpx
 from pydantic import BaseModel
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities import cloud_create
+from activities.cloud_create import CloudActivities
 from activities.handover import unless_shutting_down
 from activities.heartbeat import Heartbeat
-from activities.ledger_client import Ledger
 from activities.minimax_client import (
     MiniMaxClient,
     MiniMaxKeyProblem,
@@ -36,9 +36,6 @@ from activities.minimax_download import DOWNLOAD_FAILED as DOWNLOAD_FAILED
 from activities.minimax_download import PERMANENT as PERMANENT
 from activities.minimax_download import UNAVAILABLE as UNAVAILABLE
 from activities.minimax_download import MiniMaxDownloader
-from activities.spend import CreateGuard
-from activities.storage import OutputStore
-from activities.store_owner import OwnsOutputStore
 from spillway import activity_names as names
 from spillway.cloud_models import (
     CloudCreate,
@@ -55,7 +52,6 @@ from spillway.minimax_answers import (
     permanent_message,
 )
 from spillway.models import Downloaded, Progress
-from spillway.settings import Settings
 
 _A = TypeVar("_A", bound=BaseModel)
 # Error types the workflow names in its retry policies and failure handling; PERMANENT,
@@ -66,38 +62,21 @@ NO_KEY = "MiniMaxNoKey"
 TASK_FAILED = "MiniMaxTaskFailed"
 
 
-class MiniMaxActivities(OwnsOutputStore):
-    def __init__(
-        self,
-        http: httpx.AsyncClient,
-        settings: Settings,
-        ledger: Ledger,
-        timing: MiniMaxTiming | None = None,
-        store: OutputStore | None = None,
-    ) -> None:
-        self._settings = settings
-        timing = timing or MiniMaxTiming(
-            heartbeat_every_s=settings.SPILLWAY_HEARTBEAT_TIMEOUT_S / 6
-        )
-        self._client = MiniMaxClient(http, settings, timing)
-        self._guard = CreateGuard(ledger, settings)
-        self._creator = MiniMaxCreator(self._client, self._use_store(settings, store), http)
+class MiniMaxActivities(CloudActivities[MiniMaxTiming]):
+    def _default_timing(self, heartbeat_every_s: float) -> MiniMaxTiming:
+        return MiniMaxTiming(heartbeat_every_s=heartbeat_every_s)
+
+    @functools.cached_property
+    def _client(self) -> MiniMaxClient:
+        return MiniMaxClient(self._http, self._settings, self._timing)
 
     # --- create: the only call that costs money -----------------------------------------
 
     @activity.defn(name=names.MINIMAX_CREATE)
     async def create(self, req: CloudCreate) -> CloudCreated:
         key = self._key(retryable=False)
-        every = self._client.timing.heartbeat_every_s
-        # Beats through the ledger's begin and settle too: a slow ledger is not a dead worker.
-        async with Heartbeat(every, Progress(phase="reserving")) as hb:
-            done = await self._guard.create(
-                req.job_id,
-                req.authorisation,
-                req.simulated,
-                lambda: self._creator.run(req, key, hb),
-            )
-        verdict = done.verdict
+        creator = MiniMaxCreator(self._client, self._store, self._http)
+        done = await self._create_once(req, lambda hb: creator.run(req, key, hb))
         if (made := cloud_create.created(done)) is not None:
             activity.logger.info(
                 "MiniMax task %s created for job %s (create requests sent: %d)",
@@ -106,6 +85,7 @@ class MiniMaxActivities(OwnsOutputStore):
                 made.create_calls,
             )
             return made
+        verdict = done.verdict
         if verdict.outcome == "refused" and verdict.code in PERMANENT_CODES:
             raise ApplicationError(
                 permanent_message(verdict.code, verdict.message, task_id=None),
@@ -120,7 +100,7 @@ class MiniMaxActivities(OwnsOutputStore):
                 type=CREATE_GAVE_UP,
                 non_retryable=True,
             )
-        raise self._creator.ambiguous(req, verdict)
+        raise creator.ambiguous(req, verdict)
 
     # --- poll: free, retried by Temporal without limit -------------------------------------
 
