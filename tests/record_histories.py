@@ -32,7 +32,7 @@ WAIT = KEY | {"APPROVAL_TIMEOUT_S": 900, "APPROVAL_RECHECK_S": 60}
 async def record(run_jobs: RunJobs, name: str) -> WorkflowHandle[Any, Any]:
     """One job per main path; the name says which."""
     decision = ApprovalDecision(approved=True, by="bär", reason="client deadline")
-    if name in ("replay-local", "replay-local-published-at-start"):
+    if name in ("replay-local", "replay-local-published-at-start", "replay-local-policy-here"):
         async with run_jobs(RouteStubs(FREE)) as jobs:
             handle = await jobs.start(job_id=name)
             await handle.result()
@@ -97,6 +97,8 @@ NAMES = (
     # Since spillway's client starts a job with its first publication (no upsert before the
     # policy read).
     "replay-local-published-at-start",
+    # Since a job reads the policy as a local activity (patch policy-read-as-local-activity).
+    "replay-local-policy-here",
 )
 
 

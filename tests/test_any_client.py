@@ -79,17 +79,16 @@ async def test_good_json_from_a_raw_client_runs_like_a_job_from_the_cli(run_jobs
     assert (plan.state, plan.route, plan.job_id) == ("completed", "local", job_id)
 
 
-async def _publications_before_the_policy_read(handle: WorkflowHandle[Any, Plan]) -> int:
-    """Upserts (search attributes, memo) the job's first workflow task made."""
-    published = (
-        EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES,
-        EventType.EVENT_TYPE_WORKFLOW_PROPERTIES_MODIFIED,
-    )
+async def _publications_before_the_probe(handle: WorkflowHandle[Any, Plan]) -> int:
+    """The job's own upserts (state, memo) before its first activity: not Temporal's
+    TemporalChangeVersion, which every patch upserts."""
     count = 0
     async for event in handle.fetch_history_events():
         if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
             break
-        count += event.event_type in published
+        upserted = event.upsert_workflow_search_attributes_event_attributes.search_attributes
+        count += sa.STATE.name in upserted.indexed_fields
+        count += event.event_type == EventType.EVENT_TYPE_WORKFLOW_PROPERTIES_MODIFIED
     return count
 
 
@@ -108,7 +107,7 @@ async def test_a_job_from_spillways_client_starts_with_its_first_publication(run
             result_type=Plan,
         )
         plans = [await ours.result(), await raw.result()]
-        counts = [await _publications_before_the_policy_read(h) for h in (ours, raw)]
+        counts = [await _publications_before_the_probe(h) for h in (ours, raw)]
     assert [p.state for p in plans] == ["completed", "completed"]
     assert await started.memo_value("plan", type_hint=Plan) == Plan(job_id=ours.id)
     assert started.typed_search_attributes.get(sa.STATE) == "probing"
