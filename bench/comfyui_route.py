@@ -5,8 +5,10 @@ server and worker.
 
     .venv/bin/python bench/comfyui_route.py [--jobs 200]
 
-Prints jobs/s for both, their ratio, and p50/p99 from the job's start to ComfyUI's POST /prompt
-(server-side times from each job's history: start event to comfyui_submit completed).
+Prints jobs/s for both, their ratio, p50/p99 from the job's start to ComfyUI's POST /prompt
+(server-side times from each job's history: start event to comfyui_submit completed), and the
+CPU time per job of each process for both: on a machine of few cores they share the cores, so
+the ratio is the ratio of their CPU costs.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import tempfile
 import time
 import uuid
 from datetime import datetime
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +33,7 @@ from temporalio.worker import Worker
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.bare_workflow import BareWorkflow, noop
-from bench.common import run_main, start_dev_server, start_doubles
+from bench.common import child_pid, cpu_s, run_main, start_dev_server, start_doubles
 from spillway.jobs import submit
 from spillway.models import VideoJob
 from spillway.settings import Settings
@@ -38,7 +41,8 @@ from spillway.tiers import load_tiers
 from tests.support.graphs import VIDEO_GRAPH
 from worker import serving
 
-STEPS = 5  # read_policy, a40_load_status, comfyui_submit, comfyui_wait, comfyui_download
+# read_policy (a local activity), a40_load_status, comfyui_submit, comfyui_wait, comfyui_download
+STEPS = 5
 
 
 async def start_to_post_s(client: Client, handle: WorkflowHandle[Any, Any]) -> float:
@@ -98,7 +102,17 @@ async def main(jobs: int) -> None:
     bare_worker = Worker(
         env.client, task_queue=queue + "-bare", workflows=[BareWorkflow], activities=[noop]
     )
+    processes = {
+        "worker and bench": os.getpid(),
+        "Temporal server": child_pid("temporal"),
+        "doubles": sims.pid,
+    }
+
+    def cpu() -> dict[str, float]:
+        return {name: cpu_s(pid) for name, pid in processes.items()}
+
     async with serving(env.client, settings, tiers), bare_worker:
+        cpu_at = [cpu()]
         started = time.perf_counter()
         bare = [
             await env.client.start_workflow(
@@ -108,6 +122,7 @@ async def main(jobs: int) -> None:
         ]
         await asyncio.gather(*(h.result() for h in bare))
         bare_s = time.perf_counter() - started
+        cpu_at.append(cpu())
 
         started = time.perf_counter()
         handles = [
@@ -116,6 +131,7 @@ async def main(jobs: int) -> None:
         ]
         plans = await asyncio.gather(*(h.result() for h in handles))
         spillway_s = time.perf_counter() - started
+        cpu_at.append(cpu())
 
     assert all(p.state == "completed" and p.route == "local" for p in plans)
     to_post = [await start_to_post_s(env.client, h) for h in handles]
@@ -128,6 +144,10 @@ async def main(jobs: int) -> None:
     )
     print(f"  ratio                               {spillway_rate / bare_rate:6.2f}")
     print(f"  start -> POST /prompt   p50 {q[49] * 1000:.0f} ms   p99 {q[98] * 1000:.0f} ms")
+    print("  CPU ms per job          bare   LOCAL")
+    for name in processes:
+        bare_ms, local_ms = (1000 * (b[name] - a[name]) / jobs for a, b in pairwise(cpu_at))
+        print(f"    {name:<20} {bare_ms:7.1f} {local_ms:7.1f}")
     if os.environ.get("BENCH_DETAIL"):
         await print_activity_times(env.client, handles)
     sims.terminate()

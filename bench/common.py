@@ -86,6 +86,24 @@ async def start_worker(
     )  # fmt: skip
 
 
+def cpu_s(pid: int) -> float:
+    """The CPU time (user + system) process `pid` has used so far, in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def child_pid(command: str) -> int:
+    """This process's child running `command` (e.g. the `temporal` dev server the SDK started)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            name, rest = stat.read_text().split(") ", 1)
+        except OSError:  # gone meanwhile
+            continue
+        if name.endswith(f"({command}") and int(rest.split()[1]) == os.getpid():
+            return int(stat.parent.name)
+    raise RuntimeError(f"no child process {command}")
+
+
 def status_kib(field: str, pid: int | str = "self") -> int:
     """A kB field of /proc/PID/status: VmRSS now, VmHWM the peak."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
