@@ -22,7 +22,7 @@ import pytest
 from activities.kling import KlingActivities
 from activities.kling_client import KlingTiming
 from spillway.sim.kling import KlingSim
-from tests.support.minimax import FAST_WAITS, BookLedger
+from tests.support.minimax import FAST_WAITS, BookLedger, cloud_activities
 from tests.support.settings import SettingsFactory, settings_on
 
 CANARY_ACCESS = "kling-CANARY-access-51c0e2"
@@ -62,13 +62,7 @@ def kling_settings(kling: KlingSim, tmp_path: Path) -> SettingsFactory:
 def kling_activities(
     http: httpx.AsyncClient, kling_settings: SettingsFactory
 ) -> Callable[..., KlingActivities]:
-    def make(
-        timing: KlingTiming = FAST, ledger: BookLedger | None = None, **overrides: Any
-    ) -> KlingActivities:
-        settings = kling_settings(**overrides)
-        return KlingActivities(http, settings, ledger or KlingBookLedger(), timing)
-
-    return make
+    return cloud_activities(KlingActivities, http, kling_settings, FAST, KlingBookLedger)
 
 
 class KlingBookLedger(BookLedger):

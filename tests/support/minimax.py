@@ -5,20 +5,22 @@
 - `minimax_activities(timing=FAST, ledger=None, **overrides)`: MiniMaxActivities on
   `minimax_settings`, with `FAST` timing and a `BookLedger` (the real book-keeping, in process)
   that reserves a job on its first create.
-- `FAST_WAITS`: the waits MiniMax's and Kling's FAST timings share.
+- `FAST_WAITS`: the waits MiniMax's and Kling's FAST timings share; `cloud_activities`: the
+  factory both providers' activity fixtures return.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import pytest
 
 from activities.minimax import MiniMaxActivities
 from activities.minimax_client import MiniMaxTiming
+from spillway.settings import Settings
 from spillway.sim.minimax import MiniMaxSim
 from spillway.spend_book import SpendBook
 from spillway.spend_models import (
@@ -31,6 +33,9 @@ from spillway.spend_models import (
 )
 from tests.support.constants import CANARY_KEY, CLIP_USD
 from tests.support.settings import SettingsFactory
+
+A = TypeVar("A")
+T = TypeVar("T")
 
 VIDEO_SIZE = 300_000  # a few chunks, so the download streams and reports progress
 
@@ -57,12 +62,21 @@ async def minimax() -> AsyncIterator[MiniMaxSim]:
 def minimax_activities(
     http: httpx.AsyncClient, minimax_settings: SettingsFactory
 ) -> Callable[..., MiniMaxActivities]:
-    def make(
-        timing: MiniMaxTiming = FAST, ledger: BookLedger | None = None, **overrides: Any
-    ) -> MiniMaxActivities:
-        return MiniMaxActivities(
-            http, minimax_settings(**overrides), ledger or BookLedger(), timing
-        )
+    return cloud_activities(MiniMaxActivities, http, minimax_settings, FAST, BookLedger)
+
+
+def cloud_activities(
+    activities: Callable[[httpx.AsyncClient, Settings, BookLedger, T], A],
+    http: httpx.AsyncClient,
+    settings: SettingsFactory,
+    fast: T,
+    new_ledger: Callable[[], BookLedger],
+) -> Callable[..., A]:
+    """`make(timing=fast, ledger=None, **overrides)`: a provider's activities on
+    `settings(**overrides)`, with a `new_ledger()` unless the test brings its own."""
+
+    def make(timing: T = fast, ledger: BookLedger | None = None, **overrides: Any) -> A:
+        return activities(http, settings(**overrides), ledger or new_ledger(), timing)
 
     return make
 
