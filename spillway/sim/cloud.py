@@ -8,7 +8,7 @@ import asyncio
 import hashlib
 from collections import deque
 from collections.abc import Callable
-from typing import Literal
+from typing import Literal, TypedDict
 
 from aiohttp import web
 
@@ -18,8 +18,23 @@ CreateFault = Literal["hang", "drop"]
 MP4_HEAD = b"\x00\x00\x00\x18ftypmp42\x00\x00\x00\x00mp42isom"
 
 
+class Listening(TypedDict, total=False):
+    """What every cloud double takes besides its own keys and knobs, passed on to CloudSim."""
+
+    host: str
+    port: int
+    video_size: int
+
+
 class CloudSim(SimServer):
-    def __init__(self, host: str, port: int, *, video_size: int, video_seed: str) -> None:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        video_size: int = 256 * 1024,
+        video_seed: str,
+    ) -> None:
         super().__init__(host, port)
         self.video_size = video_size
         self._video_seed = video_seed

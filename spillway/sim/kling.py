@@ -34,7 +34,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Unpack
 
 from aiohttp import web
 
@@ -46,7 +46,7 @@ from spillway.kling_requests import (
     PROMPT_MAX_CHARS,
     verify_jwt,
 )
-from spillway.sim.cloud import CloudSim
+from spillway.sim.cloud import CloudSim, Listening
 from spillway.sim.server import json_body
 
 SIM_ACCESS_KEY = "sim-kling-access-key"
@@ -90,15 +90,13 @@ def _verifier(access_key: str, secret_key: str) -> Callable[[str, int], str | No
 class KlingSim(CloudSim):
     def __init__(
         self,
-        host: str = "127.0.0.1",
-        port: int = 0,
         *,
         access_key: str = SIM_ACCESS_KEY,
         secret_key: str = SIM_SECRET_KEY,
-        video_size: int = 256 * 1024,
         clock: Callable[[], float] = time.time,
+        **listening: Unpack[Listening],
     ) -> None:
-        super().__init__(host, port, video_size=video_size, video_seed="spillway-kling-sim-video")
+        super().__init__(video_seed="spillway-kling-sim-video", **listening)
         self._verify = _verifier(access_key, secret_key)
         self.clock = clock
         self.tasks: dict[str, SimTask] = {}

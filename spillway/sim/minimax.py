@@ -26,13 +26,13 @@ import time
 import uuid
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Unpack
 
 from aiohttp import web
 
 from spillway.minimax_answers import STATUS_MSGS
 from spillway.models import MINIMAX_MODELS
-from spillway.sim.cloud import CloudSim
+from spillway.sim.cloud import CloudSim, Listening
 from spillway.sim.server import json_body
 
 CREATE_PATH = "/v1/video_generation"
@@ -90,14 +90,12 @@ class _Script:
 class MiniMaxSim(CloudSim):
     def __init__(
         self,
-        host: str = "127.0.0.1",
-        port: int = 0,
         *,
         api_key: str = SIM_API_KEY,
-        video_size: int = 256 * 1024,
         filename: str = "output.mp4",
+        **listening: Unpack[Listening],
     ) -> None:
-        super().__init__(host, port, video_size=video_size, video_seed="spillway-sim-video")
+        super().__init__(video_seed="spillway-sim-video", **listening)
         # Only a digest is kept, so no dump of the double can show the key.
         self._expected_auth = _digest(f"Bearer {api_key}".encode())
         self.filename = filename
