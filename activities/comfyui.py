@@ -123,8 +123,9 @@ class ComfyUIActivities(OwnsOutputStore):
         the agent's one socket listens under its own id."""
         self._watcher.start()  # the socket is open before the prompt can start
         earlier = self._earlier_post(req.prompt_id)
-        details = SubmitProgress(phase="looking", posted_at=earlier)
-        async with Heartbeat(self._heartbeat_every_s, details) as heartbeat:
+        async with Heartbeat(self._heartbeat_every_s) as heartbeat:
+            # Not beaten on entry: the "posting" beat below must be this attempt's first.
+            heartbeat.update(SubmitProgress(phase="looking", posted_at=earlier))
             with activity_errors():
                 # Absent while an earlier POST may still land: give it its grace first.
                 until = None if earlier is None else earlier.timestamp() + self._post_grace_s
@@ -294,7 +295,5 @@ class ComfyUIActivities(OwnsOutputStore):
 
 
 def _show(heartbeat: Heartbeat, progress: Progress) -> None:
-    # A change is beaten at once, since a person follows it in the UI; the same details again
-    # wait for the regular beat.
-    if progress != heartbeat.details:
-        heartbeat.update(progress, now=True)
+    # Shown at the next regular beat: a render or download that ends before it sends none.
+    heartbeat.update(progress)

@@ -108,5 +108,4 @@ class ComfyUIFiles:
 
 
 def _show(heartbeat: Heartbeat, progress: Progress) -> None:
-    if progress != heartbeat.details:  # a change at once; the same again waits for the beat
-        heartbeat.update(progress, now=True)
+    heartbeat.update(progress)  # at the next regular beat

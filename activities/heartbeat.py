@@ -5,6 +5,14 @@ Temporal notices a dead worker only through missing heartbeats, and the workflow
 timeout is short (SPILLWAY_HEARTBEAT_TIMEOUT_S, at most 30 s). A request or a backoff can take
 longer than that, so the beat runs in the background, independent of what the activity awaits:
 a slow server never looks like a dead worker, and a dead worker is noticed within the timeout.
+
+A block that starts without details beats nothing on entry: the timeout counts from the
+activity's start, so the first regular beat (after `every_s`, shorter than the timeout) is soon
+enough, and an activity that ends sooner sends none (a job's ComfyUI wait and download each sent
+one for nothing). That also keeps the first beat free for what must reach the server at once:
+Temporal's SDK sends an attempt's first heartbeat immediately and holds later ones back for up
+to 0.8 of the timeout, so a submit's "posting" beat (its next attempt's warning of a POST in
+flight) must be that first one.
 """
 
 from __future__ import annotations
@@ -20,8 +28,8 @@ from spillway.models import Progress
 
 class Heartbeat:
     """`async with Heartbeat(every_s, details) as hb:` heartbeats the latest details on entry and
-    every `every_s` seconds until the block ends. `details=None` heartbeats without details
-    (nothing is known yet, e.g. ComfyUI has not answered)."""
+    every `every_s` seconds until the block ends. `details=None` beats nothing on entry and then
+    beats without details until some are known (e.g. ComfyUI has not answered yet)."""
 
     def __init__(self, every_s: float, details: Progress | None = None) -> None:
         if every_s <= 0:
@@ -34,9 +42,9 @@ class Heartbeat:
         return self._details
 
     def update(self, details: Progress, *, now: bool = False) -> None:
-        """Beat `details` from now on; `now=True` also beats them at once, for a change a person
-        follows in the UI (a new phase, a node's progress) that should not wait for the next
-        beat. Temporal's SDK throttles what it sends to the server, so frequent beats are cheap."""
+        """Beat `details` from now on; `now=True` also beats them at once, for what the server
+        must have before the activity goes on (see the module's docstring). Temporal's SDK
+        throttles what it sends to the server, so frequent beats are cheap."""
         self._details = details
         if now:
             self.beat()
@@ -54,7 +62,8 @@ class Heartbeat:
             self.beat()
 
     async def __aenter__(self) -> Self:
-        self.beat()
+        if self._details is not None:
+            self.beat()
         self._task = asyncio.create_task(self._beat_forever())
         return self
 

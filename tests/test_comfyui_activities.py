@@ -157,16 +157,15 @@ async def test_download_reports_bytes_in_its_heartbeats(
 ):
     comfyui.execution_s = 0
     comfyui.output_bytes = 8 * 1024 * 1024
-    acts = comfyui_activities()
+    acts = comfyui_activities(heartbeat_every_s=0.001)  # beats between the download's chunks
     req = await submit_new_job(acts, VIDEO_GRAPH)
     finished, _ = await run_activity(acts.wait, wait_request(req))
     _, heartbeats = await run_activity(
         acts.download, ComfyUIDownload(job_id=req.job_id, files=finished.files)
     )
-    last = [p for p in heartbeats if p][-1]
-    assert last == Progress(
-        phase="downloading", node="job_00001_.mp4", value=8 << 20, max=8 << 20, percent=100.0
-    )
+    shown = [p for p in heartbeats if p and p.phase == "downloading"]
+    assert shown and all(p.node == "job_00001_.mp4" and p.max == 8 << 20 for p in shown)
+    assert all(p.value is not None and 0 <= p.value <= 8 << 20 for p in shown)
 
 
 @pytest.mark.parametrize(("subfolder", "filename"), ESCAPING_OUTPUTS)
@@ -354,6 +353,9 @@ async def test_another_agent_retrying_a_submit_reads_the_unanswered_post_from_it
     assert isinstance(failed, ApplicationError) and failed.type == "ComfyUIUnavailable"
     [last] = [b for b in heartbeats if isinstance(b, SubmitProgress)][-1:]
     assert last.phase == "posting" and last.posted_at is not None
+    # The attempt's first beat: Temporal's SDK sends that one at once and holds later ones back,
+    # so an agent killed mid-POST has told the server already.
+    assert heartbeats[0] == last
 
     # The retry runs on another agent: what it knows comes through Temporal as JSON.
     retry = ActivityEnvironment()

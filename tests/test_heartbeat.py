@@ -1,5 +1,6 @@
 """The one heartbeat of long activities: it beats while the activity waits on something else,
-always with the latest details, and a change can be shown at once."""
+always with the latest details, on entry only when it has some, and what must reach the server
+can be beaten at once."""
 
 from __future__ import annotations
 
@@ -55,6 +56,23 @@ async def test_update_now_beats_the_change_before_the_next_regular_beat():
 
     beats = await beats_of(polling)
     assert beats == [Progress(phase="polling"), Progress(phase="Processing")]
+
+
+async def test_a_block_without_details_that_ends_before_the_first_beat_sends_none():
+    async def quick() -> None:
+        async with Heartbeat(0.5) as heartbeat:
+            heartbeat.update(Progress(phase="downloaded"))
+
+    assert await beats_of(quick) == []
+
+
+async def test_without_details_the_first_urgent_update_is_the_first_beat():
+    async def submitting() -> None:
+        async with Heartbeat(60.0) as heartbeat:
+            heartbeat.update(Progress(phase="looking"))
+            heartbeat.update(Progress(phase="posting"), now=True)
+
+    assert await beats_of(submitting) == [Progress(phase="posting")]
 
 
 async def test_beats_stop_when_the_block_ends_even_by_an_error():
