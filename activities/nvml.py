@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import queue
 import threading
+import time
 import weakref
 from typing import Protocol
 
@@ -80,10 +81,13 @@ _Answer = asyncio.Future[GpuReading]
 class _ReadThread:
     """One daemon thread per reader (a hung one never holds up the process's exit), started on
     the first read and kept while reads keep coming: starting a thread per read held the event
-    loop up while it started. At most one read at a time: a read asked for while one is still
-    running is not queued behind it, it fails at once, "still busy"."""
+    loop up while it started. One read at a time: probes that ask for the same GPU while a read
+    is on its way share it (fifty jobs probing at once read NVML once); a read asked for while
+    one has been running for `SHARE_S` or more (NVML answers in milliseconds: that one hangs), or
+    one of another GPU is running, is not queued behind it: it fails at once, "still busy"."""
 
     IDLE_S = 60.0  # an idle thread ends; the next read starts another
+    SHARE_S = 0.2
 
     def __init__(self, gpu: GpuReader) -> None:
         self._gpu = gpu
@@ -91,11 +95,18 @@ class _ReadThread:
         self._state = threading.Lock()  # guards _thread against its own idle exit
         self._thread: threading.Thread | None = None
         self._work: queue.SimpleQueue[tuple[int, _Answer]] = queue.SimpleQueue()
+        self._latest: tuple[int, float, _Answer] | None = None  # (GPU, when asked, answer)
 
     async def read(self, index: int) -> GpuReading:
+        loop = asyncio.get_running_loop()
+        latest = self._latest
+        if latest is not None and not latest[2].done() and latest[2].get_loop() is loop:
+            gpu, asked, answer = latest
+            if gpu == index and time.monotonic() - asked < self.SHARE_S:
+                return await asyncio.shield(answer)
         if not self._busy.acquire(blocking=False):
             raise GpuReadError("still busy: an earlier read has not returned (NVML hung?)")
-        answer: _Answer = asyncio.get_running_loop().create_future()
+        answer = loop.create_future()
         with self._state:
             try:
                 if self._thread is None:
@@ -106,7 +117,9 @@ class _ReadThread:
                 self._busy.release()
                 raise GpuReadError(f"no thread for NVML ({exc})") from None
             self._work.put((index, answer))
-        return await answer
+        self._latest = (index, time.monotonic(), answer)
+        # Shielded: a caller that gives up (its probe's timeout) leaves the answer to the others.
+        return await asyncio.shield(answer)
 
     def _serve(self) -> None:
         while True:

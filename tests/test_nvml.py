@@ -3,6 +3,7 @@ replacing pynvml's functions, and the real "library not found" path is exercised
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from types import SimpleNamespace
 
@@ -118,3 +119,17 @@ async def test_an_idle_reader_thread_ends_and_the_next_read_starts_another(fake_
     first.join(timeout=5)
     assert apart._thread is None
     assert (await apart.read(0)).util_pct == 73.0
+
+
+async def test_reads_asked_for_together_share_one_read(fake_nvml, monkeypatch):
+    reads = []
+    real = NvmlReader.read
+
+    def read(self: NvmlReader, index: int):
+        reads.append(index)
+        return real(self, index)
+
+    monkeypatch.setattr(NvmlReader, "read", read)
+    reader = NvmlReader()
+    readings = await asyncio.gather(*(read_apart(reader, 0) for _ in range(10)))
+    assert [r.util_pct for r in readings] == [73.0] * 10 and reads == [0]
