@@ -168,6 +168,10 @@ async def submit(client: Client, job: VideoJob, task_queue: str) -> WorkflowHand
         )
     except WorkflowAlreadyStartedError:
         raise Failed(f"job {job.job_id} already exists: choose another --job-id") from None
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.INVALID_ARGUMENT and sa.STATE.name in exc.message:
+            raise Failed(f"{exc.message}: run `spillway init` once for this namespace") from None
+        raise
 
 
 async def status(client: Client, job_id: str) -> Plan:

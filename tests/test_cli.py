@@ -18,6 +18,7 @@ from spillway import search_attributes
 from spillway.cli import build_parser
 from tests.support.cli import one_line, spillway
 from tests.support.constants import FREE_VRAM_PCT
+from tests.support.graphs import VIDEO_GRAPH
 
 LOAD_KEYS = {
     "reachable",
@@ -170,7 +171,9 @@ async def test_broken_routing_tiers_exit_2_naming_the_field(cli_env, tmp_path):
     assert "video_tiers.0.location" in one_line(err)
 
 
-async def test_init_registers_search_attributes_once(cli_env, dev_env: WorkflowEnvironment):
+async def test_init_registers_search_attributes_once_and_submit_asks_for_it(
+    cli_env, dev_env: WorkflowEnvironment, tmp_path
+):
     namespace = f"init-{uuid.uuid4().hex[:8]}"
     await dev_env.client.workflow_service.register_namespace(
         RegisterNamespaceRequest(
@@ -179,6 +182,12 @@ async def test_init_registers_search_attributes_once(cli_env, dev_env: WorkflowE
     )
     address = dev_env.client.service_client.config.target_host
     env = cli_env(TEMPORAL_ADDRESS=address, TEMPORAL_NAMESPACE=namespace)
+
+    graph = tmp_path / "graph.json"
+    graph.write_text(json.dumps(VIDEO_GRAPH))
+    code, out, err = await spillway("submit", "--graph", str(graph), env=env)
+    assert code == 1 and out == ""
+    assert "SpillwayState: run `spillway init` once for this namespace" in one_line(err)
 
     code, out, err = await spillway("init", env=env)
     assert code == 0, err
