@@ -107,6 +107,7 @@ class _ReadThread:
         if not self._busy.acquire(blocking=False):
             raise GpuReadError("still busy: an earlier read has not returned (NVML hung?)")
         answer = loop.create_future()
+        answer.add_done_callback(_retrieved)
         with self._state:
             try:
                 if self._thread is None:
@@ -143,6 +144,12 @@ class _ReadThread:
                 self._busy.release()
             with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits
                 answer.get_loop().call_soon_threadsafe(_settle, answer, outcome)
+
+
+def _retrieved(answer: _Answer) -> None:
+    # Every caller may have given up on a read that ends later: no "never retrieved" warning.
+    if not answer.cancelled():
+        answer.exception()
 
 
 def _settle(answer: _Answer, outcome: GpuReading | GpuReadError) -> None:
