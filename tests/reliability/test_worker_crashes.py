@@ -82,13 +82,16 @@ async def test_a_worker_killed_while_jobs_await_approval_keeps_every_decision(
     )
     assert code == 0 and set(ids) <= {j["job_id"] for j in json.loads(out)}
     await worker.start()
+    # The signal sent while no worker ran is applied first; once that job is done the worker
+    # surely serves the jobs, so the reject below is answered by the update, not sent as a signal.
+    approved_plan = await jobs.finished(approved)
     code, out, err = await cli(sightings, "reject", rejected, "--by", "owner", env=worker.env)
     assert code == 0 and "rejected" in out, err
     plan = await jobs.finished(rejected)
     assert (plan.state, plan.route) == ("completed", "local")
     comfyui.set_vram_used_pct(FREE_VRAM_PCT)
 
-    approved_plan, freed_plan = [await jobs.finished(j) for j in (approved, freed)]
+    freed_plan = await jobs.finished(freed)
     assert (approved_plan.state, approved_plan.route) == ("completed", "cloud")
     assert approved_plan.approval is not None and approved_plan.approval.by == "owner"
     assert (freed_plan.state, freed_plan.route) == ("completed", "local")
