@@ -35,7 +35,7 @@ from activities.minimax_client import MiniMaxTiming
 from activities.nvml import GpuReader, NvmlReader
 from activities.queues import Agent, QueueWork, main_work
 from activities.spend import budgets_of
-from activities.storage import open_output_store
+from activities.store_opening import open_output_store
 from spillway import search_attributes as sa
 from spillway.errors import ConfigError
 from spillway.hosts import gpu_hosts

@@ -3,7 +3,8 @@ a test or a tool gives none, a store of its own, opened at first use and closed 
 
 from __future__ import annotations
 
-from activities.storage import LazyOutputStore, OutputStore
+from activities.storage import OutputStore
+from activities.store_opening import LazyOutputStore
 from spillway.settings import Settings
 
 

@@ -34,7 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from activities.comfyui import ComfyUIActivities
 from activities.s3_upload import PART_BYTES
-from activities.storage import OutputStore, StoredOutput, open_output_store
+from activities.storage import OutputStore, StoredOutput
+from activities.store_opening import open_output_store
 from bench.common import comfyui_finished, reset_peak, serve_comfyui, status_kib
 from spillway.comfyui_models import ComfyUIDownload
 from spillway.settings import Settings

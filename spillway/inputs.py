@@ -259,7 +259,8 @@ async def _store(
 ) -> list[JobInput]:
     # Imported here: the workflow imports this module for `with_inputs`, and the store's
     # imports (httpx, aiobotocore) have no business in its sandbox.
-    from activities.storage import StoreError, UnsafeName, chunks_of, open_output_store
+    from activities.storage import StoreError, UnsafeName, chunks_of
+    from activities.store_opening import open_output_store
 
     inputs: list[JobInput] = []
     stored: dict[str, str] = {}  # sha256 -> uri: the same file for two nodes is stored once

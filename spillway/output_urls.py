@@ -26,7 +26,8 @@ async def presign_outputs(
     `status`."""
     if not any(out.uri and out.uri.startswith("s3://") for out in plan.outputs):
         return plan
-    from activities.storage import StoreError, presign
+    from activities.storage import StoreError
+    from activities.store_opening import presign
 
     outputs: list[OutputFile] = []
     for out in plan.outputs:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from activities.storage import open_output_store, presign
+from activities.store_opening import open_output_store, presign
 from spillway.cloud_models import CloudCreate, CloudCreated, CloudDone, CloudDownload, CloudPoll
 from spillway.comfyui_models import ComfyUIDownload, ComfyUIFinished, ComfyUIUpload
 from spillway.inputs import prepare_inputs, with_inputs

@@ -18,15 +18,8 @@ import pytest
 
 from activities import files, s3_store, s3_upload
 from activities.s3_store import S3OutputStore
-from activities.storage import (
-    LazyOutputStore,
-    LocalOutputStore,
-    StoreError,
-    UnsafeName,
-    open_output_store,
-    presign,
-    s3_location,
-)
+from activities.storage import LocalOutputStore, StoreError, UnsafeName
+from activities.store_opening import LazyOutputStore, open_output_store, presign, s3_location
 from spillway.errors import ConfigError
 from spillway.settings import Settings, load_settings
 
