@@ -238,7 +238,7 @@ class ComfyUIActivities(OwnsOutputStore):
                 shown = heartbeat.details
                 if news == _RUNNING and shown is not None and shown.phase == "running":
                     continue  # "running" with a node or a percentage says more: keep it
-                _show(heartbeat, news)
+                heartbeat.update(news)
 
     # --- files: outputs home, input images in ------------------------------------------------
 
@@ -276,7 +276,7 @@ class ComfyUIActivities(OwnsOutputStore):
                 while where is not None:
                     was = where if was == "gone" else was
                     await self._take_out(req.prompt_id, where)
-                    _show(heartbeat, Progress(phase=f"cancelling {where}"))
+                    heartbeat.update(Progress(phase=f"cancelling {where}"))
                     await asyncio.sleep(min(self._settings.COMFYUI_HISTORY_POLL_S, 1.0))
                     where = await self._client.queued(req.prompt_id)
         activity.logger.info("prompt %s was %s and is out of ComfyUI", req.prompt_id, was)
@@ -292,8 +292,3 @@ class ComfyUIActivities(OwnsOutputStore):
             await self._client.delete_pending(prompt_id)
         else:
             await self._client.interrupt(prompt_id)
-
-
-def _show(heartbeat: Heartbeat, progress: Progress) -> None:
-    # Shown at the next regular beat: a render or download that ends before it sends none.
-    heartbeat.update(progress)

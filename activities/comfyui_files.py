@@ -57,7 +57,7 @@ class ComfyUIFiles:
                 if kept is None:
                     kept = await self._fetch(req.job_id, file, name, heartbeat)
                 else:
-                    _show(heartbeat, Progress(phase="downloaded", node=file.filename))
+                    heartbeat.update(Progress(phase="downloaded", node=file.filename))
                 outputs.append(kept.output_file())
         return Downloaded(outputs=outputs)
 
@@ -69,7 +69,7 @@ class ComfyUIFiles:
             shown = Progress(
                 phase="downloading", node=file.filename, value=done, max=total, percent=percent
             )
-            _show(heartbeat, shown)
+            heartbeat.update(shown)
 
         async with self._client.view(file) as response:
             stored = await self._store.put(
@@ -105,7 +105,3 @@ class ComfyUIFiles:
             len(data),
         )
         return ComfyUIUploaded(node=req.input.node, name=image, sha256=sha256)
-
-
-def _show(heartbeat: Heartbeat, progress: Progress) -> None:
-    heartbeat.update(progress)  # at the next regular beat
