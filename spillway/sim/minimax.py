@@ -15,6 +15,8 @@ SimServer's per-path faults and `answers`.
 Counters: `create_calls`, `create_calls_by_prompt`, `tasks_created`, `tasks_by_prompt`,
 `query_hits`, `retrieve_hits`, `download_hits`, `download_auth_headers`, and `requests`
 (bodies and query parameters, never the Authorization header).
+
+Tasks, a create's parameter checks and a query's answer: `spillway.sim.minimax_tasks`.
 """
 
 from __future__ import annotations
@@ -31,8 +33,16 @@ from typing import Any, Literal, Unpack
 from aiohttp import web
 
 from spillway.minimax_answers import STATUS_MSGS
-from spillway.models import MINIMAX_MODELS
 from spillway.sim.cloud import CloudSim, Listening
+from spillway.sim.minimax_tasks import (
+    DEFAULT_STATUSES,
+    Script,
+    SimTask,
+    invalid,
+    new_task,
+    ok,
+    query_answer,
+)
 from spillway.sim.server import json_body
 
 CREATE_PATH = "/v1/video_generation"
@@ -40,7 +50,6 @@ QUERY_PATH = "/v1/query/video_generation"
 RETRIEVE_PATH = "/v1/files/retrieve"
 FILES_PATH = "/sim-files"
 SIM_API_KEY = "sim-minimax-key"
-DEFAULT_STATUSES: tuple[str, ...] = ("Preparing", "Queueing", "Processing", "Success")
 # MiniMax's answer to a request without a usable Authorization header.
 NO_KEY_MSG = (
     "login fail: Please carry the API secret key in the 'Authorization' field of the request header"
@@ -50,23 +59,9 @@ EXPIRED_BODY = (
     '<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>AccessDenied</Code>'
     "<Message>Request has expired</Message></Error>"
 )
-VIDEO_SIZES = {"512P": (910, 512), "720P": (1280, 720), "768P": (1366, 768), "1080P": (1920, 1080)}
-TASK_BASE, FILE_BASE = 106_916_112_212_032, 205_258_526_306_433
 
 Endpoint = Literal["create", "query", "retrieve"]
 Auth = Literal["ok", "missing", "wrong", "none"]
-
-
-@dataclass
-class SimTask:
-    task_id: str
-    file_id: int
-    prompt: str
-    body: dict[str, Any]
-    statuses: tuple[str, ...]
-    fail_code: int = 0
-    fail_msg: str = ""
-    queries: int = 0
 
 
 @dataclass(frozen=True)
@@ -78,13 +73,6 @@ class Recorded:
     body: Any
     auth: Auth
     at: float = field(default_factory=time.monotonic)
-
-
-@dataclass(frozen=True)
-class _Script:
-    statuses: tuple[str, ...]
-    fail_code: int = 0
-    fail_msg: str = ""
 
 
 class MiniMaxSim(CloudSim):
@@ -104,7 +92,7 @@ class MiniMaxSim(CloudSim):
         self.create_calls_by_prompt: Counter[str] = Counter()
         self.tasks_by_prompt: Counter[str] = Counter()
         self.download_auth_headers = 0  # download requests that carried an Authorization header
-        self._scripts: dict[str | None, _Script] = {None: _Script(DEFAULT_STATUSES)}
+        self._scripts: dict[str | None, Script] = {None: Script(DEFAULT_STATUSES)}
         self._injected: dict[Endpoint, deque[tuple[int, str, bool]]] = {
             "create": deque(),
             "query": deque(),
@@ -123,7 +111,7 @@ class MiniMaxSim(CloudSim):
         """Status sequence of tasks created from now on (those of `prompt`, or all)."""
         if not statuses:
             raise ValueError("a status sequence needs at least one status")
-        self._scripts[prompt] = _Script(tuple(statuses))
+        self._scripts[prompt] = Script(tuple(statuses))
 
     def fail_with(
         self,
@@ -134,7 +122,7 @@ class MiniMaxSim(CloudSim):
         after: tuple[str, ...] = ("Preparing", "Processing"),
     ) -> None:
         """Tasks created from now on (of `prompt`, or all) end in `Fail` with this message."""
-        self._scripts[prompt] = _Script((*after, "Fail"), status_code, status_msg)
+        self._scripts[prompt] = Script((*after, "Fail"), status_code, status_msg)
 
     def inject(
         self,
@@ -210,11 +198,11 @@ class MiniMaxSim(CloudSim):
             code, msg, with_task = self._injected["create"].popleft()
             made = self._new_task(body, prompt) if with_task and isinstance(body, dict) else None
             return _error(code, msg, task_id=made.task_id if made else "")
-        if (problem := _invalid(body)) is not None:
+        if (problem := invalid(body)) is not None:
             return _error(2013, f"invalid params, {problem}", task_id="")
         assert isinstance(body, dict)
         task = self._new_task(body, prompt)
-        return web.json_response({"task_id": task.task_id, "base_resp": _ok()})
+        return web.json_response({"task_id": task.task_id, "base_resp": ok()})
 
     async def _query(self, request: web.Request) -> web.Response:
         task_id = request.query.get("task_id", "")
@@ -223,15 +211,7 @@ class MiniMaxSim(CloudSim):
         task = self.tasks.get(task_id)
         if task is None:
             return _error(2013, "invalid params, task_id not found", task_id=task_id)
-        status = task.statuses[min(task.queries, len(task.statuses) - 1)]
-        task.queries += 1
-        answer: dict[str, Any] = {"task_id": task_id, "status": status, "base_resp": _ok()}
-        if status == "Success":
-            width, height = VIDEO_SIZES.get(str(task.body.get("resolution")), (1366, 768))
-            answer |= {"file_id": str(task.file_id), "video_width": width, "video_height": height}
-        elif status == "Fail":
-            answer["base_resp"] = {"status_code": task.fail_code, "status_msg": task.fail_msg}
-        return web.json_response(answer)
+        return web.json_response(query_answer(task))
 
     async def _retrieve(self, request: web.Request) -> web.Response:
         raw = request.query.get("file_id", "")
@@ -253,7 +233,7 @@ class MiniMaxSim(CloudSim):
             "purpose": "video_generation",
             "download_url": f"{self.url}{FILES_PATH}/{token}",
         }
-        return web.json_response({"file": file, "base_resp": _ok()})
+        return web.json_response({"file": file, "base_resp": ok()})
 
     async def _download(self, request: web.Request) -> web.Response:
         token = request.match_info["token"]
@@ -300,17 +280,8 @@ class MiniMaxSim(CloudSim):
         return None
 
     def _new_task(self, body: dict[str, Any], prompt: str) -> SimTask:
-        n = len(self.tasks) + 1
         script = self._scripts.get(prompt, self._scripts[None])
-        task = SimTask(
-            task_id=str(TASK_BASE + n),
-            file_id=FILE_BASE + n,
-            prompt=prompt,
-            body=body,
-            statuses=script.statuses,
-            fail_code=script.fail_code,
-            fail_msg=script.fail_msg,
-        )
+        task = new_task(len(self.tasks) + 1, body, prompt, script)
         self.tasks[task.task_id] = task
         self._files[task.file_id] = task
         self.tasks_by_prompt[prompt] += 1
@@ -321,30 +292,8 @@ def _digest(data: bytes) -> bytes:
     return hashlib.sha256(data).digest()
 
 
-def _ok() -> dict[str, Any]:
-    return {"status_code": 0, "status_msg": STATUS_MSGS[0]}
-
-
 def _error(code: int, msg: str, *, task_id: str | None = None) -> web.Response:
     answer: dict[str, Any] = {"base_resp": {"status_code": code, "status_msg": msg}}
     if task_id is not None:
         answer = {"task_id": task_id} | answer
     return web.json_response(answer)
-
-
-def _invalid(body: Any) -> str | None:
-    """Why MiniMax would refuse these parameters (code 2013), or None."""
-    if not isinstance(body, dict):
-        return "the body is not a JSON object"
-    prompt, image = body.get("prompt"), body.get("first_frame_image")
-    if not (isinstance(prompt, str) and prompt.strip()) and not isinstance(image, str):
-        return "prompt is required"
-    resolutions = MINIMAX_MODELS.get(str(body.get("model")))
-    if resolutions is None:
-        return f"unknown model {body.get('model')!r}"
-    durations = resolutions.get(str(body.get("resolution", "768P")))
-    if durations is None or body.get("duration", 6) not in durations:
-        return "resolution and duration are not supported by this model"
-    if not isinstance(body.get("prompt_optimizer", True), bool):
-        return "prompt_optimizer must be a boolean"
-    return None
