@@ -32,7 +32,8 @@ from bench.common import comfyui_finished, reset_peak, serve_comfyui, status_kib
 from spillway.comfyui_models import ComfyUIDownload, ComfyUIFile
 from spillway.models import OutputFile
 from spillway.settings import Settings
-from spillway.sim.comfyui_graph import content_sha256, file_key
+from spillway.sim.comfyui_content import content_sha256
+from spillway.sim.comfyui_graph import file_key
 from tests.support.graphs import VIDEO_GRAPH as TEST_GRAPH
 
 MIB = 1024 * 1024

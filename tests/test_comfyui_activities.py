@@ -32,7 +32,7 @@ from spillway.comfyui_models import (
 from spillway.inputs import prepare_inputs, with_inputs
 from spillway.models import Downloaded, JobInput, Progress
 from spillway.sim.comfyui import ComfyUISim
-from spillway.sim.comfyui_graph import Failure
+from spillway.sim.comfyui_failure import Failure
 from tests.support.comfyui import (
     ESCAPING_OUTPUTS,
     ComfyUIDouble,

@@ -1,6 +1,6 @@
 """The ComfyUI double's answers that need no queue (spillway/sim/comfyui.py): the input folder
 that `POST /upload/image` writes and LoadImage reads, `GET /view`, which serves outputs (their
-bytes generated from their names, spillway/sim/comfyui_graph.py) and inputs, and
+bytes generated from their names, spillway/sim/comfyui_content.py) and inputs, and
 `GET /system_stats` of an A40.
 
 Uploads answer like ComfyUI 0.3.64's `image_upload` (tests/comfyui_transcripts/upload_image_*):
@@ -16,6 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
+from spillway.sim import comfyui_content as content
 from spillway.sim import comfyui_graph as graph
 
 # An A40 as ComfyUI reports it: 48 GB card, ~45 GiB visible to torch.
@@ -79,7 +80,7 @@ async def view(
     if posixpath.normpath(posixpath.join("/root", subfolder)).split("/")[1:2] != ["root"]:
         return web.Response(status=403)
     filename = posixpath.basename(filename)
-    mime = graph.MIME_TYPES.get(filename.rsplit(".", 1)[-1], "application/octet-stream")
+    mime = content.MIME_TYPES.get(filename.rsplit(".", 1)[-1], "application/octet-stream")
     headers = {"Content-Disposition": f'filename="{filename}"', "Content-Type": mime}
     if kind == "input":
         data = inputs.files.get(_inside(posixpath.join(subfolder, filename)) or "")
@@ -93,7 +94,7 @@ async def view(
     response = web.StreamResponse(headers=headers)
     response.content_length = size
     await response.prepare(request)
-    for chunk in graph.iter_content(key, size):
+    for chunk in content.iter_content(key, size):
         await response.write(chunk)
     await response.write_eof()
     return response

@@ -1,21 +1,14 @@
 """What the ComfyUI double knows about graphs: the node classes it accepts, validation with
-ComfyUI 0.3.64's error shapes (`execution.validate_prompt`), the execution order, the output files
-each save node writes, and the deterministic bytes of those files.
-
-Output files are never stored: their content is generated from their name, block by block, so a
-test can serve a 1 GB video without holding it in memory and compute its sha256 independently.
+ComfyUI 0.3.64's error shapes (`execution.validate_prompt`), the execution order and the output
+files each save node writes (their bytes: spillway/sim/comfyui_content.py).
 """
 
 from __future__ import annotations
 
-import hashlib
 import posixpath
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any, Literal
-
-BLOCK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -65,14 +58,6 @@ NODE_CLASSES: dict[str, NodeClass] = {
         "gifs",
         "mp4",
     ),
-}
-
-MIME_TYPES = {
-    "mp4": "video/mp4",
-    "webm": "video/webm",
-    "webp": "image/webp",
-    "png": "image/png",
-    "gif": "image/gif",
 }
 
 
@@ -273,46 +258,3 @@ def _extension(cls: NodeClass, inputs: dict[str, Any]) -> str:
     if fmt in ("mp4", "webm"):
         return fmt
     return cls.extension
-
-
-@lru_cache(maxsize=8)
-def _pattern(key: str, length: int) -> bytes:
-    # SHAKE is a stream: a shorter digest is the start of a longer one, so a small file costs
-    # only its own bytes (512-byte outputs had each hashed a whole MiB).
-    return hashlib.shake_256(key.encode()).digest(length)
-
-
-def iter_content(key: str, size: int) -> Iterator[bytes]:
-    """The file's bytes in blocks of at most 1 MiB: one block of pseudo-random bytes derived from
-    the key, repeated."""
-    block = _pattern(key, min(size, BLOCK))
-    full, rest = divmod(size, BLOCK)
-    for _ in range(full):
-        yield block
-    if rest:
-        yield block[:rest]
-
-
-def content_sha256(key: str, size: int) -> str:
-    digest = hashlib.sha256()
-    for chunk in iter_content(key, size):
-        digest.update(chunk)
-    return digest.hexdigest()
-
-
-# --- how a prompt fails (spillway/sim/comfyui_run.py runs it) -------------------------------
-
-# The runtime failure recorded in history_execution_error.json.
-DEFAULT_EXCEPTION = (
-    "av.error.ExternalError",
-    "[Errno 542398533] Generic error in an external library: 'avcodec_open2(\"libx264\", {})'\n",
-)
-
-
-@dataclass(frozen=True)
-class Failure:
-    """How a prompt ends in execution_error: at `node_id` (default: its last node)."""
-
-    message: str = DEFAULT_EXCEPTION[1]
-    exception_type: str = DEFAULT_EXCEPTION[0]
-    node_id: str | None = None

@@ -9,9 +9,9 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from spillway.sim.comfyui_failure import Failure
 from spillway.sim.comfyui_graph import (
     NODE_CLASSES,
-    Failure,
     execution_order,
     file_key,
     output_files,
