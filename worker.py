@@ -26,7 +26,7 @@ from datetime import timedelta
 import httpx
 from temporalio.client import Client
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
-from temporalio.worker import Worker
+from temporalio.worker import PollerBehaviorAutoscaling, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from activities.kling_client import KlingTiming
@@ -100,6 +100,10 @@ async def serving(
                 workflows=w.workflows,
                 activities=w.activities,
                 max_concurrent_activities=w.max_activities,
+                # A fixed five pollers a queue (one of them for new workflows) made a burst of
+                # new jobs queue for their first workflow task (bench/backlog.py).
+                workflow_task_poller_behavior=PollerBehaviorAutoscaling(),
+                activity_task_poller_behavior=PollerBehaviorAutoscaling(),
                 workflow_runner=WORKFLOW_RUNNER,
                 # On SIGTERM a create in flight gets this long to end; waits hand over at once.
                 graceful_shutdown_timeout=timedelta(seconds=settings.SPILLWAY_SHUTDOWN_GRACE_S),
