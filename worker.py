@@ -26,8 +26,7 @@ from datetime import timedelta
 import httpx
 from temporalio.client import Client
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
-from temporalio.worker import PollerBehaviorAutoscaling, Worker
-from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
+from temporalio.worker import PollerBehaviorAutoscaling, UnsandboxedWorkflowRunner, Worker
 
 from activities.kling_client import KlingTiming
 from activities.ledger_client import SpendLedger
@@ -50,12 +49,13 @@ from workflows.video_job import VideoJobWorkflow
 log = logging.getLogger("spillway.worker")
 
 WORKFLOWS = [VideoJobWorkflow, SpendLedgerWorkflow, HealthWorkflow, CallbackWorkflow]
-# Temporal's sandbox re-imports workflow modules per run to isolate their state; ours hold
-# constants only (tests/test_workflow_modules.py), so they load once: ~20 ms of the event loop
-# per job less. The replay test and the tests' own workers still use the full sandbox.
-WORKFLOW_RUNNER = SandboxedWorkflowRunner(
-    restrictions=SandboxRestrictions.default.with_passthrough_modules("workflows")
-)
+# No sandbox in production. Temporal's re-imports workflow modules per run to isolate their state
+# (ours hold constants only: tests/test_workflow_modules.py), and even with them passed through
+# it compiles and runs a code string for every activation and every command's payloads: a fifth
+# of the worker's CPU per LOCAL job (bench/comfyui_route.py). Passed through, our modules saw
+# the real `datetime` and `random` anyway; what keeps workflow code deterministic is the full
+# sandbox of the replay test and the tests' own workers.
+WORKFLOW_RUNNER = UnsandboxedWorkflowRunner()
 
 
 @contextlib.asynccontextmanager
