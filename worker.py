@@ -37,7 +37,7 @@ from activities.spend import budgets_of
 from activities.store_opening import open_output_store
 from spillway import search_attributes as sa
 from spillway.errors import ConfigError
-from spillway.hosts import gpu_hosts
+from spillway.hosts import WAITS_SUFFIX, gpu_hosts
 from spillway.settings import Settings, load_settings
 from spillway.temporal import TemporalUnreachable, connect
 from spillway.tiers import RoutingTiers, load_tiers
@@ -56,6 +56,16 @@ WORKFLOWS = [VideoJobWorkflow, SpendLedgerWorkflow, HealthWorkflow, CallbackWork
 # the real `datetime` and `random` anyway; what keeps workflow code deterministic is the full
 # sandbox of the replay test and the tests' own workers.
 WORKFLOW_RUNNER = UnsandboxedWorkflowRunner()
+
+
+def _heartbeat_throttle(work: QueueWork, settings: Settings) -> timedelta:
+    """The SDK holds an activity's heartbeats back for 0.8 of its timeout, which leaves a busy
+    server 6 s of 30 before a live create looks like a lost worker (and its job fails). Creates,
+    submits and the rest beat every third of the timeout; waits, thousands at once, keep the
+    SDK's pace, as each heartbeat costs the server a write."""
+    if work.task_queue.endswith(WAITS_SUFFIX):
+        return timedelta(seconds=60)  # the SDK's default: 0.8 of the timeout
+    return timedelta(seconds=settings.SPILLWAY_HEARTBEAT_TIMEOUT_S / 3)
 
 
 @contextlib.asynccontextmanager
@@ -104,6 +114,7 @@ async def serving(
                 # new jobs queue for their first workflow task (bench/backlog.py).
                 workflow_task_poller_behavior=PollerBehaviorAutoscaling(),
                 activity_task_poller_behavior=PollerBehaviorAutoscaling(),
+                max_heartbeat_throttle_interval=_heartbeat_throttle(w, settings),
                 workflow_runner=WORKFLOW_RUNNER,
                 # On SIGTERM a create in flight gets this long to end; waits hand over at once.
                 graceful_shutdown_timeout=timedelta(seconds=settings.SPILLWAY_SHUTDOWN_GRACE_S),
