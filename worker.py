@@ -49,12 +49,12 @@ from workflows.video_job import VideoJobWorkflow
 log = logging.getLogger("spillway.worker")
 
 WORKFLOWS = [VideoJobWorkflow, SpendLedgerWorkflow, HealthWorkflow, CallbackWorkflow]
-# No sandbox in production. Temporal's re-imports workflow modules per run to isolate their state
-# (ours hold constants only: tests/test_workflow_modules.py), and even with them passed through
-# it compiles and runs a code string for every activation and every command's payloads: a fifth
-# of the worker's CPU per LOCAL job (bench/comfyui_route.py). Passed through, our modules saw
-# the real `datetime` and `random` anyway; what keeps workflow code deterministic is the full
-# sandbox of the replay test and the tests' own workers.
+# No sandbox in production. Temporal's sandbox re-imports workflow modules per run to isolate
+# their state (ours hold constants only: tests/test_workflow_modules.py), and even with them
+# passed through it compiles and runs a code string for every activation and every command's
+# payloads: a fifth of the worker's CPU per LOCAL job (bench/comfyui_route.py). Passed through,
+# our modules saw the real `datetime` and `random` anyway; what keeps workflow code
+# deterministic is the full sandbox of the replay test and the tests' own workers.
 WORKFLOW_RUNNER = UnsandboxedWorkflowRunner()
 
 
