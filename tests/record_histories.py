@@ -17,12 +17,14 @@ from temporalio.client import WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
+from spillway import activity_names as names
 from spillway.models import ApprovalDecision, JobInput, VideoJob
 from spillway.temporal import installed_binary, register_search_attributes
 from tests.support.images import I2V_GRAPH
 from tests.support.jobs import RunJobs, job_runner
 from tests.support.route_stubs import BUSY, FREE, RouteStubs
 from tests.support.settings import ARMED, KEY
+from tests.support.waiting import until
 from workflows.video_job import APPROVAL_SIGNAL
 
 HERE = Path(__file__).parent / "histories"
@@ -78,6 +80,14 @@ async def record(run_jobs: RunJobs, name: str) -> WorkflowHandle[Any, Any]:
                 "VideoJobWorkflow", job, id=name, task_queue=jobs.task_queue
             )
             await handle.result()
+    elif name == "replay-cancelled-reading-budget":
+        stubs = RouteStubs(BUSY)
+        stubs.held.add(names.SPEND_VIEW)
+        async with run_jobs(stubs, **WAIT) as jobs:
+            handle = await jobs.start(job_id=name)
+            await until(lambda: names.SPEND_VIEW in stubs.holding)
+            await jobs.cancel(handle)
+            stubs.release.set()
     else:
         raise SystemExit(f"unknown history {name}; one of {', '.join(NAMES)}")
     return handle
@@ -99,21 +109,33 @@ NAMES = (
     "replay-local-published-at-start",
     # Since a job reads the policy as a local activity (patch policy-read-as-local-activity).
     "replay-local-policy-here",
+    # Since a cancel that meets a ledger read ends the job (patch
+    # cancel-not-swallowed-by-ledger-reads).
+    "replay-cancelled-reading-budget",
 )
+# Recorded on the dev server: the time-skipping one answers ACTIVITY_UNKNOWN to cancelling a
+# running activity.
+ON_DEV_SERVER = {"replay-cancelled-reading-budget"}
 
 
 async def main(names: list[str]) -> None:
-    env = await WorkflowEnvironment.start_time_skipping(
-        data_converter=pydantic_data_converter,
-        test_server_existing_path=installed_binary("temporal-test-server"),
-    )
-    await register_search_attributes(env.client)
     for name in names:
+        if name in ON_DEV_SERVER:
+            env = await WorkflowEnvironment.start_local(
+                data_converter=pydantic_data_converter,
+                dev_server_existing_path=installed_binary("temporal"),
+            )
+        else:
+            env = await WorkflowEnvironment.start_time_skipping(
+                data_converter=pydantic_data_converter,
+                test_server_existing_path=installed_binary("temporal-test-server"),
+            )
+        await register_search_attributes(env.client)
         handle = await record(job_runner(env), name)
         history = await handle.fetch_history()
         (HERE / f"{name}.json").write_text(history.to_json())
         print(f"wrote {HERE / name}.json ({len(history.events)} events)")
-    await env.shutdown()
+        await env.shutdown()
 
 
 if __name__ == "__main__":

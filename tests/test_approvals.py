@@ -166,6 +166,24 @@ async def test_an_armed_job_the_budget_cannot_cover_waits_saying_so(run_dev_jobs
     assert f"spillway approve {plan.job_id} --by NAME --over-budget" in details
 
 
+@pytest.mark.parametrize("read", [names.SPEND_RECORDED, names.SPEND_VIEW])
+async def test_a_job_cancelled_while_the_ledger_is_read_for_its_person_ends_cancelled(
+    run_dev_jobs: RunJobs, read: str
+):
+    # Both reads outlive a ledger that fails (they only inform the person); a cancel that
+    # reaches the job while one runs is no such failure and must end the job.
+    stubs = RouteStubs(BUSY)
+    stubs.held.add(read)
+    async with run_dev_jobs(stubs, **KEY, **HOUR) as jobs:
+        handle = await jobs.start()
+        await until(lambda: read in stubs.holding, what=f"{read} running")
+        plan = await jobs.cancel(handle)
+        stubs.release.set()
+
+    assert plan.state == "cancelled" and plan.route is None
+    assert stubs.creates == 0 and stubs.calls[names.MINIMAX_CREATE] == 0
+
+
 async def test_a_plain_approval_beyond_the_budget_is_refused_and_over_budget_goes_past_it(
     run_jobs: RunJobs,
 ):

@@ -4,6 +4,9 @@ what the workflow scheduled."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
@@ -11,10 +14,12 @@ from temporalio.testing import WorkflowEnvironment
 
 from spillway import activity_names as names
 from spillway.models import ApprovalDecision, Plan
+from spillway.settings import PROJECT_ROOT
 from tests.support.constants import CLIP_USD
 from tests.support.jobs import RunJobs, cause_message
 from tests.support.route_stubs import BUSY, DOWN, FREE, RouteStubs
 from tests.support.settings import ARMED, KEY
+from tests.support.waiting import until
 from workflows.video_job import APPROVAL_SIGNAL, DECIDE_UPDATE, VideoJobWorkflow
 
 HOUR = {"APPROVAL_TIMEOUT_S": 3600, "APPROVAL_RECHECK_S": 60}
@@ -256,6 +261,29 @@ async def test_cancelling_a_waiting_job_ends_it_cancelled(run_dev_jobs: RunJobs)
         await jobs.until(handle, "awaiting_approval")
         plan = await jobs.cancel(handle)
     assert plan.state == "cancelled" and stubs.calls[names.COMFYUI_CANCEL] == 0
+
+
+async def test_an_armed_job_cancelled_while_its_hosts_are_probed_ends_with_nothing_spent(
+    run_dev_jobs: RunJobs, tmp_path: Path
+):
+    # Every host's probe fails to "no answer" on its own (fail-open); the cancel that stops
+    # them must still end the job, not read as two unreachable hosts and a cloud create.
+    tiers = json.loads((PROJECT_ROOT / "routing_tiers.json").read_text())
+    first = tiers["video_tiers"][0]
+    tiers["video_tiers"][:1] = [
+        first | {"name": "gpu-a", "comfyui_url": "http://127.0.0.1:9"},
+        first | {"tier": 2, "name": "gpu-b", "comfyui_url": "http://127.0.0.1:9"},
+    ]
+    (tmp_path / "tiers.json").write_text(json.dumps(tiers))
+    stubs = RouteStubs(DOWN)
+    stubs.probe_gate.clear()
+    async with run_dev_jobs(stubs, **ARMED, SPILLWAY_ROUTING_TIERS=tmp_path / "tiers.json") as jobs:
+        handle = await jobs.start()
+        await until(lambda: stubs.calls[names.PROBE] == 2, what="both hosts probed")
+        plan = await jobs.cancel(handle)
+        stubs.probe_gate.set()
+    assert plan.state == "cancelled" and plan.route is None
+    assert stubs.calls[names.MINIMAX_CREATE] == 0 and stubs.creates == 0
 
 
 async def test_cancelling_a_local_render_removes_the_prompt_from_comfyui(run_dev_jobs: RunJobs):

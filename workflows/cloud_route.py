@@ -10,13 +10,14 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
 from temporalio.exceptions import TimeoutError as ActivityTimeout
 
 from workflows import calls
 from workflows.approvals import (
     ARMED,
     PATCH_BUDGET_VIEW,
+    PATCH_CANCEL_THROUGH_READS,
     PATCH_FOLLOW_LOST_CREATE,
     PATCH_LEDGER,
     PATCH_RECORDED_BEFORE_ASKING,
@@ -109,6 +110,7 @@ class CloudRoute(JobBase):
         try:
             entry = await calls.spend_recorded(self._spend_request(ARMED, self._providers[0]))
         except ActivityError as err:
+            self._unless_cancelled(err)
             workflow.logger.warning("spend ledger lookup failed: %s", err.cause or err)
             return None
         if entry is None:
@@ -129,7 +131,15 @@ class CloudRoute(JobBase):
             view = await calls.spend_view(self._spend_request(ARMED, self._providers[0]))
             self._plan.budget = view.model_copy(update={"exhausted": exhausted})
         except ActivityError as err:  # shown to people only
+            self._unless_cancelled(err)
             workflow.logger.warning("budget view failed: %s", err.cause or err)
+
+    @staticmethod
+    def _unless_cancelled(err: ActivityError) -> None:
+        """A read that fails leaves the question to the person, but one cancelled because the
+        job was cancelled must end the job: the cancel reaches a workflow only once."""
+        if is_cancelled_exception(err) and workflow.patched(PATCH_CANCEL_THROUGH_READS):
+            raise err
 
     def _start_cloud(
         self,

@@ -15,6 +15,7 @@ in-process job runner; loaded by conftest.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -24,6 +25,7 @@ from typing import Any
 
 import httpx
 import pytest
+from temporalio import activity
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
@@ -33,9 +35,12 @@ from activities.callbacks import CallbackActivities
 from activities.ledger_client import SpendLedger
 from activities.policy import PolicyActivities
 from activities.spend import CreateGuard, SpendActivities
+from spillway import activity_names as names
 from spillway import jobs as job_ops
+from spillway.cloud_models import SpendRequest
 from spillway.hosts import WAITS_SUFFIX, gpu_hosts, ref
 from spillway.models import FINAL_STATES, CloudRequest, JobState, Plan, VideoJob
+from spillway.spend_models import BudgetView, SpendEntry
 from spillway.tiers import load_tiers
 from tests.support.graphs import VIDEO_GRAPH
 from tests.support.route_stubs import RouteStubs
@@ -106,7 +111,8 @@ class Jobs:
         cancelled job's result is a failure)."""
         await job.cancel()
         with pytest.raises(WorkflowFailureError):
-            await job.result()
+            async with asyncio.timeout(60):  # a swallowed cancel would leave the job waiting
+                await job.result()
         return await self.status(job)
 
 
@@ -117,6 +123,23 @@ def cause_message(failed: pytest.ExceptionInfo[WorkflowFailureError]) -> str:
 
 
 RunJobs = Callable[..., AbstractAsyncContextManager[Jobs]]
+
+
+def _held_reads(spend: SpendActivities, stubs: RouteStubs) -> list[Callable[..., Any]]:
+    """The ledger's reads before a person is asked, which a test may hold running (as a slow
+    ledger would) by naming them in `stubs.held`."""
+
+    @activity.defn(name=names.SPEND_VIEW)
+    async def view(req: SpendRequest) -> BudgetView:
+        await stubs.hold(names.SPEND_VIEW)
+        return await spend.view(req)
+
+    @activity.defn(name=names.SPEND_RECORDED)
+    async def recorded(req: SpendRequest) -> SpendEntry | None:
+        await stubs.hold(names.SPEND_RECORDED)
+        return await spend.recorded(req)
+
+    return [view, recorded]
 
 
 def job_runner(environment: WorkflowEnvironment) -> RunJobs:
@@ -154,8 +177,7 @@ def job_runner(environment: WorkflowEnvironment) -> RunJobs:
                         policy.read_policy,
                         spend.reserve,
                         spend.settle,
-                        spend.view,
-                        spend.recorded,
+                        *_held_reads(spend, stubs),
                         callbacks.job_callback,
                     ],
                 )

@@ -64,6 +64,15 @@ class RouteStubs:
         self.create_hang = False  # the create never returns and never heartbeats
         self.creates = 0  # create requests that got past the guard (would have cost money)
         self.guard: CreateGuard | None = None
+        self.held: set[str] = set()  # names of the spend reads that run until `release` is set
+        self.holding: set[str] = set()  # those running now
+        self.release = asyncio.Event()
+
+    async def hold(self, name: str) -> None:
+        """Keeps a held read running (as a slow ledger would) until the test releases it."""
+        if name in self.held:
+            self.holding.add(name)
+            await self.release.wait()
 
     def activities(self) -> list[Callable[..., Any]]:
         return [
