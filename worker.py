@@ -26,7 +26,7 @@ from datetime import timedelta
 import httpx
 from temporalio.client import Client
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
-from temporalio.worker import PollerBehaviorAutoscaling, UnsandboxedWorkflowRunner, Worker
+from temporalio.worker import PollerBehaviorSimpleMaximum, UnsandboxedWorkflowRunner, Worker
 
 from activities.kling_client import KlingTiming
 from activities.ledger_client import SpendLedger
@@ -56,6 +56,8 @@ WORKFLOWS = [VideoJobWorkflow, SpendLedgerWorkflow, HealthWorkflow, CallbackWork
 # our modules saw the real `datetime` and `random` anyway; what keeps workflow code
 # deterministic is the full sandbox of the replay test and the tests' own workers.
 WORKFLOW_RUNNER = UnsandboxedWorkflowRunner()
+WORKFLOW_POLLERS = 20  # half of them for new workflows
+ACTIVITY_POLLERS = 20
 
 
 def _heartbeat_throttle(work: QueueWork, settings: Settings) -> timedelta:
@@ -110,10 +112,13 @@ async def serving(
                 workflows=w.workflows,
                 activities=w.activities,
                 max_concurrent_activities=w.max_activities,
-                # A fixed five pollers a queue (one of them for new workflows) made a burst of
-                # new jobs queue for their first workflow task (bench/backlog.py).
-                workflow_task_poller_behavior=PollerBehaviorAutoscaling(),
-                activity_task_poller_behavior=PollerBehaviorAutoscaling(),
+                # Fixed pollers, more of them for new workflows than the SDK's one of five: a
+                # burst of new jobs waited for its first workflow task (bench/backlog.py).
+                # Autoscaled pollers lost tasks under load (docs/design.md, "Facts found
+                # while building").
+                workflow_task_poller_behavior=PollerBehaviorSimpleMaximum(WORKFLOW_POLLERS),
+                nonsticky_to_sticky_poll_ratio=0.5,
+                activity_task_poller_behavior=PollerBehaviorSimpleMaximum(ACTIVITY_POLLERS),
                 max_heartbeat_throttle_interval=_heartbeat_throttle(w, settings),
                 workflow_runner=WORKFLOW_RUNNER,
                 # On SIGTERM a create in flight gets this long to end; waits hand over at once.
