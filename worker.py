@@ -22,6 +22,7 @@ import signal
 import sys
 from collections.abc import AsyncIterator
 from datetime import timedelta
+from typing import Any
 
 import httpx
 from temporalio.client import Client
@@ -56,8 +57,15 @@ WORKFLOWS = [VideoJobWorkflow, SpendLedgerWorkflow, HealthWorkflow, CallbackWork
 # our modules saw the real `datetime` and `random` anyway; what keeps workflow code
 # deterministic is the full sandbox of the replay test and the tests' own workers.
 WORKFLOW_RUNNER = UnsandboxedWorkflowRunner()
-WORKFLOW_POLLERS = 20  # half of them for new workflows
-ACTIVITY_POLLERS = 20
+# Fixed pollers, more than the SDK's five a queue and half of the workflow pollers (not one of
+# five) for new workflows: a burst of new jobs waited for its first workflow task
+# (bench/backlog.py), and a task that finds no poller waiting goes through the server's backlog.
+# Autoscaled pollers lost tasks under load (docs/design.md, "Facts found while building").
+POLLING: dict[str, Any] = {
+    "workflow_task_poller_behavior": PollerBehaviorSimpleMaximum(20),
+    "nonsticky_to_sticky_poll_ratio": 0.5,
+    "activity_task_poller_behavior": PollerBehaviorSimpleMaximum(20),
+}
 
 
 def _heartbeat_throttle(work: QueueWork, settings: Settings) -> timedelta:
@@ -112,13 +120,7 @@ async def serving(
                 workflows=w.workflows,
                 activities=w.activities,
                 max_concurrent_activities=w.max_activities,
-                # Fixed pollers, more of them for new workflows than the SDK's one of five: a
-                # burst of new jobs waited for its first workflow task (bench/backlog.py).
-                # Autoscaled pollers lost tasks under load (docs/design.md, "Facts found
-                # while building").
-                workflow_task_poller_behavior=PollerBehaviorSimpleMaximum(WORKFLOW_POLLERS),
-                nonsticky_to_sticky_poll_ratio=0.5,
-                activity_task_poller_behavior=PollerBehaviorSimpleMaximum(ACTIVITY_POLLERS),
+                **POLLING,
                 max_heartbeat_throttle_interval=_heartbeat_throttle(w, settings),
                 workflow_runner=WORKFLOW_RUNNER,
                 # On SIGTERM a create in flight gets this long to end; waits hand over at once.

@@ -1,7 +1,7 @@
 """Throughput of the LOCAL route: N jobs (default 200) through VideoJobWorkflow with the real
 activities against the ComfyUI double (instant execution, in a process of its own), next to a
 bare workflow running the same number of no-op activities, in this process, on the same dev
-server and worker.
+server and with the worker's pollers (`worker.POLLING`).
 
     .venv/bin/python bench/comfyui_route.py [--jobs 200]
 
@@ -45,7 +45,7 @@ from spillway.models import VideoJob
 from spillway.settings import Settings
 from spillway.tiers import load_tiers
 from tests.support.graphs import VIDEO_GRAPH
-from worker import serving
+from worker import POLLING, serving
 
 # read_policy (a local activity), a40_load_status, comfyui_submit, comfyui_wait, comfyui_download
 STEPS = 5
@@ -112,6 +112,7 @@ async def main(jobs: int) -> None:
             workflows=[BareWorkflow],
             activities=[noop],
             disable_eager_activity_execution=matched,
+            **POLLING,  # as the job's worker polls
         )
         for matched in (False, True)
     }
