@@ -19,7 +19,7 @@ from temporalio.client import WorkflowFailureError
 from temporalio.testing import WorkflowEnvironment
 
 from spillway.models import Plan
-from spillway.settings import PROJECT_ROOT, Settings
+from spillway.settings import Settings
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
 from spillway.tiers import load_tiers
@@ -27,22 +27,9 @@ from tests.support.cli import spillway
 from tests.support.constants import BUSY_VRAM_PCT, CANARY_KEY, FREE_VRAM_PCT
 from tests.support.graphs import SLOW_GRAPH, VIDEO_GRAPH
 from tests.support.jobs import Jobs
-from tests.support.settings import make_settings
+from tests.support.settings import make_settings, two_host_tiers
 from worker import serving
 from workflows.calls import PROBE_BOUND
-
-
-def tiers_file(tmp_path: Path, a: ComfyUISim, b: ComfyUISim) -> Path:
-    tiers = json.loads((PROJECT_ROOT / "routing_tiers.json").read_text())
-    first = tiers["video_tiers"][0]
-    hosts = [
-        first | {"name": "gpu-a", "comfyui_url": a.url},
-        first | {"tier": 2, "name": "gpu-b", "comfyui_url": b.url},
-    ]
-    tiers["video_tiers"][:1] = hosts
-    path = tmp_path / "tiers.json"
-    path.write_text(json.dumps(tiers))
-    return path
 
 
 @pytest.fixture
@@ -78,7 +65,9 @@ def two_hosts(dev_env, comfyui: ComfyUISim, gpu_b: ComfyUISim, tmp_path: Path, g
     async def run(**overrides: Any) -> AsyncIterator[TwoHosts]:
         settings = make_settings(
             SPILLWAY_TASK_QUEUE=f"hosts-{uuid.uuid4()}",
-            SPILLWAY_ROUTING_TIERS=tiers_file(tmp_path, comfyui, gpu_b),
+            SPILLWAY_ROUTING_TIERS=two_host_tiers(
+                tmp_path, {"name": "gpu-a", "comfyui_url": comfyui.url}, {"comfyui_url": gpu_b.url}
+            ),
             SPILLWAY_OUTPUT_DIR=tmp_path / "outputs",
             SPILLWAY_HEARTBEAT_TIMEOUT_S=2,
             LOAD_PROBE_TIMEOUT_S=1,

@@ -3,7 +3,6 @@ as overloaded or unreachable, and how routing_tiers.json names the hosts."""
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from spillway.host_models import LoadStatus, Thresholds
 from spillway.hosts import gpu_hosts, no_answer, pick_host, ref
 from spillway.settings import PROJECT_ROOT, Settings
 from spillway.tiers import load_tiers
+from tests.support.settings import two_host_tiers
 
 SEED = Thresholds(vram_busy_pct=85, util_busy_pct=95)
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
@@ -92,13 +92,8 @@ def test_a_single_local_tier_without_urls_takes_the_seed_variables():
 
 
 def two_hosts(tmp_path: Path, **second: object) -> Path:
-    tiers = json.loads((PROJECT_ROOT / "routing_tiers.json").read_text())
-    first = tiers["video_tiers"][0] | {"comfyui_url": "http://gpu-a:8188"}
-    other = first | {"tier": 2, "name": "gpu-b", "comfyui_url": "http://gpu-b:8188"} | second
-    tiers["video_tiers"][:1] = [first, other]
-    path = tmp_path / "tiers.json"
-    path.write_text(json.dumps(tiers))
-    return path
+    second = {"comfyui_url": "http://gpu-b:8188", **second}
+    return two_host_tiers(tmp_path, {"comfyui_url": "http://gpu-a:8188"}, second)
 
 
 def test_several_local_tiers_are_several_hosts_with_their_own_settings(tmp_path):

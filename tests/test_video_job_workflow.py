@@ -4,7 +4,6 @@ what the workflow scheduled."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -14,11 +13,10 @@ from temporalio.testing import WorkflowEnvironment
 
 from spillway import activity_names as names
 from spillway.models import ApprovalDecision, Plan
-from spillway.settings import PROJECT_ROOT
 from tests.support.constants import CLIP_USD
 from tests.support.jobs import RunJobs, cause_message
 from tests.support.route_stubs import BUSY, DOWN, FREE, RouteStubs
-from tests.support.settings import ARMED, KEY
+from tests.support.settings import ARMED, KEY, two_host_tiers
 from tests.support.waiting import until
 from workflows.video_job import APPROVAL_SIGNAL, DECIDE_UPDATE, VideoJobWorkflow
 
@@ -268,16 +266,11 @@ async def test_an_armed_job_cancelled_while_its_hosts_are_probed_ends_with_nothi
 ):
     # Every host's probe fails to "no answer" on its own (fail-open); the cancel that stops
     # them must still end the job, not read as two unreachable hosts and a cloud create.
-    tiers = json.loads((PROJECT_ROOT / "routing_tiers.json").read_text())
-    first = tiers["video_tiers"][0]
-    tiers["video_tiers"][:1] = [
-        first | {"name": "gpu-a", "comfyui_url": "http://127.0.0.1:9"},
-        first | {"tier": 2, "name": "gpu-b", "comfyui_url": "http://127.0.0.1:9"},
-    ]
-    (tmp_path / "tiers.json").write_text(json.dumps(tiers))
+    nowhere = {"comfyui_url": "http://127.0.0.1:9"}  # the stubs probe, not ComfyUI
+    tiers = two_host_tiers(tmp_path, {"name": "gpu-a"} | nowhere, nowhere)
     stubs = RouteStubs(DOWN)
     stubs.probe_gate.clear()
-    async with run_dev_jobs(stubs, **ARMED, SPILLWAY_ROUTING_TIERS=tmp_path / "tiers.json") as jobs:
+    async with run_dev_jobs(stubs, **ARMED, SPILLWAY_ROUTING_TIERS=tiers) as jobs:
         handle = await jobs.start()
         await until(lambda: stubs.calls[names.PROBE] == 2, what="both hosts probed")
         plan = await jobs.cancel(handle)

@@ -7,18 +7,20 @@ values. Later layers win, the test's own keyword arguments (env names) last.
   probe timeout; `minimax_values(sim, outputs)`: at the MiniMax double with the canary key and
   short intervals. Both write outputs to a folder of the test's own.
 - `settings_on(values)`: a factory of settings on those values, `(**overrides) -> Settings`.
+- `two_host_tiers(tmp_path, first, second)`: a routing_tiers.json with two GPU hosts.
 - Fixtures: `comfyui_settings(**overrides)` and `minimax_settings(**overrides)`.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from spillway.settings import Settings
+from spillway.settings import PROJECT_ROOT, Settings
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
 from tests.support.constants import CANARY_KEY, TEST_KEY
@@ -79,3 +81,14 @@ def comfyui_settings(comfyui: ComfyUISim, tmp_path: Path) -> SettingsFactory:
 @pytest.fixture
 def minimax_settings(minimax: MiniMaxSim, tmp_path: Path) -> SettingsFactory:
     return settings_on(minimax_values(minimax, tmp_path / "outputs"))
+
+
+def two_host_tiers(tmp_path: Path, first: dict[str, Any], second: dict[str, Any]) -> Path:
+    """The project's routing_tiers.json with its GPU host (`first` on top) and a second one,
+    `gpu-b` of tier 2 (`second` on top), written under `tmp_path`."""
+    tiers = json.loads((PROJECT_ROOT / "routing_tiers.json").read_text())
+    host = tiers["video_tiers"][0]
+    tiers["video_tiers"][:1] = [host | first, host | {"tier": 2, "name": "gpu-b"} | second]
+    path = tmp_path / "tiers.json"
+    path.write_text(json.dumps(tiers))
+    return path
