@@ -3,7 +3,7 @@ activities against the ComfyUI double (instant execution, in a process of its ow
 bare workflow running the same number of no-op activities, in this process, on the same dev
 server and with the worker's pollers (`worker.POLLING`).
 
-    .venv/bin/python bench/comfyui_route.py [--jobs 200]
+    .venv/bin/python bench/comfyui_route.py [--jobs 200] [--rounds 3]
 
 The bare workflow runs twice: as Temporal runs it by default, where the server hands each
 activity to the worker in its answer to the workflow task that scheduled it (eager dispatch, as
@@ -11,10 +11,12 @@ the activity's queue is the workflow's), and with eager dispatch off, so that ev
 matched to a poll as a job's are (a job's probe and ComfyUI activities run on its GPU host's
 queues, never eagerly).
 
-Prints jobs/s for each, the ratios, p50/p99 from the job's start to ComfyUI's POST /prompt
-(server-side times from each job's history: start event to comfyui_submit completed), and the
-CPU time per job of each process for each: on a machine of few cores they share the cores, so
-the ratio is the ratio of their CPU costs.
+After ten unmeasured runs of each (imports, caches), the three kinds take turns for `--rounds`
+rounds, so that a shared machine's moods fall on all of them alike. Prints jobs/s for each and
+the ratios, as the median and each round's, p50/p99 from the job's start to ComfyUI's POST
+/prompt (server-side times from each job's history: start event to comfyui_submit completed),
+and the median CPU time per job of each process for each: on a machine of few cores they share
+the cores, so the ratio is the ratio of their CPU costs.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ import sys
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass
 from datetime import datetime
-from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -92,7 +94,19 @@ async def print_activity_times(client: Client, handles: list[WorkflowHandle[Any,
         )
 
 
-async def main(jobs: int) -> None:
+KINDS = ("eager", "matched", "LOCAL")
+
+
+@dataclass
+class Round:
+    """One run of `jobs` of one kind: its seconds, each process's CPU seconds, its handles."""
+
+    seconds: float
+    cpu: dict[str, float]
+    handles: list[WorkflowHandle[Any, Any]]
+
+
+async def main(jobs: int, rounds: int) -> None:
     sims, urls = await start_doubles(execution_s=0)
     env = await start_dev_server()
     queue = f"bench-{uuid.uuid4()}"
@@ -106,15 +120,15 @@ async def main(jobs: int) -> None:
     tiers = load_tiers(settings.SPILLWAY_ROUTING_TIERS)
     # The bare workflow and its no-op activities in the same process, on queues of their own.
     bare_workers = {
-        matched: Worker(
+        kind: Worker(
             env.client,
-            task_queue=f"{queue}-bare-{matched}",
+            task_queue=f"{queue}-bare-{kind}",
             workflows=[BareWorkflow],
             activities=[noop],
-            disable_eager_activity_execution=matched,
+            disable_eager_activity_execution=kind == "matched",
             **POLLING,  # as the job's worker polls
         )
-        for matched in (False, True)
+        for kind in KINDS[:2]
     }
     processes = {
         "worker and bench": os.getpid(),
@@ -125,56 +139,61 @@ async def main(jobs: int) -> None:
     def cpu() -> dict[str, float]:
         return {name: cpu_s(pid) for name, pid in processes.items()}
 
-    async with serving(env.client, settings, tiers), bare_workers[False], bare_workers[True]:
-        cpu_at = [cpu()]
-        bare_s = []
-        for matched in (False, True):
-            started = time.perf_counter()
-            bare = [
-                await env.client.start_workflow(
-                    BareWorkflow.run,
-                    STEPS,
-                    id=f"bare-{uuid.uuid4()}",
-                    task_queue=f"{queue}-bare-{matched}",
-                )
-                for _ in range(jobs)
-            ]
-            await asyncio.gather(*(h.result() for h in bare))
-            bare_s.append(time.perf_counter() - started)
-            cpu_at.append(cpu())
-
-        started = time.perf_counter()
-        handles = [
-            await submit(env.client, VideoJob(job_id=job_id, graph=VIDEO_GRAPH), queue)
-            for job_id in (f"bench-{uuid.uuid4().hex[:12]}" for _ in range(jobs))
-        ]
-        plans = await asyncio.gather(*(h.result() for h in handles))
-        spillway_s = time.perf_counter() - started
-        cpu_at.append(cpu())
-
-    assert all(p.state == "completed" and p.route == "local" for p in plans)
-    to_post = [await start_to_post_s(env.client, h) for h in handles]
-    q = statistics.quantiles(to_post, n=100, method="inclusive")
-    eager_rate, matched_rate = (jobs / s for s in bare_s)
-    spillway_rate = jobs / spillway_s
-    print(f"{jobs} jobs started back to back; one worker; dev server; {os.cpu_count()} cores")
-    print(f"  bare workflow, {STEPS} no-op activities")
-    print(f"    eager dispatch (default)          {eager_rate:6.1f} jobs/s  ({bare_s[0]:.1f} s)")
-    print(f"    every activity matched            {matched_rate:6.1f} jobs/s  ({bare_s[1]:.1f} s)")
-    print(
-        f"  VideoJobWorkflow, LOCAL route       {spillway_rate:6.1f} jobs/s  ({spillway_s:.1f} s)"
-    )
-    print(f"  ratio to bare, eager                {spillway_rate / eager_rate:6.2f}")
-    print(f"  ratio to bare, matched              {spillway_rate / matched_rate:6.2f}")
-    print(f"  start -> POST /prompt   p50 {q[49] * 1000:.0f} ms   p99 {q[98] * 1000:.0f} ms")
-    print("  CPU ms per job          eager matched  LOCAL")
-    for name in processes:
-        eager_ms, matched_ms, local_ms = (
-            1000 * (b[name] - a[name]) / jobs for a, b in pairwise(cpu_at)
+    async def start(kind: str) -> WorkflowHandle[Any, Any]:
+        if kind == "LOCAL":
+            job = VideoJob(job_id=f"bench-{uuid.uuid4().hex[:12]}", graph=VIDEO_GRAPH)
+            return await submit(env.client, job, queue)
+        return await env.client.start_workflow(
+            BareWorkflow.run, STEPS, id=f"bare-{uuid.uuid4()}", task_queue=f"{queue}-bare-{kind}"
         )
-        print(f"    {name:<20} {eager_ms:7.1f} {matched_ms:7.1f} {local_ms:7.1f}")
+
+    async def run(kind: str, count: int) -> Round:
+        cpu_before, started = cpu(), time.perf_counter()
+        handles = [await start(kind) for _ in range(count)]
+        results = await asyncio.gather(*(h.result() for h in handles))
+        seconds, cpu_after = time.perf_counter() - started, cpu()
+        if kind == "LOCAL":
+            assert all(p.state == "completed" and p.route == "local" for p in results)
+        return Round(seconds, {k: cpu_after[k] - cpu_before[k] for k in processes}, handles)
+
+    measured: dict[str, list[Round]] = {kind: [] for kind in KINDS}
+    async with serving(env.client, settings, tiers), bare_workers["eager"], bare_workers["matched"]:
+        for kind in KINDS:  # first runs pay for imports and caches: not measured
+            await run(kind, 10)
+        # Interleaved, so that the machine's mood of the moment falls on every kind alike.
+        for _ in range(rounds):
+            for kind in KINDS:
+                measured[kind].append(await run(kind, jobs))
+
+    def rates(kind: str) -> list[float]:
+        return [jobs / r.seconds for r in measured[kind]]
+
+    def listed(values: list[float], digits: int = 1) -> str:
+        return ", ".join(f"{v:.{digits}f}" for v in values)
+
+    def median_of(values: list[float], digits: int = 1) -> str:
+        return f"{statistics.median(values):6.{digits}f}   ({listed(values, digits)})"
+
+    local = rates("LOCAL")
+    ratios = {k: [a / b for a, b in zip(local, rates(k), strict=True)] for k in KINDS[:2]}
+    print(f"{jobs} jobs started back to back, {rounds} rounds interleaved; one worker; dev server;")
+    print(f"{os.cpu_count()} cores. Median (each round):")
+    print(f"  bare workflow, {STEPS} no-op activities, jobs/s")
+    print(f"    eager dispatch (default)          {median_of(rates('eager'))}")
+    print(f"    every activity matched            {median_of(rates('matched'))}")
+    print(f"  VideoJobWorkflow, LOCAL route       {median_of(local)}")
+    print(f"  ratio to bare, eager                {median_of(ratios['eager'], 2)}")
+    print(f"  ratio to bare, matched              {median_of(ratios['matched'], 2)}")
+    local_handles = [h for r in measured["LOCAL"] for h in r.handles]
+    to_post = [await start_to_post_s(env.client, h) for h in local_handles]
+    q = statistics.quantiles(to_post, n=100, method="inclusive")
+    print(f"  start -> POST /prompt   p50 {q[49] * 1000:.0f} ms   p99 {q[98] * 1000:.0f} ms")
+    print("  CPU ms per job, median   eager matched  LOCAL")
+    for name in processes:
+        ms = [statistics.median(1000 * r.cpu[name] / jobs for r in measured[k]) for k in KINDS]
+        print(f"    {name:<20} {ms[0]:7.1f} {ms[1]:7.1f} {ms[2]:7.1f}")
     if os.environ.get("BENCH_DETAIL"):
-        await print_activity_times(env.client, handles)
+        await print_activity_times(env.client, local_handles)
     sims.terminate()
     await sims.wait()
     await env.shutdown()
@@ -182,5 +201,7 @@ async def main(jobs: int) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--jobs", type=int, default=200)
-    run_main(main(parser.parse_args().jobs))
+    parser.add_argument("--jobs", type=int, default=200, help="jobs of each kind per round")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    run_main(main(args.jobs, args.rounds))
