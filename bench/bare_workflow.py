@@ -1,11 +1,22 @@
-"""The baseline of bench/comfyui_route.py: a workflow that runs N no-op activities in a row, the
-first of them as a local activity, as a job reads its policy."""
+"""The baselines of bench/comfyui_route.py: workflows that run a job's number of no-op
+activities in a row, the first of them as a local activity, as a job reads its policy.
+`BareWorkflow` runs the rest on its own queue; `JobShapedWorkflow` runs them where a LOCAL job
+runs its probe, submit, wait and download, with the same options."""
 
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 from temporalio import activity, workflow
+from temporalio.common import Priority
+
+from spillway.hosts import WAITS_SUFFIX
+from workflows.call_options import heartbeating
+from workflows.calls import PROBE_BOUND, comfyui_download, comfyui_submit, comfyui_wait
+from workflows.comfyui_calls import HostCall
+
+TIMEOUT = timedelta(seconds=30)
 
 
 @activity.defn(name="bench_noop")
@@ -17,7 +28,31 @@ async def noop(step: int) -> int:
 class BareWorkflow:
     @workflow.run
     async def run(self, steps: int) -> None:
-        timeout = timedelta(seconds=30)
-        await workflow.execute_local_activity(noop, 0, start_to_close_timeout=timeout)
+        await workflow.execute_local_activity(noop, 0, start_to_close_timeout=TIMEOUT)
         for step in range(1, steps):
-            await workflow.execute_activity(noop, step, start_to_close_timeout=timeout)
+            await workflow.execute_activity(noop, step, start_to_close_timeout=TIMEOUT)
+
+
+@workflow.defn(name="JobShapedWorkflow")
+class JobShapedWorkflow:
+    """`host_queue`: the GPU host's queue; its waits queue is `host_queue` + WAITS_SUFFIX."""
+
+    @workflow.run
+    async def run(self, host_queue: str) -> None:
+        priority = Priority(priority_key=3)  # a job's default
+        await workflow.execute_local_activity(noop, 0, start_to_close_timeout=TIMEOUT)
+        await workflow.execute_activity(
+            noop,
+            1,
+            task_queue=host_queue,
+            priority=priority,
+            schedule_to_start_timeout=PROBE_BOUND,
+            start_to_close_timeout=timedelta(seconds=60),
+        )
+        calls: list[HostCall[Any, Any]] = [comfyui_submit, comfyui_wait, comfyui_download]
+        for step, call in enumerate(calls, start=2):
+            queue = host_queue + WAITS_SUFFIX if call.waits else host_queue
+            options = heartbeating(
+                queue, priority, TIMEOUT, start_to_close=call.start_to_close, retry=call.retry
+            )
+            await workflow.execute_activity(noop, step, **options)

@@ -5,11 +5,13 @@ server and with the worker's pollers (`worker.POLLING`).
 
     .venv/bin/python bench/comfyui_route.py [--jobs 200] [--rounds 3]
 
-The bare workflow runs twice: as Temporal runs it by default, where the server hands each
+The bare workflow runs three ways: as Temporal runs it by default, where the server hands each
 activity to the worker in its answer to the workflow task that scheduled it (eager dispatch, as
-the activity's queue is the workflow's), and with eager dispatch off, so that every activity is
-matched to a poll as a job's are (a job's probe and ComfyUI activities run on its GPU host's
-queues, never eagerly).
+the activity's queue is the workflow's); with eager dispatch off, so that every activity is
+matched to a poll as a job's are; and as `JobShapedWorkflow`, its activities on a GPU host's
+queue and waits queue with a LOCAL job's timeouts, retry policies and priority (a job's probe
+and ComfyUI activities run on its host's queues, never eagerly). The baselines' workers run
+workflows as the job's worker does (`worker.WORKFLOW_RUNNER`, unsandboxed).
 
 After ten unmeasured runs of each (imports, caches), the three kinds take turns for `--rounds`
 rounds, so that a shared machine's moods fall on all of them alike. Prints jobs/s for each and
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import statistics
 import sys
@@ -40,14 +43,15 @@ from temporalio.worker import Worker
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.bare_workflow import BareWorkflow, noop
+from bench.bare_workflow import BareWorkflow, JobShapedWorkflow, noop
 from bench.common import child_pid, cpu_s, run_main, start_dev_server, start_doubles
+from spillway.hosts import WAITS_SUFFIX
 from spillway.jobs import submit
 from spillway.models import VideoJob
 from spillway.settings import Settings
 from spillway.tiers import load_tiers
 from tests.support.graphs import VIDEO_GRAPH
-from worker import POLLING, serving
+from worker import POLLING, WORKFLOW_RUNNER, serving
 
 # read_policy (a local activity), a40_load_status, comfyui_submit, comfyui_wait, comfyui_download
 STEPS = 5
@@ -94,7 +98,7 @@ async def print_activity_times(client: Client, handles: list[WorkflowHandle[Any,
         )
 
 
-KINDS = ("eager", "matched", "LOCAL")
+KINDS = ("eager", "matched", "shaped", "LOCAL")
 
 
 @dataclass
@@ -118,18 +122,24 @@ async def main(jobs: int, rounds: int) -> None:
         MINIMAX_API_KEY=None,
     )
     tiers = load_tiers(settings.SPILLWAY_ROUTING_TIERS)
-    # The bare workflow and its no-op activities in the same process, on queues of their own.
-    bare_workers = {
-        kind: Worker(
+    # The baselines and their no-op activities in the same process, on queues of their own,
+    # polled and run as the job's worker does.
+    like_the_worker = {**POLLING, "workflow_runner": WORKFLOW_RUNNER}
+    host_queue = f"{queue}-shaped-gpu"
+    baseline_workers = [
+        Worker(
             env.client,
             task_queue=f"{queue}-bare-{kind}",
-            workflows=[BareWorkflow],
+            workflows=[BareWorkflow, JobShapedWorkflow],
             activities=[noop],
-            disable_eager_activity_execution=kind == "matched",
-            **POLLING,  # as the job's worker polls
+            disable_eager_activity_execution=kind != "eager",
+            **like_the_worker,
         )
-        for kind in KINDS[:2]
-    }
+        for kind in KINDS[:3]
+    ] + [
+        Worker(env.client, task_queue=q, activities=[noop], **like_the_worker)
+        for q in (host_queue, host_queue + WAITS_SUFFIX)
+    ]
     processes = {
         "worker and bench": os.getpid(),
         "Temporal server": child_pid("temporal"),
@@ -143,9 +153,12 @@ async def main(jobs: int, rounds: int) -> None:
         if kind == "LOCAL":
             job = VideoJob(job_id=f"bench-{uuid.uuid4().hex[:12]}", graph=VIDEO_GRAPH)
             return await submit(env.client, job, queue)
-        return await env.client.start_workflow(
-            BareWorkflow.run, STEPS, id=f"bare-{uuid.uuid4()}", task_queue=f"{queue}-bare-{kind}"
-        )
+        wid, on = f"bare-{uuid.uuid4()}", f"{queue}-bare-{kind}"
+        if kind == "shaped":
+            return await env.client.start_workflow(
+                JobShapedWorkflow.run, host_queue, id=wid, task_queue=on
+            )
+        return await env.client.start_workflow(BareWorkflow.run, STEPS, id=wid, task_queue=on)
 
     async def run(kind: str, count: int) -> Round:
         cpu_before, started = cpu(), time.perf_counter()
@@ -157,7 +170,9 @@ async def main(jobs: int, rounds: int) -> None:
         return Round(seconds, {k: cpu_after[k] - cpu_before[k] for k in processes}, handles)
 
     measured: dict[str, list[Round]] = {kind: [] for kind in KINDS}
-    async with serving(env.client, settings, tiers), bare_workers["eager"], bare_workers["matched"]:
+    async with serving(env.client, settings, tiers), contextlib.AsyncExitStack() as workers:
+        for worker in baseline_workers:
+            await workers.enter_async_context(worker)
         for kind in KINDS:  # first runs pay for imports and caches: not measured
             await run(kind, 10)
         # Interleaved, so that the machine's mood of the moment falls on every kind alike.
@@ -175,23 +190,25 @@ async def main(jobs: int, rounds: int) -> None:
         return f"{statistics.median(values):6.{digits}f}   ({listed(values, digits)})"
 
     local = rates("LOCAL")
-    ratios = {k: [a / b for a, b in zip(local, rates(k), strict=True)] for k in KINDS[:2]}
+    ratios = {k: [a / b for a, b in zip(local, rates(k), strict=True)] for k in KINDS[:3]}
     print(f"{jobs} jobs started back to back, {rounds} rounds interleaved; one worker; dev server;")
     print(f"{os.cpu_count()} cores. Median (each round):")
     print(f"  bare workflow, {STEPS} no-op activities, jobs/s")
     print(f"    eager dispatch (default)          {median_of(rates('eager'))}")
     print(f"    every activity matched            {median_of(rates('matched'))}")
+    print(f"    on a job's queues, its options    {median_of(rates('shaped'))}")
     print(f"  VideoJobWorkflow, LOCAL route       {median_of(local)}")
     print(f"  ratio to bare, eager                {median_of(ratios['eager'], 2)}")
     print(f"  ratio to bare, matched              {median_of(ratios['matched'], 2)}")
+    print(f"  ratio to bare, on a job's queues    {median_of(ratios['shaped'], 2)}")
     local_handles = [h for r in measured["LOCAL"] for h in r.handles]
     to_post = [await start_to_post_s(env.client, h) for h in local_handles]
     q = statistics.quantiles(to_post, n=100, method="inclusive")
     print(f"  start -> POST /prompt   p50 {q[49] * 1000:.0f} ms   p99 {q[98] * 1000:.0f} ms")
-    print("  CPU ms per job, median   eager matched  LOCAL")
+    print("  CPU ms per job, median   eager matched shaped  LOCAL")
     for name in processes:
         ms = [statistics.median(1000 * r.cpu[name] / jobs for r in measured[k]) for k in KINDS]
-        print(f"    {name:<20} {ms[0]:7.1f} {ms[1]:7.1f} {ms[2]:7.1f}")
+        print(f"    {name:<20} " + " ".join(f"{m:7.1f}" for m in ms))
     if os.environ.get("BENCH_DETAIL"):
         await print_activity_times(env.client, local_handles)
     sims.terminate()
