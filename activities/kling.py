@@ -28,7 +28,7 @@ from activities.heartbeat import Heartbeat
 from activities.inputs import InputUnreadable
 from activities.kling_client import KlingClient, KlingError, KlingTiming
 from activities.kling_create import AMBIGUOUS_CREATE as AMBIGUOUS_CREATE
-from activities.kling_create import KlingCreator, ambiguous, refused_message
+from activities.kling_create import KlingCreator, ambiguous, find_lost_create, refused_message
 from activities.kling_download import DOWNLOAD_FAILED as DOWNLOAD_FAILED
 from activities.kling_download import VIDEO_GONE as VIDEO_GONE
 from activities.kling_download import KlingDownloader, kling_failure
@@ -40,10 +40,13 @@ from spillway.cloud_models import (
     CloudDownload,
     CloudPoll,
     CreateVerdict,
+    LostCreate,
+    Reconciled,
 )
 from spillway.kling_answers import REFUSED_CODES, TASK_NOT_FOUND, KlingTask
 from spillway.kling_requests import (
     IMAGE_MAX_BYTES,
+    KINDS,
     Kind,
     create_request,
     external_task_id,
@@ -60,7 +63,6 @@ TASK_FAILED = "KlingTaskFailed"
 TASK_UNKNOWN = "KlingTaskUnknown"  # Kling reports no such task under either kind
 UNAVAILABLE = "KlingUnavailable"  # a free call got no usable answer: retried
 
-KINDS: tuple[Kind, ...] = ("text2video", "image2video")
 KEY_NAMES = ("KLING_ACCESS_KEY", "KLING_SECRET_KEY")
 
 
@@ -125,6 +127,35 @@ class KlingActivities(CloudActivities[KlingTiming]):
             )
         creator = KlingCreator(client, self._timing, req.job_id, external, hb)
         return await creator.run(kind, body)
+
+    # --- reconcile: free; after a create whose worker was lost ------------------------------
+
+    @activity.defn(name=names.KLING_RECONCILE)
+    async def reconcile(self, req: LostCreate) -> Reconciled:
+        """Whether a create whose worker was lost before it answered made a task, asked of Kling
+        by the external_task_id of the run that sent it: the workflow follows the task it names.
+        It never creates; a Kling that does not answer fails it retryably."""
+        client = self._client(retryable=True)
+        external = external_task_id(req.job_id, req.run_id)
+        async with Heartbeat(self._timing.heartbeat_every_s) as hb:
+            try:
+                task_id = await find_lost_create(
+                    client, self._timing, external, req.sent_at.timestamp(), hb
+                )
+            except KlingError as exc:
+                explained = (
+                    f"Kling refuses to say whether the lost create of job {req.job_id} made a "
+                    f"task ({exc}): check KLING_ACCESS_KEY, KLING_SECRET_KEY and the account"
+                )
+                details = {"external_task_id": external, "code": exc.code}
+                raise kling_failure(exc, UNAVAILABLE, REFUSED, explained, details) from None
+        activity.logger.info(
+            "lost Kling create of job %s (external_task_id %s): %s",
+            req.job_id,
+            external,
+            f"task {task_id}" if task_id else "no task",
+        )
+        return Reconciled(external_task_id=external, task_id=task_id)
 
     # --- poll: free, retried by Temporal ---------------------------------------------------
 

@@ -64,7 +64,13 @@ def main_work(
         kling.create,
         callbacks.job_callback,
     ]
-    waits: list[Callable[..., Any]] = [minimax.poll, minimax.download, kling.poll, kling.download]
+    waits: list[Callable[..., Any]] = [
+        minimax.poll,
+        minimax.download,
+        kling.poll,
+        kling.download,
+        kling.reconcile,
+    ]
     return [
         # Polls scheduled before the waits queue existed still run here.
         QueueWork(queue, [*decisions, *waits], workflows),

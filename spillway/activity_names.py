@@ -21,6 +21,7 @@ MINIMAX_DOWNLOAD = "minimax_download"
 KLING_CREATE = "kling_create"
 KLING_POLL = "kling_poll"
 KLING_DOWNLOAD = "kling_download"
+KLING_RECONCILE = "kling_reconcile"
 
 SPEND_RESERVE = "spend_reserve"
 SPEND_SETTLE = "spend_settle"

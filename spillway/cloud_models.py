@@ -65,6 +65,24 @@ class CloudCreated(BaseModel):
     settled: bool = True
 
 
+class LostCreate(BaseModel):
+    """A Kling create whose worker was lost before it answered: what `kling_reconcile` asks
+    Kling about, by the external_task_id of the run that sent it."""
+
+    job_id: JobId
+    # The run that began the create (the ledger's `run_id`): a reset job runs on under another
+    # run id, and the create carried the id of the run that sent it.
+    run_id: str
+    # When its first request was about to leave (the ledger's `sent_at`): every request of it
+    # has ended within the longest a create runs from then.
+    sent_at: datetime
+
+
+class Reconciled(BaseModel):
+    external_task_id: str
+    task_id: str | None = None  # the task Kling made for it; None: none once none could land
+
+
 class CloudPoll(BaseModel):
     job_id: JobId
     task_id: str

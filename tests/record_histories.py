@@ -23,7 +23,7 @@ from spillway.temporal import installed_binary, register_search_attributes
 from tests.support.images import I2V_GRAPH
 from tests.support.jobs import RunJobs, job_runner
 from tests.support.route_stubs import BUSY, FREE, RouteStubs
-from tests.support.settings import ARMED, KEY
+from tests.support.settings import ARMED, KEY, KLING_ARMED
 from tests.support.waiting import until
 from workflows.video_job import APPROVAL_SIGNAL
 
@@ -88,6 +88,14 @@ async def record(run_jobs: RunJobs, name: str) -> WorkflowHandle[Any, Any]:
             await until(lambda: names.SPEND_VIEW in stubs.holding)
             await jobs.cancel(handle)
             stubs.release.set()
+    elif name == "replay-kling-lost-create-reconciled":
+        # The worker running the Kling create vanished; Kling names the task by the run's
+        # external_task_id and the job follows it.
+        stubs = RouteStubs(BUSY)
+        stubs.create_hang, stubs.reconciled = True, "task-kling-made"
+        async with run_jobs(stubs, **KLING_ARMED) as jobs:
+            handle = await jobs.start(job_id=name)
+            await handle.result()
     else:
         raise SystemExit(f"unknown history {name}; one of {', '.join(NAMES)}")
     return handle
@@ -112,6 +120,9 @@ NAMES = (
     # Since a cancel that meets a ledger read ends the job (patch
     # cancel-not-swallowed-by-ledger-reads).
     "replay-cancelled-reading-budget",
+    # Since a Kling create whose worker was lost is reconciled by its external_task_id (patch
+    # reconcile-lost-kling-create).
+    "replay-kling-lost-create-reconciled",
 )
 # Recorded on the dev server: the time-skipping one answers ACTIVITY_UNKNOWN to cancelling a
 # running activity.

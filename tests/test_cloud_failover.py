@@ -21,6 +21,7 @@ from spillway.sim.minimax import MiniMaxSim
 from tests.support.cli import spillway, temporal_show
 from tests.support.jobs import Jobs, cause_message
 from tests.support.kling import CANARY_ACCESS, CANARY_SECRET, KLING_CLIP_USD
+from tests.support.waiting import until
 from tests.support.worker_process import kill_after_the_create_answer
 
 
@@ -102,6 +103,28 @@ async def test_a_worker_killed_right_after_klings_create_answer_leaves_one_task(
     handle = await start_job(dev_env, worker.task_queue)
     await kill_after_the_create_answer(worker, handle, kling)
     assert kling.tasks_created == 1
+
+
+async def test_a_worker_killed_while_its_kling_create_hangs_leaves_the_job_on_the_task_kling_made(
+    both_clouds, dev_env, kling: KlingSim
+):
+    kling.fault_next_create("hang")  # Kling made the task; its answer never comes
+    worker = await both_clouds(CLOUD_PROVIDERS="kling")
+    handle = await start_job(dev_env, worker.task_queue)
+    await until(lambda: kling.tasks_created >= 1, timeout_s=30)
+    await worker.kill()  # the create's answer is lost with it
+    await worker.start()
+    plan: Plan = await asyncio.wait_for(handle.result(), 90)
+    kling.release()
+
+    [task] = kling.tasks.values()
+    assert (plan.state, plan.route) == ("completed", "cloud")
+    assert plan.cloud is not None and plan.cloud.task_id == task.task_id
+    assert f"reconciled_lost_create={task.task_id}" in plan.reasons
+    assert (kling.create_calls, kling.tasks_created) == (1, 1)
+    _, budget, _ = await spillway("budget", "--json", env=worker.env)
+    [entry] = [e for e in json.loads(budget)["entries"] if e["job_id"] == handle.id]
+    assert (entry["state"], entry["task_id"]) == ("charged", task.task_id)
 
 
 async def test_the_kling_keys_never_show_in_history_logs_or_status(

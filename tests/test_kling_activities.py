@@ -11,6 +11,7 @@ import hashlib
 import logging
 import uuid
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,15 @@ from temporalio.exceptions import ApplicationError
 
 from activities.kling import KlingActivities
 from activities.kling_client import KlingClient
-from spillway.cloud_models import CloudCreate, CloudCreated, CloudDone, CloudDownload, CloudPoll
+from spillway.cloud_models import (
+    CloudCreate,
+    CloudCreated,
+    CloudDone,
+    CloudDownload,
+    CloudPoll,
+    LostCreate,
+    Reconciled,
+)
 from spillway.inputs import prepare_inputs
 from spillway.kling_requests import sign_jwt
 from spillway.models import CloudRequest, Downloaded, JobInput
@@ -444,6 +453,57 @@ async def test_worker_killed_between_klings_answer_and_completion_never_makes_a_
     # What the job's follow-up (or a person) does: ask Kling by the run's external id.
     found = await client_of(kling, http).reconcile("text2video", external_id(req))
     assert (found.outcome, found.task_id) == ("created", task.task_id)
+
+
+# --- a create whose worker was lost: reconciled by the workflow -----------------------------------
+
+
+def lost(req: CloudCreate, sent_s_ago: float) -> LostCreate:
+    sent_at = datetime.now(UTC) - timedelta(seconds=sent_s_ago)
+    return LostCreate(job_id=req.job_id, run_id=RUN, sent_at=sent_at)
+
+
+async def test_a_create_whose_worker_was_lost_is_reconciled_to_the_task_kling_made(
+    kling, kling_activities
+):
+    acts, req, killed = await first_create(kling_activities, KilledBeforeSettling())
+    assert isinstance(killed, WorkerKilled), killed
+    [task] = kling.tasks.values()
+
+    # Asked from another run (a reset job's): the id is the one of the run that sent it.
+    found, heartbeats = await run_activity(acts.reconcile, lost(req, 1), workflow_run_id="reset")
+
+    assert found == Reconciled(external_task_id=external_id(req), task_id=task.task_id)
+    assert (kling.create_calls, kling.tasks_created) == (1, 1)  # asked, never created again
+    assert "reconciling" in [h.phase for h in heartbeats]
+
+
+async def test_no_task_is_an_answer_only_once_the_lost_create_can_no_longer_land(
+    kling, kling_activities
+):
+    acts, req = kling_activities(), create_request()
+    # Its last request could still land for another 0.5 s (FAST: 8 s after the first): Kling is
+    # asked again until then, under both kinds.
+    found, _ = await run_activity(acts.reconcile, lost(req, FAST.longest_create_s() - 0.5))
+    assert found == Reconciled(external_task_id=external_id(req))
+    assert kling.query_hits >= 4
+
+    asked = kling.query_hits
+    found, _ = await run_activity(acts.reconcile, lost(req, 60))  # long over: one look
+    assert found == Reconciled(external_task_id=external_id(req))
+    assert kling.query_hits - asked == 2
+    assert kling.create_calls == 0
+
+
+async def test_kling_refusing_to_say_what_a_lost_create_made_fails_for_good_showing_no_key(
+    kling, kling_activities
+):
+    acts = kling_activities(KLING_SECRET_KEY="kling-CANARY-not-the-secret")
+    result, _ = await run_activity(acts.reconcile, lost(create_request(), 60))
+
+    error = app_error(result, "KlingRefused")
+    assert error.non_retryable and "KLING_SECRET_KEY" in error.message
+    no_secrets(error, error.details)
 
 
 async def test_create_cancelled_with_the_request_in_flight_reports_ambiguous_not_cancelled(

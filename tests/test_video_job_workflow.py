@@ -16,7 +16,7 @@ from spillway.models import ApprovalDecision, Plan
 from tests.support.constants import CLIP_USD
 from tests.support.jobs import RunJobs, cause_message
 from tests.support.route_stubs import BUSY, DOWN, FREE, RouteStubs
-from tests.support.settings import ARMED, KEY, two_host_tiers
+from tests.support.settings import ARMED, KEY, KLING_ARMED, two_host_tiers
 from tests.support.waiting import until
 from workflows.video_job import APPROVAL_SIGNAL, DECIDE_UPDATE, VideoJobWorkflow
 
@@ -336,12 +336,44 @@ async def test_a_rejected_graph_fails_the_job_with_comfyuis_reason_without_retry
 async def test_a_create_whose_worker_vanished_fails_with_a_charge_may_exist(run_jobs: RunJobs):
     stubs = RouteStubs(BUSY)
     stubs.create_hang = True  # no heartbeat: like a worker killed during the call
-    async with run_jobs(stubs, **ARMED) as jobs:
+    async with run_jobs(stubs, **ARMED, SPILLWAY_HEARTBEAT_TIMEOUT_S=2) as jobs:
         handle = await jobs.start()
         with pytest.raises(WorkflowFailureError) as failed:
             await handle.result()
     assert "a charge may exist" in str(failed.value.cause)
     assert stubs.calls[names.MINIMAX_CREATE] == 1  # never retried
+
+
+async def test_a_kling_create_whose_worker_vanished_follows_the_task_kling_reports(
+    run_jobs: RunJobs,
+):
+    stubs = RouteStubs(BUSY)
+    stubs.create_hang = True  # no heartbeat: like a worker killed during the call
+    stubs.reconciled = "task-kling-made"
+    async with run_jobs(stubs, **KLING_ARMED) as jobs:
+        plan: Plan = await (await jobs.start()).result()
+
+    assert (plan.state, plan.route) == ("completed", "cloud")
+    assert plan.cloud is not None and plan.cloud.task_id == "task-kling-made"
+    assert "reconciled_lost_create=task-kling-made" in plan.reasons
+    assert (stubs.calls[names.KLING_CREATE], stubs.calls[names.KLING_RECONCILE]) == (1, 1)
+    assert stubs.calls[names.KLING_DOWNLOAD] == 1
+
+
+async def test_a_kling_create_whose_worker_vanished_and_made_nothing_fails_saying_so(
+    run_jobs: RunJobs,
+):
+    stubs = RouteStubs(BUSY)
+    stubs.create_hang = True
+    async with run_jobs(stubs, **KLING_ARMED) as jobs:
+        with pytest.raises(WorkflowFailureError) as failed:
+            await (await jobs.start()).result()
+
+    message = cause_message(failed)
+    assert "Kling had no task with external_task_id" in message
+    assert "maybe_charged" in message and "will not create again" in message
+    assert (stubs.calls[names.KLING_CREATE], stubs.calls[names.KLING_RECONCILE]) == (1, 1)
+    assert stubs.calls[names.KLING_POLL] == 0
 
 
 async def test_a_permanent_minimax_error_fails_once_with_its_message(run_jobs: RunJobs):

@@ -37,6 +37,7 @@ PATCH_RECORDED_BEFORE_ASKING = "recorded-create-before-asking"
 PATCH_ANSWER_AT_END = "answer-open-decision-at-end"
 PATCH_POLICY_HERE = "policy-read-as-local-activity"
 PATCH_CANCEL_THROUGH_READS = "cancel-not-swallowed-by-ledger-reads"
+PATCH_RECONCILE_LOST_CREATE = "reconcile-lost-kling-create"
 
 
 # What the signal handler gets when a signal carried no input at all (the SDK decodes a handler's

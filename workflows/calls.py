@@ -37,6 +37,8 @@ with workflow.unsafe.imports_passed_through():
         CloudDone,
         CloudDownload,
         CloudPoll,
+        LostCreate,
+        Reconciled,
         SpendRequest,
     )
     from spillway.host_models import HostRef, LoadProbeRequest, LoadStatus, Policy, PolicyRequest
@@ -199,6 +201,28 @@ async def cloud_download(
     final = [kling_errors.VIDEO_GONE] if kling else [minimax_errors.PERMANENT]
     return await workflow.execute_activity_method(
         method, req, **_waiting(heartbeat, priority, final)
+    )
+
+
+async def kling_reconcile(
+    req: LostCreate, heartbeat: timedelta, priority: Priority = Priority.default
+) -> Reconciled:
+    """Free, and bounded: a Kling that will not answer within this leaves the job failed as
+    before, saying a charge may exist (the ledger keeps it as maybe_charged)."""
+    return await workflow.execute_activity_method(
+        KlingActivities.reconcile,
+        req,
+        schedule_to_close_timeout=timedelta(minutes=30),
+        **heartbeating(
+            waits_queue(),
+            priority,
+            heartbeat,
+            start_to_close=timedelta(minutes=15),  # a create's longest run, and then some
+            retry=RetryPolicy(
+                maximum_interval=timedelta(seconds=60),
+                non_retryable_error_types=[kling_errors.REFUSED],
+            ),
+        ),
     )
 
 

@@ -20,6 +20,7 @@ from workflows.approvals import (
     PATCH_CANCEL_THROUGH_READS,
     PATCH_FOLLOW_LOST_CREATE,
     PATCH_LEDGER,
+    PATCH_RECONCILE_LOST_CREATE,
     PATCH_RECORDED_BEFORE_ASKING,
     RouteChoice,
 )
@@ -29,7 +30,7 @@ with workflow.unsafe.imports_passed_through():
     from activities import kling as kling_errors
     from activities import minimax as minimax_errors
     from activities.spend import NOT_ARMED, WRONG_WORLD
-    from spillway.cloud_models import CloudCreate, CloudDownload, CloudPoll, Provider
+    from spillway.cloud_models import CloudCreate, CloudDownload, CloudPoll, LostCreate, Provider
     from spillway.host_models import Policy
     from spillway.models import CloudAttempt, CloudInfo
     from spillway.spend_models import Reservation, SpendEntry
@@ -212,12 +213,12 @@ class CloudRoute(JobBase):
                 await self._settle("charged", ordered.task_id)
             raise
         except ActivityError as err:
-            return await self._create_failed(err)
+            return await self._create_failed(req, err)
         if not created.settled:
             await self._settle("charged", created.task_id)
         return created.task_id
 
-    async def _create_failed(self, err: ActivityError) -> str:
+    async def _create_failed(self, req: CloudCreate, err: ActivityError) -> str:
         cause = err.cause
         kind = cause.type if isinstance(cause, ApplicationError) else None
         if kind in PROVIDER_REFUSED and isinstance(cause, ApplicationError):
@@ -242,7 +243,37 @@ class CloudRoute(JobBase):
             charged = entry is not None and entry.state == "charged" and entry.task_id
             if charged and entry and workflow.patched(PATCH_FOLLOW_LOST_CREATE):
                 return self._follow(entry)[1]
+            if (
+                req.provider == "kling"
+                and entry is not None
+                and entry.state == "maybe_charged"
+                and workflow.patched(PATCH_RECONCILE_LOST_CREATE)
+            ):
+                return await self._reconcile_lost(entry, err)
         self._fail(self._failure_message(err))
+
+    async def _reconcile_lost(self, entry: SpendEntry, err: ActivityError) -> str:
+        """Kling can say, by the external_task_id of the run that sent it, whether a create
+        whose worker was lost made a task: the job follows that task and never creates again.
+        Without an answer, or without a task, it fails saying a charge may exist, as a MiniMax
+        job does."""
+        lost = LostCreate(
+            job_id=self._job.job_id,
+            run_id=entry.run_id,
+            sent_at=entry.sent_at or self._create_started,
+        )
+        try:
+            found = await calls.kling_reconcile(lost, self._heartbeat, self._priority)
+        except ActivityError as failed:
+            if is_cancelled_exception(failed):
+                self._plan.error = self._failure_message(err)
+                raise
+            self._fail(texts.lost_create_unanswered(self._failure_message(err), failed.cause))
+        if found.task_id is None:
+            self._fail(texts.lost_create_made_nothing(self._plan, found.external_task_id))
+        self._plan.reasons = [*self._plan.reasons, f"reconciled_lost_create={found.task_id}"]
+        await self._settle("charged", found.task_id)
+        return found.task_id
 
     async def _release_unused_reservation(self) -> None:
         """A job cancelled between its reservation and its create gives the money back."""

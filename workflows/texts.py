@@ -160,6 +160,19 @@ def ambiguous_create(plan: Plan, at: datetime) -> str:
     )
 
 
+def lost_create_unanswered(ambiguous: str, why: BaseException | None) -> str:
+    return f"{ambiguous} Asking Kling by the create's external_task_id failed too: {why}."
+
+
+def lost_create_made_nothing(plan: Plan, external_task_id: str) -> str:
+    return (
+        f"the Kling create call for job {plan.job_id} did not complete (the worker was lost "
+        f"during the call), and once none of its requests could still arrive Kling had no task "
+        f"with external_task_id {external_task_id}: most likely nothing was made. The spend "
+        f"ledger keeps the charge as possible (maybe_charged); {check('kling')}."
+    )
+
+
 def _usd(value: float | None) -> str:
     return "unknown" if value is None else f"${value:.2f}"
 

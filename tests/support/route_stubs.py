@@ -63,6 +63,7 @@ class RouteStubs:
         self.wait_release.set()  # clear it to keep the wait running until set again
         self.create_hang = False  # the create never returns and never heartbeats
         self.creates = 0  # create requests that got past the guard (would have cost money)
+        self.reconciled: str | None = None  # the task Kling names for a lost create (None: none)
         self.guard: CreateGuard | None = None
         self.held: set[str] = set()  # names of the spend reads that run until `release` is set
         self.holding: set[str] = set()  # those running now
@@ -85,6 +86,10 @@ class RouteStubs:
             self.create,
             self.poll,
             self.cloud_download,
+            self.kling_create,
+            self.kling_reconcile,
+            self.kling_poll,
+            self.kling_download,
             self.notify,
         ]
 
@@ -151,8 +156,15 @@ class RouteStubs:
 
     @activity.defn(name=names.MINIMAX_CREATE)
     async def create(self, req: cloud.CloudCreate) -> cloud.CloudCreated:
+        return await self._create(names.MINIMAX_CREATE, req)
+
+    @activity.defn(name=names.KLING_CREATE)
+    async def kling_create(self, req: cloud.CloudCreate) -> cloud.CloudCreated:
+        return await self._create(names.KLING_CREATE, req)
+
+    async def _create(self, name: str, req: cloud.CloudCreate) -> cloud.CloudCreated:
         """Inside the real CreateGuard (armed now? the ledger's begin and settle): only the
-        request to MiniMax is stubbed. `creates` counts the requests that would have left."""
+        request to the provider is stubbed. `creates` counts the requests that would have left."""
 
         async def send() -> cloud.CreateVerdict:
             self.creates += 1
@@ -160,20 +172,37 @@ class RouteStubs:
                 await asyncio.sleep(3600)
             return cloud.CreateVerdict(outcome="created", task_id=f"task-{req.job_id}")
 
-        self._count(names.MINIMAX_CREATE)
+        self._count(name)
         assert self.guard is not None, "the job runner sets the guard"
         done = await self.guard.create(req.job_id, req.authorisation, req.simulated, send)
         assert done.verdict.task_id is not None
         return cloud.CloudCreated(task_id=done.verdict.task_id, settled=done.settled)
+
+    @activity.defn(name=names.KLING_RECONCILE)
+    async def kling_reconcile(self, req: cloud.LostCreate) -> cloud.Reconciled:
+        self._count(names.KLING_RECONCILE)
+        return cloud.Reconciled(external_task_id=f"spillway-{req.job_id}", task_id=self.reconciled)
 
     @activity.defn(name=names.MINIMAX_POLL)
     async def poll(self, req: cloud.CloudPoll) -> cloud.CloudDone:
         self._count(names.MINIMAX_POLL)
         return cloud.CloudDone(task_id=req.task_id, file_id="205258526306433", video_width=1366)
 
+    @activity.defn(name=names.KLING_POLL)
+    async def kling_poll(self, req: cloud.CloudPoll) -> cloud.CloudDone:
+        self._count(names.KLING_POLL)
+        return cloud.CloudDone(task_id=req.task_id, video_url="https://cdn.example/v.mp4")
+
     @activity.defn(name=names.MINIMAX_DOWNLOAD)
     async def cloud_download(self, req: cloud.CloudDownload) -> Downloaded:
-        self._count(names.MINIMAX_DOWNLOAD)
+        return self._downloaded(names.MINIMAX_DOWNLOAD, req)
+
+    @activity.defn(name=names.KLING_DOWNLOAD)
+    async def kling_download(self, req: cloud.CloudDownload) -> Downloaded:
+        return self._downloaded(names.KLING_DOWNLOAD, req)
+
+    def _downloaded(self, name: str, req: cloud.CloudDownload) -> Downloaded:
+        self._count(name)
         path = f"outputs/{req.job_id}/{req.task_id}.mp4"
         return Downloaded(outputs=[OutputFile(path=path, bytes=2048, sha256="cd" * 32)])
 

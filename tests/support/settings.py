@@ -35,6 +35,14 @@ QUIET: dict[str, Any] = {
 }
 KEY: dict[str, Any] = {"MINIMAX_API_KEY": TEST_KEY}
 ARMED: dict[str, Any] = KEY | {"CLOUD_VIDEO_FALLBACK_ENABLED": True}
+# Armed for Kling only, with a short heartbeat timeout: the time-skipping server skips no time
+# while an activity runs, and a lost create is noticed by its missing heartbeat.
+KLING_ARMED: dict[str, Any] = ARMED | {
+    "CLOUD_PROVIDERS": "kling",
+    "KLING_ACCESS_KEY": "kling-test-access",
+    "KLING_SECRET_KEY": "kling-test-secret",
+    "SPILLWAY_HEARTBEAT_TIMEOUT_S": 2,
+}
 
 # Production polls and waits for seconds; the same logic runs here in milliseconds.
 COMFYUI_POLL_S = 0.1
