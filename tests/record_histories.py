@@ -34,7 +34,12 @@ WAIT = KEY | {"APPROVAL_TIMEOUT_S": 900, "APPROVAL_RECHECK_S": 60}
 async def record(run_jobs: RunJobs, name: str) -> WorkflowHandle[Any, Any]:
     """One job per main path; the name says which."""
     decision = ApprovalDecision(approved=True, by="bär", reason="client deadline")
-    if name in ("replay-local", "replay-local-published-at-start", "replay-local-policy-here"):
+    if name in (
+        "replay-local",
+        "replay-local-published-at-start",
+        "replay-local-policy-here",
+        "replay-local-patch-floor",
+    ):
         async with run_jobs(RouteStubs(FREE)) as jobs:
             handle = await jobs.start(job_id=name)
             await handle.result()
@@ -42,6 +47,7 @@ async def record(run_jobs: RunJobs, name: str) -> WorkflowHandle[Any, Any]:
         "replay-approved-cloud",
         "replay-ledger-approved-cloud",
         "replay-approved-asks-ledger-first",
+        "replay-approved-patch-floor",
     ):
         async with run_jobs(RouteStubs(BUSY), **WAIT) as jobs:
             handle = await jobs.start(job_id=name)
@@ -123,6 +129,9 @@ NAMES = (
     # Since a Kling create whose worker was lost is reconciled by its external_task_id (patch
     # reconcile-lost-kling-create).
     "replay-kling-lost-create-reconciled",
+    # Since a new run records one marker for every patch (workflows/patches.py, PATCH_FLOOR).
+    "replay-local-patch-floor",
+    "replay-approved-patch-floor",
 )
 # Recorded on the dev server: the time-skipping one answers ACTIVITY_UNKNOWN to cancelling a
 # running activity.

@@ -4,6 +4,7 @@ what the workflow scheduled."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -12,12 +13,14 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
 from spillway import activity_names as names
+from spillway.host_models import LoadStatus
 from spillway.models import ApprovalDecision, Plan
 from tests.support.constants import CLIP_USD
 from tests.support.jobs import RunJobs, cause_message
 from tests.support.route_stubs import BUSY, DOWN, FREE, RouteStubs
 from tests.support.settings import ARMED, KEY, KLING_ARMED, two_host_tiers
 from tests.support.waiting import until
+from workflows.patches import PATCH_FLOOR
 from workflows.video_job import APPROVAL_SIGNAL, DECIDE_UPDATE, VideoJobWorkflow
 
 HOUR = {"APPROVAL_TIMEOUT_S": 3600, "APPROVAL_RECHECK_S": 60}
@@ -30,6 +33,24 @@ async def test_free_gpu_renders_locally(run_jobs: RunJobs):
     assert (plan.state, plan.route, plan.overflow.trigger) == ("completed", "local", None)
     assert plan.outputs[0].path.endswith("v_00001_.mp4")
     assert stubs.calls[names.MINIMAX_CREATE] == 0 and stubs.calls[names.COMFYUI_SUBMIT] == 1
+
+
+@pytest.mark.parametrize("load", [FREE, BUSY], ids=["local", "armed_cloud"])
+async def test_a_new_run_records_one_patch_marker_for_every_patch_it_meets(
+    run_jobs: RunJobs, load: LoadStatus
+):
+    # Each marker is also a TemporalChangeVersion upsert: two history events and a visibility
+    # write (workflows/patches.py).
+    async with run_jobs(RouteStubs(load), **ARMED) as jobs:
+        handle = await jobs.start()
+        await handle.result()
+        history = await handle.fetch_history()
+    patches = [
+        json.loads(e.marker_recorded_event_attributes.details["patch-data"].payloads[0].data)
+        for e in history.events
+        if e.marker_recorded_event_attributes.marker_name == "core_patch"
+    ]
+    assert [p["id"] for p in patches] == [PATCH_FLOOR]
 
 
 async def test_overloaded_armed_job_goes_to_the_cloud_once(run_jobs: RunJobs):

@@ -17,6 +17,7 @@ from temporalio.exceptions import ActivityError
 
 from workflows import calls
 from workflows.job_base import JobBase
+from workflows.patches import PATCH_ANSWER_AT_END, PATCH_LEDGER
 
 with workflow.unsafe.imports_passed_through():
     from spillway.cloud_models import Provider
@@ -26,18 +27,6 @@ with workflow.unsafe.imports_passed_through():
     from workflows import texts
 
 MAX_IGNORED_SIGNALS = 20
-# Patch ids (workflow.patched): histories recorded before the spend ledger replay without it.
-PATCH_LEDGER = "spend-ledger-reserve"
-PATCH_BUDGET_VIEW = "spend-ledger-budget-view"
-PATCH_HOSTS = "gpu-hosts"
-PATCH_PROMPT_PER_RUN = "prompt-id-per-run"
-PATCH_CALLBACKS = "job-callbacks"
-PATCH_FOLLOW_LOST_CREATE = "follow-charged-after-lost-create"
-PATCH_RECORDED_BEFORE_ASKING = "recorded-create-before-asking"
-PATCH_ANSWER_AT_END = "answer-open-decision-at-end"
-PATCH_POLICY_HERE = "policy-read-as-local-activity"
-PATCH_CANCEL_THROUGH_READS = "cancel-not-swallowed-by-ledger-reads"
-PATCH_RECONCILE_LOST_CREATE = "reconcile-lost-kling-create"
 
 
 # What the signal handler gets when a signal carried no input at all (the SDK decodes a handler's
@@ -136,7 +125,7 @@ class Approvals(JobBase):
         moment) hears that it was not used, instead of Temporal's "workflow completed before the
         update completed"; the plan records it."""
         ticket = self._pending
-        if ticket is None or ticket.settled or not workflow.patched(PATCH_ANSWER_AT_END):
+        if ticket is None or ticket.settled or not self._patched(PATCH_ANSWER_AT_END):
             return
         self._unused(ticket, texts.ended_unused(self._job.job_id, self._plan.state))
         await workflow.wait_condition(workflow.all_handlers_finished)
@@ -153,7 +142,7 @@ class Approvals(JobBase):
         choice = RouteChoice(
             "cloud", authorisation="approved_over_budget" if over else "approved", by=decision.by
         )
-        if not workflow.patched(PATCH_LEDGER):
+        if not self._patched(PATCH_LEDGER):
             if not policy.key_present:
                 self._fail(texts.approved_without_key(decision.by))
             ticket.answer = "approved"

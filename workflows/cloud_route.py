@@ -14,17 +14,16 @@ from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_
 from temporalio.exceptions import TimeoutError as ActivityTimeout
 
 from workflows import calls
-from workflows.approvals import (
-    ARMED,
+from workflows.approvals import ARMED, RouteChoice
+from workflows.job_base import DISARMED, JobBase
+from workflows.patches import (
     PATCH_BUDGET_VIEW,
     PATCH_CANCEL_THROUGH_READS,
     PATCH_FOLLOW_LOST_CREATE,
     PATCH_LEDGER,
     PATCH_RECONCILE_LOST_CREATE,
     PATCH_RECORDED_BEFORE_ASKING,
-    RouteChoice,
 )
-from workflows.job_base import DISARMED, JobBase
 
 with workflow.unsafe.imports_passed_through():
     from activities import kling as kling_errors
@@ -68,7 +67,7 @@ class CloudRoute(JobBase):
         reservation = choice.reservation
         attempts: list[CloudAttempt] = []
         for provider in self._providers:
-            if reservation is None and workflow.patched(PATCH_LEDGER):
+            if reservation is None and self._patched(PATCH_LEDGER):
                 reservation = await calls.spend_reserve(self._spend_request(choice, provider))
                 if reservation.shortfall is not None:
                     self._plan.budget = texts.exhausted_view(
@@ -106,7 +105,7 @@ class CloudRoute(JobBase):
     async def _recorded_create(self) -> RouteChoice | None:
         """A job reset after its create (the old approval re-applied too early to count) finds
         its task on the ledger and follows it instead of waiting for a person."""
-        if self._job.cloud is None or not workflow.patched(PATCH_RECORDED_BEFORE_ASKING):
+        if self._job.cloud is None or not self._patched(PATCH_RECORDED_BEFORE_ASKING):
             return None
         try:
             entry = await calls.spend_recorded(self._spend_request(ARMED, self._providers[0]))
@@ -125,7 +124,7 @@ class CloudRoute(JobBase):
 
     async def _read_budget(self) -> None:
         """The estimate and what the budgets have left, for the person who is asked."""
-        if self._job.cloud is None or not workflow.patched(PATCH_BUDGET_VIEW):
+        if self._job.cloud is None or not self._patched(PATCH_BUDGET_VIEW):
             return
         exhausted = self._plan.budget.exhausted if self._plan.budget else None
         try:
@@ -135,11 +134,10 @@ class CloudRoute(JobBase):
             self._unless_cancelled(err)
             workflow.logger.warning("budget view failed: %s", err.cause or err)
 
-    @staticmethod
-    def _unless_cancelled(err: ActivityError) -> None:
+    def _unless_cancelled(self, err: ActivityError) -> None:
         """A read that fails leaves the question to the person, but one cancelled because the
         job was cancelled must end the job: the cancel reaches a workflow only once."""
-        if is_cancelled_exception(err) and workflow.patched(PATCH_CANCEL_THROUGH_READS):
+        if is_cancelled_exception(err) and self._patched(PATCH_CANCEL_THROUGH_READS):
             raise err
 
     def _start_cloud(
@@ -241,13 +239,13 @@ class CloudRoute(JobBase):
                 self._fail(texts.create_never_began(self._plan))
             # The create had recorded its task before the worker was lost: follow that task.
             charged = entry is not None and entry.state == "charged" and entry.task_id
-            if charged and entry and workflow.patched(PATCH_FOLLOW_LOST_CREATE):
+            if charged and entry and self._patched(PATCH_FOLLOW_LOST_CREATE):
                 return self._follow(entry)[1]
             if (
                 req.provider == "kling"
                 and entry is not None
                 and entry.state == "maybe_charged"
-                and workflow.patched(PATCH_RECONCILE_LOST_CREATE)
+                and self._patched(PATCH_RECONCILE_LOST_CREATE)
             ):
                 return await self._reconcile_lost(entry, err)
         self._fail(self._failure_message(err))

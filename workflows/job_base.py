@@ -15,6 +15,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.exceptions import TimeoutError as ActivityTimeout
 
 from workflows import calls
+from workflows.patches import PATCH_FLOOR, UNDER_FLOOR
 
 with workflow.unsafe.imports_passed_through():
     from spillway import activity_names as names
@@ -45,6 +46,17 @@ class JobBase:
     _heartbeat: timedelta
     _hosts: list[HostRef]  # empty: a job from before GPU hosts (its own task queue)
     _next_host: str | None  # where the latest measurement would run it locally
+    _floor: bool | None  # PATCH_FLOOR: None until the run's first patch reads it
+
+    def _patched(self, patch_id: str) -> bool:
+        """`workflow.patched`, one marker for every patch under the floor (workflows/patches.py):
+        the first patch a run meets reads the floor; a run that has it needs no other marker."""
+        if patch_id in UNDER_FLOOR:
+            if self._floor is None:
+                self._floor = workflow.patched(PATCH_FLOOR)
+            if self._floor:
+                return True
+        return workflow.patched(patch_id)
 
     def _count(self, choice: RouteChoice) -> None:
         workflow.metric_meter().create_counter(

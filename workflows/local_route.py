@@ -13,8 +13,9 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError
 
 from workflows import calls
-from workflows.approvals import LOCAL, PATCH_PROMPT_PER_RUN
+from workflows.approvals import LOCAL
 from workflows.job_base import JobBase
+from workflows.patches import PATCH_PROMPT_PER_RUN
 
 with workflow.unsafe.imports_passed_through():
     from spillway.comfyui_models import (
@@ -56,7 +57,7 @@ class LocalRoute(JobBase):
         client_id = client_id_for(self._job.job_id)
         # A reset or re-run gets prompt ids of its own: a long-lived ComfyUI still holds the
         # earlier run's prompt (and its video) under the old one.
-        run = workflow.info().run_id if workflow.patched(PATCH_PROMPT_PER_RUN) else None
+        run = workflow.info().run_id if self._patched(PATCH_PROMPT_PER_RUN) else None
         graph = await self._with_uploaded_inputs(host)
         while self._plan.local_attempts < policy.comfyui_max_attempts:
             self._plan.local_attempts += 1

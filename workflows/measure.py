@@ -10,8 +10,8 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, FailureError
 
 from workflows import calls
-from workflows.approvals import PATCH_HOSTS
 from workflows.job_base import JobBase
+from workflows.patches import PATCH_HOSTS
 
 with workflow.unsafe.imports_passed_through():
     from spillway.host_models import HostRef, LoadStatus, Policy
@@ -22,7 +22,7 @@ class Measure(JobBase):
     async def _measure(self, policy: Policy) -> LoadStatus:
         """Every GPU host at once; the job takes the one with headroom (docs/design.md, "GPU hosts
         and agents"). A job from before hosts existed reads the policy again to find them."""
-        if not self._hosts and workflow.patched(PATCH_HOSTS):
+        if not self._hosts and self._patched(PATCH_HOSTS):
             self._hosts = (await calls.read_policy(self._job.job_id)).hosts
         if not self._hosts:
             return await calls.probe(self._job.job_id, None)

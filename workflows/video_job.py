@@ -25,8 +25,6 @@ from workflows.approvals import (
     ARMED,
     LOCAL,
     NO_INPUT,
-    PATCH_CALLBACKS,
-    PATCH_POLICY_HERE,
     RouteChoice,
     Ticket,
     raw_text,
@@ -37,6 +35,7 @@ from workflows.cloud_route import KNOWN_PROVIDERS
 from workflows.job_base import FAILED
 from workflows.job_input import NAME, placeholder, read_job
 from workflows.local_route import LocalRoute
+from workflows.patches import PATCH_CALLBACKS, PATCH_POLICY_HERE
 from workflows.waiting import Waiting
 
 with workflow.unsafe.imports_passed_through():
@@ -82,6 +81,7 @@ class VideoJobWorkflow(Waiting, LocalRoute):
         self._providers: list[Provider] = ["minimax"]
         self._next_host: str | None = None
         self._callbacks = False  # the workers have a JOB_WEBHOOK_URL
+        self._floor: bool | None = None  # PATCH_FLOOR, read at the run's first patch
 
     @workflow.run
     async def run(self, raw: RawValue) -> Plan:
@@ -113,7 +113,7 @@ class VideoJobWorkflow(Waiting, LocalRoute):
                 policy = self._carry.policy
             else:
                 self._publish()
-                if workflow.patched(PATCH_POLICY_HERE):
+                if self._patched(PATCH_POLICY_HERE):
                     policy = await calls.read_policy_here(job.job_id)
                 else:
                     policy = await calls.read_policy(job.job_id)
@@ -144,7 +144,7 @@ class VideoJobWorkflow(Waiting, LocalRoute):
         """The job's completion callback, when it or the workers name a receiver."""
         if not (self._job.callback_url or self._callbacks):
             return
-        if workflow.patched(PATCH_CALLBACKS):
+        if self._patched(PATCH_CALLBACKS):
             await call_back(event, self._plan, self._job.callback_url)
 
     # --- queries, signals, updates -----------------------------------------------------------

@@ -11,9 +11,10 @@ from typing import NoReturn
 
 from temporalio import workflow
 
-from workflows.approvals import LOCAL, PATCH_RECORDED_BEFORE_ASKING, Approvals, RouteChoice
+from workflows.approvals import LOCAL, Approvals, RouteChoice
 from workflows.cloud_route import CloudRoute
 from workflows.measure import Measure
+from workflows.patches import PATCH_RECORDED_BEFORE_ASKING
 
 with workflow.unsafe.imports_passed_through():
     from spillway.host_models import Policy
@@ -32,7 +33,7 @@ class Waiting(Approvals, CloudRoute, Measure):
         if because is not None:
             self._plan.reasons = [*self._plan.reasons, because]
         self._plan.state = "awaiting_approval"
-        if workflow.patched(PATCH_RECORDED_BEFORE_ASKING):
+        if self._patched(PATCH_RECORDED_BEFORE_ASKING):
             self._publish()  # the memo says so too while the budget is read (a worker may stop)
         deadline = now + timedelta(seconds=policy.approval_timeout_s)
         self._deadline = deadline  # decisions arriving from now on are judged against it
