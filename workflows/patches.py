@@ -4,13 +4,14 @@ Every patch a new run meets costs a marker event and an upsert of `TemporalChang
 more event and a visibility write). A run that starts with this code records PATCH_FLOOR once,
 at its first patch, and no marker for any patch under it; a history from before the floor has
 no floor marker and meets each patch's own, as it was recorded. Live, both read the same: a
-patch met live is always taken. A patch added after the floor is read on its own (`workflow.
-patched`), until a later floor covers it. Workflow code only.
+patch met live is always taken. A patch added after the floor gets a marker of its own, until a
+later floor covers it. Workflow code only.
 """
 
 from __future__ import annotations
 
-PATCH_LEDGER = "spend-ledger-reserve"  # histories from before the spend ledger replay without
+# Each one: a history recorded before its change replays without it.
+PATCH_LEDGER = "spend-ledger-reserve"
 PATCH_BUDGET_VIEW = "spend-ledger-budget-view"
 PATCH_HOSTS = "gpu-hosts"
 PATCH_PROMPT_PER_RUN = "prompt-id-per-run"
