@@ -397,6 +397,24 @@ async def test_a_kling_create_whose_worker_vanished_and_made_nothing_fails_sayin
     assert stubs.calls[names.KLING_POLL] == 0
 
 
+async def test_a_kling_job_cancelled_while_its_lost_create_is_reconciled_ends_cancelled(
+    run_dev_jobs: RunJobs,
+):
+    # On the dev server: the time-skipping one cannot cancel a running activity.
+    stubs = RouteStubs(BUSY)
+    stubs.create_hang = True
+    stubs.held.add(names.KLING_RECONCILE)
+    async with run_dev_jobs(stubs, **KLING_ARMED) as jobs:
+        handle = await jobs.start()
+        await until(lambda: names.KLING_RECONCILE in stubs.holding, what="the reconcile running")
+        plan = await jobs.cancel(handle)
+        stubs.release.set()
+
+    assert plan.state == "cancelled"
+    assert plan.error is not None and "a charge may exist" in plan.error
+    assert (stubs.calls[names.KLING_CREATE], stubs.calls[names.KLING_POLL]) == (1, 0)
+
+
 async def test_a_permanent_minimax_error_fails_once_with_its_message(run_jobs: RunJobs):
     stubs = RouteStubs(BUSY)
     message = "MiniMax balance is empty (code 1008): top up, then resubmit the job"

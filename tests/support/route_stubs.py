@@ -65,7 +65,7 @@ class RouteStubs:
         self.creates = 0  # create requests that got past the guard (would have cost money)
         self.reconciled: str | None = None  # the task Kling names for a lost create (None: none)
         self.guard: CreateGuard | None = None
-        self.held: set[str] = set()  # names of the spend reads that run until `release` is set
+        self.held: set[str] = set()  # names of the reads that run until `release` is set
         self.holding: set[str] = set()  # those running now
         self.release = asyncio.Event()
 
@@ -181,6 +181,7 @@ class RouteStubs:
     @activity.defn(name=names.KLING_RECONCILE)
     async def kling_reconcile(self, req: cloud.LostCreate) -> cloud.Reconciled:
         self._count(names.KLING_RECONCILE)
+        await self.hold(names.KLING_RECONCILE)
         return cloud.Reconciled(external_task_id=f"spillway-{req.job_id}", task_id=self.reconciled)
 
     @activity.defn(name=names.MINIMAX_POLL)
