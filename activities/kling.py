@@ -46,7 +46,6 @@ from spillway.cloud_models import (
 from spillway.kling_answers import REFUSED_CODES, TASK_NOT_FOUND, KlingTask
 from spillway.kling_requests import (
     IMAGE_MAX_BYTES,
-    KINDS,
     Kind,
     create_request,
     external_task_id,
@@ -63,6 +62,7 @@ TASK_FAILED = "KlingTaskFailed"
 TASK_UNKNOWN = "KlingTaskUnknown"  # Kling reports no such task under either kind
 UNAVAILABLE = "KlingUnavailable"  # a free call got no usable answer: retried
 
+KINDS: tuple[Kind, ...] = ("text2video", "image2video")
 KEY_NAMES = ("KLING_ACCESS_KEY", "KLING_SECRET_KEY")
 
 
@@ -140,7 +140,7 @@ class KlingActivities(CloudActivities[KlingTiming]):
         async with Heartbeat(self._timing.heartbeat_every_s) as hb:
             try:
                 task_id = await find_lost_create(
-                    client, self._timing, external, req.sent_at.timestamp(), hb
+                    client, self._timing, req.kind, external, req.sent_at.timestamp(), hb
                 )
             except KlingError as exc:
                 explained = (

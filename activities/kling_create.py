@@ -21,7 +21,7 @@ from activities.cloud_create import Backoff
 from activities.heartbeat import Heartbeat
 from activities.kling_client import KlingClient, KlingTiming
 from spillway.cloud_models import CloudCreate, CreateVerdict
-from spillway.kling_requests import KINDS, Kind, kind_of
+from spillway.kling_requests import Kind, kind_of
 from spillway.models import Progress
 
 AMBIGUOUS_CREATE = "KlingAmbiguousCreate"  # a task, and a charge, may exist
@@ -161,21 +161,25 @@ class KlingCreator:
 
 
 async def find_lost_create(
-    client: KlingClient, timing: KlingTiming, external: str, sent_at: float, hb: Heartbeat
+    client: KlingClient,
+    timing: KlingTiming,
+    kind: Kind,
+    external: str,
+    sent_at: float,
+    hb: Heartbeat,
 ) -> str | None:
-    """The task a create whose worker was lost made, by its external_task_id under either
-    kind (the workflow knows no kind), or None. "No task" is an answer only once none of the
-    create's requests can still land (`sent_at`, a time.time(), plus the longest a create
-    runs); until then Kling is asked again. Raises KlingError when Kling gives no answer."""
+    """The task a create whose worker was lost made, by its kind and external_task_id, or None.
+    "No task" is an answer only once none of the create's requests can still land (`sent_at`, a
+    time.time(), plus the longest a create runs); until then Kling is asked again. Raises
+    KlingError when Kling gives no answer."""
     settled_at = sent_at + timing.longest_create_s()
     backoff, tries = Backoff(timing.backoff_s), 0
     while True:
         tries += 1
         hb.update(Progress(phase="reconciling", value=tries), now=True)
-        for kind in KINDS:
-            task = await client.query_external(kind, external)
-            if task is not None:
-                return task.task_id
+        task = await client.query_external(kind, external)
+        if task is not None:
+            return task.task_id
         if (left := settled_at - time.time()) <= 0:
             return None
         await asyncio.sleep(min(backoff.next(), left))

@@ -14,6 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
+from spillway.kling_requests import Kind
 from spillway.models import CloudRequest, JobId, JobInput
 from spillway.spend_models import Authorisation
 
@@ -70,6 +71,7 @@ class LostCreate(BaseModel):
     Kling about, by the external_task_id of the run that sent it."""
 
     job_id: JobId
+    kind: Kind  # the create's (`kind_of`): Kling's query path names it
     # The run that began the create (the ledger's `run_id`): a reset job runs on under another
     # run id, and the create carried the id of the run that sent it.
     run_id: str

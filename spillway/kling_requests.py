@@ -29,7 +29,6 @@ from typing import Any, Literal
 from spillway.models import CloudRequest
 
 Kind = Literal["text2video", "image2video"]
-KINDS: tuple[Kind, ...] = ("text2video", "image2video")
 Mode = Literal["std", "pro"]
 AspectRatio = Literal["16:9", "9:16", "1:1"]
 ASPECT_RATIOS: tuple[AspectRatio, ...] = ("16:9", "9:16", "1:1")

@@ -31,6 +31,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.spend import NOT_ARMED, WRONG_WORLD
     from spillway.cloud_models import CloudCreate, CloudDownload, CloudPoll, LostCreate, Provider
     from spillway.host_models import Policy
+    from spillway.kling_requests import kind_of
     from spillway.models import CloudAttempt, CloudInfo
     from spillway.spend_models import Reservation, SpendEntry
     from workflows import texts
@@ -247,16 +248,17 @@ class CloudRoute(JobBase):
                 and entry.state == "maybe_charged"
                 and self._patched(PATCH_RECONCILE_LOST_CREATE)
             ):
-                return await self._reconcile_lost(entry, err)
+                return await self._reconcile_lost(req, entry, err)
         self._fail(self._failure_message(err))
 
-    async def _reconcile_lost(self, entry: SpendEntry, err: ActivityError) -> str:
+    async def _reconcile_lost(self, req: CloudCreate, entry: SpendEntry, err: ActivityError) -> str:
         """Kling can say, by the external_task_id of the run that sent it, whether a create
         whose worker was lost made a task: the job follows that task and never creates again.
         Without an answer, or without a task, it fails saying a charge may exist, as a MiniMax
         job does."""
         lost = LostCreate(
             job_id=self._job.job_id,
+            kind=kind_of(req.request, req.first_frame is not None),
             run_id=entry.run_id,
             sent_at=entry.sent_at or self._create_started,
         )
@@ -268,7 +270,7 @@ class CloudRoute(JobBase):
                 raise
             self._fail(texts.lost_create_unanswered(self._failure_message(err), failed.cause))
         if found.task_id is None:
-            self._fail(texts.lost_create_made_nothing(self._plan, found.external_task_id))
+            self._fail(texts.lost_create_made_nothing(self._failure_message(err), found))
         self._plan.reasons = [*self._plan.reasons, f"reconciled_lost_create={found.task_id}"]
         await self._settle("charged", found.task_id)
         return found.task_id

@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from types import MappingProxyType
 
+from spillway.cloud_models import Reconciled
 from spillway.host_models import Policy
 from spillway.models import ApprovalNotice, CloudAttempt, Plan
 from spillway.spend_book import describe
@@ -164,12 +165,11 @@ def lost_create_unanswered(ambiguous: str, why: BaseException | None) -> str:
     return f"{ambiguous} Asking Kling by the create's external_task_id failed too: {why}."
 
 
-def lost_create_made_nothing(plan: Plan, external_task_id: str) -> str:
+def lost_create_made_nothing(ambiguous: str, found: Reconciled) -> str:
     return (
-        f"the Kling create call for job {plan.job_id} did not complete (the worker was lost "
-        f"during the call), and once none of its requests could still arrive Kling had no task "
-        f"with external_task_id {external_task_id}: most likely nothing was made. The spend "
-        f"ledger keeps the charge as possible (maybe_charged); {check('kling')}."
+        f"{ambiguous} Once none of its requests could still arrive, Kling had no task with "
+        f"external_task_id {found.external_task_id}: most likely nothing was made, but the spend "
+        "ledger keeps the charge as possible (maybe_charged)."
     )
 
 
