@@ -29,20 +29,19 @@ from temporalio.client import Client
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.worker import PollerBehaviorSimpleMaximum, UnsandboxedWorkflowRunner, Worker
 
-from activities.kling_client import KlingTiming
-from activities.ledger_client import SpendLedger
-from activities.minimax_client import MiniMaxTiming
-from activities.nvml import GpuReader, NvmlReader
-from activities.queues import Agent, QueueWork, main_work
-from activities.spend import budgets_of
-from activities.store_opening import open_output_store
+from activities.cloud import registry as clouds
+from activities.probe.nvml import GpuReader, NvmlReader
+from activities.registry import Agent, QueueWork, main_work
+from activities.spend.activities import budgets_of
+from activities.spend.ledger import SpendLedger
+from activities.storage.opening import open_output_store
 from spillway import search_attributes as sa
 from spillway.errors import ConfigError
 from spillway.hosts import WAITS_SUFFIX, gpu_hosts
 from spillway.settings import Settings, load_settings
 from spillway.temporal import TemporalUnreachable, connect
 from spillway.tiers import RoutingTiers, load_tiers
-from workflows.callbacks import CallbackWorkflow
+from workflows.callback import CallbackWorkflow
 from workflows.health import HealthWorkflow
 from workflows.spend_ledger import SpendLedgerWorkflow
 from workflows.video_job import VideoJobWorkflow
@@ -105,11 +104,6 @@ async def serving(
         if only_host is None:
             ledger = SpendLedger(client, settings.SPILLWAY_TASK_QUEUE)
             works = main_work(http, settings, tiers, ledger, store, WORKFLOWS)
-            if running:
-                # Jobs started before GPU hosts existed schedule their probe and ComfyUI
-                # activities on the main queue: the first host's agent serves them there too.
-                first = running[hosts[0].name]
-                works[0].activities += first.short + first.waits
         for host in hosts:
             if host.name in running:
                 works += running[host.name].work(settings, host)
@@ -148,10 +142,7 @@ async def run_worker(
     agents: bool = True,
     only_host: str | None = None,
 ) -> None:
-    longest = max(
-        MiniMaxTiming().longest_create_s(settings.MINIMAX_CREATE_TIMEOUT_S),
-        KlingTiming().longest_create_s(),
-    )
+    longest = max(p.longest_create_s(settings) for p in clouds.PROVIDERS.values())
     if only_host is None and longest > settings.SPILLWAY_SHUTDOWN_GRACE_S:
         log.warning(
             "SPILLWAY_SHUTDOWN_GRACE_S=%g is shorter than the longest cloud create (%gs): a "
@@ -232,6 +223,7 @@ async def main(*, agents: bool = True, only_host: str | None = None) -> int:
     try:
         settings = load_settings()
         tiers = load_tiers(settings.SPILLWAY_ROUTING_TIERS)
+        clouds.check(settings, tiers)  # an unknown provider stops it here, in one line
         names = [h.name for h in gpu_hosts(settings, tiers)]
         if only_host is not None and only_host not in names:
             raise ConfigError(f"no GPU host {only_host!r} in routing tiers; hosts: {names}")

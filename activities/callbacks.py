@@ -6,7 +6,7 @@ The body is the event's JSON (`event`, `job_id`, `plan`), signed as GitHub and S
 JOB_WEBHOOK_SECRET, and an `X-Spillway-Delivery` id the workflow chooses, the same on every retry
 of one event, so a receiver can drop duplicates. A 2xx answer is done; anything else is a
 retryable failure. The workflow hands it to a child workflow that outlives the job and retries it
-with CALLBACK_RETRY (spillway/callback_models.py says why and how): the job never waits for it nor
+with CALLBACK_RETRY (below): the job never waits for it nor
 fails because of it.
 
 A webhook URL is a credential (a Slack or Mattermost URL posts as the app): no error, log line or
@@ -19,23 +19,71 @@ import asyncio
 import hashlib
 import hmac
 import json
+from datetime import timedelta
+from typing import Any, Literal
 
 import httpx
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from temporalio import activity
+from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError
 
-from spillway import activity_names as names
-from spillway.callback_models import (
-    CALLBACK_BAD_URL,
-    CALLBACK_REFUSED,
-    CALLBACK_UNREACHABLE,
-    CallbackDelivery,
-    CallbackResult,
-    JobEvent,
-)
-from spillway.models import Plan
+from activities.storage.opening import presign_outputs
+from spillway import names
+from spillway.models import JobId, Plan, plan_json
 from spillway.settings import Settings
+
+CALLBACK_REFUSED = "CallbackRefused"  # the receiver answered, but not 2xx
+CALLBACK_UNREACHABLE = "CallbackUnreachable"  # no answer: refused, reset, timed out
+CALLBACK_BAD_URL = "CallbackBadUrl"  # a URL no retry can reach
+
+# start_to_close of one attempt: the 10 s request and some slack.
+CALLBACK_TIMEOUT = timedelta(seconds=15)
+# 5 s, 10 s, 20 s ... capped at 10 min, 12 attempts (~1 h 10 min in all): a receiver that is down
+# for an hour still gets the event; a bad URL fails at once. Every attempt repeats the delivery id.
+CALLBACK_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=5),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(minutes=10),
+    maximum_attempts=12,
+    non_retryable_error_types=[CALLBACK_BAD_URL],
+)
+
+EventName = Literal["job.completed", "job.failed", "job.cancelled"]
+
+
+class JobEvent(BaseModel):
+    """The JSON body of a callback, exactly as signed and sent."""
+
+    event: EventName
+    job_id: JobId
+    plan: dict[str, Any]  # the job's plan, as `spillway status --json` shows it
+
+
+class CallbackDelivery(BaseModel):
+    # A webhook URL is a credential (a Slack URL posts as the app): pydantic's errors and this
+    # model's repr never show it.
+    model_config = ConfigDict(hide_input_in_errors=True)
+
+    # The job's own --callback-url; None: the worker's JOB_WEBHOOK_URL (or nothing is sent).
+    url: str | None = Field(default=None, repr=False)
+    # Chosen by the workflow (e.g. "<job id>:<event>"): every retry of one event carries it, so
+    # the receiver can drop duplicates.
+    delivery_id: str = Field(min_length=1, max_length=200)
+    event: JobEvent
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError("a callback URL must start with http:// or https://")
+        return value
+
+
+class CallbackResult(BaseModel):
+    status_code: int | None  # the receiver's 2xx answer; None when no URL was configured
+    signed: bool  # False when the worker has no JOB_WEBHOOK_SECRET
+
 
 REQUEST_TIMEOUT_S = 10.0  # the whole request: connect, send, the answer's status line
 
@@ -58,10 +106,6 @@ class CallbackActivities:
             plan = Plan.model_validate(event.plan)
         except ValidationError:  # not a whole plan: sent as the workflow gave it
             return event
-        # The CLI's own (imported here: they reach the workflows, which import this module).
-        from spillway.output_urls import presign_outputs
-        from spillway.render import plan_json
-
         plan = await presign_outputs(plan, self._settings)
         return event.model_copy(update={"plan": json.loads(plan_json(plan))})
 

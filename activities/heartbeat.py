@@ -1,5 +1,6 @@
-"""One heartbeat for every long activity (ComfyUI wait, download and cancel; MiniMax create, poll
-and download).
+"""How a long activity stays alive for Temporal: one heartbeat for every long activity (ComfyUI
+wait, download and cancel; the clouds' create, poll and download), and the handover of waits and
+downloads when their worker shuts down.
 
 Temporal notices a dead worker only through missing heartbeats, and the workflow's heartbeat
 timeout is short (SPILLWAY_HEARTBEAT_TIMEOUT_S, at most 30 s). A request or a backoff can take
@@ -13,17 +14,28 @@ one for nothing). That also keeps the first beat free for what must reach the se
 Temporal's SDK sends an attempt's first heartbeat immediately and holds later ones back for up
 to 0.8 of the timeout, so a submit's "posting" beat (its next attempt's warning of a POST in
 flight) must be that first one.
+
+A worker's shutdown grace (SPILLWAY_SHUTDOWN_GRACE_S) must outlast the longest cloud create,
+which is never abandoned once sent. Waits and downloads would hold a deploy for that whole
+grace; instead they stop at once with a retryable error (`unless_shutting_down`), and another
+worker picks them up: a wait looks at ComfyUI's history first, a download keeps finished files.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Coroutine
 from types import TracebackType
-from typing import Self
+from typing import Any, Self, TypeVar
 
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from spillway.models import Progress
+
+SHUTTING_DOWN = "WorkerShuttingDown"
+_T = TypeVar("_T")
 
 
 class Heartbeat:
@@ -78,3 +90,22 @@ class Heartbeat:
             # Waits without raising: the block's own exception (or result) is what counts.
             await asyncio.wait({self._task})
             self._task = None
+
+
+async def unless_shutting_down(work: Coroutine[Any, Any, _T]) -> _T:
+    task = asyncio.ensure_future(work)
+    shutdown = asyncio.ensure_future(activity.wait_for_worker_shutdown())
+    try:
+        await asyncio.wait({task, shutdown}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        shutdown.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    raise ApplicationError(
+        f"{activity.info().activity_type} handed over: this worker is shutting down and another "
+        "one continues it",
+        type=SHUTTING_DOWN,
+    )

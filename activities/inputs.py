@@ -15,9 +15,9 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from activities.http_errors import why
-from activities.storage import OutputStore, StoreError
-from spillway.inputs import MAX_INPUT_BYTES, sniff
+from activities.http import why
+from activities.storage.store import OutputStore, StoreError
+from spillway.images import MAX_INPUT_BYTES, sniff
 from spillway.models import JobInput
 
 URL_TIMEOUT = httpx.Timeout(30.0, connect=10.0)

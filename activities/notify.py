@@ -9,7 +9,7 @@ import httpx
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from spillway import activity_names as names
+from spillway import names
 from spillway.models import ApprovalNotice
 from spillway.settings import Settings
 

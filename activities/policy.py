@@ -3,13 +3,19 @@ history records what was in force when it was decided (armed or not, thresholds,
 
 from __future__ import annotations
 
+from pydantic import BaseModel
 from temporalio import activity
 
-from spillway import activity_names as names
-from spillway.host_models import Policy, PolicyRequest
+from activities.cloud import registry as clouds
+from spillway import names
 from spillway.hosts import gpu_hosts, ref
+from spillway.models import Policy
 from spillway.settings import Settings
 from spillway.tiers import RoutingTiers
+
+
+class PolicyRequest(BaseModel):
+    job_id: str
 
 
 class PolicyActivities:
@@ -19,10 +25,10 @@ class PolicyActivities:
     @activity.defn(name=names.READ_POLICY)
     async def read_policy(self, req: PolicyRequest) -> Policy:
         s = self._settings
-        minimax = self._tiers.by_provider("minimax")
+        providers = clouds.configured(s)
         return Policy(
             fallback_enabled=s.CLOUD_VIDEO_FALLBACK_ENABLED,
-            key_present=bool(s.cloud_providers),
+            key_present=bool(providers),
             thresholds=s.thresholds,
             approval_timeout_s=s.APPROVAL_TIMEOUT_S,
             approval_recheck_s=s.APPROVAL_RECHECK_S,
@@ -36,7 +42,6 @@ class PolicyActivities:
             simulated=s.SPILLWAY_SIMULATED,
             # Each host's agent polls queues named after the queue this worker serves.
             hosts=[ref(activity.info().task_queue, h.name) for h in gpu_hosts(s, self._tiers)],
-            providers=s.cloud_providers,
+            providers=providers,
             job_webhook_configured=s.JOB_WEBHOOK_URL is not None,
-            estimated_costs_usd=dict(minimax.estimated_cost_usd) if minimax else {},
         )

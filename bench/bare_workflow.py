@@ -12,9 +12,14 @@ from temporalio import activity, workflow
 from temporalio.common import Priority
 
 from spillway.hosts import WAITS_SUFFIX
-from workflows.call_options import heartbeating
-from workflows.calls import PROBE_BOUND, comfyui_download, comfyui_submit, comfyui_wait
-from workflows.comfyui_calls import HostCall
+from workflows.activity_calls import (
+    PROBE_BOUND,
+    HostCall,
+    comfyui_download,
+    comfyui_submit,
+    comfyui_wait,
+    heartbeating,
+)
 
 TIMEOUT = timedelta(seconds=30)
 

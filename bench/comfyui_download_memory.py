@@ -27,9 +27,9 @@ from temporalio.testing import ActivityEnvironment
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from activities.comfyui import ComfyUIActivities
+from activities.comfyui.activities import ComfyUIActivities
+from activities.comfyui.models import ComfyUIDownload, ComfyUIFile
 from bench.common import comfyui_finished, reset_peak, serve_comfyui, status_kib
-from spillway.comfyui_models import ComfyUIDownload, ComfyUIFile
 from spillway.models import OutputFile
 from spillway.settings import Settings
 from spillway.sim.comfyui_content import content_sha256

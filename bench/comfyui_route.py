@@ -45,8 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.bare_workflow import BareWorkflow, JobShapedWorkflow, noop
 from bench.common import child_pid, cpu_s, run_main, start_dev_server, start_doubles
+from spillway.client.jobs import submit
 from spillway.hosts import WAITS_SUFFIX
-from spillway.jobs import submit
 from spillway.models import VideoJob
 from spillway.settings import Settings
 from spillway.tiers import load_tiers

@@ -19,12 +19,11 @@ from typing import Any, NoReturn
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
-from activities.comfyui import ComfyUIActivities
-from spillway.comfyui_models import (
+from activities.comfyui.activities import ComfyUIActivities
+from activities.comfyui.models import (
     ComfyUIFinished,
     ComfyUISubmit,
     ComfyUIWait,
-    client_id_for,
     prompt_id_for,
 )
 from spillway.settings import PROJECT_ROOT
@@ -139,14 +138,10 @@ async def comfyui_finished(
     environment: ActivityEnvironment, acts: ComfyUIActivities, job: str, graph: dict[str, Any]
 ) -> ComfyUIFinished:
     """Submits `graph` and waits for its outputs, so that only the download is measured."""
-    submit = ComfyUISubmit(
-        job_id=job,
-        prompt_id=prompt_id_for(job, 1),
-        client_id=client_id_for(job),
-        graph=graph,
-    )
+    run_id = environment.info.workflow_run_id or "bench"
+    submit = ComfyUISubmit(job_id=job, prompt_id=prompt_id_for(job, 1, run_id), graph=graph)
     await environment.run(acts.submit, submit)
-    wait = ComfyUIWait(job_id=job, prompt_id=submit.prompt_id, client_id=submit.client_id)
+    wait = ComfyUIWait(job_id=job, prompt_id=submit.prompt_id)
     finished: ComfyUIFinished = await environment.run(acts.wait, wait)
     return finished
 

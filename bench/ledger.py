@@ -22,10 +22,9 @@ from temporalio.worker import Worker
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from activities.ledger_client import SpendLedger
+from activities.spend.ledger import SpendLedger
 from bench.common import run_main, start_dev_server
-from spillway.spend_book import SpendRefused
-from spillway.spend_models import BeginCreate, Budgets, ReserveRequest, SettleRequest
+from spillway.spend_book import BeginCreate, Budgets, ReserveRequest, SettleRequest, SpendRefused
 from workflows.spend_ledger import SpendLedgerWorkflow
 
 CLIP = 0.28

@@ -23,8 +23,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from activities.load_status import LoadStatusActivities
-from activities.nvml import GpuReading
+from activities.probe.activities import LoadStatusActivities
+from activities.probe.nvml import GpuReading
 from spillway.settings import Settings
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.guard import GuardSim

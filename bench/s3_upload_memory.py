@@ -32,12 +32,12 @@ from temporalio.testing import ActivityEnvironment
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from activities.comfyui import ComfyUIActivities
-from activities.s3_upload import PART_BYTES
-from activities.storage import OutputStore, StoredOutput
-from activities.store_opening import open_output_store
+from activities.comfyui.activities import ComfyUIActivities
+from activities.comfyui.models import ComfyUIDownload
+from activities.storage.opening import open_output_store
+from activities.storage.s3 import PART_BYTES
+from activities.storage.store import OutputStore, StoredOutput
 from bench.common import comfyui_finished, reset_peak, serve_comfyui, status_kib
-from spillway.comfyui_models import ComfyUIDownload
 from spillway.settings import Settings
 from spillway.sim.comfyui_content import content_sha256
 from spillway.sim.comfyui_graph import file_key

@@ -24,10 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import rss_mb, run_main, start_dev_server, start_doubles, start_worker
 from spillway import search_attributes as sa
-from spillway.jobs import submit
+from spillway.client.jobs import submit
 from spillway.models import ApprovalDecision, CloudRequest, VideoJob
+from spillway.names import DECIDE_UPDATE
 from tests.support.graphs import VIDEO_GRAPH
-from workflows.video_job import DECIDE_UPDATE
 
 
 async def count(env: WorkflowEnvironment, state: str) -> int:

@@ -11,12 +11,11 @@ cover waits for a person (`budget_exhausted`), like an unarmed one.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from pydantic import BaseModel
 
-if TYPE_CHECKING:  # host_models import is_armed from here
-    from spillway.host_models import LoadStatus
+from spillway.models import LoadStatus
 
 Route = Literal["local", "cloud", "await"]
 
@@ -67,7 +66,7 @@ class Decision(BaseModel):
 def decide(load: LoadStatus, armed: bool) -> Decision:
     """`reachable=False` must already be confirmed by a second probe."""
     if load.reachable and not load.overloaded:
-        return Decision(route="local", trigger=None, reasons=[], why="the A40 has headroom")
+        return Decision(route="local", trigger=None, reasons=[], why="a GPU host has headroom")
     trigger: Literal["overloaded", "unreachable"] = (
         "overloaded" if load.reachable else "unreachable"
     )
@@ -76,11 +75,11 @@ def decide(load: LoadStatus, armed: bool) -> Decision:
             route="cloud",
             trigger=trigger,
             reasons=load.reasons,
-            why=f"the A40 is {trigger} and the cloud fallback is armed",
+            why=f"the GPU hosts are {trigger} and the cloud fallback is armed",
         )
     return Decision(
         route="await",
         trigger=trigger,
         reasons=load.reasons,
-        why=f"the A40 is {trigger} and the cloud fallback is not armed: a person decides",
+        why=f"the GPU hosts are {trigger} and the cloud fallback is not armed: a person decides",
     )

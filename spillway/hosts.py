@@ -14,12 +14,12 @@ from datetime import datetime
 
 from pydantic import BaseModel
 
-from spillway.host_models import HostRef, LoadStatus, Thresholds
-from spillway.load import UNREACHABLE
+from spillway.models import HostRef, LoadStatus, Thresholds
 from spillway.settings import Settings
 from spillway.tiers import RoutingTiers
 
 WAITS_SUFFIX = "-waits"
+UNREACHABLE = "comfyui_unreachable"  # the reason code of a host that gave no answer
 
 
 class GpuHost(BaseModel):

@@ -6,13 +6,97 @@ never hold a secret.
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from spillway.host_models import LoadStatus, Policy
-from spillway.spend_models import Authorisation, BudgetView
+from spillway.spend_book import Authorisation, BudgetView
+
+
+# --- a GPU host's load, and the policy the workers decide with -----------------------------
+class Thresholds(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    vram_busy_pct: float
+    util_busy_pct: float
+
+
+class LoadStatus(BaseModel):
+    """One measurement of a GPU host's load (docs/design.md, "The load probe").
+
+    `None` in a reading means "not measured" (source skipped or failed; see `errors`).
+    `overloaded` is the OR of the three sources, and a failed source never contributes to it.
+    """
+
+    reachable: bool
+    overloaded: bool
+    vram_pct: float | None = None
+    gpu_util_pct: float | None = None
+    queue_pending: int | None = None
+    queue_running: int | None = None
+    guard_busy: bool | None = None
+    guard_job: str | None = None
+    reasons: list[str] = []
+    errors: list[str] = []
+    measured_at: datetime
+    thresholds: Thresholds
+    host: str | None = None  # the GPU host measured
+    agent: str | None = None  # the agent that measured it (pid@hostname)
+    # With several hosts, the decision's reading keeps every host's own (docs/design.md, "GPU
+    # hosts and agents"): overloaded only when every host that answered is.
+    hosts: dict[str, LoadStatus] = {}
+
+
+class HostRef(BaseModel):
+    """What a job needs to reach a GPU host: its agent's task queues (read with the policy)."""
+
+    name: str
+    task_queue: str  # probe, submit, cancel: short
+    waits_queue: str  # waiting on ComfyUI and downloading: long, many at a time
+
+
+class Policy(BaseModel):
+    """The worker's configuration that decides routes, read by an activity so that it is in the
+    job's history. Never the key itself: only whether one is present."""
+
+    model_config = ConfigDict(frozen=True)
+
+    fallback_enabled: bool
+    key_present: bool
+    thresholds: Thresholds
+    approval_timeout_s: float
+    approval_recheck_s: float
+    unreachable_confirm_s: float
+    unreachable_give_up_s: float
+    comfyui_max_attempts: int
+    webhook_configured: bool
+    ui_url: str
+    await_loops_per_run: int
+    heartbeat_timeout_s: float
+    simulated: bool  # decided by a `spillway dev --simulate` worker
+    hosts: list[HostRef]  # the GPU hosts, each reached on its agent's task queues
+    providers: list[str]  # the cloud providers with keys, in CLOUD_PROVIDERS order
+    job_webhook_configured: bool  # JOB_WEBHOOK_URL: every job's completion is posted
+
+
+class HostView(BaseModel):
+    """One GPU host as `spillway health` shows it: the reading its agent gave, or why none."""
+
+    name: str
+    task_queue: str
+    load: LoadStatus | None = None
+    error: str | None = None  # e.g. no agent picked the probe up
+
+
+class WorkersView(BaseModel):
+    """What the workers see (docs/design.md, "GPU hosts and agents"): the policy in force on
+    them and a probe of every host, run on the hosts' own task queues."""
+
+    policy: Policy
+    hosts: list[HostView]
+
 
 # --- what a job is -------------------------------------------------------------------------
 
@@ -38,7 +122,8 @@ MINIMAX_MODELS: dict[str, dict[str, frozenset[int]]] = {
 
 
 class CloudRequest(BaseModel):
-    """What MiniMax renders if the job goes to the cloud."""
+    """What the cloud renders if the job goes there. Its vocabulary (model, resolution, duration)
+    is MiniMax's, checked here at the edge; other providers map it onto theirs."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -71,7 +156,7 @@ class CloudRequest(BaseModel):
 
 
 class Progress(BaseModel):
-    """Heartbeat details of long activities (ComfyUI wait, MiniMax poll, downloads)."""
+    """Heartbeat details of long activities (ComfyUI wait, cloud polls, downloads)."""
 
     phase: str  # "queued", "running", "Processing", "downloading", ...
     node: str | None = None
@@ -167,13 +252,13 @@ class CloudAttempt(BaseModel):
 
 
 class CloudInfo(BaseModel):
-    provider: str = "minimax"  # the one that renders (or rendered) the job
+    provider: str  # the one that renders (or rendered) the job
     task_id: str | None = None
     estimated_cost_usd: float | None = None
     cost_usd: float | None = None  # what the provider itself says it cost, when it says
-    units: float | None = None  # Kling's final_unit_deduction: resource-pack units, not dollars
+    units: float | None = None  # the provider's own units (Kling: resource-pack units), not dollars
     authorised_by: str  # "armed" or the approver's name
-    authorisation: Authorisation | None = None  # None in plans from before the spend ledger
+    authorisation: Authorisation
     attempts: list[CloudAttempt] = []
 
 
@@ -187,12 +272,6 @@ JobState = Literal[
     "cancelled",
 ]
 FINAL_STATES: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
-
-
-# The memo keys a job publishes: its plan (`spillway status` without a worker) and its priority
-# (`list`: Temporal's list does not return an execution's priority).
-PLAN_MEMO = "plan"
-PRIORITY_MEMO = "priority"
 
 
 class Plan(BaseModel):
@@ -271,3 +350,14 @@ class VideoJob(BaseModel):
                     f"({'absent' if kind is None else kind})"
                 )
         return self
+
+
+def plan_json(plan: Plan) -> str:
+    """`status --json`: the plan, with `uri` and `url` only on outputs kept in object storage,
+    so a local output keeps the shape scripts read ({"path", "bytes", "sha256"})."""
+    data = plan.model_dump(mode="json")
+    for out in data["outputs"]:
+        if out.get("uri") is None:
+            out.pop("uri", None)
+            out.pop("url", None)
+    return json.dumps(data, indent=2, ensure_ascii=False)

@@ -2,8 +2,8 @@
 from (docs/design.md, "What spillway is and where it came from").
 
 The worker and every CLI command read the same model, so a threshold means the same thing
-everywhere. The MiniMax key is a SecretStr: it prints as '**********' and only the activity that
-calls MiniMax ever unwraps it.
+everywhere. Keys are SecretStr: they print as '**********' and only the activity that calls the
+provider ever unwraps them.
 """
 
 from __future__ import annotations
@@ -22,9 +22,8 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from spillway.decision import is_armed
 from spillway.errors import ConfigError
-from spillway.host_models import Thresholds
+from spillway.models import Thresholds
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -67,10 +66,13 @@ class Settings(BaseSettings):
     KLING_MODEL: Annotated[str, Field(min_length=1)] = "kling-v2-6"
     KLING_MODE: Literal["std", "pro"] = "std"
     KLING_POLL_INTERVAL_S: Seconds = 10.0
-    # The order cloud providers are tried in; only those with keys on the worker count.
-    CLOUD_PROVIDERS: Annotated[
-        str, Field(pattern=r"^\s*(minimax|kling)(\s*,\s*(minimax|kling))*\s*$")
-    ] = "minimax,kling"
+    # No answer to a create within this is unclear: Kling is then asked by the create's own id.
+    KLING_CREATE_TIMEOUT_S: Annotated[float, Field(gt=0, le=60)] = 30.0
+    # The order cloud providers are tried in (activities/cloud/registry.py knows their names);
+    # only those with keys on the worker count.
+    CLOUD_PROVIDERS: Annotated[str, Field(pattern=r"^\s*[a-z0-9_]+(\s*,\s*[a-z0-9_]+)*\s*$")] = (
+        "minimax,kling"
+    )
 
     APPROVAL_TIMEOUT_S: Seconds = 900.0
     APPROVAL_RECHECK_S: Seconds = 60.0
@@ -147,26 +149,6 @@ class Settings(BaseSettings):
         if isinstance(value, str) and not value.strip():
             return None
         return value
-
-    @property
-    def minimax_key_present(self) -> bool:
-        return self.MINIMAX_API_KEY is not None
-
-    @property
-    def kling_keys_present(self) -> bool:
-        return self.KLING_ACCESS_KEY is not None and self.KLING_SECRET_KEY is not None
-
-    @property
-    def cloud_providers(self) -> list[str]:
-        """CLOUD_PROVIDERS in order, only those whose keys this worker has."""
-        present = {"minimax": self.minimax_key_present, "kling": self.kling_keys_present}
-        names = [p.strip() for p in self.CLOUD_PROVIDERS.split(",")]
-        return [p for p in dict.fromkeys(names) if present[p]]
-
-    @property
-    def cloud_armed(self) -> bool:
-        """Armed for a job that has a cloud request (spillway.decision.is_armed)."""
-        return is_armed(self.CLOUD_VIDEO_FALLBACK_ENABLED, bool(self.cloud_providers), True)
 
     @property
     def thresholds(self) -> Thresholds:

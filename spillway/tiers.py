@@ -1,5 +1,5 @@
-"""routing_tiers.json: the video tiers (1 = local A40 via ComfyUI ... 5 = MiniMax) and the meta
-entry that documents the load signal, validated when anything starts."""
+"""routing_tiers.json: the video tiers (local GPU hosts via ComfyUI first, then the cloud
+providers) and the meta entry that documents the load signal, validated when anything starts."""
 
 from __future__ import annotations
 
@@ -18,7 +18,9 @@ class VideoTier(BaseModel):
     tier: Annotated[int, Field(ge=1, le=9)]
     # A local tier's name names its GPU host and its agent's task queue.
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")]
-    provider: Literal["comfyui", "minimax", "kling"]
+    # "comfyui" for a local tier (a GPU host), else a cloud provider's name
+    # (activities/cloud/registry.py; CLOUD_PROVIDERS lists the ones tried).
+    provider: Annotated[str, Field(pattern=r"^[a-z0-9_]+$")]
     location: Literal["local", "cloud"]
     description: str = ""
     enabled: bool = True
@@ -46,7 +48,9 @@ class RoutingTiers(BaseModel):
             raise ValueError(f"tier numbers must be unique, got {numbers}")
         local = [t for t in self.video_tiers if t.location == "local" and t.enabled]
         if not local:
-            raise ValueError("at least one enabled local tier (the A40 via ComfyUI) is required")
+            raise ValueError(
+                "at least one enabled local tier (a GPU host running ComfyUI) is required"
+            )
         if len(local) > 1 and any(t.comfyui_url is None for t in local):
             raise ValueError(
                 "with several local tiers (GPU hosts) each needs its comfyui_url: "

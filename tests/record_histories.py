@@ -1,6 +1,8 @@
-"""Records the histories the replay test replays: one job per main path, run on the
-time-skipping server with the route stubs. Record a new path, or re-record one only on purpose
-(a deliberate, versioned change of the workflow), never to make a failing replay pass:
+"""Records the histories the replay test replays: one job per main path of the released
+version, run on the time-skipping server with the route stubs, written to
+tests/histories/<version>/. A release records its own set; a change between releases that
+alters a workflow's commands is patched (README, "Releases and running jobs") and must replay
+every released version's histories. Never re-record to make a failing replay pass:
 
     .venv/bin/python -m tests.record_histories NAME...
 """
@@ -17,52 +19,43 @@ from temporalio.client import WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from spillway import activity_names as names
+from spillway import names
 from spillway.models import ApprovalDecision, JobInput, VideoJob
+from spillway.names import APPROVAL_SIGNAL
 from spillway.temporal import installed_binary, register_search_attributes
 from tests.support.images import I2V_GRAPH
 from tests.support.jobs import RunJobs, job_runner
 from tests.support.route_stubs import BUSY, FREE, RouteStubs
 from tests.support.settings import ARMED, KEY, KLING_ARMED
 from tests.support.waiting import until
-from workflows.video_job import APPROVAL_SIGNAL
 
-HERE = Path(__file__).parent / "histories"
+VERSION = "0.2.0"  # the release whose histories this records
+HERE = Path(__file__).parent / "histories" / VERSION
 WAIT = KEY | {"APPROVAL_TIMEOUT_S": 900, "APPROVAL_RECHECK_S": 60}
 
 
 async def record(run_jobs: RunJobs, name: str) -> WorkflowHandle[Any, Any]:
     """One job per main path; the name says which."""
     decision = ApprovalDecision(approved=True, by="bär", reason="client deadline")
-    if name in (
-        "replay-local",
-        "replay-local-published-at-start",
-        "replay-local-policy-here",
-        "replay-local-patch-floor",
-    ):
+    if name == "local":
         async with run_jobs(RouteStubs(FREE)) as jobs:
             handle = await jobs.start(job_id=name)
             await handle.result()
-    elif name in (
-        "replay-approved-cloud",
-        "replay-ledger-approved-cloud",
-        "replay-approved-asks-ledger-first",
-        "replay-approved-patch-floor",
-    ):
+    elif name == "approved-cloud":
         async with run_jobs(RouteStubs(BUSY), **WAIT) as jobs:
             handle = await jobs.start(job_id=name)
             await jobs.until(handle, "awaiting_approval")
             await handle.signal(APPROVAL_SIGNAL, decision)
             await handle.result()
-    elif name == "replay-approval-timeout":
+    elif name == "approval-timeout":
         async with run_jobs(RouteStubs(BUSY), **WAIT) as jobs:
             handle = await jobs.start(job_id=name)
             await handle.result()
-    elif name == "replay-ledger-armed-cloud":
+    elif name == "armed-cloud":
         async with run_jobs(RouteStubs(BUSY), **ARMED) as jobs:
             handle = await jobs.start(job_id=name)
             await handle.result()
-    elif name == "replay-ledger-budget-over":
+    elif name == "budget-over-then-over-budget-approval":
         # Armed, but the budget cannot cover it: waits, a plain approval is refused, then one
         # over the budget sends it to the cloud.
         async with run_jobs(RouteStubs(BUSY), **(WAIT | ARMED), CLOUD_DAILY_BUDGET_USD=0.1) as jobs:
@@ -71,7 +64,7 @@ async def record(run_jobs: RunJobs, name: str) -> WorkflowHandle[Any, Any]:
             await handle.signal(APPROVAL_SIGNAL, decision)
             await handle.signal(APPROVAL_SIGNAL, decision.model_copy(update={"over_budget": True}))
             await handle.result()
-    elif name == "replay-i2v-priority-callback":
+    elif name == "i2v-priority-callback":
         # An image input uploaded to the GPU host, priority 1 (front of ComfyUI's queue), and
         # the job.completed callback started as the job ends.
         job = VideoJob(
@@ -83,10 +76,10 @@ async def record(run_jobs: RunJobs, name: str) -> WorkflowHandle[Any, Any]:
         )
         async with run_jobs(RouteStubs(FREE)) as jobs:
             handle = await jobs.client.start_workflow(
-                "VideoJobWorkflow", job, id=name, task_queue=jobs.task_queue
+                names.VIDEO_JOB, job, id=name, task_queue=jobs.task_queue
             )
             await handle.result()
-    elif name == "replay-cancelled-reading-budget":
+    elif name == "cancelled-reading-budget":
         stubs = RouteStubs(BUSY)
         stubs.held.add(names.SPEND_VIEW)
         async with run_jobs(stubs, **WAIT) as jobs:
@@ -94,7 +87,7 @@ async def record(run_jobs: RunJobs, name: str) -> WorkflowHandle[Any, Any]:
             await until(lambda: names.SPEND_VIEW in stubs.holding)
             await jobs.cancel(handle)
             stubs.release.set()
-    elif name == "replay-kling-lost-create-reconciled":
+    elif name == "kling-lost-create-reconciled":
         # The worker running the Kling create vanished; Kling names the task by the run's
         # external_task_id and the job follows it.
         stubs = RouteStubs(BUSY)
@@ -107,35 +100,19 @@ async def record(run_jobs: RunJobs, name: str) -> WorkflowHandle[Any, Any]:
     return handle
 
 
-# The first three were recorded before the spend ledger existed and replay through its patches.
 NAMES = (
-    "replay-local",
-    "replay-approved-cloud",
-    "replay-approval-timeout",
-    "replay-ledger-armed-cloud",
-    "replay-ledger-approved-cloud",
-    "replay-ledger-budget-over",
-    "replay-i2v-priority-callback",
-    # Since a job asks the ledger for a create of its own before it asks a person.
-    "replay-approved-asks-ledger-first",
-    # Since spillway's client starts a job with its first publication (no upsert before the
-    # policy read).
-    "replay-local-published-at-start",
-    # Since a job reads the policy as a local activity (patch policy-read-as-local-activity).
-    "replay-local-policy-here",
-    # Since a cancel that meets a ledger read ends the job (patch
-    # cancel-not-swallowed-by-ledger-reads).
-    "replay-cancelled-reading-budget",
-    # Since a Kling create whose worker was lost is reconciled by its external_task_id (patch
-    # reconcile-lost-kling-create).
-    "replay-kling-lost-create-reconciled",
-    # Since a new run records one marker for every patch (workflows/patches.py, PATCH_FLOOR).
-    "replay-local-patch-floor",
-    "replay-approved-patch-floor",
+    "local",
+    "approved-cloud",
+    "approval-timeout",
+    "armed-cloud",
+    "budget-over-then-over-budget-approval",
+    "i2v-priority-callback",
+    "cancelled-reading-budget",
+    "kling-lost-create-reconciled",
 )
 # Recorded on the dev server: the time-skipping one answers ACTIVITY_UNKNOWN to cancelling a
 # running activity.
-ON_DEV_SERVER = {"replay-cancelled-reading-budget"}
+ON_DEV_SERVER = {"cancelled-reading-budget"}
 
 
 async def main(names: list[str]) -> None:
@@ -153,6 +130,7 @@ async def main(names: list[str]) -> None:
         await register_search_attributes(env.client)
         handle = await record(job_runner(env), name)
         history = await handle.fetch_history()
+        HERE.mkdir(parents=True, exist_ok=True)
         (HERE / f"{name}.json").write_text(history.to_json())
         print(f"wrote {HERE / name}.json ({len(history.events)} events)")
         await env.shutdown()

@@ -16,9 +16,10 @@ from temporalio.client import (
 )
 from temporalio.exceptions import ApplicationError
 
-from spillway import activity_names as names
-from spillway.host_models import Policy
-from spillway.models import ApprovalDecision, AwaitCarry, CloudRequest, Plan, VideoJob
+from activities.minimax.activities import CREATE as MINIMAX_CREATE
+from spillway import names
+from spillway.models import ApprovalDecision, AwaitCarry, CloudRequest, Plan, Policy, VideoJob
+from spillway.names import APPROVAL_SIGNAL, DECIDE_UPDATE
 from tests.support.constants import CLIP_USD
 from tests.support.graphs import VIDEO_GRAPH
 from tests.support.jobs import RunJobs, cause_message
@@ -27,7 +28,6 @@ from tests.support.settings import ARMED, KEY
 from tests.support.waiting import until
 from tests.test_video_job_workflow import HOUR
 from workflows.texts import current_details
-from workflows.video_job import APPROVAL_SIGNAL, DECIDE_UPDATE
 
 
 async def test_an_approval_arriving_with_the_deadline_is_refused_and_recorded(
@@ -122,6 +122,11 @@ async def test_a_hand_made_carry_on_a_fresh_start_fails_without_a_probe_or_a_cre
             webhook_configured=False,
             ui_url="http://ui",
             await_loops_per_run=10,
+            heartbeat_timeout_s=30,
+            simulated=False,
+            hosts=[],
+            providers=["minimax"],
+            job_webhook_configured=False,
         )
         carry = AwaitCarry(
             plan=Plan(job_id=job_id, state="awaiting_approval"),
@@ -160,7 +165,7 @@ async def test_an_armed_job_the_budget_cannot_cover_waits_saying_so(run_dev_jobs
     assert "budget_exhausted" in plan.reasons and plan.budget is not None
     assert (plan.budget.exhausted, plan.budget.estimate_usd) == ("day", CLIP_USD)
     assert plan.budget.day_remaining_usd == pytest.approx(0.1)
-    assert stubs.creates == 0 and stubs.calls[names.MINIMAX_CREATE] == 0
+    assert stubs.creates == 0 and stubs.calls[MINIMAX_CREATE] == 0
     details = current_details(plan)  # what the UI shows
     assert "budget cannot cover" in details and "$0.10 left today" in details
     assert f"spillway approve {plan.job_id} --by NAME --over-budget" in details
@@ -181,7 +186,7 @@ async def test_a_job_cancelled_while_the_ledger_is_read_for_its_person_ends_canc
         stubs.release.set()
 
     assert plan.state == "cancelled" and plan.route is None
-    assert stubs.creates == 0 and stubs.calls[names.MINIMAX_CREATE] == 0
+    assert stubs.creates == 0 and stubs.calls[MINIMAX_CREATE] == 0
 
 
 async def test_a_plain_approval_beyond_the_budget_is_refused_and_over_budget_goes_past_it(

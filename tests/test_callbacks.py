@@ -27,9 +27,9 @@ from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities import callbacks
+from activities import callbacks as cb
 from activities.callbacks import CallbackActivities, sign
-from spillway import activity_names as names
-from spillway import callback_models as cb
+from spillway import names
 from spillway.errors import ConfigError
 from spillway.models import Plan, VideoJob
 from spillway.settings import load_settings
@@ -40,7 +40,7 @@ from tests.support.jobs import Jobs, RunJobs
 from tests.support.route_stubs import FREE, RouteStubs
 from tests.support.settings import make_settings
 from tests.support.waiting import until
-from workflows.callbacks import CallbackWorkflow
+from workflows.callback import CallbackWorkflow
 
 SECRET = "whsec-spillway-test-4c1f"
 # Shaped like a Slack incoming webhook: the path is the credential.

@@ -16,7 +16,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from spillway import search_attributes
 from spillway.cli import build_parser
-from tests.support.cli import one_line, spillway
+from tests.support.cli import one_line, spillway, spillway_process
 from tests.support.constants import FREE_VRAM_PCT
 from tests.support.graphs import VIDEO_GRAPH
 
@@ -46,7 +46,7 @@ def every_command(parser: argparse.ArgumentParser, path: list[str]) -> list[list
 
 
 async def test_the_installed_command_has_help(cli_env):
-    code, out, err = await spillway("--help", env=cli_env())
+    code, out, err = await spillway_process("--help", env=cli_env())
     assert code == 0 and "usage: spillway" in out and err == ""
 
 
@@ -104,12 +104,12 @@ async def test_load_with_every_source_hanging_returns_within_timeout_plus_one_se
     # Against the same command with healthy sources, so a slow process start on a busy machine
     # counts on both sides: what is left is what the hanging sources cost.
     started = time.monotonic()
-    code, _, _ = await spillway("load", "--json", env=env)
+    code, _, _ = await spillway_process("load", "--json", env=env)
     healthy = time.monotonic() - started
     comfyui.faults["*"] = "hang"
     guard.faults["*"] = "hang"
     started = time.monotonic()
-    code, out, _ = await spillway("load", "--json", env=env)
+    code, out, _ = await spillway_process("load", "--json", env=env)
     hanging = time.monotonic() - started
     assert code == 0 and not json.loads(out)["reachable"]
     assert hanging - healthy < 2 + 1, f"healthy {healthy:.2f}s, all hanging {hanging:.2f}s"
@@ -203,7 +203,8 @@ async def test_init_registers_search_attributes_once_and_submit_asks_for_it(
 
 
 async def test_init_without_a_temporal_server_exits_1_with_one_line(cli_env, refused_url):
+    # The installed script: a failed connection must not crash it on the way out (os._exit).
     address = refused_url.removeprefix("http://")
-    code, _, err = await spillway("init", env=cli_env(TEMPORAL_ADDRESS=address))
+    code, _, err = await spillway_process("init", env=cli_env(TEMPORAL_ADDRESS=address))
     assert code == 1
     assert f"cannot reach Temporal at {address}" in one_line(err)

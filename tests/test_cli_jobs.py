@@ -17,7 +17,8 @@ from temporalio.client import WorkflowHandle
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
-from spillway import activity_names as names
+from activities.minimax.activities import CREATE as MINIMAX_CREATE
+from spillway import names
 from spillway.models import Plan
 from tests.support.cli import one_line, spillway, temporal
 from tests.support.constants import CLIP_USD
@@ -232,7 +233,7 @@ async def test_waiting_job_shows_why_in_status_list_and_the_ui_then_approve_send
     assert status["approval"]["by"] == "bär" and status["approval"]["reason"] == "deadline"
     assert status["cloud"]["task_id"] == f"task-{job.id}"
     assert status["cloud"]["estimated_cost_usd"] == CLIP_USD
-    assert job.stubs.calls[names.MINIMAX_CREATE] == 1
+    assert job.stubs.calls[MINIMAX_CREATE] == 1
 
 
 async def temporal_metadata(env: dict[str, str], job_id: str) -> str:
@@ -308,7 +309,7 @@ async def test_the_ui_signal_with_plain_json_rejects_a_waiting_job(waiting_job):
     assert code == 0 and "completed on the local route" in out
     assert "rejected by ui-user" in out and "too expensive" in out
     assert summary is not None and summary.startswith(f"video job {job.id}: 3 nodes")
-    assert job.stubs.calls[names.MINIMAX_CREATE] == 0
+    assert job.stubs.calls[MINIMAX_CREATE] == 0
 
 
 async def test_an_approval_without_a_running_worker_is_applied_when_one_starts(
@@ -321,7 +322,7 @@ async def test_an_approval_without_a_running_worker_is_applied_when_one_starts(
     async with run_dev_jobs(job.stubs, task_queue=job.task_queue, **WAITS):
         code, out, _ = await spillway("watch", job.id, env=job.env)
     assert code == 0 and "completed on the cloud route" in out and "approved by bär" in out
-    assert job.stubs.calls[names.MINIMAX_CREATE] == 1
+    assert job.stubs.calls[MINIMAX_CREATE] == 1
 
 
 @pytest.mark.parametrize(

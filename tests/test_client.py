@@ -18,11 +18,11 @@ from temporalio.client import Client
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
-from spillway import activity_names as names
-from spillway.client import SpillwayClient, make_decision, presign_outputs
+from activities.minimax.activities import CREATE as MINIMAX_CREATE
+from activities.storage.opening import presign_outputs
+from spillway.client import SpillwayClient, make_decision
 from spillway.errors import ConfigError, Failed
-from spillway.models import OutputFile, Plan
-from spillway.render import plan_json
+from spillway.models import OutputFile, Plan, plan_json
 from tests.support.cli import spillway, temporal
 from tests.support.graphs import VIDEO_GRAPH
 from tests.support.jobs import PROMPT, Jobs, RunJobs
@@ -90,7 +90,7 @@ async def test_approve_and_reject_through_the_api(run_dev_jobs: RunJobs):
         "local",
         "not worth it",
     )
-    assert stubs.calls[names.MINIMAX_CREATE] == 1
+    assert stubs.calls[MINIMAX_CREATE] == 1
 
 
 @pytest.mark.parametrize(

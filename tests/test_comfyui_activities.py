@@ -18,8 +18,8 @@ from temporalio.exceptions import ActivityError, ApplicationError, RetryState
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.comfyui import ComfyUIActivities, SubmitProgress
-from spillway.comfyui_models import (
+from activities.comfyui.activities import ComfyUIActivities, SubmitProgress
+from activities.comfyui.models import (
     ComfyUICancel,
     ComfyUICancelled,
     ComfyUIDownload,
@@ -29,7 +29,8 @@ from spillway.comfyui_models import (
     ComfyUIUpload,
     ComfyUIUploaded,
 )
-from spillway.inputs import prepare_inputs, with_inputs
+from spillway.client.inputs import prepare_inputs
+from spillway.images import with_inputs
 from spillway.models import Downloaded, JobInput, Progress
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.comfyui_failure import Failure
@@ -263,7 +264,7 @@ async def test_retried_submit_finding_its_prompt_queued_does_not_post_again(
     acts = comfyui_activities()
     req = submit_request(new_job(), VIDEO_GRAPH)
     first, _ = await run_activity(acts.submit, req)
-    again, _ = await run_activity(acts.submit, req)
+    again, _ = await run_activity(acts.submit, req, attempt=2)
     assert first == ComfyUISubmitted(prompt_id=req.prompt_id, number=0, posted=True)
     assert again == ComfyUISubmitted(prompt_id=req.prompt_id, posted=False)
     assert comfyui.prompt_posts[req.prompt_id] == 1
@@ -276,7 +277,7 @@ async def test_retried_submit_finding_its_prompt_in_history_does_not_post_again(
     comfyui.execution_s = 0
     acts = comfyui_activities()
     req = await submit_new_job_until(acts, VIDEO_GRAPH, comfyui, "done")
-    again, _ = await run_activity(acts.submit, req)
+    again, _ = await run_activity(acts.submit, req, attempt=2)
     assert again == ComfyUISubmitted(prompt_id=req.prompt_id, posted=False)
     assert comfyui.prompt_posts[req.prompt_id] == 1
 
@@ -387,9 +388,9 @@ async def test_submit_posts_under_the_agents_client_id_so_its_one_socket_hears_t
 ):
     comfyui.pause()
     acts = comfyui_activities()
-    req = await submit_new_job(acts, VIDEO_GRAPH)
+    await submit_new_job(acts, VIDEO_GRAPH)
     [item] = comfyui.queue_pending
-    assert item[3]["client_id"] == acts.client_id != req.client_id
+    assert item[3]["client_id"] == acts.client_id
 
 
 async def test_a_priority_submit_goes_to_the_front_of_comfyuis_queue(

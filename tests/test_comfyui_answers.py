@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from spillway.comfyui_answers import (
+from activities.comfyui.answers import (
     MalformedAnswer,
     PromptFailed,
     UnsafePath,
@@ -25,12 +25,7 @@ from spillway.comfyui_answers import (
     socket_news,
     socket_prompt,
 )
-from spillway.comfyui_models import (
-    EXECUTION_FAILED,
-    INTERRUPTED,
-    ComfyUIFile,
-    ComfyUIFinished,
-)
+from activities.comfyui.models import EXECUTION_FAILED, INTERRUPTED, ComfyUIFile, ComfyUIFinished
 from spillway.models import Progress
 from tests.support.comfyui import ESCAPING_OUTPUTS
 

@@ -12,8 +12,8 @@ from typing import Any
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.comfyui import ComfyUIActivities
-from spillway.comfyui_models import ComfyUIFinished, ComfyUISubmit
+from activities.comfyui.activities import ComfyUIActivities
+from activities.comfyui.models import ComfyUIFinished, ComfyUISubmit
 from spillway.models import Progress
 from spillway.sim.comfyui_failure import Failure
 from tests.support.comfyui import ComfyUIDouble, submit_request, wait_request

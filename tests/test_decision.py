@@ -7,9 +7,9 @@ from datetime import UTC, datetime
 
 import pytest
 
+from spillway.cli.health import DECISION
 from spillway.decision import TABLE, Row, decide, is_armed, table_rows
-from spillway.health import DECISION
-from spillway.host_models import LoadStatus, Thresholds
+from spillway.models import LoadStatus, Thresholds
 from spillway.settings import PROJECT_ROOT
 
 

@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 from ruamel.yaml import YAML
 
-from activities.minimax_client import MiniMaxTiming
+from activities.cloud import registry
+from activities.minimax.client import MiniMaxTiming
 from spillway.settings import PROJECT_ROOT, Settings
 
 COMPOSE = PROJECT_ROOT / "docker-compose.yml"
@@ -178,7 +179,7 @@ def test_env_example_values_are_valid_and_are_the_defaults(env_example):
     settings = Settings.model_validate(
         {k: v for k, v in active.items() if k in Settings.model_fields}
     )
-    assert not settings.cloud_armed, "the cloud fallback must stay off until the owner arms it"
+    assert not registry.armed(settings), "the cloud fallback must stay off until the owner arms it"
     for name, field in Settings.model_fields.items():
         value = getattr(settings, name)
         if name in NOT_DEFAULT:
@@ -203,7 +204,7 @@ def test_dockerfile_installs_the_lock_without_dev_extras_and_runs_unprivileged()
     copied = " ".join(re.findall(r"^COPY\s+(.+)$", text, re.MULTILINE))
     project = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     setuptools = project["tool"]["setuptools"]
-    needed = {package.split(".")[0] + "/" for package in setuptools["packages"]}
+    needed = {package.rstrip("*") + "/" for package in setuptools["packages"]["find"]["include"]}
     needed |= {f"{module}.py" for module in setuptools["py-modules"]}
     needed |= {"pyproject.toml", "requirements.lock", project["project"]["readme"]}
     needed.add("routing_tiers.json")

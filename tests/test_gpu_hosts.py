@@ -29,7 +29,7 @@ from tests.support.graphs import SLOW_GRAPH, VIDEO_GRAPH
 from tests.support.jobs import Jobs
 from tests.support.settings import make_settings, two_host_tiers
 from worker import serving
-from workflows.calls import PROBE_BOUND
+from workflows.activity_calls import PROBE_BOUND
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from spillway.cloud_models import CloudCreate, CloudPoll
+from activities.cloud.models import CloudCreate, CloudPoll
 from spillway.models import CloudRequest
 from tests.support.waiting import until
 

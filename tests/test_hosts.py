@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from spillway.errors import ConfigError
-from spillway.host_models import LoadStatus, Thresholds
 from spillway.hosts import gpu_hosts, no_answer, pick_host, ref
+from spillway.models import LoadStatus, Thresholds
 from spillway.settings import PROJECT_ROOT, Settings
 from spillway.tiers import load_tiers
 from tests.support.settings import two_host_tiers

@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from spillway.client.inputs import prepare_inputs
 from spillway.errors import ConfigError
-from spillway.inputs import ImageInfo, prepare_inputs, sniff, with_inputs
+from spillway.images import ImageInfo, sniff, with_inputs
 from spillway.settings import Settings
 from tests.support.images import gif, jpeg, png, webp
 

@@ -18,9 +18,7 @@ from typing import Any
 import pytest
 from temporalio.exceptions import ApplicationError
 
-from activities.kling import KlingActivities
-from activities.kling_client import KlingClient
-from spillway.cloud_models import (
+from activities.cloud.models import (
     CloudCreate,
     CloudCreated,
     CloudDone,
@@ -29,11 +27,13 @@ from spillway.cloud_models import (
     LostCreate,
     Reconciled,
 )
-from spillway.inputs import prepare_inputs
-from spillway.kling_requests import sign_jwt
+from activities.kling.activities import KlingActivities
+from activities.kling.client import KlingClient
+from activities.kling.requests import sign_jwt
+from spillway.client.inputs import prepare_inputs
 from spillway.models import CloudRequest, Downloaded, JobInput
 from spillway.sim.kling import KlingSim
-from spillway.spend_models import SettleRequest, SpendEntry
+from spillway.spend_book import SettleRequest, SpendEntry
 from tests.support.activity import cancelled_in_flight, run_activity
 from tests.support.images import I2V_GRAPH, png, webp
 from tests.support.kling import (
@@ -56,7 +56,6 @@ def create_request(**cloud: Any) -> CloudCreate:
         job_id=f"job-{uuid.uuid4().hex[:12]}",
         request=CloudRequest(prompt=PROMPT, **cloud),
         authorisation="approved",
-        provider="kling",
     )
 
 
@@ -82,12 +81,10 @@ async def run_route(
 ) -> tuple[CloudCreated, CloudDone, Downloaded, list[Any]]:
     created, create_beats = await run_activity(acts.create, req)
     assert isinstance(created, CloudCreated), created
-    poll = CloudPoll(job_id=req.job_id, task_id=created.task_id, provider="kling")
+    poll = CloudPoll(job_id=req.job_id, task_id=created.task_id)
     done, poll_beats = await run_activity(acts.poll, poll)
     assert isinstance(done, CloudDone), done
-    download = CloudDownload(
-        job_id=req.job_id, task_id=done.task_id, video_url=done.video_url, provider="kling"
-    )
+    download = CloudDownload(job_id=req.job_id, task_id=done.task_id, video_url=done.video_url)
     downloaded, download_beats = await run_activity(acts.download, download)
     assert isinstance(downloaded, Downloaded), downloaded
     return created, done, downloaded, create_beats + poll_beats + download_beats
@@ -210,9 +207,7 @@ async def test_units_kling_reports_are_returned_and_logged_and_never_taken_for_d
     kling.units = "1.5"
     acts = kling_activities()
     created, _ = await run_activity(acts.create, create_request())
-    done, _ = await run_activity(
-        acts.poll, CloudPoll(job_id="job-1", task_id=created.task_id, provider="kling")
-    )
+    done, _ = await run_activity(acts.poll, CloudPoll(job_id="job-1", task_id=created.task_id))
 
     assert isinstance(done, CloudDone) and (done.cost_usd, done.units) == (None, 1.5)
     assert "used 1.5 resource-pack units" in caplog.text
@@ -307,9 +302,7 @@ async def test_an_image_kling_cannot_read_is_refused_before_anything_is_sent(
 async def test_missing_keys_fail_naming_both_variables_without_any_request(kling, kling_activities):
     acts = kling_activities(KLING_ACCESS_KEY=None, KLING_SECRET_KEY=None)
     created, _ = await run_activity(acts.create, create_request())
-    polled, _ = await run_activity(
-        acts.poll, CloudPoll(job_id="job-1", task_id="1", provider="kling")
-    )
+    polled, _ = await run_activity(acts.poll, CloudPoll(job_id="job-1", task_id="1"))
 
     error = app_error(created, "KlingNoKey")
     assert error.non_retryable
@@ -460,7 +453,9 @@ async def test_worker_killed_between_klings_answer_and_completion_never_makes_a_
 
 def lost(req: CloudCreate, sent_s_ago: float) -> LostCreate:
     sent_at = datetime.now(UTC) - timedelta(seconds=sent_s_ago)
-    return LostCreate(job_id=req.job_id, kind="text2video", run_id=RUN, sent_at=sent_at)
+    return LostCreate(
+        job_id=req.job_id, request=req.request, first_frame=False, run_id=RUN, sent_at=sent_at
+    )
 
 
 async def test_a_create_whose_worker_was_lost_is_reconciled_to_the_task_kling_made(
@@ -530,7 +525,7 @@ async def test_task_that_fails_at_kling_fails_with_klings_message(kling, kling_a
     acts = kling_activities()
     created, _ = await run_activity(acts.create, create_request())
     result, heartbeats = await run_activity(
-        acts.poll, CloudPoll(job_id="job-1", task_id=created.task_id, provider="kling")
+        acts.poll, CloudPoll(job_id="job-1", task_id=created.task_id)
     )
 
     error = app_error(result, "KlingTaskFailed")
@@ -543,9 +538,7 @@ async def test_poll_that_gets_no_usable_answer_is_retryable(kling, kling_activit
     acts = kling_activities()
     created, _ = await run_activity(acts.create, create_request())
     kling.faults[f"/v1/videos/text2video/{created.task_id}"] = "http500"
-    result, _ = await run_activity(
-        acts.poll, CloudPoll(job_id="job-1", task_id=created.task_id, provider="kling")
-    )
+    result, _ = await run_activity(acts.poll, CloudPoll(job_id="job-1", task_id=created.task_id))
 
     assert not app_error(result, "KlingUnavailable").non_retryable
 
@@ -554,7 +547,7 @@ async def test_poll_of_a_task_kling_does_not_know_gives_up_after_a_few_queries(
     kling, kling_activities
 ):
     result, _ = await run_activity(
-        kling_activities().poll, CloudPoll(job_id="job-1", task_id="404404", provider="kling")
+        kling_activities().poll, CloudPoll(job_id="job-1", task_id="404404")
     )
 
     error = app_error(result, "KlingTaskUnknown")
@@ -568,9 +561,7 @@ async def test_download_whose_url_expired_fails_clearly_and_is_not_retried(
     acts = kling_activities()
     req = create_request()
     created, _ = await run_activity(acts.create, req)
-    done, _ = await run_activity(
-        acts.poll, CloudPoll(job_id=req.job_id, task_id=created.task_id, provider="kling")
-    )
+    done, _ = await run_activity(acts.poll, CloudPoll(job_id=req.job_id, task_id=created.task_id))
     kling.expire_videos()  # 30 days later
     result, _ = await run_activity(
         acts.download,
@@ -620,7 +611,7 @@ async def test_keys_and_tokens_appear_in_no_error_log_heartbeat_or_result(
     del kling.answers["/v1/videos/text2video"]
     created = await run(acts.create, create_request())
     kling.answers[f"/v1/videos/text2video/{created.task_id}"] = {"code": 5000, "message": echo}
-    await run(acts.poll, CloudPoll(job_id="job-1", task_id=created.task_id, provider="kling"))
+    await run(acts.poll, CloudPoll(job_id="job-1", task_id=created.task_id))
     kling.refuse_next_creates(1102, echo)
     await run(acts.create, create_request())
     await run(kling_activities(KLING_SECRET_KEY="kling-CANARY-wrong").create, create_request())
@@ -628,7 +619,7 @@ async def test_keys_and_tokens_appear_in_no_error_log_heartbeat_or_result(
         timing=dataclasses.replace(FAST, create_retry_budget_s=0.2), KLING_BASE_URL=refused_url
     )
     await run(offline.create, create_request())
-    await run(offline.poll, CloudPoll(job_id="job-1", task_id="1", provider="kling"))
+    await run(offline.poll, CloudPoll(job_id="job-1", task_id="1"))
     missing = f"{kling.url}/sim-videos/nope.mp4"
     await run(acts.download, CloudDownload(job_id="job-2", task_id="1", video_url=missing))
 

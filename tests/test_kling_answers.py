@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from spillway.cloud_models import CreateOutcome
-from spillway.kling_answers import KlingTask, QueryProblem, classify_create, read_query
+from activities.cloud.models import CreateOutcome
+from activities.kling.answers import KlingTask, QueryProblem, classify_create, read_query
 
 
 def answer(code: int, task_id: str | None = None, message: str = "") -> dict[str, Any]:

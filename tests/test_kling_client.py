@@ -13,10 +13,10 @@ from typing import Any
 import httpx
 import pytest
 
-from activities.kling_client import KlingClient, KlingError, KlingTiming
-from spillway.cloud_models import CreateVerdict
-from spillway.kling_answers import KlingTask
-from spillway.kling_requests import Kind, create_body, sign_jwt
+from activities.cloud.models import CreateVerdict
+from activities.kling.answers import KlingTask
+from activities.kling.client import KlingClient, KlingError, KlingTiming
+from activities.kling.requests import Kind, create_body, sign_jwt
 from spillway.settings import Settings
 from spillway.sim.kling import KlingSim
 from tests.support.kling import CANARY_ACCESS, CANARY_SECRET

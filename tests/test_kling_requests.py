@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from spillway.kling_requests import (
+from activities.kling.requests import (
     JWT_BAD_SIGNATURE,
     JWT_EXPIRED,
     JWT_MALFORMED,

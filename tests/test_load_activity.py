@@ -8,8 +8,8 @@ import uuid
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.load_status import LoadStatusActivities
-from spillway.host_models import LoadProbeRequest, LoadStatus
+from activities.probe.activities import LoadProbeRequest, LoadStatusActivities
+from spillway.models import LoadStatus
 from tests.support.constants import FREE_VRAM_PCT
 from tests.support.workflows import ProbeOnce
 

@@ -7,9 +7,9 @@ import time
 import httpx
 import pytest
 
-from activities.load_status import LoadStatusActivities
-from activities.nvml import GpuReader, NvmlReader
-from spillway.host_models import LoadStatus
+from activities.probe.activities import LoadStatusActivities
+from activities.probe.nvml import GpuReader, NvmlReader
+from spillway.models import LoadStatus
 from spillway.settings import Settings
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.guard import GUARD_STATUS_PATH, GuardSim

@@ -10,9 +10,9 @@ from collections.abc import Callable
 
 import pytest
 
-from activities import load_status
-from activities.load_status import LoadStatusActivities
-from spillway.host_models import LoadStatus
+from activities.probe import activities as load_status
+from activities.probe.activities import LoadStatusActivities
+from spillway.models import LoadStatus
 from spillway.sim.comfyui import ComfyUISim
 from tests.support.constants import BUSY_VRAM_PCT
 

@@ -6,8 +6,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from spillway.host_models import Thresholds
-from spillway.load import Readings, assess, vram_pct
+from activities.probe.rules import Readings, assess, vram_pct
+from spillway.models import Thresholds
 from tests.support.constants import FREE_VRAM_PCT
 
 SEED = Thresholds(vram_busy_pct=85, util_busy_pct=95)

@@ -18,17 +18,11 @@ from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.minimax import MiniMaxActivities
-from spillway.cloud_models import (
-    CloudCreate,
-    CloudCreated,
-    CloudDone,
-    CloudDownload,
-    CloudPoll,
-)
+from activities.cloud.models import CloudCreate, CloudCreated, CloudDone, CloudDownload, CloudPoll
+from activities.minimax.activities import MiniMaxActivities
+from activities.minimax.answers import PERMANENT_CODES, RATE_LIMIT_CODES, SERVER_TROUBLE_CODES
+from spillway.client.inputs import prepare_inputs
 from spillway.hosts import WAITS_SUFFIX
-from spillway.inputs import prepare_inputs
-from spillway.minimax_answers import PERMANENT_CODES, RATE_LIMIT_CODES, SERVER_TROUBLE_CODES
 from spillway.models import CloudRequest, Downloaded, JobInput
 from spillway.sim.minimax import MiniMaxSim
 from tests.support.activity import cancelled_in_flight, run_activity

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pynvml
 import pytest
 
-from activities.nvml import GpuReadError, NvmlReader, _ReadThread, read_apart
+from activities.probe.nvml import GpuReadError, NvmlReader, _ReadThread, read_apart
 
 GIB = 1024**3
 

@@ -14,10 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from activities.store_opening import open_output_store, presign
-from spillway.cloud_models import CloudCreate, CloudCreated, CloudDone, CloudDownload, CloudPoll
-from spillway.comfyui_models import ComfyUIDownload, ComfyUIFinished, ComfyUIUpload
-from spillway.inputs import prepare_inputs, with_inputs
+from activities.cloud.models import CloudCreate, CloudCreated, CloudDone, CloudDownload, CloudPoll
+from activities.comfyui.models import ComfyUIDownload, ComfyUIFinished, ComfyUIUpload
+from activities.storage.opening import open_output_store, presign
+from spillway.client.inputs import prepare_inputs
+from spillway.images import with_inputs
 from spillway.models import CloudRequest, Downloaded
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim

@@ -1,6 +1,8 @@
-"""Replays recorded histories of VideoJobWorkflow (local, approved cloud, timed-out approval,
-recorded before the spend ledger; armed, approved and over-budget cloud jobs with it): a change
-to the workflow that would break running jobs fails here."""
+"""Replays the recorded histories of every released version (tests/histories/<version>/: a local
+job, an approved and an armed cloud job, a timed-out approval, an over-budget approval, an
+image-to-video job of priority 1 with its callback, a job cancelled while the ledger was read, a
+Kling create whose worker was lost): a change to the workflow that would break running jobs
+fails here."""
 
 from __future__ import annotations
 
@@ -11,22 +13,23 @@ from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
-from tests.record_histories import NAMES
+from tests.record_histories import NAMES, VERSION
 from worker import WORKFLOWS
 
 HISTORIES = {
-    path.stem: path.read_text()
-    for path in sorted((Path(__file__).parent / "histories").glob("*.json"))
+    f"{path.parent.name}/{path.stem}": path.read_text()
+    for path in sorted((Path(__file__).parent / "histories").glob("*/*.json"))
 }
 
 
-def test_there_are_histories_of_every_main_path():
-    assert set(NAMES) <= set(HISTORIES)
+def test_there_are_histories_of_every_main_path_of_this_release():
+    assert {f"{VERSION}/{name}" for name in NAMES} <= set(HISTORIES)
 
 
 @pytest.mark.parametrize("name", list(HISTORIES))
 async def test_recorded_history_replays(name: str):
-    history = WorkflowHistory.from_json(name, HISTORIES[name])
+    # The job's id is its workflow id, which the job checks its input against.
+    history = WorkflowHistory.from_json(name.split("/")[-1], HISTORIES[name])
     # Temporal's default sandbox, not the worker's (worker.WORKFLOW_RUNNER): workflow modules
     # re-imported per run and restricted, so non-deterministic calls fail here.
     replayer = Replayer(workflows=WORKFLOWS, data_converter=pydantic_data_converter)

@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
+from activities.cloud import registry
 from spillway.errors import ConfigError
-from spillway.settings import PROJECT_ROOT, load_settings
+from spillway.settings import PROJECT_ROOT, Settings, load_settings
 from spillway.tiers import load_tiers
 
 
@@ -28,7 +29,7 @@ def test_defaults_are_the_seeds(clean_env):
     assert (s.A40_VRAM_BUSY_PCT, s.A40_UTIL_BUSY_PCT, s.A40_NVML_INDEX) == (85, 95, 0)
     assert s.LOAD_PROBE_TIMEOUT_S == 2 and s.UNREACHABLE_CONFIRM_S == 5
     assert s.A40_GUARD_URL is None and s.guard_status_url() is None
-    assert not s.CLOUD_VIDEO_FALLBACK_ENABLED and not s.cloud_armed
+    assert not s.CLOUD_VIDEO_FALLBACK_ENABLED and not registry.armed(s)
     assert (s.APPROVAL_TIMEOUT_S, s.APPROVAL_RECHECK_S, s.MINIMAX_POLL_INTERVAL_S) == (900, 60, 10)
     assert s.SPILLWAY_TASK_QUEUE == "spillway"
 
@@ -40,14 +41,14 @@ def test_environment_overrides_and_guard_path(clean_env):
     s = load_settings()
     assert s.guard_status_url() == "http://vm201:8080/api/burst/a40-guard/status"
     assert s.A40_VRAM_BUSY_PCT == 1
-    assert s.CLOUD_VIDEO_FALLBACK_ENABLED and not s.cloud_armed  # no key: not armed
+    assert s.CLOUD_VIDEO_FALLBACK_ENABLED and not registry.armed(s)  # no key: not armed
 
 
 def test_armed_needs_switch_and_key(clean_env):
     clean_env.setenv("CLOUD_VIDEO_FALLBACK_ENABLED", "1")
     clean_env.setenv("MINIMAX_API_KEY", "mm-test-key-do-not-print")
     s = load_settings()
-    assert s.cloud_armed
+    assert registry.armed(s)
     assert "mm-test-key-do-not-print" not in repr(s) and "mm-test-key" not in str(s.model_dump())
 
 
@@ -104,7 +105,7 @@ def _committed() -> Any:
 @pytest.mark.parametrize(
     ("mutate", "named"),
     [
-        (lambda t: t["video_tiers"][1].update(provider="runpod"), "video_tiers.1.provider"),
+        (lambda t: t["video_tiers"][1].update(provider="run pod"), "video_tiers.1.provider"),
         (lambda t: t["video_tiers"][0].update(tier="one"), "video_tiers.0.tier"),
         (lambda t: t["video_tiers"][2]["estimated_cost_usd"].update(x=-1), "estimated_cost_usd"),
         (lambda t: t["video_tiers"][2].update(tier=1), "unique"),
@@ -118,6 +119,16 @@ def test_broken_routing_tiers_name_the_field(tmp_path, mutate, named):
     with pytest.raises(ConfigError) as raised:
         load_tiers(_write(tmp_path, json.dumps(tiers)))
     assert named in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_a_cloud_provider_spillway_does_not_know_stops_the_worker_naming_it(tmp_path):
+    tiers = _committed()
+    tiers["video_tiers"][1].update(provider="runpod")
+    path = _write(tmp_path, json.dumps(tiers))
+    with pytest.raises(ConfigError, match=r"video_tiers\.1\.provider: unknown cloud provider"):
+        registry.check(Settings(SPILLWAY_ROUTING_TIERS=path), load_tiers(path))
+    with pytest.raises(ConfigError, match="CLOUD_PROVIDERS: unknown provider 'runpod'"):
+        registry.check(Settings(CLOUD_PROVIDERS="minimax,runpod"), load_tiers(path))
 
 
 def test_routing_tiers_that_are_not_json_say_so(tmp_path):

@@ -8,13 +8,15 @@ from typing import Literal
 
 import pytest
 
-from spillway.spend_book import SpendBook, SpendRefused, recorded_create
-from spillway.spend_models import (
+from spillway.spend_book import (
     Authorisation,
     BeginCreate,
     Budgets,
     ReserveRequest,
     SettleRequest,
+    SpendBook,
+    SpendRefused,
+    recorded_create,
 )
 from tests.support.constants import CLIP_USD
 

@@ -16,10 +16,12 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 
-from activities import files, s3_store, s3_upload
-from activities.s3_store import S3OutputStore
-from activities.storage import LocalOutputStore, StoreError, UnsafeName
-from activities.store_opening import LazyOutputStore, open_output_store, presign, s3_location
+from activities.storage import local
+from activities.storage import s3 as s3_module
+from activities.storage.local import LocalOutputStore
+from activities.storage.opening import LazyOutputStore, open_output_store, presign, s3_location
+from activities.storage.s3 import S3OutputStore
+from activities.storage.store import IncompleteDownload, StoreError, UnsafeName
 from spillway.errors import ConfigError
 from spillway.settings import Settings, load_settings
 
@@ -146,9 +148,9 @@ async def test_a_source_failing_mid_stream_aborts_the_upload_and_stores_nothing(
 async def test_a_body_shorter_than_announced_is_refused_and_stores_nothing(s3: S3Endpoint):
     data = body(12 * MIB)
     async with open_output_store(s3.settings()) as store:
-        with pytest.raises(files.IncompleteDownload, match="ended at 12582912 of 13631488"):
+        with pytest.raises(IncompleteDownload, match="ended at 12582912 of 13631488"):
             await store.put(job(), "clip.mp4", stream(data), len(data) + MIB)
-        with pytest.raises(files.IncompleteDownload):
+        with pytest.raises(IncompleteDownload):
             await store.put(job(), "small.mp4", stream(b"x" * 10), 11)
     assert await held_keys(s3) == []
     assert await open_uploads(s3) == []
@@ -181,8 +183,8 @@ async def test_an_object_over_the_copy_limit_is_put_in_place_range_by_range(
     s3: S3Endpoint, monkeypatch: pytest.MonkeyPatch
 ):
     # S3 copies at most 5 GiB in one request; the same path, scaled down.
-    monkeypatch.setattr(s3_upload, "SINGLE_COPY_LIMIT", 10 * MIB)
-    monkeypatch.setattr(s3_upload, "COPY_PART_BYTES", 6 * MIB)
+    monkeypatch.setattr(s3_module, "SINGLE_COPY_LIMIT", 10 * MIB)
+    monkeypatch.setattr(s3_module, "COPY_PART_BYTES", 6 * MIB)
     data, job_id = body(20 * MIB, seed=5), job()
     async with open_output_store(s3.settings()) as store:
         out = await store.put(job_id, "clip.mp4", stream(data), len(data))
@@ -221,7 +223,7 @@ async def test_credentials_appear_in_no_error_and_no_log_line(
 ):
     caplog.set_level(logging.INFO)
     credentials = (s3.access_key_id, s3.secret_access_key)
-    monkeypatch.setattr(s3_store, "S3_ATTEMPTS", 1)  # a refused port: no botocore retries
+    monkeypatch.setattr(s3_module, "S3_ATTEMPTS", 1)  # a refused port: no botocore retries
     errors: list[BaseException] = []
     data = body(9 * MIB)
 
@@ -286,7 +288,7 @@ async def test_the_local_store_writes_the_job_folder_like_today(tmp_path: Path):
         assert await store.presign(out.uri) is None
         assert await store.find(job_id, "video/clip.mp4") == out
         again = await store.put(job_id, "video/clip.mp4", stream(data, chunk=MIB), len(data))
-        with pytest.raises(files.IncompleteDownload):
+        with pytest.raises(IncompleteDownload):
             await store.put(job_id, "short.mp4", stream(data), len(data) + 1)
         with pytest.raises(ConnectionResetError):
             await store.put(job_id, "dropped.mp4", stream(data, fail_after=MIB))
@@ -297,7 +299,7 @@ async def test_the_local_store_writes_the_job_folder_like_today(tmp_path: Path):
     assert out.output_file().uri is None  # a local output: its path says where it is
     assert (out.bytes, out.sha256) == (len(data), hashlib.sha256(data).hexdigest())
     assert target.read_bytes() == data
-    assert files.describe(target).sha256 == out.sha256
+    assert local.describe(target).sha256 == out.sha256
     # Nothing else: no partial files, nothing under the refused names.
     left = [p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file()]  # noqa: ASYNC240
     assert left == [Path(job_id, "video", "clip.mp4")]

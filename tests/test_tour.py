@@ -129,7 +129,7 @@ EXPECTED = {
         "sha256",
     ],
     "spillway sim gpu --vram 95": ["'vram_used_pct': 95.0"],
-    "spillway load": ["A40 OVERLOADED", "vram_used_95.0pct_ge_85.0pct"],
+    "spillway load": ["GPU OVERLOADED", "vram_used_95.0pct_ge_85.0pct"],
     "spillway submit --graph examples/video_graph.json --job-id tour-2": ["submitted job tour-2"],
     "spillway list --state awaiting_approval": ["tour-2", "awaiting_approval"],
     "spillway status tour-2": ["job tour-2: awaiting_approval", "vram_used_95.0pct_ge_85.0pct"],

@@ -12,16 +12,20 @@ from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
-from spillway import activity_names as names
-from spillway.host_models import LoadStatus
-from spillway.models import ApprovalDecision, Plan
+from activities.kling.activities import CREATE as KLING_CREATE
+from activities.kling.activities import DOWNLOAD as KLING_DOWNLOAD
+from activities.kling.activities import POLL as KLING_POLL
+from activities.kling.activities import RECONCILE as KLING_RECONCILE
+from activities.minimax.activities import CREATE as MINIMAX_CREATE
+from spillway import names
+from spillway.models import ApprovalDecision, LoadStatus, Plan
+from spillway.names import APPROVAL_SIGNAL, DECIDE_UPDATE
 from tests.support.constants import CLIP_USD
 from tests.support.jobs import RunJobs, cause_message
 from tests.support.route_stubs import BUSY, DOWN, FREE, RouteStubs
 from tests.support.settings import ARMED, KEY, KLING_ARMED, two_host_tiers
 from tests.support.waiting import until
-from workflows.patches import PATCH_FLOOR
-from workflows.video_job import APPROVAL_SIGNAL, DECIDE_UPDATE, VideoJobWorkflow
+from workflows.video_job import VideoJobWorkflow
 
 HOUR = {"APPROVAL_TIMEOUT_S": 3600, "APPROVAL_RECHECK_S": 60}
 
@@ -32,15 +36,15 @@ async def test_free_gpu_renders_locally(run_jobs: RunJobs):
         plan: Plan = await (await jobs.start()).result()
     assert (plan.state, plan.route, plan.overflow.trigger) == ("completed", "local", None)
     assert plan.outputs[0].path.endswith("v_00001_.mp4")
-    assert stubs.calls[names.MINIMAX_CREATE] == 0 and stubs.calls[names.COMFYUI_SUBMIT] == 1
+    assert stubs.calls[MINIMAX_CREATE] == 0 and stubs.calls[names.COMFYUI_SUBMIT] == 1
 
 
 @pytest.mark.parametrize("load", [FREE, BUSY], ids=["local", "armed_cloud"])
-async def test_a_new_run_records_one_patch_marker_for_every_patch_it_meets(
+async def test_a_run_of_the_first_release_records_no_patch_marker(
     run_jobs: RunJobs, load: LoadStatus
 ):
     # Each marker is also a TemporalChangeVersion upsert: two history events and a visibility
-    # write (workflows/patches.py).
+    # write. 0.2.0 is the first release: a patch belongs to a change made after it.
     async with run_jobs(RouteStubs(load), **ARMED) as jobs:
         handle = await jobs.start()
         await handle.result()
@@ -50,7 +54,7 @@ async def test_a_new_run_records_one_patch_marker_for_every_patch_it_meets(
         for e in history.events
         if e.marker_recorded_event_attributes.marker_name == "core_patch"
     ]
-    assert [p["id"] for p in patches] == [PATCH_FLOOR]
+    assert patches == []
 
 
 async def test_overloaded_armed_job_goes_to_the_cloud_once(run_jobs: RunJobs):
@@ -61,7 +65,7 @@ async def test_overloaded_armed_job_goes_to_the_cloud_once(run_jobs: RunJobs):
     assert plan.cloud is not None and plan.cloud.authorised_by == "armed"
     assert plan.cloud.task_id is not None and plan.cloud.estimated_cost_usd == CLIP_USD
     assert plan.overflow.last_signal is not None and plan.overflow.last_signal.overloaded
-    assert stubs.calls[names.MINIMAX_CREATE] == 1 and stubs.calls[names.COMFYUI_SUBMIT] == 0
+    assert stubs.calls[MINIMAX_CREATE] == 1 and stubs.calls[names.COMFYUI_SUBMIT] == 0
 
 
 async def test_overloaded_unarmed_job_waits_and_approval_sends_it_to_the_cloud(run_jobs: RunJobs):
@@ -70,7 +74,7 @@ async def test_overloaded_unarmed_job_waits_and_approval_sends_it_to_the_cloud(r
         handle = await jobs.start()
         waiting = await jobs.until(handle, "awaiting_approval")
         assert waiting.reasons == BUSY.reasons
-        assert stubs.calls[names.MINIMAX_CREATE] == 0
+        assert stubs.calls[MINIMAX_CREATE] == 0
         await handle.signal(
             APPROVAL_SIGNAL,
             ApprovalDecision(approved=True, by="bär", reason="client deadline"),
@@ -82,7 +86,7 @@ async def test_overloaded_unarmed_job_waits_and_approval_sends_it_to_the_cloud(r
         "client deadline",
     )
     assert plan.cloud is not None and plan.cloud.authorised_by == "bär"
-    assert stubs.calls[names.MINIMAX_CREATE] == 1
+    assert stubs.calls[MINIMAX_CREATE] == 1
 
 
 async def test_rejected_job_runs_locally_and_spends_nothing(run_jobs: RunJobs):
@@ -94,7 +98,7 @@ async def test_rejected_job_runs_locally_and_spends_nothing(run_jobs: RunJobs):
         plan: Plan = await handle.result()
     assert (plan.state, plan.route) == ("completed", "local")
     assert "rejected_by=bär" in plan.reasons and plan.approval and not plan.approval.approved
-    assert stubs.calls[names.MINIMAX_CREATE] == 0
+    assert stubs.calls[MINIMAX_CREATE] == 0
 
 
 async def test_overloaded_unarmed_job_times_out_and_runs_locally(run_jobs: RunJobs):
@@ -104,7 +108,7 @@ async def test_overloaded_unarmed_job_times_out_and_runs_locally(run_jobs: RunJo
     assert (plan.state, plan.route) == ("completed", "local")
     assert plan.reasons[-1] == "approval_timeout" and plan.approval is None
     assert plan.overflow.trigger == "overloaded"  # the load signal stays recorded
-    assert stubs.calls[names.MINIMAX_CREATE] == 0
+    assert stubs.calls[MINIMAX_CREATE] == 0
     # Re-probed every minute for an hour, then queued locally after all.
     assert 55 <= stubs.calls[names.PROBE] <= 62
 
@@ -114,7 +118,7 @@ async def test_headroom_returning_while_waiting_runs_the_job_locally_at_once(run
     async with run_jobs(stubs, **HOUR) as jobs:
         plan: Plan = await (await jobs.start()).result()
     assert (plan.route, plan.reasons[-1]) == ("local", "headroom_returned")
-    assert stubs.calls[names.PROBE] == 4 and stubs.calls[names.MINIMAX_CREATE] == 0
+    assert stubs.calls[names.PROBE] == 4 and stubs.calls[MINIMAX_CREATE] == 0
 
 
 async def test_a_single_dropped_probe_changes_nothing(run_jobs: RunJobs):
@@ -122,7 +126,7 @@ async def test_a_single_dropped_probe_changes_nothing(run_jobs: RunJobs):
     async with run_jobs(stubs, **ARMED) as jobs:
         plan: Plan = await (await jobs.start()).result()
     assert (plan.route, plan.overflow.trigger) == ("local", None)
-    assert stubs.calls[names.PROBE] == 2 and stubs.calls[names.MINIMAX_CREATE] == 0
+    assert stubs.calls[names.PROBE] == 2 and stubs.calls[MINIMAX_CREATE] == 0
 
 
 async def test_confirmed_unreachable_comfyui_with_armed_fallback_goes_to_the_cloud(
@@ -132,7 +136,7 @@ async def test_confirmed_unreachable_comfyui_with_armed_fallback_goes_to_the_clo
     async with run_jobs(stubs, **ARMED) as jobs:
         plan: Plan = await (await jobs.start()).result()
     assert (plan.route, plan.overflow.trigger) == ("cloud", "unreachable")
-    assert plan.reasons == ["comfyui_unreachable"] and stubs.calls[names.MINIMAX_CREATE] == 1
+    assert plan.reasons == ["comfyui_unreachable"] and stubs.calls[MINIMAX_CREATE] == 1
 
 
 async def test_unreachable_then_back_runs_locally_without_approval(run_jobs: RunJobs):
@@ -143,7 +147,7 @@ async def test_unreachable_then_back_runs_locally_without_approval(run_jobs: Run
         assert waiting.overflow.trigger == "unreachable"
         plan: Plan = await handle.result()
     assert (plan.state, plan.route) == ("completed", "local")
-    assert stubs.calls[names.MINIMAX_CREATE] == 0
+    assert stubs.calls[MINIMAX_CREATE] == 0
 
 
 async def test_unreachable_after_the_approval_window_keeps_waiting_then_fails_clearly(
@@ -157,7 +161,7 @@ async def test_unreachable_after_the_approval_window_keeps_waiting_then_fails_cl
         plan: Plan = await handle.query(VideoJobWorkflow.plan)
     assert "ComfyUI did not answer for 3:00:00" in str(failed.value.cause)
     assert plan.state == "failed" and plan.error and "Resubmit" in plan.error
-    assert stubs.calls[names.MINIMAX_CREATE] == 0 and stubs.calls[names.COMFYUI_SUBMIT] == 0
+    assert stubs.calls[MINIMAX_CREATE] == 0 and stubs.calls[names.COMFYUI_SUBMIT] == 0
 
 
 async def test_approval_without_a_key_fails_naming_the_key_and_calls_nothing(run_jobs: RunJobs):
@@ -169,7 +173,7 @@ async def test_approval_without_a_key_fails_naming_the_key_and_calls_nothing(run
         with pytest.raises(WorkflowFailureError) as failed:
             await handle.result()
     assert "MINIMAX_API_KEY" in str(failed.value.cause)
-    assert stubs.calls[names.MINIMAX_CREATE] == 0
+    assert stubs.calls[MINIMAX_CREATE] == 0
 
 
 async def test_duplicate_and_late_approvals_change_nothing_and_are_recorded(run_jobs: RunJobs):
@@ -190,7 +194,7 @@ async def test_duplicate_and_late_approvals_change_nothing_and_are_recorded(run_
     assert plan.ignored_signals[1].why == (
         f"job {plan.job_id} is not awaiting approval (state: running_local)"
     )
-    assert stubs.calls[names.MINIMAX_CREATE] == 0
+    assert stubs.calls[MINIMAX_CREATE] == 0
 
 
 async def test_an_approve_update_for_a_job_that_is_not_waiting_is_refused(run_jobs: RunJobs):
@@ -206,7 +210,7 @@ async def test_an_approve_update_for_a_job_that_is_not_waiting_is_refused(run_jo
         assert "is not awaiting approval (state: running_local)" in str(refused.value.cause)
         stubs.wait_release.set()
         plan: Plan = await handle.result()
-    assert plan.ignored_signals == [] and stubs.calls[names.MINIMAX_CREATE] == 0
+    assert plan.ignored_signals == [] and stubs.calls[MINIMAX_CREATE] == 0
 
 
 async def test_an_approve_update_while_waiting_is_accepted(run_jobs: RunJobs):
@@ -237,7 +241,7 @@ async def test_continue_as_new_keeps_the_waiting_job_and_its_approval(
         await latest.signal(APPROVAL_SIGNAL, ApprovalDecision(approved=True, by="bär"))
         plan = await latest.result()
     assert plan.route == "cloud" and plan.approval and plan.approval.by == "bär"
-    assert stubs.calls[names.MINIMAX_CREATE] == 1
+    assert stubs.calls[MINIMAX_CREATE] == 1
 
 
 async def test_waiting_job_posts_one_approval_notice(run_jobs: RunJobs):
@@ -268,7 +272,7 @@ async def test_a_probe_that_fails_is_retried_and_never_leads_to_the_cloud(run_jo
     stubs.probe_failures = 2
     async with run_jobs(stubs, **ARMED) as jobs:
         plan: Plan = await (await jobs.start()).result()
-    assert plan.route == "local" and stubs.calls[names.MINIMAX_CREATE] == 0
+    assert plan.route == "local" and stubs.calls[MINIMAX_CREATE] == 0
     assert stubs.calls[names.PROBE] == 3
 
 
@@ -297,7 +301,7 @@ async def test_an_armed_job_cancelled_while_its_hosts_are_probed_ends_with_nothi
         plan = await jobs.cancel(handle)
         stubs.probe_gate.set()
     assert plan.state == "cancelled" and plan.route is None
-    assert stubs.calls[names.MINIMAX_CREATE] == 0 and stubs.creates == 0
+    assert stubs.calls[MINIMAX_CREATE] == 0 and stubs.creates == 0
 
 
 async def test_cancelling_a_local_render_removes_the_prompt_from_comfyui(run_dev_jobs: RunJobs):
@@ -362,7 +366,7 @@ async def test_a_create_whose_worker_vanished_fails_with_a_charge_may_exist(run_
         with pytest.raises(WorkflowFailureError) as failed:
             await handle.result()
     assert "a charge may exist" in str(failed.value.cause)
-    assert stubs.calls[names.MINIMAX_CREATE] == 1  # never retried
+    assert stubs.calls[MINIMAX_CREATE] == 1  # never retried
 
 
 async def test_a_kling_create_whose_worker_vanished_follows_the_task_kling_reports(
@@ -377,8 +381,8 @@ async def test_a_kling_create_whose_worker_vanished_follows_the_task_kling_repor
     assert (plan.state, plan.route) == ("completed", "cloud")
     assert plan.cloud is not None and plan.cloud.task_id == "task-kling-made"
     assert "reconciled_lost_create=task-kling-made" in plan.reasons
-    assert (stubs.calls[names.KLING_CREATE], stubs.calls[names.KLING_RECONCILE]) == (1, 1)
-    assert stubs.calls[names.KLING_DOWNLOAD] == 1
+    assert (stubs.calls[KLING_CREATE], stubs.calls[KLING_RECONCILE]) == (1, 1)
+    assert stubs.calls[KLING_DOWNLOAD] == 1
 
 
 async def test_a_kling_create_whose_worker_vanished_and_made_nothing_fails_saying_so(
@@ -393,8 +397,8 @@ async def test_a_kling_create_whose_worker_vanished_and_made_nothing_fails_sayin
     message = cause_message(failed)
     assert "Kling had no task with external_task_id" in message
     assert "maybe_charged" in message and "will not create again" in message
-    assert (stubs.calls[names.KLING_CREATE], stubs.calls[names.KLING_RECONCILE]) == (1, 1)
-    assert stubs.calls[names.KLING_POLL] == 0
+    assert (stubs.calls[KLING_CREATE], stubs.calls[KLING_RECONCILE]) == (1, 1)
+    assert stubs.calls[KLING_POLL] == 0
 
 
 async def test_a_kling_job_cancelled_while_its_lost_create_is_reconciled_ends_cancelled(
@@ -403,22 +407,22 @@ async def test_a_kling_job_cancelled_while_its_lost_create_is_reconciled_ends_ca
     # On the dev server: the time-skipping one cannot cancel a running activity.
     stubs = RouteStubs(BUSY)
     stubs.create_hang = True
-    stubs.held.add(names.KLING_RECONCILE)
+    stubs.held.add(KLING_RECONCILE)
     async with run_dev_jobs(stubs, **KLING_ARMED) as jobs:
         handle = await jobs.start()
-        await until(lambda: names.KLING_RECONCILE in stubs.holding, what="the reconcile running")
+        await until(lambda: KLING_RECONCILE in stubs.holding, what="the reconcile running")
         plan = await jobs.cancel(handle)
         stubs.release.set()
 
     assert plan.state == "cancelled"
     assert plan.error is not None and "a charge may exist" in plan.error
-    assert (stubs.calls[names.KLING_CREATE], stubs.calls[names.KLING_POLL]) == (1, 0)
+    assert (stubs.calls[KLING_CREATE], stubs.calls[KLING_POLL]) == (1, 0)
 
 
 async def test_a_permanent_minimax_error_fails_once_with_its_message(run_jobs: RunJobs):
     stubs = RouteStubs(BUSY)
     message = "MiniMax balance is empty (code 1008): top up, then resubmit the job"
-    stubs.fail[names.MINIMAX_CREATE] = ApplicationError(
+    stubs.fail[MINIMAX_CREATE] = ApplicationError(
         message, type="MiniMaxPermanent", non_retryable=True
     )
     async with run_jobs(stubs, **ARMED) as jobs:
@@ -427,4 +431,4 @@ async def test_a_permanent_minimax_error_fails_once_with_its_message(run_jobs: R
     # MiniMax is the only provider with a key here: no other to hand the job to.
     assert cause_message(failed).startswith("every cloud provider refused")
     assert f"MiniMax: {message}" in cause_message(failed)
-    assert stubs.calls[names.MINIMAX_CREATE] == 1
+    assert stubs.calls[MINIMAX_CREATE] == 1

@@ -9,15 +9,17 @@ from __future__ import annotations
 import asyncio
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError, FailureError
+from temporalio.exceptions import ActivityError
 
-from workflows import calls
+from workflows import activity_calls as calls
+from workflows.measure import agent_silence
 
 with workflow.unsafe.imports_passed_through():
-    from spillway.host_models import HostRef, HostView, WorkersView
+    from spillway import names
+    from spillway.models import HostRef, HostView, WorkersView
 
 
-@workflow.defn(name="SpillwayHealthWorkflow")
+@workflow.defn(name=names.HEALTH)
 class HealthWorkflow:
     @workflow.run
     async def run(self) -> WorkersView:
@@ -31,7 +33,5 @@ async def _look(host: HostRef) -> HostView:
     try:
         view.load = await calls.probe("health", host)
     except ActivityError as err:
-        cause = err.cause
-        why = cause.message if isinstance(cause, FailureError) else str(cause or err)
-        view.error = f"no agent answered on {host.task_queue} ({why})"
+        view.error = f"no agent answered on {host.task_queue} ({agent_silence(err)})"
     return view

@@ -16,28 +16,22 @@ from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from spillway.spend_book import SpendBook, SpendRefused
-    from spillway.spend_models import (
+    from spillway import names
+    from spillway.spend_book import (
+        REFUSED,
         BeginCreate,
         Budgets,
         LedgerInput,
         LedgerSummary,
         ReserveRequest,
         SettleRequest,
+        SpendBook,
         SpendEntry,
+        SpendRefused,
     )
 
-LEDGER_ID = "spillway-spend-ledger"
-REFUSED = "SpendRefused"  # ApplicationError type of every refusal; details: kind, entry, ...
 
-
-def ledger_id(task_queue: str) -> str:
-    """One ledger per namespace and task queue: a simulated deployment (its own queue) never
-    shares money with the real one."""
-    return LEDGER_ID if task_queue == "spillway" else f"{LEDGER_ID}-{task_queue}"
-
-
-@workflow.defn(name="SpendLedgerWorkflow")
+@workflow.defn(name=names.SPEND_LEDGER)
 class SpendLedgerWorkflow:
     @workflow.init
     def __init__(self, inp: LedgerInput) -> None:
@@ -61,15 +55,15 @@ class SpendLedgerWorkflow:
             )
         )
 
-    @workflow.query(name="summary")
+    @workflow.query(name=names.LEDGER_SUMMARY)
     def summary(self) -> LedgerSummary:
         return self._book.summary(workflow.now())
 
-    @workflow.query(name="budgets")
+    @workflow.query(name=names.LEDGER_BUDGETS)
     def budgets(self) -> Budgets:
         return self._book.budgets
 
-    @workflow.update(name="reserve")
+    @workflow.update(name=names.LEDGER_RESERVE)
     def reserve(self, req: ReserveRequest) -> SpendEntry:
         return self._apply(lambda: self._book.reserve(req, workflow.now()))
 
@@ -77,7 +71,7 @@ class SpendLedgerWorkflow:
     def _check_reserve(self, req: ReserveRequest) -> None:
         _refuse_on(lambda: self._book.check_reserve(req, workflow.now()))
 
-    @workflow.update(name="begin")
+    @workflow.update(name=names.LEDGER_BEGIN)
     def begin(self, req: BeginCreate) -> SpendEntry:
         return self._apply(lambda: self._book.begin(req, workflow.now()))
 
@@ -85,7 +79,7 @@ class SpendLedgerWorkflow:
     def _check_begin(self, req: BeginCreate) -> None:
         _refuse_on(lambda: self._book.check_begin(req, workflow.now()))
 
-    @workflow.update(name="settle")
+    @workflow.update(name=names.LEDGER_SETTLE)
     def settle(self, req: SettleRequest) -> SpendEntry:
         return self._apply(lambda: self._book.settle(req, workflow.now()))
 
@@ -93,7 +87,7 @@ class SpendLedgerWorkflow:
     def _check_settle(self, req: SettleRequest) -> None:
         _refuse_on(lambda: self._book.check_settle(req, workflow.now()))
 
-    @workflow.update(name="configure")
+    @workflow.update(name=names.LEDGER_CONFIGURE)
     def configure(self, budgets: Budgets) -> Budgets:
         """Workers announce the budgets in force when they start (`spillway budget` shows them
         before any job has reserved)."""

@@ -4,32 +4,28 @@ failure messages. Pure string building (deterministic), kept apart so the workfl
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from types import MappingProxyType
 
-from spillway.cloud_models import Reconciled
-from spillway.host_models import Policy
-from spillway.models import ApprovalNotice, CloudAttempt, Plan
-from spillway.spend_book import describe
-from spillway.spend_models import BudgetShortfall, BudgetView, SpendEntry
-
-# Read-only: the worker loads workflow modules once for all runs (worker.WORKFLOW_RUNNER).
-PROVIDER_NAMES = MappingProxyType({"minimax": "MiniMax", "kling": "Kling"})
-CONSOLES = MappingProxyType(
-    {
-        "minimax": (
-            "MiniMax's console (platform.minimax.io: usage / billing, video generation tasks)"
-        ),
-        "kling": "Kling's console (task list and resource pack usage)",
-    }
-)
+from activities.cloud.models import Reconciled
+from activities.cloud.registry import console, key_names, label
+from spillway.models import ApprovalNotice, CloudAttempt, Plan, Policy
+from spillway.spend_book import BudgetShortfall, BudgetView, SpendEntry, describe
 
 
 def check(provider: str) -> str:
-    console = CONSOLES.get(provider, f"{provider}'s console")
     return (
-        f"check {console} for a task created at that time before resubmitting; spillway will "
-        "not create again for this job"
+        f"check {console(provider)} for a task created at that time before resubmitting; "
+        "spillway will not create again for this job"
     )
+
+
+def _where(plan: Plan) -> str:
+    """The GPU host (or hosts) the latest reading is of, as people name them."""
+    signal = plan.overflow.last_signal
+    if signal is not None and signal.hosts:
+        return f"every GPU host ({', '.join(signal.hosts)})"
+    if signal is not None and signal.host:
+        return f"GPU host {signal.host}"
+    return "the GPU"
 
 
 def _signal_text(plan: Plan) -> str:
@@ -60,33 +56,32 @@ def current_details(plan: Plan) -> str:
         elif "fallback_disarmed" in plan.reasons:
             what += " and the cloud fallback was disarmed"
         return (
-            f"**Waiting for approval to render in the cloud** — the A40 is {what}: "
+            f"**Waiting for approval to render in the cloud** — {_where(plan)} is {what}: "
             f"{_signal_text(plan)}.\n\n"
             f"- approve: `{approve}`\n- reject (run locally): `{reject}`\n"
             '- or Send a Signal `approval` with `{"approved": true, "by": "NAME", "reason": "..."}`'
             f"{_money_text(plan, markdown=True)}"
             "\n\nWithout an answer the job runs locally when the approval window ends; "
-            "if the A40 has headroom earlier, it runs locally at once."
+            "if a GPU host has headroom earlier, it runs locally at once."
         )
     if state == "probing":
         if plan.overflow.trigger == "unreachable":
             return (
                 f"**Waiting for ComfyUI to answer** — {_signal_text(plan)}; then it runs locally."
             )
-        return "**Measuring the A40's load** before deciding where to render."
+        return "**Measuring the GPU hosts' load** before deciding where to render."
     if state == "running_local":
-        where = f"on host `{plan.host}`" if plan.host else "on the A40"
-        return f"**Rendering locally** {where} (ComfyUI prompt `{plan.prompt_id}`)."
+        return (
+            f"**Rendering locally** on GPU host `{plan.host}` (ComfyUI prompt `{plan.prompt_id}`)."
+        )
     if state == "running_cloud":
         cloud = plan.cloud
         who = cloud.authorised_by if cloud else "?"
-        name = PROVIDER_NAMES.get(cloud.provider, cloud.provider) if cloud else "?"
+        name = label(cloud.provider) if cloud else "?"
         task = f", task `{cloud.task_id}`" if cloud and cloud.task_id else ""
         tried = ""
         if cloud and cloud.attempts:
-            tried = " after " + ", ".join(
-                f"{PROVIDER_NAMES.get(a.provider, a.provider)} refused" for a in cloud.attempts
-            )
+            tried = " after " + ", ".join(f"{label(a.provider)} refused" for a in cloud.attempts)
         return f"**Rendering in the cloud** ({name}{task}){tried}, authorised by {who}."
     if state == "completed":
         where = f" (host `{plan.host}`)" if plan.host else ""
@@ -104,11 +99,11 @@ def approval_notice(
     approve, reject = commands(plan.job_id)
     link = f"{policy.ui_url}/namespaces/{namespace}/workflows/{plan.job_id}"
     trigger = plan.overflow.trigger or "overloaded"
-    providers = ", then ".join(PROVIDER_NAMES.get(p, p) for p in policy.providers) or "MiniMax"
+    providers = ", then ".join(label(p) for p in policy.providers) or "no provider has keys"
     return ApprovalNotice(
         text=(
             f"spillway job {plan.job_id} waits for approval to render in the cloud "
-            f"({providers}): the A40 is "
+            f"({providers}): {_where(plan)} is "
             f"{trigger} ({_signal_text(plan)}). Approve: {approve} — reject: {reject} — "
             f"or decide in the Temporal UI: {link}.{_money_text(plan, markdown=False)} Without "
             f"an answer by {decide_by:%Y-%m-%d %H:%M} UTC it runs locally."
@@ -132,8 +127,7 @@ def ended_unused(job_id: str, state: str) -> str:
 def approved_without_key(by: str) -> str:
     return (
         f"approved by {by}, but no cloud provider key is configured on the worker: nothing was "
-        "sent. Set MINIMAX_API_KEY (or KLING_ACCESS_KEY and KLING_SECRET_KEY) in the worker's "
-        "environment and resubmit the job."
+        f"sent. Set {key_names()} in the worker's environment and resubmit the job."
     )
 
 
@@ -153,21 +147,23 @@ def lost_too_often(attempts: int) -> str:
 
 
 def ambiguous_create(plan: Plan, at: datetime) -> str:
-    provider = plan.cloud.provider if plan.cloud else "minimax"
+    provider = plan.cloud.provider if plan.cloud else "?"
     return (
-        f"the {PROVIDER_NAMES.get(provider, provider)} create call for job {plan.job_id} did not "
+        f"the {label(provider)} create call for job {plan.job_id} did not "
         f"complete (the worker was lost during the call, started {at:%Y-%m-%d %H:%M:%S} UTC): a "
         f"charge may exist. {check(provider)}."
     )
 
 
-def lost_create_unanswered(ambiguous: str, why: BaseException | None) -> str:
-    return f"{ambiguous} Asking Kling by the create's external_task_id failed too: {why}."
+def lost_create_unanswered(provider: str, ambiguous: str, why: BaseException | None) -> str:
+    name = label(provider)
+    return f"{ambiguous} Asking {name} by the create's external_task_id failed too: {why}."
 
 
-def lost_create_made_nothing(ambiguous: str, found: Reconciled) -> str:
+def lost_create_made_nothing(provider: str, ambiguous: str, found: Reconciled) -> str:
     return (
-        f"{ambiguous} Once none of its requests could still arrive, Kling had no task with "
+        f"{ambiguous} Once none of its requests could still arrive, {label(provider)} had no "
+        "task with "
         f"external_task_id {found.external_task_id}: most likely nothing was made, but the spend "
         "ledger keeps the charge as possible (maybe_charged)."
     )
@@ -183,12 +179,12 @@ def _money_text(plan: Plan, *, markdown: bool) -> str:
     if view is None:
         return ""
     parts = [f"cloud estimate {_usd(view.estimate_usd)}"]
-    for label, left in (
+    for period, left in (
         ("today", view.day_remaining_usd),
         ("this month", view.month_remaining_usd),
     ):
         if left is not None:
-            parts.append(f"{_usd(left)} left {label}")
+            parts.append(f"{_usd(left)} left {period}")
     text = "; ".join(parts)
     if view.exhausted is not None:
         text += (
@@ -218,11 +214,13 @@ def over_budget(shortfall: BudgetShortfall, job_id: str) -> str:
 
 
 def headroom_won() -> str:
-    return "not used: the A40 had headroom again before the approval was used; the job runs locally"
+    return (
+        "not used: a GPU host had headroom again before the approval was used; the job runs locally"
+    )
 
 
 def cancelled_after_create(provider: str, task_id: str) -> str:
-    name = PROVIDER_NAMES.get(provider, provider)
+    name = label(provider)
     return (
         f"cancelled while the {name} create was in flight: it had already ordered task {task_id}, "
         f"which {name} will charge. spillway recorded it in the spend ledger and did not download "
@@ -231,7 +229,7 @@ def cancelled_after_create(provider: str, task_id: str) -> str:
 
 
 def every_provider_refused(attempts: list[CloudAttempt]) -> str:
-    said = "; ".join(f"{PROVIDER_NAMES.get(a.provider, a.provider)}: {a.why}" for a in attempts)
+    said = "; ".join(f"{label(a.provider)}: {a.why}" for a in attempts)
     return f"every cloud provider refused the job before making anything (nothing charged): {said}"
 
 

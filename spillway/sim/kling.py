@@ -38,8 +38,8 @@ from typing import Any, Literal, Unpack
 
 from aiohttp import web
 
-from spillway.kling_answers import CODES, TASK_NOT_FOUND, TaskStatus
-from spillway.kling_requests import (
+from activities.kling.answers import CODES, TASK_NOT_FOUND, TaskStatus
+from activities.kling.requests import (
     DURATIONS,
     JWT_EXPIRED,
     JWT_NOT_YET_VALID,

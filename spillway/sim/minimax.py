@@ -32,7 +32,7 @@ from typing import Any, Literal, Unpack
 
 from aiohttp import web
 
-from spillway.minimax_answers import STATUS_MSGS
+from activities.minimax.answers import STATUS_MSGS
 from spillway.sim.cloud import CloudSim, Listening
 from spillway.sim.minimax_tasks import (
     DEFAULT_STATUSES,

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from spillway.minimax_answers import STATUS_MSGS
+from activities.minimax.answers import STATUS_MSGS
 from spillway.models import MINIMAX_MODELS
 
 DEFAULT_STATUSES: tuple[str, ...] = ("Preparing", "Queueing", "Processing", "Success")

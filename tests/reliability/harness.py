@@ -20,9 +20,8 @@ from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-from spillway import activity_names as names
-from spillway.host_models import LoadStatus
-from spillway.models import Plan
+from spillway import names
+from spillway.models import LoadStatus, Plan
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
 from spillway.temporal import installed_binary, register_search_attributes

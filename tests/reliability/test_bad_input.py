@@ -13,7 +13,8 @@ import pytest
 from temporalio.client import Client
 from temporalio.service import RPCError
 
-from spillway import activity_names as names
+from activities.minimax.activities import POLL as MINIMAX_POLL
+from spillway import names
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.guard import GuardSim
 from spillway.sim.minimax import CREATE_PATH, QUERY_PATH, MiniMaxSim
@@ -178,7 +179,7 @@ async def test_minimax_answering_html_with_200_while_polling_is_retried_and_neve
     minimax.faults[QUERY_PATH] = "html"
     job_id = await jobs.submit("html while polling")
 
-    failure = await pending_failure(jobs.client, job_id, names.MINIMAX_POLL, attempts=2)
+    failure = await pending_failure(jobs.client, job_id, MINIMAX_POLL, attempts=2)
     assert failure == f"MiniMax query answer is not MiniMax's ({HTML!r})"
     assert (await jobs.status(job_id)).state == "running_cloud"
     del minimax.faults[QUERY_PATH]

@@ -22,6 +22,7 @@ from temporalio.client import Client, WorkflowFailureError, WorkflowUpdateFailed
 from temporalio.service import RPCError
 
 from spillway.models import ApprovalDecision, Plan
+from spillway.names import APPROVAL_SIGNAL, DECIDE_UPDATE
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
 from tests.reliability.harness import Sightings, cli
@@ -29,7 +30,6 @@ from tests.support.comfyui import posts_for
 from tests.support.constants import BUSY_VRAM_PCT, FREE_VRAM_PCT
 from tests.support.graphs import VIDEO_GRAPH, graph_without
 from tests.support.jobs import Jobs
-from workflows.video_job import APPROVAL_SIGNAL, DECIDE_UPDATE
 
 JOBS = 300
 APPROVE = ApprovalDecision(approved=True, by="owner", reason="load test")

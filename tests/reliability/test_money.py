@@ -21,16 +21,17 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.api.workflowservice.v1 import ResetWorkflowExecutionRequest
 from temporalio.client import Client
 
-from activities.ledger_client import SpendLedger
+from activities.spend.ledger import SpendLedger
 from spillway import search_attributes as sa
 from spillway.models import ApprovalDecision
+from spillway.names import APPROVAL_SIGNAL
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import SIM_API_KEY, MiniMaxSim
-from spillway.spend_models import LedgerSummary
+from spillway.spend_book import LedgerSummary
 from tests.reliability.harness import probes
 from tests.support.constants import BUSY_VRAM_PCT, CLIP_USD
 from tests.support.waiting import until
-from workflows.video_job import APPROVAL_SIGNAL, VideoJobWorkflow
+from workflows.video_job import VideoJobWorkflow
 
 
 async def ledger(client: Client, task_queue: str) -> LedgerSummary:

@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from spillway import jobs as job_ops
+from spillway.client import jobs as job_ops
 from spillway.models import ApprovalDecision, JobState, Plan
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import QUERY_PATH, MiniMaxSim

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from activities.nvml import GpuReadError, GpuReading
+from activities.probe.nvml import GpuReadError, GpuReading
 from spillway.sim.guard import GuardSim
 
 

@@ -1,5 +1,5 @@
 """Tiny workflows around the completion callback: JobThatCallsBack hands a given delivery to the
-real child (workflows/callbacks.py: CallbackWorkflow) as VideoJobWorkflow does at its end;
+real child (workflows/callback.py: CallbackWorkflow) as VideoJobWorkflow does at its end;
 FireAndForget is the tempting shortcut that loses the event."""
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ from temporalio import workflow
 from temporalio.exceptions import WorkflowAlreadyStartedError
 
 with workflow.unsafe.imports_passed_through():
-    from spillway import activity_names as names
-    from spillway.callback_models import (
+    from activities.callbacks import (
         CALLBACK_RETRY,
         CALLBACK_TIMEOUT,
         CallbackDelivery,
         CallbackResult,
     )
-    from workflows.callbacks import CallbackWorkflow
+    from spillway import names
+    from workflows.callback import CallbackWorkflow
 
 
 @workflow.defn

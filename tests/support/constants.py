@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from spillway.dev import FREE_VRAM_PCT  # the seed's free A40: 42.4 % of its VRAM used
+from spillway.cli.dev import FREE_VRAM_PCT
 
 # An A40 well past the 85 % VRAM threshold: what a test sets to make the GPU busy.
 BUSY_VRAM_PCT = 97.0

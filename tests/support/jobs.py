@@ -32,15 +32,15 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities.callbacks import CallbackActivities
-from activities.ledger_client import SpendLedger
 from activities.policy import PolicyActivities
-from activities.spend import CreateGuard, SpendActivities
-from spillway import activity_names as names
-from spillway import jobs as job_ops
-from spillway.cloud_models import SpendRequest
+from activities.spend.activities import SpendActivities, SpendRequest
+from activities.spend.guard import CreateGuard
+from activities.spend.ledger import SpendLedger
+from spillway import names
+from spillway.client import jobs as job_ops
 from spillway.hosts import WAITS_SUFFIX, gpu_hosts, ref
 from spillway.models import FINAL_STATES, CloudRequest, JobState, Plan, VideoJob
-from spillway.spend_models import BudgetView, SpendEntry
+from spillway.spend_book import BudgetView, SpendEntry
 from spillway.tiers import load_tiers
 from tests.support.graphs import VIDEO_GRAPH
 from tests.support.route_stubs import RouteStubs

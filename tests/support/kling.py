@@ -19,8 +19,8 @@ from typing import Any
 import httpx
 import pytest
 
-from activities.kling import KlingActivities
-from activities.kling_client import KlingTiming
+from activities.kling.activities import KlingActivities
+from activities.kling.client import KlingTiming
 from spillway.sim.kling import KlingSim
 from tests.support.minimax import FAST_WAITS, BookLedger, cloud_activities
 from tests.support.settings import SettingsFactory, settings_on

@@ -18,17 +18,17 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 
-from activities.minimax import MiniMaxActivities
-from activities.minimax_client import MiniMaxTiming
+from activities.minimax.activities import MiniMaxActivities
+from activities.minimax.client import MiniMaxTiming
 from spillway.settings import Settings
 from spillway.sim.minimax import MiniMaxSim
-from spillway.spend_book import SpendBook
-from spillway.spend_models import (
+from spillway.spend_book import (
     BeginCreate,
     Budgets,
     LedgerSummary,
     ReserveRequest,
     SettleRequest,
+    SpendBook,
     SpendEntry,
 )
 from tests.support.constants import CANARY_KEY, CLIP_USD

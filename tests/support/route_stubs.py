@@ -14,12 +14,19 @@ from typing import Any
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.spend import CreateGuard
-from spillway import activity_names as names
-from spillway import cloud_models as cloud
-from spillway import comfyui_models as comfyui
-from spillway.host_models import LoadProbeRequest, LoadStatus, Thresholds
-from spillway.models import ApprovalNotice, Downloaded, OutputFile
+from activities.cloud import models as cloud
+from activities.comfyui import models as comfyui
+from activities.kling.activities import CREATE as KLING_CREATE
+from activities.kling.activities import DOWNLOAD as KLING_DOWNLOAD
+from activities.kling.activities import POLL as KLING_POLL
+from activities.kling.activities import RECONCILE as KLING_RECONCILE
+from activities.minimax.activities import CREATE as MINIMAX_CREATE
+from activities.minimax.activities import DOWNLOAD as MINIMAX_DOWNLOAD
+from activities.minimax.activities import POLL as MINIMAX_POLL
+from activities.probe.activities import LoadProbeRequest
+from activities.spend.guard import CreateGuard
+from spillway import names
+from spillway.models import ApprovalNotice, Downloaded, LoadStatus, OutputFile, Thresholds
 from tests.support.constants import BUSY_VRAM_PCT, FREE_VRAM_PCT
 
 SEED = Thresholds(vram_busy_pct=85, util_busy_pct=95)
@@ -154,13 +161,13 @@ class RouteStubs:
         self._count(names.COMFYUI_CANCEL)
         return comfyui.ComfyUICancelled(prompt_id=req.prompt_id, was="running")
 
-    @activity.defn(name=names.MINIMAX_CREATE)
+    @activity.defn(name=MINIMAX_CREATE)
     async def create(self, req: cloud.CloudCreate) -> cloud.CloudCreated:
-        return await self._create(names.MINIMAX_CREATE, req)
+        return await self._create(MINIMAX_CREATE, req)
 
-    @activity.defn(name=names.KLING_CREATE)
+    @activity.defn(name=KLING_CREATE)
     async def kling_create(self, req: cloud.CloudCreate) -> cloud.CloudCreated:
-        return await self._create(names.KLING_CREATE, req)
+        return await self._create(KLING_CREATE, req)
 
     async def _create(self, name: str, req: cloud.CloudCreate) -> cloud.CloudCreated:
         """Inside the real CreateGuard (armed now? the ledger's begin and settle): only the
@@ -178,29 +185,29 @@ class RouteStubs:
         assert done.verdict.task_id is not None
         return cloud.CloudCreated(task_id=done.verdict.task_id, settled=done.settled)
 
-    @activity.defn(name=names.KLING_RECONCILE)
+    @activity.defn(name=KLING_RECONCILE)
     async def kling_reconcile(self, req: cloud.LostCreate) -> cloud.Reconciled:
-        self._count(names.KLING_RECONCILE)
-        await self.hold(names.KLING_RECONCILE)
+        self._count(KLING_RECONCILE)
+        await self.hold(KLING_RECONCILE)
         return cloud.Reconciled(external_task_id=f"spillway-{req.job_id}", task_id=self.reconciled)
 
-    @activity.defn(name=names.MINIMAX_POLL)
+    @activity.defn(name=MINIMAX_POLL)
     async def poll(self, req: cloud.CloudPoll) -> cloud.CloudDone:
-        self._count(names.MINIMAX_POLL)
+        self._count(MINIMAX_POLL)
         return cloud.CloudDone(task_id=req.task_id, file_id="205258526306433", video_width=1366)
 
-    @activity.defn(name=names.KLING_POLL)
+    @activity.defn(name=KLING_POLL)
     async def kling_poll(self, req: cloud.CloudPoll) -> cloud.CloudDone:
-        self._count(names.KLING_POLL)
+        self._count(KLING_POLL)
         return cloud.CloudDone(task_id=req.task_id, video_url="https://cdn.example/v.mp4")
 
-    @activity.defn(name=names.MINIMAX_DOWNLOAD)
+    @activity.defn(name=MINIMAX_DOWNLOAD)
     async def cloud_download(self, req: cloud.CloudDownload) -> Downloaded:
-        return self._downloaded(names.MINIMAX_DOWNLOAD, req)
+        return self._downloaded(MINIMAX_DOWNLOAD, req)
 
-    @activity.defn(name=names.KLING_DOWNLOAD)
+    @activity.defn(name=KLING_DOWNLOAD)
     async def kling_download(self, req: cloud.CloudDownload) -> Downloaded:
-        return self._downloaded(names.KLING_DOWNLOAD, req)
+        return self._downloaded(KLING_DOWNLOAD, req)
 
     def _downloaded(self, name: str, req: cloud.CloudDownload) -> Downloaded:
         self._count(name)

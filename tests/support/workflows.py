@@ -1,6 +1,6 @@
 """Tiny workflows that run one route's activities through Temporal (the pydantic converter,
 retry policies, heartbeat timeouts, the history) without the routing around them. They call the
-typed functions of workflows/calls.py, as VideoJobWorkflow does, so what they prove is what
+typed functions of workflows/activity_calls.py, as VideoJobWorkflow does, so what they prove is what
 runs; where one uses other options on purpose, it says why."""
 
 from __future__ import annotations
@@ -10,26 +10,27 @@ from datetime import timedelta
 from pydantic import BaseModel
 from temporalio import workflow
 
-from workflows import calls
+from workflows import activity_calls as calls
 
 with workflow.unsafe.imports_passed_through():
-    from activities.minimax import MiniMaxActivities
-    from spillway.cloud_models import (
-        CloudCreate,
-        CloudCreated,
-        CloudDownload,
-        CloudPoll,
-    )
-    from spillway.comfyui_models import (
+    from activities.cloud.models import CloudCreate, CloudCreated, CloudDownload, CloudPoll
+    from activities.comfyui.models import (
         ComfyUIDownload,
         ComfyUISubmit,
         ComfyUISubmitted,
         ComfyUIWait,
     )
-    from spillway.host_models import LoadProbeRequest, LoadStatus
-    from spillway.models import Downloaded
+    from activities.minimax.activities import PROVIDER as MINIMAX
+    from activities.probe.activities import LoadProbeRequest
+    from spillway.models import Downloaded, HostRef, LoadStatus
 
 HEARTBEAT = timedelta(seconds=30)  # SPILLWAY_HEARTBEAT_TIMEOUT_S's largest value
+
+
+def here() -> HostRef:
+    """A GPU host whose agent serves the test workflow's own task queue."""
+    queue = workflow.info().task_queue
+    return HostRef(name="here", task_queue=queue, waits_queue=queue)
 
 
 @workflow.defn
@@ -38,9 +39,7 @@ class ProbeOnce:
 
     @workflow.run
     async def run(self, req: LoadProbeRequest) -> LoadStatus:
-        return await calls.probe(
-            req.job_id or "-", None
-        )  # "-": unlabelled, as the activity logs it
+        return await calls.probe(req.job_id or "-", here())  # "-": unlabelled, as logged
 
 
 # --- LOCAL ---------------------------------------------------------------------------------
@@ -50,7 +49,7 @@ class ProbeOnce:
 class SubmitOnce:
     @workflow.run
     async def run(self, req: ComfyUISubmit) -> ComfyUISubmitted:
-        return await calls.comfyui_submit(req, HEARTBEAT, None)
+        return await calls.comfyui_submit(req, HEARTBEAT, here())
 
 
 @workflow.defn
@@ -59,11 +58,11 @@ class RenderLocally:
 
     @workflow.run
     async def run(self, req: ComfyUISubmit) -> Downloaded:
-        await calls.comfyui_submit(req, HEARTBEAT, None)
-        wait = ComfyUIWait(job_id=req.job_id, prompt_id=req.prompt_id, client_id=req.client_id)
-        finished = await calls.comfyui_wait(wait, HEARTBEAT, None)
+        await calls.comfyui_submit(req, HEARTBEAT, here())
+        wait = ComfyUIWait(job_id=req.job_id, prompt_id=req.prompt_id)
+        finished = await calls.comfyui_wait(wait, HEARTBEAT, here())
         download = ComfyUIDownload(job_id=req.job_id, files=finished.files)
-        return await calls.comfyui_download(download, HEARTBEAT, None)
+        return await calls.comfyui_download(download, HEARTBEAT, here())
 
 
 # --- CLOUD ---------------------------------------------------------------------------------
@@ -82,9 +81,9 @@ class CreateOnce:
     @workflow.run
     async def run(self, inp: CreateOnceInput) -> CloudCreated:
         if not inp.default_retry_policy:
-            return await calls.cloud_create(inp.create, HEARTBEAT)
+            return await calls.cloud_create(MINIMAX, inp.create, HEARTBEAT)
         return await workflow.execute_activity_method(
-            MiniMaxActivities.create,
+            MINIMAX.activities.create,
             inp.create,
             start_to_close_timeout=calls.CREATE_TIMEOUT,
             heartbeat_timeout=HEARTBEAT,
@@ -93,19 +92,18 @@ class CreateOnce:
 
 @workflow.defn
 class CloudOnce:
-    """Create, poll, download: the CLOUD route without the routing (and the ledger's
-    reservation) around it."""
+    """Create, poll, download on MiniMax: the CLOUD route without the routing (and the
+    ledger's reservation) around it."""
 
     @workflow.run
     async def run(self, req: CloudCreate) -> Downloaded:
-        created = await calls.cloud_create(req, HEARTBEAT)
-        poll = CloudPoll(job_id=req.job_id, task_id=created.task_id, provider=req.provider)
-        done = await calls.cloud_poll(poll, HEARTBEAT)
+        created = await calls.cloud_create(MINIMAX, req, HEARTBEAT)
+        poll = CloudPoll(job_id=req.job_id, task_id=created.task_id)
+        done = await calls.cloud_poll(MINIMAX, poll, HEARTBEAT)
         download = CloudDownload(
             job_id=req.job_id,
             task_id=done.task_id,
             file_id=done.file_id,
             video_url=done.video_url,
-            provider=req.provider,
         )
-        return await calls.cloud_download(download, HEARTBEAT)
+        return await calls.cloud_download(MINIMAX, download, HEARTBEAT)

@@ -1,0 +1,285 @@
+"""The LOCAL route's activities: submit a graph to ComfyUI once, follow it to its end, bring its
+files home, put input images in, and take a prompt back out of ComfyUI when its job is cancelled
+(docs/design.md, "ComfyUI facts").
+
+ComfyUI keeps its queue and history in memory and never deduplicates a prompt_id, so every
+decision here is read off `/queue` (first) and `/history/{id}` (second): a prompt finishing
+between the two reads is then seen in history, never as missing.
+
+Waits share one watcher per agent and ComfyUI (watch.py: one WebSocket, one poll loop), so a
+thousand waiting jobs cost one socket (docs/design.md, "GPU hosts and agents"). The worker stops
+it with `await ComfyUIActivities.aclose()` once its Temporal workers are done. Outputs go to the
+output store the worker passes as `store=` (without one, the activities open their own at first
+use and `aclose()` closes it too).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import httpx
+from pydantic import ValidationError
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.comfyui.answers import Queued, Seen, rejection_message
+from activities.comfyui.client import (
+    REQUEST_TIMEOUT,
+    ComfyUIClient,
+    Rejected,
+    Unanswered,
+    Unavailable,
+)
+from activities.comfyui.errors import activity_errors, finished
+from activities.comfyui.files import ComfyUIFiles
+from activities.comfyui.models import (
+    GRAPH_REJECTED,
+    UNSUPPORTED,
+    ComfyUICancel,
+    ComfyUICancelled,
+    ComfyUIDownload,
+    ComfyUIFinished,
+    ComfyUISubmit,
+    ComfyUISubmitted,
+    ComfyUIUpload,
+    ComfyUIUploaded,
+    ComfyUIWait,
+)
+from activities.comfyui.watch import ComfyUIWatcher, Ended
+from activities.heartbeat import Heartbeat, unless_shutting_down
+from activities.storage.opening import OwnsOutputStore
+from activities.storage.store import OutputStore
+from spillway import names
+from spillway.models import Downloaded, Progress
+from spillway.settings import Settings
+
+# How long after a POST /prompt that got no answer it may still land in ComfyUI's queue: twice
+# the request timeout (30 s). The client gave up after one timeout; ComfyUI validates a graph
+# before queueing it, which a loaded machine (or a proxy holding the request) can drag out, so
+# another full timeout is the margin. A retry that finds nothing waits this out before posting.
+POST_GRACE_S = 60.0
+_RUNNING = Progress(phase="running")
+
+
+class SubmitProgress(Progress):
+    """A submit's heartbeat details. `posted_at`: when an attempt sent a POST /prompt that got
+    no answer, so the next attempt, on whichever agent, knows it may still land."""
+
+    posted_at: datetime | None = None
+
+
+class ComfyUIActivities(OwnsOutputStore):
+    def __init__(
+        self,
+        http: httpx.AsyncClient,
+        settings: Settings,
+        *,
+        heartbeat_every_s: float | None = None,
+        request_timeout: httpx.Timeout | None = None,
+        post_grace_s: float = POST_GRACE_S,
+        store: OutputStore | None = None,
+    ) -> None:
+        self._settings = settings
+        url = str(settings.COMFYUI_URL)
+        self._client = ComfyUIClient(http, url, request_timeout=request_timeout or REQUEST_TIMEOUT)
+        self._watcher = ComfyUIWatcher(self._client, settings.COMFYUI_HISTORY_POLL_S)
+        # Six beats per heartbeat timeout, so a slow ComfyUI never looks like a dead worker; waits
+        # three (the SDK sends one per 0.8 timeout anyway; 1,000 waits at six: 200 calls/s).
+        self._heartbeat_every_s = heartbeat_every_s or settings.SPILLWAY_HEARTBEAT_TIMEOUT_S / 6
+        self._wait_beat_s = heartbeat_every_s or settings.SPILLWAY_HEARTBEAT_TIMEOUT_S / 3
+        self._post_grace_s = post_grace_s
+        self._files = ComfyUIFiles(
+            self._client, self._use_store(settings, store), http, self._heartbeat_every_s
+        )
+
+    @property
+    def client_id(self) -> str:
+        """The agent's ComfyUI client id: prompts are posted, and followed, under it."""
+        return self._watcher.client_id
+
+    async def aclose(self) -> None:
+        """Stops the watcher (its socket and poll loop); waits still following end retryably.
+        Closes the output store too if these activities opened their own."""
+        await self._watcher.aclose()
+        await super().aclose()
+
+    # --- submit ------------------------------------------------------------------------------
+
+    @activity.defn(name=names.COMFYUI_SUBMIT)
+    async def submit(self, req: ComfyUISubmit) -> ComfyUISubmitted:
+        """Posts under the agent's client id: ComfyUI sends a prompt's messages only to the
+        client that submitted it, and the agent's one socket listens under its own id."""
+        self._watcher.start()  # the socket is open before the prompt can start
+        earlier = self._earlier_post(req.prompt_id)
+        async with Heartbeat(self._heartbeat_every_s) as heartbeat:
+            # Not beaten on entry: the "posting" beat below must be this attempt's first.
+            heartbeat.update(SubmitProgress(phase="looking", posted_at=earlier))
+            with activity_errors():
+                # Absent while an earlier POST may still land: give it its grace first.
+                until = None if earlier is None else earlier.timestamp() + self._post_grace_s
+                waiting = SubmitProgress(phase="waiting for an earlier POST", posted_at=earlier)
+                if self._first_post(earlier):
+                    seen = Seen("absent")  # saves a GET /queue (MBs behind a backlog) per job
+                else:
+                    seen = await self._located(req.prompt_id, until, heartbeat, waiting)
+                if seen.where != "absent":
+                    # An earlier try posted it (its answer was lost): posting again runs it twice.
+                    activity.logger.info("prompt %s already %s", req.prompt_id, seen.where)
+                    return ComfyUISubmitted(prompt_id=req.prompt_id, posted=False)
+                answer = await self._post(req, heartbeat)
+                if answer.get("node_errors"):
+                    # Accepted, but the outputs with errors would silently not run: take it out.
+                    await self._client.withdraw(req.prompt_id)
+                    message = rejection_message(answer, req.graph)
+                    message += " (the rest was removed from ComfyUI's queue)"
+                    raise ApplicationError(message, answer, type=GRAPH_REJECTED, non_retryable=True)
+                if answer.get("prompt_id") != req.prompt_id:
+                    await self._client.withdraw(str(answer.get("prompt_id")))
+                    raise ApplicationError(
+                        f"ComfyUI at {self._settings.COMFYUI_URL} ignored the prompt_id it was "
+                        f"given (answered {answer.get('prompt_id')!r}): without it a retry could "
+                        "run the job twice; use a ComfyUI that accepts a caller's prompt_id "
+                        "(0.3.64 does)",
+                        type=UNSUPPORTED,
+                        non_retryable=True,
+                    )
+        number = answer.get("number")
+        activity.logger.info("posted prompt %s (queue number %s)", req.prompt_id, number)
+        return ComfyUISubmitted(
+            prompt_id=req.prompt_id,
+            number=int(number) if isinstance(number, int | float) else None,
+            posted=True,
+        )
+
+    async def _post(self, req: ComfyUISubmit, heartbeat: Heartbeat) -> dict[str, Any]:
+        # Said before sending: an attempt that dies mid-POST has said so already.
+        sent = SubmitProgress(phase="posting", posted_at=datetime.now(UTC))
+        heartbeat.update(sent, now=True)
+        try:
+            return await self._client.post_prompt(
+                req.graph, client_id=self.client_id, prompt_id=req.prompt_id, front=req.front
+            )
+        except Rejected as exc:
+            raise ApplicationError(
+                rejection_message(exc.answer, req.graph),
+                exc.answer,
+                type=GRAPH_REJECTED,
+                non_retryable=True,
+            ) from None
+        except Unavailable as exc:
+            if not isinstance(exc, Unanswered):  # answered: it will not be queued later
+                heartbeat.update(SubmitProgress(phase="refused"), now=True)
+            raise
+
+    async def _located(
+        self, prompt_id: str, until: float | None, heartbeat: Heartbeat, waiting: Progress
+    ) -> Seen:
+        """Where the prompt is. Absent while a POST may still land (before `until`, a
+        time.time()): looks again every poll interval, showing `waiting`, and once at the end."""
+        seen = await self._client.locate(prompt_id)
+        if seen.where == "absent" and until is not None and time.time() < until:
+            activity.logger.info("prompt %s not in ComfyUI yet: a POST may land", prompt_id)
+            heartbeat.update(waiting, now=True)
+        while seen.where == "absent" and until is not None and (left := until - time.time()) > 0:
+            await asyncio.sleep(min(self._settings.COMFYUI_HISTORY_POLL_S, left))
+            seen = await self._client.locate(prompt_id)
+        return seen
+
+    @staticmethod
+    def _first_post(earlier: datetime | None) -> bool:
+        """Nothing can hold this prompt yet: its id is its run's own and no attempt before this
+        one existed (Temporal starts each attempt once; a retry is attempt 2 and looks)."""
+        return earlier is None and activity.info().attempt == 1
+
+    def _earlier_post(self, prompt_id: str) -> datetime | None:
+        """When an earlier attempt sent a POST of this prompt that got no answer: this agent's
+        own record, else the failed attempt's last heartbeat, which Temporal hands to the next
+        attempt (the SDK sends it on failure, throttled or not), wherever that one runs."""
+        if prompt_id in self._client.posts:
+            return self._client.posts[prompt_id]
+        details = activity.info().heartbeat_details
+        try:
+            return SubmitProgress.model_validate(details[0]).posted_at if details else None
+        except ValidationError:
+            return None
+
+    # --- wait --------------------------------------------------------------------------------
+
+    @activity.defn(name=names.COMFYUI_WAIT)
+    async def wait(self, req: ComfyUIWait) -> ComfyUIFinished:
+        return await unless_shutting_down(self._wait(req))
+
+    async def _wait(self, req: ComfyUIWait) -> ComfyUIFinished:
+        # Beats without details until the watcher says where the prompt is. The watcher follows
+        # the prompt under the agent's client id.
+        async with (
+            Heartbeat(self._wait_beat_s) as heartbeat,
+            self._watcher.follow(req.prompt_id) as following,
+        ):
+            while True:
+                with activity_errors():
+                    news = await following.next()
+                if isinstance(news, Ended):
+                    if news.entry is None:
+                        return ComfyUIFinished(prompt_id=req.prompt_id, outcome="lost")
+                    return finished(req.prompt_id, news.entry)
+                shown = heartbeat.details
+                if news == _RUNNING and shown is not None and shown.phase == "running":
+                    continue  # "running" with a node or a percentage says more: keep it
+                heartbeat.update(news)
+
+    # --- files: outputs home, input images in ------------------------------------------------
+
+    @activity.defn(name=names.COMFYUI_DOWNLOAD)
+    async def download(self, req: ComfyUIDownload) -> Downloaded:
+        return await unless_shutting_down(self._download(req))
+
+    async def _download(self, req: ComfyUIDownload) -> Downloaded:
+        with activity_errors():
+            return await self._files.download(req)
+
+    @activity.defn(name=names.COMFYUI_UPLOAD)
+    async def upload(self, req: ComfyUIUpload) -> ComfyUIUploaded:
+        """Puts one input image into this host's ComfyUI under a content-hash name and returns
+        the name its LoadImage takes; safe to retry (docs/design.md, "ComfyUI facts")."""
+        with activity_errors():
+            return await self._files.upload(req)
+
+    # --- cancel ------------------------------------------------------------------------------
+
+    @activity.defn(name=names.COMFYUI_CANCEL)
+    async def cancel(self, req: ComfyUICancel) -> ComfyUICancelled:
+        was: Literal["pending", "running", "gone"] = "gone"
+        # "Absent" counts only if it stays so: a POST still in flight may land just after a
+        # first look. Looked for until a full interval later, or until the grace of this
+        # agent's own unanswered POST of it is over, whichever is later.
+        until = time.time() + self._settings.COMFYUI_HISTORY_POLL_S
+        if posted := self._client.posts.get(req.prompt_id):
+            until = max(until, posted.timestamp() + self._post_grace_s)
+        with activity_errors():
+            async with Heartbeat(self._heartbeat_every_s) as heartbeat:
+                looking = Progress(phase="looking for a late prompt")
+                seen = await self._located(req.prompt_id, until, heartbeat, looking)
+                where = seen.where if seen.where in ("pending", "running") else None
+                while where is not None:
+                    was = where if was == "gone" else was
+                    await self._take_out(req.prompt_id, where)
+                    heartbeat.update(Progress(phase=f"cancelling {where}"))
+                    await asyncio.sleep(min(self._settings.COMFYUI_HISTORY_POLL_S, 1.0))
+                    where = await self._client.queued(req.prompt_id)
+        activity.logger.info("prompt %s was %s and is out of ComfyUI", req.prompt_id, was)
+        return ComfyUICancelled(prompt_id=req.prompt_id, was=was)
+
+    async def _take_out(self, prompt_id: str, where: Queued) -> None:
+        # Newer ComfyUI cancels a job wherever it is. Otherwise pending: delete it; running:
+        # ComfyUI stops it at the next node boundary. An interrupt naming a prompt_id is ignored
+        # unless that prompt is the one running, so repeating it can never stop the next job.
+        if await self._client.cancel_job(prompt_id):
+            return
+        if where == "pending":
+            await self._client.delete_pending(prompt_id)
+        else:
+            await self._client.interrupt(prompt_id)

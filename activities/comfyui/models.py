@@ -1,0 +1,96 @@
+"""Inputs, results and failure types of the ComfyUI activities (the LOCAL route).
+
+The workflow derives `prompt_id` deterministically (`prompt_id_for`): ComfyUI accepts a caller's
+prompt_id but does not deduplicate, so the id is how a retried submit finds its earlier POST.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from spillway.models import JobInput
+
+# ApplicationError types of the ComfyUI activities. Non-retryable ones are also raised with
+# non_retryable=True; naming them in a retry policy is documentation, not a requirement.
+GRAPH_REJECTED = "ComfyUIGraphRejected"  # 400, or 200 with node_errors: fix the graph
+EXECUTION_FAILED = "ComfyUIExecutionFailed"  # execution_error: ComfyUI's exception message
+INTERRUPTED = "ComfyUIInterrupted"  # execution_interrupted (someone pressed cancel in ComfyUI)
+OUTPUT_MISSING = "ComfyUIOutputMissing"  # /view answered 400/403/404 for an output file
+UNSAFE_PATH = "ComfyUIUnsafePath"  # an output name that would land outside the job's folder
+UNSUPPORTED = "ComfyUIUnsupported"  # a ComfyUI that ignores the caller's prompt_id
+UNAVAILABLE = "ComfyUIUnavailable"  # retryable: no answer, 5xx, or an answer that is not JSON
+INPUT_UNREADABLE = "ComfyUIInputUnreadable"  # an input image not readable where it is stored
+UPLOAD_REFUSED = "ComfyUIUploadRefused"  # POST /upload/image answered 400 (or no name)
+UPLOAD_SUBFOLDER = "spillway"  # inputs go to ComfyUI's input/spillway/, under content-hash names
+
+
+def prompt_id_for(job_id: str, attempt: int, run_id: str) -> str:
+    """Attempt 1 is the first submit; the workflow resubmits with attempt + 1 only after LOST.
+    The run id keeps a reset or re-run of a job from meeting the earlier run's prompt in a
+    long-lived ComfyUI's history."""
+    return f"spillway-{job_id}-{run_id[:8]}-{attempt}"
+
+
+class ComfyUISubmit(BaseModel):
+    job_id: str
+    prompt_id: str
+    graph: dict[str, Any]  # API format: node id -> {"class_type", "inputs", ...}
+    front: bool = False  # sent as "front": true: ComfyUI queues it first (priority 1 jobs)
+
+
+class ComfyUISubmitted(BaseModel):
+    prompt_id: str
+    number: int | None = None  # ComfyUI's queue number; None when found, not posted
+    posted: bool  # False: already in /queue or /history from an earlier try, not posted again
+
+
+class ComfyUIUpload(BaseModel):
+    """One input image to put into the host's ComfyUI (activity `comfyui_upload`)."""
+
+    job_id: str
+    input: JobInput
+
+
+class ComfyUIUploaded(BaseModel):
+    node: str  # the loader the image is for
+    name: str  # as LoadImage takes it: "spillway/<sha256>.<ext>"
+    sha256: str | None = None  # of the bytes uploaded
+
+
+class ComfyUIWait(BaseModel):
+    job_id: str
+    prompt_id: str
+
+
+class ComfyUIFile(BaseModel):
+    node_id: str
+    kind: Literal["images", "gifs", "videos"]
+    filename: str
+    subfolder: str = ""
+    type: str = "output"  # "temp" for previews (PreviewImage), which ComfyUI deletes on restart
+    animated: bool = False  # an animation or video ("animated": [true] next to "images")
+
+
+class ComfyUIFinished(BaseModel):
+    """How a prompt ended. Errors and interrupts are activity failures, not outcomes:
+    ApplicationError types ComfyUIExecutionFailed and ComfyUIInterrupted (non-retryable)."""
+
+    prompt_id: str
+    outcome: Literal["success", "lost"]  # lost: not in /queue and `{}` in /history
+    files: list[ComfyUIFile] = []
+
+
+class ComfyUIDownload(BaseModel):
+    job_id: str
+    files: list[ComfyUIFile]
+
+
+class ComfyUICancel(BaseModel):
+    prompt_id: str
+
+
+class ComfyUICancelled(BaseModel):
+    prompt_id: str
+    was: Literal["pending", "running", "gone"]

@@ -1,0 +1,237 @@
+"""One WebSocket and one poll loop per agent and ComfyUI, shared by every wait on that ComfyUI
+(docs/design.md, "GPU hosts and agents" and "ComfyUI facts").
+
+A thousand jobs waiting on one busy GPU must cost one socket and about one `GET /queue` per
+COMFYUI_HISTORY_POLL_S, not a thousand of each. Each `comfyui_wait` registers its prompt here
+(`follow`) and reads what the watcher learns about it, progress and then the end, from a queue
+of its own.
+
+- The socket, `/ws?clientId=<the agent's client id>`: ComfyUI sends a prompt's messages only to
+  the client that submitted it, so `comfyui_submit` posts under this same id. Messages go to the
+  waits of the prompt they name; the prompt-less `executing` ComfyUI sends after a reconnect goes
+  to the prompt running. An end message makes the watcher read that prompt's history at once.
+- The poll, one round per interval (and one soon after new waits arrive, so a prompt that is over
+  already is seen at once): `GET /queue` once, then `GET /history/{id}` only for the prompts no
+  longer queued, a few at a time. The poll alone decides how a prompt ended, with the LOST rule
+  unchanged: `{}` in /history and not in /queue, twice, a full interval apart.
+- A stalled or dropped socket (it reconnects) costs progress and speed, never an outcome.
+
+The watcher's tasks run outside every activity's context, so they never heartbeat: each wait
+heartbeats what it reads, from its own task (heartbeating from here would reach whichever
+activity happened to start the watcher).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import logging
+import uuid
+from collections.abc import AsyncIterator, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from activities.comfyui.answers import Queued, socket_news, socket_prompt
+from activities.comfyui.client import ComfyUIClient, Unavailable
+from spillway.models import Progress
+
+_log = logging.getLogger(__name__)
+HISTORY_READS = 8  # history requests at once, e.g. after a restart emptied the queue
+
+
+@dataclass(frozen=True)
+class Ended:
+    """How a prompt ended: its history entry, or None when it is LOST."""
+
+    entry: dict[str, Any] | None
+
+
+class Following:
+    """One wait's view of its prompt: `await next()` gives Progress news, then one Ended."""
+
+    def __init__(self, prompt_id: str) -> None:
+        self.prompt_id = prompt_id
+        self._news: asyncio.Queue[Progress | Ended | None] = asyncio.Queue()
+
+    def tell(self, news: Progress | Ended | None) -> None:
+        self._news.put_nowait(news)
+
+    async def next(self) -> Progress | Ended:
+        news = await self._news.get()
+        if news is None:
+            raise Unavailable("the agent stopped watching ComfyUI (shutting down)")
+        return news
+
+
+@dataclass(eq=False)
+class _Watched:
+    followers: set[Following] = field(default_factory=set)
+    where: Queued | None = None  # last seen in the queue
+    absent_since: float | None = None  # loop time of the first "neither queued nor in history"
+    ended: bool = False
+
+    def tell(self, news: Progress | Ended | None) -> None:
+        for following in self.followers:
+            following.tell(news)
+
+
+def _place(where: Queued) -> Progress:
+    return Progress(phase="queued" if where == "pending" else "running")
+
+
+class ComfyUIWatcher:
+    """Started on first use (`start`, or `follow`); `aclose` stops it and ends every wait still
+    following with a retryable Unavailable."""
+
+    def __init__(self, client: ComfyUIClient, poll_s: float, *, client_id: str | None = None):
+        # One id per agent process: ComfyUI keeps one socket per client id, so two agents
+        # sharing an id would take each other's socket.
+        self.client_id = client_id or f"spillway-agent-{uuid.uuid4().hex[:12]}"
+        self._client, self._poll_s = client, poll_s
+        self._watched: dict[str, _Watched] = {}
+        self._loops: list[asyncio.Task[None]] = []
+        self._looks: set[asyncio.Task[None]] = set()
+        self._wake = asyncio.Event()
+        self._reads = asyncio.Semaphore(HISTORY_READS)
+        self._running: str | None = None  # the prompt ComfyUI runs, as far as we know
+        self._last_round = float("-inf")
+
+    def start(self) -> None:
+        if not self._loops:
+            self._loops = [self._spawn(self._listen_forever()), self._spawn(self._poll_forever())]
+
+    @contextlib.asynccontextmanager
+    async def follow(self, prompt_id: str) -> AsyncIterator[Following]:
+        self.start()
+        following = Following(prompt_id)
+        watched = self._watched.setdefault(prompt_id, _Watched())
+        watched.followers.add(following)
+        if watched.where is not None:
+            following.tell(_place(watched.where))
+        self._wake.set()  # a first look soon: short prompts are often over already
+        try:
+            yield following
+        finally:
+            watched.followers.discard(following)
+            if not watched.followers and self._watched.get(prompt_id) is watched:
+                del self._watched[prompt_id]
+
+    async def aclose(self) -> None:
+        tasks = [*self._loops, *self._looks]
+        self._loops, self._looks = [], set()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for watched in self._watched.values():
+            watched.tell(None)
+        self._watched.clear()
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        # An empty context: no activity's (heartbeat, logger details) leaks into shared work.
+        return asyncio.create_task(work, context=contextvars.Context())
+
+    # --- the poll --------------------------------------------------------------------------
+
+    async def _poll_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if self._watched:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self._poll_s):
+                        await self._wake.wait()
+            else:
+                await self._wake.wait()  # nobody waits: no requests at all
+            # Waits that start together share a round: at most five rounds an interval.
+            await asyncio.sleep(max(0.0, self._last_round + self._poll_s / 5 - loop.time()))
+            self._wake.clear()
+            try:
+                await self._round(loop.time())
+            except Exception:  # a bug here must not end every wait's watch
+                _log.exception("ComfyUI poll round failed")
+
+    async def _round(self, at: float) -> None:
+        watched = dict(self._watched)
+        if not watched:
+            return
+        self._last_round = at
+        try:
+            places = await self._client.queue()
+        except Unavailable as exc:
+            # No answer is not an answer: only ComfyUI saying "neither queued nor in history"
+            # counts towards LOST.
+            _log.warning("polling ComfyUI for %d prompts: %s", len(watched), exc)
+            return
+        self._running = next((p for p, w in places.items() if w == "running"), None)
+        gone = []
+        for prompt_id, prompt in watched.items():
+            where = places.get(prompt_id)
+            if where is None:
+                gone.append(self._look_back(prompt_id, prompt, at))
+                continue
+            prompt.absent_since = None
+            if where != prompt.where:
+                prompt.where = where
+                prompt.tell(_place(where))
+        await asyncio.gather(*gone)
+
+    async def _look_back(self, prompt_id: str, prompt: _Watched, at: float | None) -> None:
+        """Reads the history of a prompt no longer queued. `at`: when this round read /queue
+        (a `{}` then counts towards LOST); None for a look the socket asked for."""
+        async with self._reads:
+            if prompt.ended:
+                return
+            try:
+                entry = await self._client.history(prompt_id)
+            except Unavailable as exc:
+                _log.warning("reading the history of prompt %s: %s", prompt_id, exc)
+                return
+        if entry is not None:
+            self._end(prompt_id, prompt, Ended(entry))
+        elif at is None or prompt.ended:
+            return
+        elif prompt.absent_since is None:
+            prompt.absent_since = at  # a second look, a full interval later, decides
+        elif at - prompt.absent_since >= self._poll_s:
+            _log.warning("prompt %s is lost (ComfyUI restarted?)", prompt_id)
+            self._end(prompt_id, prompt, Ended(None))
+
+    def _end(self, prompt_id: str, prompt: _Watched, ended: Ended) -> None:
+        if prompt.ended:
+            return
+        prompt.ended = True
+        prompt.tell(ended)
+        if self._watched.get(prompt_id) is prompt:
+            del self._watched[prompt_id]
+
+    # --- the socket ------------------------------------------------------------------------
+
+    async def _listen_forever(self) -> None:
+        reconnect_max_s = max(self._poll_s, 1.0)
+        while True:
+            try:
+                async for message in self._client.socket_messages(
+                    self.client_id, reconnect_max_s=reconnect_max_s
+                ):
+                    self._dispatch(message)
+            except Exception:  # the poll carries on meanwhile
+                _log.exception("ComfyUI socket failed")
+                await asyncio.sleep(reconnect_max_s)
+
+    def _dispatch(self, message: Any) -> None:
+        named = socket_prompt(message)
+        if named is not None and isinstance(message, dict) and message["type"] == "execution_start":
+            self._running = named
+        prompt_id = named or self._running
+        prompt = self._watched.get(prompt_id) if prompt_id is not None else None
+        if prompt_id is None or prompt is None:
+            return
+        news = socket_news(message, prompt_id)
+        if isinstance(news, Progress):
+            prompt.where = "running"  # the poll need not say "running" again
+            prompt.tell(news)
+        elif news == "ended":
+            # `executing {node: null}` comes after history is written: look now, not next round.
+            look = self._spawn(self._look_back(prompt_id, prompt, None))
+            self._looks.add(look)
+            look.add_done_callback(self._looks.discard)

@@ -1,0 +1,108 @@
+"""Which activities serve which task queue (docs/design.md, "GPU hosts and agents"): the worker's
+main queue and its `-waits` queue, and each GPU host agent's queue and `-waits` queue.
+`worker.serving` runs a Temporal worker for each."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from activities.callbacks import CallbackActivities
+from activities.cloud import registry as clouds
+from activities.comfyui.activities import ComfyUIActivities
+from activities.notify import NotifyActivities
+from activities.policy import PolicyActivities
+from activities.probe.activities import LoadStatusActivities
+from activities.probe.nvml import GpuReader
+from activities.spend.activities import SpendActivities
+from activities.spend.ledger import Ledger
+from activities.storage.store import OutputStore
+from spillway.hosts import WAITS_SUFFIX, GpuHost, host_settings, ref
+from spillway.settings import Settings
+from spillway.tiers import RoutingTiers
+
+
+@dataclass
+class QueueWork:
+    """What one Temporal worker (one task queue, one slot pool) serves."""
+
+    task_queue: str
+    activities: list[Callable[..., Any]]
+    workflows: list[type] = field(default_factory=list)
+    max_activities: int | None = None  # None: the SDK's default
+
+
+def main_work(
+    http: httpx.AsyncClient,
+    settings: Settings,
+    tiers: RoutingTiers,
+    ledger: Ledger,
+    store: OutputStore,
+    workflows: list[type],
+) -> list[QueueWork]:
+    """The worker's two queues: decisions, policy, spend and cloud creates with the workflows;
+    the long cloud waits in a slot pool of their own."""
+    policy = PolicyActivities(settings, tiers)
+    notify = NotifyActivities(http, settings)
+    spend = SpendActivities(ledger, settings, tiers)
+    callbacks = CallbackActivities(http, settings)
+    decisions: list[Callable[..., Any]] = [
+        policy.read_policy,
+        notify.notify_approval_needed,
+        spend.reserve,
+        spend.settle,
+        spend.view,
+        spend.recorded,
+        callbacks.job_callback,
+    ]
+    waits: list[Callable[..., Any]] = []
+    for provider in clouds.PROVIDERS.values():
+        create, free = provider.served(provider.activities(http, settings, ledger, store=store))
+        decisions += create
+        waits += free
+    queue = settings.SPILLWAY_TASK_QUEUE
+    return [
+        QueueWork(queue, decisions, workflows),
+        QueueWork(queue + WAITS_SUFFIX, waits, max_activities=settings.SPILLWAY_MAX_WAITS),
+    ]
+
+
+@dataclass
+class Agent:
+    """One GPU host's activities; its ComfyUI watcher (one socket, one poll loop) is closed
+    with `aclose` once its Temporal workers have stopped."""
+
+    load: LoadStatusActivities
+    comfyui: ComfyUIActivities
+
+    @classmethod
+    def of(
+        cls,
+        http: httpx.AsyncClient,
+        settings: Settings,
+        host: GpuHost,
+        gpu: GpuReader,
+        store: OutputStore,
+    ) -> Agent:
+        mine = host_settings(settings, host)
+        return cls(
+            LoadStatusActivities(http, mine, gpu), ComfyUIActivities(http, mine, store=store)
+        )
+
+    def work(self, settings: Settings, host: GpuHost) -> list[QueueWork]:
+        comfyui = self.comfyui
+        queues = ref(settings.SPILLWAY_TASK_QUEUE, host.name)
+        short: list[Callable[..., Any]] = [
+            self.load.a40_load_status,
+            comfyui.upload,
+            comfyui.submit,
+            comfyui.cancel,
+        ]
+        waits: list[Callable[..., Any]] = [comfyui.wait, comfyui.download]
+        return [
+            QueueWork(queues.task_queue, short),
+            QueueWork(queues.waits_queue, waits, max_activities=settings.SPILLWAY_MAX_WAITS),
+        ]

@@ -1,0 +1,146 @@
+"""The spend ledger seen from the workflow (docs/design.md, "The spend ledger and the budget"):
+`SpendActivities` reserve before any create, settle after a create that failed, and read the
+budget for a person who is asked. The create itself runs inside guard.py's `CreateGuard`; the
+ledger is reached through ledger.py.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError
+
+from activities.cloud import registry
+from activities.spend.ledger import Ledger
+from spillway import names
+from spillway.models import CloudRequest
+from spillway.settings import Settings
+from spillway.spend_book import (
+    REFUSED,
+    Authorisation,
+    Budgets,
+    BudgetView,
+    PeriodTotals,
+    Reservation,
+    ReserveRequest,
+    SettleRequest,
+    SpendEntry,
+    SpendRefused,
+    SpendSettle,
+    recorded_create,
+)
+from spillway.tiers import RoutingTiers
+
+
+class SpendRequest(BaseModel):
+    """Input of `spend_reserve` and the ledger's reads: the activity adds the run id, the
+    estimate and the budgets in force on the worker at that moment."""
+
+    job_id: str
+    provider: str
+    request: CloudRequest
+    authorised_by: str
+    authorisation: Authorisation
+
+
+def estimate_usd(tiers: RoutingTiers, settings: Settings, req: SpendRequest) -> float | None:
+    """The planning figure of routing_tiers.json for this provider and clip (None: none known)."""
+    tier = tiers.by_provider(req.provider)
+    provider = registry.PROVIDERS.get(req.provider)
+    if tier is None or provider is None:
+        return None
+    return tier.estimated_cost_usd.get(provider.cost_key(req.request, settings))
+
+
+def budgets_of(settings: Settings) -> Budgets:
+    return Budgets(
+        daily_usd=settings.CLOUD_DAILY_BUDGET_USD, monthly_usd=settings.CLOUD_MONTHLY_BUDGET_USD
+    )
+
+
+class SpendActivities:
+    def __init__(self, ledger: Ledger, settings: Settings, tiers: RoutingTiers) -> None:
+        self._ledger, self._settings, self._tiers = ledger, settings, tiers
+
+    @activity.defn(name=names.SPEND_RESERVE)
+    async def reserve(self, req: SpendRequest) -> Reservation:
+        s = self._settings
+        if req.authorisation == "armed" and not registry.armed(s):
+            # The policy in force now, not the one the job read when it started.
+            return Reservation(
+                refused="the cloud fallback is not armed on the worker any more",
+                refused_code="fallback_disarmed",
+            )
+        if req.provider not in registry.configured(s):
+            return Reservation(
+                refused=f"no key for {req.provider} on the worker", refused_code="no_key"
+            )
+        cost = estimate_usd(self._tiers, s, req)
+        try:
+            entry = await self._ledger.reserve(
+                ReserveRequest(
+                    job_id=req.job_id,
+                    run_id=activity.info().workflow_run_id or "",
+                    provider=req.provider,
+                    cost_usd=cost,
+                    authorised_by=req.authorised_by,
+                    authorisation=req.authorisation,
+                    budgets=budgets_of(s),
+                )
+            )
+        except SpendRefused as refused:
+            if refused.kind == "exists":
+                return Reservation(existing=refused.entry)
+            if refused.kind == "budget":
+                return Reservation(shortfall=refused.shortfall)
+            raise ApplicationError(refused.message, type=REFUSED) from None
+        return Reservation(granted=entry)
+
+    @activity.defn(name=names.SPEND_SETTLE)
+    async def settle(self, req: SpendSettle) -> SpendEntry | None:
+        """After a create that failed without settling (a lost worker): records maybe_charged,
+        or released when the create never began. None when the ledger holds nothing for it."""
+        try:
+            return await self._ledger.settle(
+                SettleRequest(
+                    job_id=req.job_id,
+                    run_id=activity.info().workflow_run_id or "",
+                    state=req.state,
+                    task_id=req.task_id,
+                    note=req.note,
+                    cost_usd=req.cost_usd,
+                )
+            )
+        except SpendRefused as refused:
+            activity.logger.warning("spend ledger: %s", refused.message)
+            return refused.entry
+
+    @activity.defn(name=names.SPEND_RECORDED)
+    async def recorded(self, req: SpendRequest) -> SpendEntry | None:
+        """The create an earlier run of this job sent (a reset job's): followed, never paid for
+        again and never put to a person again."""
+        summary = await self._ledger.summary()
+        return recorded_create(summary.entries, req.job_id) if summary else None
+
+    @activity.defn(name=names.SPEND_VIEW)
+    async def view(self, req: SpendRequest) -> BudgetView:
+        """The estimate and what the budgets in force on this worker have left."""
+        budgets = budgets_of(self._settings)
+        try:
+            summary = await self._ledger.summary()
+        except RPCError as exc:  # shown to people only: an unknown remainder is no reason to stop
+            activity.logger.warning("spend ledger summary: %s", exc.message)
+            summary = None
+
+        def left(budget: float | None, used: PeriodTotals | None) -> float | None:
+            if budget is None:
+                return None
+            taken = used.spent_usd + used.reserved_usd if used else 0.0
+            return round(max(budget - taken, 0.0), 2)
+
+        return BudgetView(
+            estimate_usd=estimate_usd(self._tiers, self._settings, req),
+            day_remaining_usd=left(budgets.daily_usd, summary.day if summary else None),
+            month_remaining_usd=left(budgets.monthly_usd, summary.month if summary else None),
+        )

@@ -1,0 +1,100 @@
+"""The guard every provider's create runs its one request inside (docs/design.md, "Money
+invariants"): the right world (a simulated job never meets a real key), armed checked against
+the worker's settings NOW, `begin` in the spend ledger right before the request leaves (only one
+create per reservation ever begins, whatever resets or re-runs happened), and the outcome
+recorded the moment it is known."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.cloud.models import CreateVerdict
+from activities.spend.ledger import Ledger
+from spillway.settings import Settings
+from spillway.spend_book import (
+    REFUSED,
+    Authorisation,
+    BeginCreate,
+    SettleRequest,
+    SpendEntry,
+    SpendRefused,
+)
+
+NOT_ARMED = "SpendNotArmed"
+WRONG_WORLD = "SpendWrongWorld"
+
+
+Send = Callable[[], Awaitable[CreateVerdict]]
+
+
+@dataclass(frozen=True)
+class CreatedOnce:
+    verdict: CreateVerdict
+    settled: bool  # False: the ledger did not take the outcome; the workflow records it again
+
+
+class CreateGuard:
+    """What every provider's create activity runs its one request inside."""
+
+    def __init__(self, ledger: Ledger, settings: Settings) -> None:
+        self._ledger, self._settings = ledger, settings
+
+    async def create(
+        self, job_id: str, authorisation: Authorisation, simulated: bool, send: Send
+    ) -> CreatedOnce:
+        if simulated != self._settings.SPILLWAY_SIMULATED:
+            kinds = ("a simulated", "a real") if simulated else ("a real", "a simulated")
+            raise ApplicationError(
+                f"job {job_id} was decided by {kinds[0]} worker and its create reached "
+                f"{kinds[1]} one (do `spillway dev --simulate` and a real worker share a task "
+                "queue?): nothing was sent",
+                type=WRONG_WORLD,
+                non_retryable=True,
+            )
+        # The provider checked its own keys before: armed is the switch, as it is now.
+        if authorisation == "armed" and not self._settings.CLOUD_VIDEO_FALLBACK_ENABLED:
+            raise ApplicationError(
+                "the cloud fallback is not armed on this worker any more: nothing was sent",
+                type=NOT_ARMED,
+                non_retryable=True,
+            )
+        info = activity.info()
+        run_id = info.workflow_run_id or ""
+        attempt = f"{run_id}/{info.activity_id}/{info.attempt}"
+        try:
+            await self._ledger.begin(BeginCreate(job_id=job_id, run_id=run_id, attempt=attempt))
+        except SpendRefused as refused:
+            raise ApplicationError(
+                f"{refused.message}: nothing was sent",
+                {"kind": refused.kind, "entry": _dump(refused.entry)},
+                type=REFUSED,
+                non_retryable=True,
+            ) from None
+        except ApplicationError as err:
+            raise ApplicationError(err.message, type=err.type, non_retryable=True) from None
+        verdict = await send()
+        state = {"created": "charged", "refused": "released", "ambiguous": "maybe_charged"}
+        settle = SettleRequest(
+            job_id=job_id,
+            run_id=run_id,
+            state=state[verdict.outcome],
+            task_id=verdict.task_id,
+            note=verdict.message[:300],
+        )
+        try:
+            await self._ledger.settle(settle)
+            settled = True
+        except (SpendRefused, ApplicationError) as exc:
+            # The workflow settles again from history; until then the entry blocks any second
+            # create for this job, which is the safe side.
+            activity.logger.warning("spend ledger: settling job %s failed: %s", job_id, exc)
+            settled = False
+        return CreatedOnce(verdict=verdict, settled=settled)
+
+
+def _dump(entry: SpendEntry | None) -> object:
+    return entry.model_dump(mode="json") if entry else None

@@ -1,0 +1,193 @@
+"""A client of the spend ledger for activities and the CLI (docs/design.md, "The spend ledger and
+the budget"), reaching SpendLedgerWorkflow by its names: update-with-start for what may come
+first (a reservation, the budgets a worker announces), plain updates for `begin` and `settle`, a
+query for the summary. Refusals come back
+as SpendRefused with what stands in the way; a ledger that does not answer is tried a few times,
+then reported (money fails closed: nothing is sent on a guess).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import Any, Protocol, TypeVar
+
+from temporalio.client import (
+    Client,
+    RPCTimeoutOrCancelledError,
+    WithStartWorkflowOperation,
+    WorkflowUpdateFailedError,
+)
+from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
+
+from spillway import names
+from spillway.spend_book import (
+    REFUSED,
+    BeginCreate,
+    Budgets,
+    BudgetShortfall,
+    LedgerInput,
+    LedgerSummary,
+    ReserveRequest,
+    SettleRequest,
+    SpendEntry,
+    SpendRefused,
+)
+
+log = logging.getLogger(__name__)
+_T = TypeVar("_T")
+
+# The ledger answers in milliseconds, but Temporal lets only a few updates be in flight on one
+# workflow at once (history.maxInFlightUpdates, 10 by default) and refuses the rest with
+# RESOURCE_EXHAUSTED: hundreds of jobs racing for the budget back off (jittered, growing) and try
+# again. A worker that cannot get through for LEDGER_PATIENCE_S sends nothing; it stays below the
+# reserve activity's start-to-close (1 min), so the activity's own retry takes over.
+LEDGER_PATIENCE_S = 45.0
+# A create's begin may wait longer: its activity heartbeats meanwhile and has 10 minutes, and
+# giving up there fails the job (nothing sent) instead of retrying it.
+BEGIN_PATIENCE_S = 300.0
+LEDGER_IN_FLIGHT = 8  # updates one process has in flight on the ledger (the server allows 10)
+LEDGER_PAUSES_S = (0.05, 2.0)  # the first pause, the longest
+RPC_TIMEOUT = timedelta(seconds=10)
+LEDGER_UNAVAILABLE = "SpendLedgerUnavailable"
+
+
+class Ledger(Protocol):
+    """What activities need of the ledger: `SpendLedger` (the workflow) in production; tests of
+    a single activity may pass an in-process SpendBook behind the same five calls."""
+
+    async def reserve(self, req: ReserveRequest) -> SpendEntry: ...
+    async def begin(self, req: BeginCreate) -> SpendEntry: ...
+    async def settle(self, req: SettleRequest) -> SpendEntry: ...
+    async def configure(self, budgets: Budgets) -> None: ...
+    async def summary(self) -> LedgerSummary | None: ...
+
+
+class SpendLedger:
+    """A client of SpendLedgerWorkflow (update-with-start for what may come first)."""
+
+    def __init__(self, client: Client, task_queue: str) -> None:
+        self._client, self._task_queue = client, task_queue
+        self.workflow_id = names.ledger_id(task_queue)
+        # Queued here, in order, rather than refused by the server and retried: a burst of
+        # hundreds of jobs then costs the server LEDGER_IN_FLIGHT calls at a time, not a storm.
+        self._in_flight = asyncio.Semaphore(LEDGER_IN_FLIGHT)
+
+    async def reserve(self, req: ReserveRequest) -> SpendEntry:
+        return await self._call(
+            lambda: self._client.execute_update_with_start_workflow(
+                names.LEDGER_RESERVE,
+                req,
+                start_workflow_operation=self._start(),
+                rpc_timeout=RPC_TIMEOUT,
+                result_type=SpendEntry,
+            )
+        )
+
+    async def begin(self, req: BeginCreate) -> SpendEntry:
+        handle = self._client.get_workflow_handle(self.workflow_id)
+        return await self._call(
+            lambda: handle.execute_update(
+                names.LEDGER_BEGIN, req, rpc_timeout=RPC_TIMEOUT, result_type=SpendEntry
+            ),
+            BEGIN_PATIENCE_S,
+        )
+
+    async def settle(self, req: SettleRequest) -> SpendEntry:
+        handle = self._client.get_workflow_handle(self.workflow_id)
+        return await self._call(
+            lambda: handle.execute_update(
+                names.LEDGER_SETTLE, req, rpc_timeout=RPC_TIMEOUT, result_type=SpendEntry
+            )
+        )
+
+    async def configure(self, budgets: Budgets) -> None:
+        await self._call(
+            lambda: self._client.execute_update_with_start_workflow(
+                names.LEDGER_CONFIGURE,
+                budgets,
+                start_workflow_operation=self._start(),
+                rpc_timeout=RPC_TIMEOUT,
+                result_type=Budgets,
+            )
+        )
+
+    async def summary(self) -> LedgerSummary | None:
+        """None when no ledger exists yet (nothing was ever reserved on this task queue)."""
+        handle = self._client.get_workflow_handle(self.workflow_id)
+        try:
+            summary: LedgerSummary = await handle.query(
+                names.LEDGER_SUMMARY, rpc_timeout=RPC_TIMEOUT, result_type=LedgerSummary
+            )
+            return summary
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.NOT_FOUND:
+                return None
+            raise
+
+    def _start(self) -> WithStartWorkflowOperation[Any, Any]:
+        return WithStartWorkflowOperation(
+            names.SPEND_LEDGER,
+            LedgerInput(),
+            id=self.workflow_id,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            task_queue=self._task_queue,
+            static_summary="spillway spend ledger: every cloud create and the budgets",
+        )
+
+    async def _call(
+        self, call: Callable[[], Awaitable[_T]], patience_s: float = LEDGER_PATIENCE_S
+    ) -> _T:
+        """Refusals become SpendRefused; a ledger that is busy or unreachable is tried again.
+        Every call is idempotent for one run (a repeated reservation or begin gets its entry
+        back), so asking again is safe."""
+        give_up = time.monotonic() + patience_s
+        pause, longest = LEDGER_PAUSES_S
+        while True:
+            try:
+                async with self._in_flight:
+                    return await call()
+            except WorkflowUpdateFailedError as err:
+                if _is_refusal(err):
+                    raise _refusal(err) from None
+                # Not the ledger's "no" (e.g. UnprocessedUpdate: the server dropped the update
+                # before the ledger's worker saw it): nothing was recorded.
+                why, busy = str(err.cause or err), False
+            except (RPCError, RPCTimeoutOrCancelledError) as exc:
+                # Also what an update racing the ledger's continue-as-new gets.
+                why = str(exc)
+                busy = isinstance(exc, RPCError) and exc.status == RPCStatusCode.RESOURCE_EXHAUSTED
+            if time.monotonic() + pause > give_up:
+                raise ApplicationError(
+                    f"the spend ledger ({self.workflow_id}) did not answer ({why}): "
+                    "nothing was sent to any cloud provider",
+                    type=LEDGER_UNAVAILABLE,
+                ) from None
+            if not busy:
+                log.warning("spend ledger: %s; trying again", why)
+            await asyncio.sleep(random.uniform(pause / 2, pause))  # noqa: S311 (jitter)
+            pause = min(pause * 2, longest)
+
+
+def _is_refusal(err: WorkflowUpdateFailedError) -> bool:
+    return isinstance(err.cause, ApplicationError) and err.cause.type == REFUSED
+
+
+def _refusal(err: WorkflowUpdateFailedError) -> SpendRefused:
+    cause = err.cause
+    assert isinstance(cause, ApplicationError)
+    details = cause.details[0] if cause.details else {}
+    entry = details.get("entry") if isinstance(details, dict) else None
+    shortfall = details.get("shortfall") if isinstance(details, dict) else None
+    return SpendRefused(
+        cause.message,
+        str(details.get("kind", "error")) if isinstance(details, dict) else "error",
+        entry=SpendEntry.model_validate(entry) if entry else None,
+        shortfall=BudgetShortfall.model_validate(shortfall) if shortfall else None,
+    )

@@ -1,0 +1,255 @@
+"""What each `spillway` command does (spillway/cli_parser.py parses the command line, and
+spillway/cli.py turns errors into exit codes). Heavy imports (temporalio's client) happen
+inside the commands that need them, so `load` starts fast."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import sys
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+from spillway.errors import ConfigError, Failed
+from spillway.settings import Settings, load_settings
+from spillway.tiers import RoutingTiers, load_tiers
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from spillway.client import SpillwayClient
+    from spillway.models import Plan
+
+OK, FAILED = 0, 1
+
+
+def _config() -> tuple[Settings, RoutingTiers]:
+    settings = load_settings()
+    return settings, load_tiers(settings.SPILLWAY_ROUTING_TIERS)
+
+
+async def _jobs_client(settings: Settings | None = None) -> SpillwayClient:
+    """Every job command goes through spillway.client, the API people use from Python."""
+    from spillway.client import SpillwayClient
+
+    return await SpillwayClient.connect(settings=settings or _config()[0])
+
+
+async def cmd_init(args: argparse.Namespace) -> int:
+    from spillway.temporal import register_search_attributes
+
+    client = (await _jobs_client()).temporal
+    added = await register_search_attributes(client)
+    done = f"added {', '.join(added)}" if added else "all present already"
+    print(f"search attributes on namespace {client.namespace!r}: {done}")
+    return OK
+
+
+async def cmd_load(args: argparse.Namespace) -> int:
+    from spillway.cli.health import probe_once
+    from spillway.cli.render import render_load
+
+    settings, _ = _config()
+    load = await probe_once(settings)
+    # Fail-open is the answer, not an error: a probe with failed sources still exits 0.
+    print(load.model_dump_json(indent=2) if args.json else render_load(load))
+    return OK
+
+
+async def cmd_health(args: argparse.Namespace) -> int:
+    from spillway.cli.health import (
+        budget_health,
+        health_report,
+        probe_once,
+        temporal_health,
+        workers_health,
+    )
+    from spillway.cli.render import render_health
+
+    settings, tiers = _config()
+    load, temporal = await asyncio.gather(probe_once(settings), temporal_health(settings))
+    health = health_report(settings, tiers, load, temporal)
+    if temporal.reachable:
+        health.workers, health.budget = await asyncio.gather(
+            workers_health(settings), budget_health(settings)
+        )
+    print(health.model_dump_json(indent=2) if args.json else render_health(health))
+    return OK
+
+
+async def cmd_submit(args: argparse.Namespace) -> int:
+    from spillway.client.new_jobs import make_job
+
+    settings, _ = _config()
+    # Everything is checked before Temporal is even asked (bad input: exit 2 whatever its state).
+    job = make_job(
+        args.graph,
+        job_id=args.job_id,
+        prompt=args.prompt,
+        model=args.model,
+        duration=args.duration,
+        resolution=args.resolution,
+        callback_url=args.callback_url,
+        priority=args.priority,
+    )
+    client = await _jobs_client(settings)
+    plan = await client.start(
+        job,
+        inputs=args.input,
+        wait=args.wait,
+        on_progress=None if args.json else _progress_printer(),
+    )
+    if not args.wait:
+        _print_plan_head(plan.job_id, plan.state, args.json)
+        return OK
+    _print_plan(plan, args.json)
+    return OK if plan.state == "completed" else FAILED
+
+
+async def cmd_status(args: argparse.Namespace) -> int:
+    plan = await (await _jobs_client()).status(args.job)
+    _print_plan(plan, args.json)
+    return OK
+
+
+async def cmd_list(args: argparse.Namespace) -> int:
+    import json
+
+    from spillway.cli.render import render_jobs
+
+    found = await (await _jobs_client()).list(args.state)
+    if args.json:
+        print(json.dumps([j.model_dump(mode="json") for j in found], indent=2))
+    else:
+        print(render_jobs(found))
+    return OK
+
+
+async def cmd_decide(args: argparse.Namespace) -> int:
+    from spillway.client.new_jobs import make_decision
+
+    settings, _ = _config()
+    decision = make_decision(args.approved, args.by, args.reason, args.over_budget)
+    answer = await (await _jobs_client(settings)).decide(args.job, decision)
+    print(f"job {args.job}: {answer}")
+    return OK
+
+
+async def cmd_budget(args: argparse.Namespace) -> int:
+    from spillway.cli.render import render_budget
+
+    summary = await (await _jobs_client()).budget()
+    print(summary.model_dump_json(indent=2) if args.json else render_budget(summary))
+    return OK
+
+
+async def cmd_schema(args: argparse.Namespace) -> int:
+    import json
+
+    from spillway.schema import SCHEMA_NAMES, schema_text, schemas
+
+    names = [args.name] if args.name else list(SCHEMA_NAMES)
+    if args.write is None:
+        if args.name:
+            print(schema_text(args.name), end="")
+        else:
+            print(json.dumps(schemas(), indent=2, ensure_ascii=False))
+        return OK
+    for name in names:
+        path = args.write / f"{name}.json"
+        try:
+            args.write.mkdir(parents=True, exist_ok=True)
+            path.write_text(schema_text(name), encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"cannot write {path}: {exc.strerror}") from None
+        print(f"wrote {path}")
+    return OK
+
+
+async def cmd_watch(args: argparse.Namespace) -> int:
+    plan = await (await _jobs_client()).wait(args.job, _progress_printer())
+    _print_plan(plan, as_json=False)
+    return OK if plan.state == "completed" else FAILED
+
+
+async def cmd_worker(args: argparse.Namespace) -> int:
+    import worker
+
+    return await worker.main(agents=not args.no_agents)
+
+
+async def cmd_agent(args: argparse.Namespace) -> int:
+    import worker
+
+    return await worker.main(only_host=args.host)
+
+
+async def cmd_dev(args: argparse.Namespace) -> int:
+    import logging
+
+    from spillway.cli.dev import DevOptions, run_dev
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    # `spillway dev`'s options are named after DevOptions' fields (spillway/cli_parser.py).
+    options = DevOptions(**{f.name: getattr(args, f.name) for f in dataclasses.fields(DevOptions)})
+    return await run_dev(options)
+
+
+async def cmd_sim(args: argparse.Namespace) -> int:
+    import httpx
+
+    settings, _ = _config()
+    if args.sim == "gpu":
+        url = settings.comfyui("/sim/gpu")
+        body: dict[str, object] = {"vram_used_pct": 42.4 if args.free else args.vram}
+    else:
+        url = args.guard_url.rstrip("/") + "/sim/guard"
+        body = {"busy": not args.free, "job": args.job}
+    try:
+        async with httpx.AsyncClient() as http:
+            response = await http.post(url, json=body, timeout=5)
+            response.raise_for_status()
+    except httpx.HTTPError:
+        raise Failed(
+            f"no simulator answers at {url}: is `spillway dev --simulate` running?"
+        ) from None
+    print(f"{args.sim} simulator now: {response.json()}")
+    return OK
+
+
+def _progress_printer() -> Callable[[Plan], None]:
+    """Prints each change of a job's state or progress on stderr (stdout keeps the result)."""
+    last = ""
+
+    def show(plan: Plan) -> None:
+        nonlocal last
+        line = f"{plan.state}" + (f" {plan.route}" if plan.route else "")
+        if plan.progress is not None:
+            line += f" — {plan.progress.phase}"
+            if plan.progress.percent is not None:
+                line += f" {plan.progress.percent:.0f}%"
+        if line != last:
+            print(
+                f"{datetime.now(UTC):%H:%M:%S} {plan.job_id}: {line}", file=sys.stderr, flush=True
+            )
+            last = line
+
+    return show
+
+
+def _print_plan_head(job_id: str, state: str, as_json: bool) -> None:
+    import json
+
+    if as_json:
+        print(json.dumps({"job_id": job_id, "state": state}))
+    else:
+        print(f"submitted job {job_id} ({state}); follow it with: spillway watch {job_id}")
+
+
+def _print_plan(plan: Plan, as_json: bool) -> None:
+    from spillway.cli.render import render_plan
+    from spillway.models import plan_json
+
+    print(plan_json(plan) if as_json else render_plan(plan))

@@ -1,0 +1,261 @@
+"""`spillway load` and `spillway health`: the live load status and the whole trigger logic, the way
+the original system's /health showed them (docs/design.md, "What spillway is and where it came
+from"). Never shows a key, only whether one is present."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import httpx
+from pydantic import BaseModel
+
+from activities.cloud import registry as clouds
+from activities.probe.activities import LoadStatusActivities
+from activities.probe.nvml import NvmlReader
+from spillway.decision import table_rows
+from spillway.errors import Failed
+from spillway.models import LoadStatus, WorkersView
+from spillway.settings import Settings
+from spillway.spend_book import PeriodTotals
+from spillway.tiers import RoutingTiers
+
+TRIGGER = (
+    "overloaded = VRAM busy OR (GPU util busy AND queue backlog) OR guard busy; "
+    "a source that fails counts as not overloaded (fail-open)"
+)
+DECISION = [
+    f"reachable {r}, overloaded {o}, armed {a} -> {route}" for r, o, a, route in table_rows()
+]
+
+
+class Source(BaseModel):
+    name: str
+    endpoint: str | None  # None: not configured, skipped
+    rule: str
+
+
+class ProviderHealth(BaseModel):
+    name: str
+    tier: int | None
+    base_url: str
+    key_present: bool  # yes/no, never the key
+
+
+class CloudFallback(BaseModel):
+    provider: str  # the first one in CLOUD_PROVIDERS, with its tier, API and key
+    tier: int | None
+    base_url: str
+    fallback_enabled: bool
+    key_present: bool
+    armed: bool
+    order: list[str]  # CLOUD_PROVIDERS: the providers tried in turn, those with keys
+    providers: list[ProviderHealth]  # every provider of CLOUD_PROVIDERS
+
+
+class Approval(BaseModel):
+    timeout_s: float
+    recheck_s: float
+    webhook_configured: bool
+
+
+class Poller(BaseModel):
+    identity: str
+    kind: str  # "workflow" or "activity" task poller
+    last_access: datetime | None
+
+
+class TemporalHealth(BaseModel):
+    address: str
+    namespace: str
+    reachable: bool
+    error: str | None = None
+    task_queue: str
+    pollers: list[Poller] = []  # workers seen polling the task queue lately
+    awaiting_approval: int | None = None
+
+
+class BudgetHealth(BaseModel):
+    """The budgets and what the spend ledger says is left (None when it could not be read)."""
+
+    daily_usd: float | None
+    monthly_usd: float | None
+    day: PeriodTotals | None = None
+    month: PeriodTotals | None = None
+    error: str | None = None
+
+
+class WorkersHealth(BaseModel):
+    """The workers' own view, or why there is none (no worker answered)."""
+
+    view: WorkersView | None = None
+    error: str | None = None
+
+
+class Health(BaseModel):
+    temporal: TemporalHealth
+    # What the workers see: their policy and every GPU host's reading through its agent. The
+    # fields below it are this shell's own configuration, and its own probe of COMFYUI_URL.
+    workers: WorkersHealth | None = None
+    trigger: str
+    sources: list[Source]
+    probe_timeout_s: float
+    unreachable_confirm_s: float
+    cloud_fallback: CloudFallback
+    approval: Approval
+    decision: list[str]
+    load: LoadStatus
+    budget: BudgetHealth | None = None
+
+
+async def probe_once(settings: Settings) -> LoadStatus:
+    reader = NvmlReader()
+    try:
+        async with httpx.AsyncClient() as http:
+            return await LoadStatusActivities(http, settings, reader).probe()
+    finally:
+        reader.close()
+
+
+async def temporal_health(settings: Settings) -> TemporalHealth:
+    """Connection, the task queue's pollers and the jobs waiting for a person."""
+    from temporalio.api.enums.v1 import TaskQueueType
+    from temporalio.api.taskqueue.v1 import TaskQueue
+    from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+
+    from spillway import search_attributes as sa
+    from spillway.temporal import TemporalUnreachable, connect, connect_config
+
+    config = connect_config()
+    report = TemporalHealth(
+        address=config["target_host"],
+        namespace=config["namespace"],
+        reachable=False,
+        task_queue=settings.SPILLWAY_TASK_QUEUE,
+    )
+    try:
+        client = await connect()
+    except TemporalUnreachable as exc:
+        report.error = str(exc)
+        return report
+    report.reachable = True
+    for kind, queue_type in (
+        ("workflow", TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW),
+        ("activity", TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY),
+    ):
+        described = await client.workflow_service.describe_task_queue(
+            DescribeTaskQueueRequest(
+                namespace=client.namespace,
+                task_queue=TaskQueue(name=settings.SPILLWAY_TASK_QUEUE),
+                task_queue_type=queue_type,
+            )
+        )
+        report.pollers += [
+            Poller(
+                identity=p.identity,
+                kind=kind,
+                last_access=p.last_access_time.ToDatetime(tzinfo=UTC)
+                if p.HasField("last_access_time")
+                else None,
+            )
+            for p in described.pollers
+        ]
+    query = f"WorkflowType = 'VideoJobWorkflow' AND {sa.STATE.name} = 'awaiting_approval'"
+    report.awaiting_approval = (await client.count_workflows(query)).count
+    return report
+
+
+async def workers_health(settings: Settings, timeout_s: float = 20) -> WorkersHealth:
+    """Runs SpillwayHealthWorkflow on the workers' task queue."""
+    import uuid
+    from datetime import timedelta
+
+    from temporalio.client import WorkflowFailureError
+    from temporalio.service import RPCError
+
+    from spillway.temporal import TemporalUnreachable, connect
+    from workflows.health import HealthWorkflow
+
+    queue = settings.SPILLWAY_TASK_QUEUE
+    try:
+        client = await connect()
+        view = await client.execute_workflow(
+            HealthWorkflow.run,
+            id=f"spillway-health-{uuid.uuid4().hex[:12]}",
+            task_queue=queue,
+            execution_timeout=timedelta(seconds=timeout_s),
+        )
+    except WorkflowFailureError:
+        return WorkersHealth(
+            error=f"no worker answered on task queue {queue!r} within {timeout_s:g}s: start one "
+            "(spillway worker)"
+        )
+    except (TemporalUnreachable, RPCError) as exc:
+        return WorkersHealth(error=str(exc))
+    return WorkersHealth(view=view)
+
+
+async def budget_health(settings: Settings) -> BudgetHealth:
+    from spillway.client.budget import ledger_summary
+    from spillway.temporal import TemporalUnreachable, connect
+
+    report = BudgetHealth(
+        daily_usd=settings.CLOUD_DAILY_BUDGET_USD, monthly_usd=settings.CLOUD_MONTHLY_BUDGET_USD
+    )
+    try:
+        summary = await ledger_summary(await connect(), settings)
+    except (TemporalUnreachable, Failed) as exc:
+        report.error = str(exc)
+        return report
+    report.day, report.month = summary.day, summary.month
+    return report
+
+
+def health_report(
+    settings: Settings, tiers: RoutingTiers, load: LoadStatus, temporal: TemporalHealth
+) -> Health:
+    providers = [
+        ProviderHealth(
+            name=p.name,
+            tier=tier.tier if (tier := tiers.by_provider(p.name)) else None,
+            base_url=p.base_url(settings),
+            key_present=p.keys_present(settings),
+        )
+        for p in clouds.ordered(settings)
+    ]
+    first = providers[0]
+    return Health(
+        temporal=temporal,
+        trigger=TRIGGER,
+        sources=[
+            Source(
+                name="comfyui_vram",
+                endpoint=settings.comfyui("/system_stats"),
+                rule=f"VRAM used >= {settings.A40_VRAM_BUSY_PCT:g}%",
+            ),
+            Source(
+                name="gpu_util_and_queue",
+                endpoint=f"NVML GPU {settings.A40_NVML_INDEX} + {settings.comfyui('/queue')}",
+                rule=f"GPU util >= {settings.A40_UTIL_BUSY_PCT:g}% AND queue_pending >= 1",
+            ),
+            Source(name="a40_guard", endpoint=settings.guard_status_url(), rule="busy == true"),
+        ],
+        probe_timeout_s=settings.LOAD_PROBE_TIMEOUT_S,
+        unreachable_confirm_s=settings.UNREACHABLE_CONFIRM_S,
+        cloud_fallback=CloudFallback(
+            provider=first.name,
+            tier=first.tier,
+            base_url=first.base_url,
+            fallback_enabled=settings.CLOUD_VIDEO_FALLBACK_ENABLED,
+            key_present=first.key_present,
+            armed=clouds.armed(settings),
+            order=clouds.configured(settings),
+            providers=providers,
+        ),
+        approval=Approval(
+            timeout_s=settings.APPROVAL_TIMEOUT_S,
+            recheck_s=settings.APPROVAL_RECHECK_S,
+            webhook_configured=settings.APPROVAL_WEBHOOK_URL is not None,
+        ),
+        decision=DECISION,
+        load=load,
+    )

@@ -1,0 +1,260 @@
+"""The `spillway` command line: every command, its options and its help (docs/design.md, "The
+command-line contract"). spillway/cli.py runs what it parses; a usage error exits 2 (USAGE)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import NoReturn, get_args
+
+from spillway.cli import commands as cmd
+from spillway.models import JobState
+
+USAGE = 2  # the exit code of bad input, usage or configuration
+STATES = list(get_args(JobState))
+SCHEMA_NAMES = ("video-job", "approval", "plan")  # spillway.schema.SCHEMA_NAMES (checked by tests)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(USAGE, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="spillway",
+        description=(
+            "Durable router for ComfyUI video jobs: the local A40 first, paid cloud video only "
+            "when the GPU is overloaded or unreachable AND the owner armed the fallback or "
+            "approved the job. Temporal connection: TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE, "
+            "TEMPORAL_API_KEY, ... (temporalio.envconfig); default localhost:7233."
+        ),
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    commands.required = True
+
+    def command(
+        name: str,
+        run: object,
+        help: str,
+        description: str,
+        *,
+        job: bool = False,  # takes the job's id: JOB
+        json: str | None = None,  # the help of its --json
+    ) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help, description=description)
+        sub.set_defaults(run=run)
+        if job:
+            sub.add_argument("job", metavar="JOB")
+        if json is not None:
+            sub.add_argument("--json", action="store_true", help=json)
+        return sub
+
+    command(
+        "init",
+        cmd.cmd_init,
+        "register spillway's search attributes on the Temporal namespace (idempotent)",
+        "Register the custom search attributes (SpillwayState, SpillwayRoute, SpillwayTrigger, "
+        "SpillwayOverloaded, SpillwayHost) on the connected namespace. Safe to run again.",
+    )
+    command(
+        "load",
+        cmd.cmd_load,
+        "measure the A40's load now (VRAM, GPU util + queue, guard)",
+        "Query the three load sources concurrently, each within LOAD_PROBE_TIMEOUT_S, and print "
+        "the verdict. A failed source is listed under errors and counts as not overloaded "
+        "(fail-open); the exit code is 0 either way.",
+        json="print the LoadStatus as JSON",
+    )
+    command(
+        "health",
+        cmd.cmd_health,
+        "show Temporal's state, the whole trigger logic, the cloud fallback and the live load",
+        "The Temporal connection, the workers polling the task queue and the jobs awaiting "
+        "approval; every load source with its endpoint and threshold, whether the cloud "
+        "fallback is armed "
+        "(key present: yes/no, never the key), the approval timeout, the decision table and the "
+        "live load status.",
+        json="print the report as JSON",
+    )
+
+    submit = command(
+        "submit",
+        cmd.cmd_submit,
+        "submit a video job (an API-format ComfyUI graph, optionally a cloud prompt)",
+        "Start a job: measure the A40, then render locally, in the cloud (only if armed or "
+        "approved) or wait for approval. Everything is validated before anything starts.",
+    )
+    submit.add_argument("--graph", type=Path, required=True, help="API-format ComfyUI graph JSON")
+    submit.add_argument("--prompt", help="text prompt for MiniMax; without it: local only")
+    submit.add_argument("--job-id", help="job id (default: job-<UTC time>-<random>)")
+    submit.add_argument("--model", help="MiniMax model (default MiniMax-Hailuo-2.3)")
+    submit.add_argument("--duration", type=int, help="cloud clip length in seconds (6 or 10)")
+    submit.add_argument("--resolution", help="cloud resolution (512P, 720P, 768P, 1080P)")
+    submit.add_argument(
+        "--input",
+        action="append",
+        metavar="NODE=PATH",
+        help="an image for an image-to-video graph: NODE is the image loader's node id (PATH "
+        "alone when the graph has one loader); stored once, uploaded to the ComfyUI that "
+        "renders, the cloud's first frame; repeatable",
+    )
+    submit.add_argument(
+        "--callback-url",
+        metavar="URL",
+        help="POST job.completed|failed|cancelled here instead of to the workers' "
+        "JOB_WEBHOOK_URL (signed with JOB_WEBHOOK_SECRET). A per-job URL travels in the job's "
+        "input and so in its history: a URL that holds a secret belongs in JOB_WEBHOOK_URL on "
+        "the workers, which keeps it out of every history",
+    )
+    submit.add_argument(
+        "--priority",
+        type=int,
+        choices=range(1, 6),
+        default=3,
+        metavar="1..5",
+        help="1 first .. 5 last (default 3): Temporal's task priority for the job's work when "
+        "a queue is backlogged; shown by list",
+    )
+    submit.add_argument("--wait", action="store_true", help="follow the job until it ends")
+    submit.add_argument("--json", action="store_true", help="print JSON")
+
+    command(
+        "status",
+        cmd.cmd_status,
+        "show a job's plan: state, route, reasons, approval, progress, outputs",
+        "Works for running and finished jobs, with or without a worker running.",
+        job=True,
+        json="print the plan as JSON",
+    )
+
+    listing = command(
+        "list", cmd.cmd_list, "list jobs, newest first", "List jobs, optionally in one state."
+    )
+    listing.add_argument("--state", choices=STATES, help="only jobs in this state")
+    listing.add_argument("--json", action="store_true", help="print a JSON array")
+
+    for name, approved in (("approve", True), ("reject", False)):
+        decide = command(
+            name,
+            cmd.cmd_decide,
+            f"{name} the cloud for a job that awaits approval",
+            f"{name.capitalize()} sending a waiting job to the paid cloud"
+            + ("." if approved else ": it runs locally instead."),
+            job=True,
+        )
+        decide.add_argument("--by", required=True, help="who decides (recorded in the job)")
+        decide.add_argument("--reason", default="", help="why (recorded in the job)")
+        if approved:
+            decide.add_argument(
+                "--over-budget",
+                action="store_true",
+                help="go past CLOUD_DAILY_BUDGET_USD / CLOUD_MONTHLY_BUDGET_USD for this job "
+                "(recorded); without it an approval the budget cannot cover is refused",
+            )
+        else:
+            decide.set_defaults(over_budget=False)
+        decide.set_defaults(approved=approved)
+
+    command(
+        "budget",
+        cmd.cmd_budget,
+        "show cloud spending: today's and this month's budget, spent, reserved, left",
+        "What the spend ledger holds (UTC days and months): the budgets in force on the "
+        "workers (CLOUD_DAILY_BUDGET_USD, CLOUD_MONTHLY_BUDGET_USD), what was spent (charged, and "
+        "maybe_charged after an ambiguous create), what is reserved for creates under way, and "
+        "every cloud create of this month. Read through a running worker.",
+        json="print the ledger summary as JSON",
+    )
+
+    schema = command(
+        "schema",
+        cmd.cmd_schema,
+        "print the JSON Schemas of a job's input, an approval and a plan",
+        "The contract for clients in any language: video-job (the input of the workflow "
+        "VideoJobWorkflow: workflow id = job_id, task queue SPILLWAY_TASK_QUEUE), approval (the "
+        "`approval` signal) and plan (status --json, the workflow's result). Without NAME all "
+        "three as one JSON object keyed by name. Committed as docs/schema/NAME.json.",
+    )
+    schema.add_argument(
+        "name",
+        metavar="NAME",
+        nargs="?",
+        choices=SCHEMA_NAMES,
+        help=f"one of {', '.join(SCHEMA_NAMES)} (default: all)",
+    )
+    schema.add_argument(
+        "--write", type=Path, metavar="DIR", help="write DIR/NAME.json instead of printing"
+    )
+
+    command(
+        "watch",
+        cmd.cmd_watch,
+        "follow a job's state and progress until it ends",
+        "Print each change of state and progress until the job completes, fails or is "
+        "cancelled; exit 0 only if it completed.",
+        job=True,
+    )
+
+    dev = command(
+        "dev",
+        cmd.cmd_dev,
+        "run everything locally: Temporal dev server + Web UI, the worker, and simulators",
+        "Without TEMPORAL_ADDRESS, start the Temporal dev server (Web UI included) with its "
+        "jobs kept in .spillway/temporal.db, register the search attributes and run the "
+        "worker; with --simulate also the ComfyUI, guard and MiniMax simulators on their usual "
+        "local ports (no GPU, no key, no money). Ctrl-C stops everything it started.",
+    )
+    dev.add_argument("--simulate", action="store_true", help="serve the simulators too")
+    dev.add_argument("--port", type=int, default=7233, help="Temporal frontend (7233)")
+    dev.add_argument("--ui-port", type=int, default=8233, help="Temporal Web UI (8233)")
+    dev.add_argument("--comfyui-port", type=int, default=8188, help="ComfyUI simulator (8188)")
+    dev.add_argument("--guard-port", type=int, default=8189, help="guard simulator (8189)")
+    dev.add_argument("--minimax-port", type=int, default=8190, help="MiniMax simulator (8190)")
+    dev.add_argument("--kling-port", type=int, default=8191, help="Kling simulator (8191)")
+    dev.add_argument(
+        "--state-dir", type=Path, default=Path(".spillway"), help="where jobs are kept"
+    )
+
+    sim = command(
+        "sim",
+        cmd.cmd_sim,
+        "change the simulators of `spillway dev --simulate` (GPU load, guard)",
+        "Flip the simulated A40 between free and busy, or hold/free the simulated guard.",
+    )
+    sims = sim.add_subparsers(dest="sim", metavar="WHAT", parser_class=_Parser)
+    sims.required = True
+    gpu = sims.add_parser("gpu", help="set the simulated A40's VRAM use (at COMFYUI_URL)")
+    load_choice = gpu.add_mutually_exclusive_group(required=True)
+    load_choice.add_argument("--vram", type=float, help="percent of VRAM in use, e.g. 95")
+    load_choice.add_argument("--free", action="store_true", help="back to 42.4%% (free)")
+    guard = sims.add_parser("guard", help="hold or free the simulated guard semaphore")
+    guard_choice = guard.add_mutually_exclusive_group(required=True)
+    guard_choice.add_argument("--busy", action="store_true", help="the A40 holds a job")
+    guard_choice.add_argument("--free", action="store_true", help="the A40 holds none")
+    guard.add_argument("--job", help="job the guard names while busy")
+    guard.add_argument("--guard-url", default="http://127.0.0.1:8189", help="simulator URL")
+
+    worker = command(
+        "worker",
+        cmd.cmd_worker,
+        "run the worker (same as python worker.py), with the GPU hosts' agents",
+        "Run the worker: the workflows, the policy, the spend ledger and the cloud on "
+        "SPILLWAY_TASK_QUEUE (long cloud waits on SPILLWAY_TASK_QUEUE-waits), and the agent of "
+        "every GPU host of routing_tiers.json in the same process.",
+    )
+    worker.add_argument(
+        "--no-agents",
+        action="store_true",
+        help="leave the GPU hosts to agents that run next to their GPUs (spillway agent)",
+    )
+    agent = command(
+        "agent",
+        cmd.cmd_agent,
+        "run the agent of one GPU host, next to its GPU and ComfyUI",
+        "Serve one GPU host's load probe (NVML reads this machine's GPU) and its ComfyUI "
+        "activities on SPILLWAY_TASK_QUEUE-gpu-HOST, and its long waits and downloads on "
+        "SPILLWAY_TASK_QUEUE-gpu-HOST-waits. HOST is a local tier's name in routing_tiers.json.",
+    )
+    agent.add_argument("--host", required=True, help="the GPU host's name (a local tier's name)")
+    return parser

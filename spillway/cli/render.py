@@ -1,0 +1,233 @@
+"""Text for people: the load status, the health report, a job's plan, a list of jobs, the budget.
+`--json` prints the models themselves; these are the human forms of the same data."""
+
+from __future__ import annotations
+
+from spillway.cli.health import Health
+from spillway.client.jobs import JobSummary
+from spillway.models import LoadStatus, Plan
+from spillway.spend_book import LedgerSummary
+
+
+def _pct(value: float | None) -> str:
+    return "not measured" if value is None else f"{value:g}%"
+
+
+def render_load(load: LoadStatus) -> str:
+    verdict = "OVERLOADED" if load.overloaded else "not overloaded"
+    reach = "reachable" if load.reachable else "UNREACHABLE"
+    if load.queue_pending is None or load.queue_running is None:
+        queue = "not measured"
+    else:
+        queue = f"{load.queue_running} running, {load.queue_pending} pending"
+    if load.guard_busy is None:
+        guard = "not measured"
+    else:
+        guard = f"busy (job {load.guard_job or 'unknown'})" if load.guard_busy else "free"
+    lines = [
+        f"GPU {verdict}; ComfyUI {reach}  (measured from this shell, COMFYUI_URL and A40_*, "
+        f"{load.measured_at:%Y-%m-%d %H:%M:%S} UTC)",
+        f"  VRAM used  {_pct(load.vram_pct)}  (busy at >= {load.thresholds.vram_busy_pct:g}%)",
+        f"  GPU util   {_pct(load.gpu_util_pct)}  "
+        f"(busy at >= {load.thresholds.util_busy_pct:g}% with a pending queue)",
+        f"  queue      {queue}",
+        f"  guard      {guard}",
+        "  reasons    " + (", ".join(load.reasons) or "none"),
+    ]
+    lines += ["  error      " + e for e in load.errors]
+    return "\n".join(lines)
+
+
+def render_health(health: Health) -> str:
+    cloud, approval, temporal = health.cloud_fallback, health.approval, health.temporal
+    yes = {True: "yes", False: "no"}
+    if temporal.reachable:
+        workers = sorted({p.identity for p in temporal.pollers})
+        lines = [
+            f"Temporal: {temporal.address} namespace {temporal.namespace!r}; task queue "
+            f"{temporal.task_queue!r} polled by {len(workers)} worker(s)"
+            + (f" ({', '.join(workers)})" if workers else ": start one (spillway worker)"),
+            f"Jobs awaiting approval: {temporal.awaiting_approval}",
+        ]
+    else:
+        lines = [f"Temporal: NOT reachable: {temporal.error}"]
+    lines += _workers_lines(health)
+    lines.append(f"Trigger: {health.trigger}")
+    for s in health.sources:
+        lines.append(f"  {s.name:<20} {s.rule:<45} {s.endpoint or 'not configured: skipped'}")
+    lines += [
+        f"  each source answers within {health.probe_timeout_s:g}s or counts as failed; "
+        f"'unreachable' needs a second probe {health.unreachable_confirm_s:g}s later",
+        f"Cloud fallback: armed {yes[cloud.armed]} (CLOUD_VIDEO_FALLBACK_ENABLED "
+        f"{yes[cloud.fallback_enabled]}); providers tried in turn: "
+        + (" then ".join(cloud.order) or "none (no key)"),
+        *(
+            f"  {p.name:<8} (tier {p.tier}) at {p.base_url}: key present {yes[p.key_present]}"
+            for p in cloud.providers
+        ),
+        f"Approval: waits {approval.timeout_s:g}s (then the job runs locally), re-probes every "
+        f"{approval.recheck_s:g}s, webhook {'set' if approval.webhook_configured else 'not set'}",
+        _budget_line(health),
+        "Decision:",
+        *(f"  {row}" for row in health.decision),
+        "Load now:",
+        render_load(health.load),
+    ]
+    return "\n".join(lines)
+
+
+def _workers_lines(health: Health) -> list[str]:
+    workers = health.workers
+    if workers is None:
+        return []
+    if workers.view is None:
+        return [f"Workers: {workers.error}"]
+    view, yes = workers.view, {True: "yes", False: "no"}
+    p = view.policy
+    lines = [
+        f"Workers see: cloud fallback armed {yes[p.fallback_enabled and p.key_present]} "
+        f"(switch {yes[p.fallback_enabled]}, key present {yes[p.key_present]}); VRAM busy at "
+        f">= {p.thresholds.vram_busy_pct:g}%, util at >= {p.thresholds.util_busy_pct:g}%; "
+        f"approval window {p.approval_timeout_s:g}s",
+    ]
+    for host in view.hosts:
+        if host.load is None:
+            lines.append(f"  host {host.name:<14} NO AGENT: {host.error}")
+            continue
+        load = host.load
+        verdict = "OVERLOADED" if load.overloaded else "headroom"
+        if not load.reachable:
+            verdict = "ComfyUI unreachable"
+        lines.append(
+            f"  host {host.name:<14} {verdict}; VRAM {_pct(load.vram_pct)}, queue "
+            f"{load.queue_running} running / {load.queue_pending} pending; agent {load.agent}"
+        )
+    return lines
+
+
+def _budget_line(health: Health) -> str:
+    budget = health.budget
+
+    def cap(value: float | None) -> str:
+        return "no cap" if value is None else f"${value:.2f}"
+
+    if budget is None:
+        return "Budget: unknown (Temporal not reachable)"
+    line = f"Budget: {cap(budget.daily_usd)} a day, {cap(budget.monthly_usd)} a month (UTC)"
+    if budget.day is not None and budget.month is not None:
+        line += (
+            f"; spent {cap(budget.day.spent_usd)} today, {cap(budget.month.spent_usd)} this "
+            f"month; left {cap(budget.day.remaining_usd)} / {cap(budget.month.remaining_usd)}"
+        )
+    elif budget.error:
+        line += f"; ledger: {budget.error}"
+    return line
+
+
+def render_plan(plan: Plan) -> str:
+    route = f" on the {plan.route} route" if plan.route else ""
+    lines = [f"job {plan.job_id}: {plan.state}{route}"]
+    if plan.reasons:
+        lines.append("  reasons   " + ", ".join(plan.reasons))
+    signal = plan.overflow.last_signal
+    if plan.overflow.trigger and signal is not None:
+        why = ", ".join(signal.reasons) or "no reason"
+        lines.append(
+            f"  overflow  {plan.overflow.trigger}: {why} "
+            f"(measured {signal.measured_at:%Y-%m-%d %H:%M:%S} UTC)"
+        )
+    if plan.approval is not None:
+        verdict = "approved" if plan.approval.approved else "rejected"
+        said = f": {plan.approval.reason}" if plan.approval.reason else ""
+        lines.append(
+            f"  approval  {verdict} by {plan.approval.by} "
+            f"at {plan.approval.at:%Y-%m-%d %H:%M:%S} UTC{said}"
+        )
+    if plan.state == "awaiting_approval":
+        lines.append(f"  decide    spillway approve|reject {plan.job_id} --by NAME [--reason TEXT]")
+    if plan.budget is not None:
+        lines.append("  money     " + _money(plan))
+    if plan.progress is not None:
+        p = plan.progress
+        step = f" node {p.node}" if p.node else ""
+        done = f" {p.value}/{p.max}" if p.value is not None and p.max else ""
+        pct = f" ({p.percent:.0f}%)" if p.percent is not None else ""
+        lines.append(f"  progress  {p.phase}{step}{done}{pct}")
+    if plan.prompt_id is not None:
+        host = f" on host {plan.host}" if plan.host else ""
+        lines.append(f"  comfyui   prompt {plan.prompt_id}{host} (submit {plan.local_attempts})")
+    if plan.cloud is not None:
+        c = plan.cloud
+        cost = (
+            f", estimated ${c.estimated_cost_usd:.2f}" if c.estimated_cost_usd is not None else ""
+        )
+        how = " over the budget" if c.authorisation == "approved_over_budget" else ""
+        lines.append(
+            f"  cloud     {c.provider} task {c.task_id or '(not created)'}{cost}, "
+            f"authorised by {c.authorised_by}{how}"
+        )
+    for out in plan.outputs:
+        lines.append(f"  output    {out.path}  {out.bytes} bytes  sha256 {out.sha256}")
+        if out.uri:
+            lines.append(f"            {out.uri}" + (f"  {out.url}" if out.url else ""))
+    for ignored in plan.ignored_signals:
+        verdict = {True: "approval", False: "rejection", None: "signal"}[ignored.approved]
+        who = f" by {ignored.by}" if ignored.by else ""
+        lines.append(f"  ignored   {verdict}{who}: {ignored.why}")
+    if plan.error:
+        lines.append(f"  error     {plan.error}")
+    return "\n".join(lines)
+
+
+def _money(plan: Plan) -> str:
+    view = plan.budget
+    assert view is not None
+
+    def usd(value: float | None) -> str:
+        return "unknown" if value is None else f"${value:.2f}"
+
+    text = f"cloud estimate {usd(view.estimate_usd)}"
+    if view.day_remaining_usd is not None:
+        text += f", {usd(view.day_remaining_usd)} left today"
+    if view.month_remaining_usd is not None:
+        text += f", {usd(view.month_remaining_usd)} left this month"
+    if view.exhausted is not None:
+        text += f"; the {view.exhausted}'s budget cannot cover it: approve with --over-budget"
+    return text
+
+
+def render_jobs(jobs: list[JobSummary]) -> str:
+    if not jobs:
+        return "no jobs"
+    width = max(len(j.job_id) for j in jobs)
+    lines = [f"{'JOB':<{width}}  {'STATE':<17}  {'ROUTE':<5}  {'HOST':<12}  PRIO  STARTED (UTC)"]
+    for j in jobs:
+        prio = "-" if j.priority is None else str(j.priority)
+        lines.append(
+            f"{j.job_id:<{width}}  {j.state:<17}  {j.route or '-':<5}  {j.host or '-':<12}  "
+            f"{prio:<4}  {j.started:%Y-%m-%d %H:%M:%S}"
+        )
+    return "\n".join(lines)
+
+
+def render_budget(summary: LedgerSummary) -> str:
+    def usd(value: float | None) -> str:
+        return "no cap" if value is None else f"${value:.2f}"
+
+    lines = [f"{'cloud spend (UTC)':<18}{'budget':>10}{'spent':>10}{'reserved':>10}{'left':>10}"]
+    for label, totals in (("today", summary.day), ("this month", summary.month)):
+        lines.append(
+            f"  {label:<16}{usd(totals.budget_usd):>10}{usd(totals.spent_usd):>10}"
+            f"{usd(totals.reserved_usd):>10}{usd(totals.remaining_usd):>10}"
+        )
+    if not summary.entries:
+        lines.append("no cloud creates this month")
+        return "\n".join(lines)
+    lines.append("this month's creates (maybe_charged counts as spent):")
+    for e in summary.entries:
+        task = e.task_id or "-"
+        lines.append(
+            f"  {e.at:%Y-%m-%d %H:%M}  {e.job_id}  {e.provider}  task {task}  "
+            f"{usd(e.cost_usd)}  {e.state}  {e.authorisation} by {e.authorised_by}"
+        )
+    return "\n".join(lines)

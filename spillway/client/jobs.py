@@ -1,0 +1,281 @@
+"""The Temporal calls under spillway.client (and the tests' and benchmarks' jobs): submit, status,
+list, decide, each on a temporalio Client, and the edge checks of a graph and a job.
+
+`status` never needs a worker: the plan comes from the workflow's memo (running jobs), its result
+(completed) or its failure (failed); progress from the running activity's last heartbeat.
+A job's priority travels three ways (README, "Starting jobs from code"): in its input (the
+workflow's own use), as Temporal's task priority (its workflow and activity tasks, when a queue
+is backlogged) and in its memo, which is where `list` reads it (Temporal's list does not return
+an execution's priority).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ValidationError
+from temporalio.api.enums.v1 import PendingActivityState
+from temporalio.client import (
+    Client,
+    WorkflowExecution,
+    WorkflowExecutionStatus,
+    WorkflowFailureError,
+    WorkflowHandle,
+    WorkflowUpdateFailedError,
+    WorkflowUpdateRPCTimeoutOrCancelledError,
+    WorkflowUpdateStage,
+)
+from temporalio.common import (
+    Priority,
+    SearchAttributePair,
+    TypedSearchAttributes,
+    WorkflowIDReusePolicy,
+)
+from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
+from temporalio.service import RPCError, RPCStatusCode
+
+from spillway import search_attributes as sa
+from spillway.errors import ConfigError, Failed
+from spillway.models import ApprovalDecision, CloudRequest, JobState, Plan, Progress, VideoJob
+from spillway.names import (
+    APPROVAL_SIGNAL,
+    DECIDE_UPDATE,
+    PLAN_MEMO,
+    PRIORITY_MEMO,
+    VIDEO_JOB,
+)
+from spillway.settings import describe_validation_error
+
+# Temporal refuses payloads over 2 MB; a graph that big is not an API-format graph anyway.
+MAX_GRAPH_BYTES = 1_500_000
+
+
+class JobSummary(BaseModel):
+    job_id: str
+    state: str
+    route: str | None
+    started: datetime
+    host: str | None = None  # the GPU host of a local job
+    priority: int | None = None  # 1 (first) .. 5; None: the client that started it set no memo
+
+
+def read_graph(path: Path) -> dict[str, Any]:
+    try:
+        size = path.stat().st_size
+        if size > MAX_GRAPH_BYTES:
+            raise ConfigError(
+                f"graph {path} is {size / 1e6:.1f} MB, more than the "
+                f"{MAX_GRAPH_BYTES / 1e6:.1f} MB a job can carry: export the API-format graph "
+                "(it holds no images or models)"
+            )
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read graph {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"graph {path} is not UTF-8 text") from None
+    try:
+        graph = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"graph {path} is not JSON: {exc}") from None
+    if not isinstance(graph, dict):
+        raise ConfigError(f"graph {path} is not an API-format ComfyUI graph (a JSON object)")
+    return graph
+
+
+def check_graph_size(graph: dict[str, Any]) -> None:
+    """A graph given as a dict (spillway.client) meets the same limit as a graph file."""
+    try:
+        size = len(json.dumps(graph, ensure_ascii=False).encode())
+    except (TypeError, ValueError) as exc:  # a value JSON has no form for, a cycle
+        raise ConfigError(f"the graph cannot be sent as JSON: {exc}") from None
+    if size > MAX_GRAPH_BYTES:
+        raise ConfigError(
+            f"the graph is {size / 1e6:.1f} MB as JSON, more than the "
+            f"{MAX_GRAPH_BYTES / 1e6:.1f} MB a job can carry: export the API-format graph "
+            "(it holds no images or models)"
+        )
+
+
+def check_callback_url(url: str) -> str:
+    """An http(s) URL with a host. Never shown in a message: a callback URL may hold a token."""
+    wrong = ConfigError(
+        "--callback-url must be an http(s) URL with a host, such as "
+        "https://example.com/hooks/spillway (the value is not shown: it may hold a token)"
+    )
+    if len(url) > 2000 or any(c.isspace() for c in url):
+        raise wrong
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 -- raises ValueError for a port that is not a number
+    except ValueError:
+        raise wrong from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise wrong
+    return url
+
+
+def build_job(
+    job_id: str,
+    graph: dict[str, Any],
+    prompt: str | None,
+    cloud_options: dict[str, Any],
+    *,
+    callback_url: str | None = None,
+    priority: int = 3,
+) -> VideoJob:
+    """Validates everything at the edge: nothing starts with a bad graph or cloud request."""
+    if prompt is None and cloud_options:
+        raise ConfigError(f"{', '.join('--' + k for k in cloud_options)} needs --prompt")
+    if callback_url is not None:
+        check_callback_url(callback_url)
+    try:
+        cloud = CloudRequest(prompt=prompt, **cloud_options) if prompt is not None else None
+        return VideoJob(
+            job_id=job_id, graph=graph, cloud=cloud, callback_url=callback_url, priority=priority
+        )
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error(exc, "job")) from None
+
+
+async def submit(client: Client, job: VideoJob, task_queue: str) -> WorkflowHandle[Any, Plan]:
+    nodes = ", ".join(sorted({n["class_type"] for n in job.graph.values()}))
+    cloud = f'cloud prompt: "{job.cloud.prompt[:80]}"' if job.cloud else "local only"
+    plan = Plan(job_id=job.job_id)
+    try:
+        return await client.start_workflow(
+            VIDEO_JOB,
+            job,
+            id=job.job_id,
+            task_queue=task_queue,
+            result_type=Plan,
+            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            priority=Priority(priority_key=job.priority),
+            # What the job's first workflow task would publish, set at once: `status` and
+            # `list` know the job before a worker picks it up, and the workflow upserts
+            # nothing then (workflows/job_state.py).
+            memo={PLAN_MEMO: plan, PRIORITY_MEMO: job.priority},
+            search_attributes=TypedSearchAttributes([SearchAttributePair(sa.STATE, plan.state)]),
+            static_summary=f"video job {job.job_id}: {len(job.graph)} nodes; {cloud}",
+            static_details=f"ComfyUI nodes: {nodes}",
+        )
+    except WorkflowAlreadyStartedError:
+        raise Failed(f"job {job.job_id} already exists: choose another --job-id") from None
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.INVALID_ARGUMENT and sa.STATE.name in exc.message:
+            raise Failed(f"{exc.message}: run `spillway init` once for this namespace") from None
+        raise
+
+
+async def status(client: Client, job_id: str) -> Plan:
+    handle = client.get_workflow_handle(job_id, result_type=Plan)
+    try:
+        description = await handle.describe()
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            raise Failed(f"job {job_id} not found") from None
+        raise
+    plan = await description.memo_value(PLAN_MEMO, None, type_hint=Plan) or Plan(job_id=job_id)
+    match description.status:
+        case WorkflowExecutionStatus.COMPLETED:
+            result: Plan = await handle.result()
+            return result
+        case WorkflowExecutionStatus.FAILED:
+            plan.state, plan.error = "failed", plan.error or await _failure(handle)
+        case WorkflowExecutionStatus.CANCELED:
+            plan.state = "cancelled"
+        case WorkflowExecutionStatus.TERMINATED | WorkflowExecutionStatus.TIMED_OUT:
+            plan.state, plan.error = "failed", await _failure(handle)
+        case _:
+            plan.progress = await _progress(client, description.raw_description)
+    return plan
+
+
+async def _failure(handle: WorkflowHandle[Any, Any]) -> str:
+    try:
+        await handle.result()
+    except WorkflowFailureError as err:
+        return _message(err.cause or err)
+    return "failed"
+
+
+def _message(err: BaseException) -> str:
+    return err.message if isinstance(err, ApplicationError) else str(err)
+
+
+async def _progress(client: Client, raw: Any) -> Progress | None:
+    for pending in raw.pending_activities:
+        if pending.state != PendingActivityState.PENDING_ACTIVITY_STATE_STARTED:
+            continue
+        payloads = pending.heartbeat_details.payloads
+        if payloads:
+            [progress] = await client.data_converter.decode(payloads[:1], [Progress])
+            if isinstance(progress, Progress):
+                return progress
+    return None
+
+
+async def list_jobs(client: Client, state: JobState | None) -> list[JobSummary]:
+    query = f"WorkflowType = '{VIDEO_JOB}'"
+    if state is not None:
+        query += f" AND {sa.STATE.name} = '{state}'"
+    jobs = []
+    async for execution in client.list_workflows(query):
+        attributes = execution.typed_search_attributes
+        jobs.append(
+            JobSummary(
+                job_id=execution.id,
+                state=attributes.get(sa.STATE) or "probing",
+                route=attributes.get(sa.ROUTE),
+                started=execution.start_time,
+                host=attributes.get(sa.HOST),
+                priority=await _priority(execution),
+            )
+        )
+    return jobs
+
+
+async def _priority(execution: WorkflowExecution) -> int | None:
+    """The memo's priority; a raw client's memo may hold anything, or nothing."""
+    try:
+        value = await execution.memo_value(PRIORITY_MEMO, None)
+    except Exception:  # a payload this converter cannot read
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 5:
+        return value
+    return None
+
+
+async def decide(client: Client, job_id: str, decision: ApprovalDecision) -> str:
+    """Approve or reject through the workflow's update, so a job that is not waiting refuses
+    with its reason. With no worker answering, the decision goes as a signal, applied when a
+    worker runs (the workflow records it as ignored if the job has moved on by then)."""
+    current = await status(client, job_id)
+    if current.state != "awaiting_approval":
+        raise Failed(f"job {job_id} is not awaiting approval (state: {current.state})")
+    handle = client.get_workflow_handle(job_id, result_type=Plan)
+    try:
+        accepted = await handle.start_update(
+            DECIDE_UPDATE,
+            decision,
+            result_type=str,
+            wait_for_stage=WorkflowUpdateStage.ACCEPTED,
+            rpc_timeout=timedelta(seconds=5),
+        )
+    except WorkflowUpdateFailedError as err:
+        raise Failed(_message(err.cause or err)) from None
+    except WorkflowUpdateRPCTimeoutOrCancelledError:
+        await handle.signal(APPROVAL_SIGNAL, decision)
+        return "sent as a signal: no worker answered; it applies when a worker runs"
+    # Accepted: the answer comes once the job has used the decision (an approval reserves its
+    # cost in the spend ledger first, and the budget may refuse it).
+    try:
+        answer: str = await accepted.result(rpc_timeout=timedelta(seconds=60))
+        return answer
+    except WorkflowUpdateFailedError as err:
+        raise Failed(_message(err.cause or err)) from None
+    except WorkflowUpdateRPCTimeoutOrCancelledError:
+        return f"accepted; still being applied: see spillway status {job_id}"

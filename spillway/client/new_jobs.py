@@ -1,0 +1,66 @@
+"""A job and a decision, made and checked before anything is sent (spillway/client.py's
+`make_job` and `make_decision`, which the `spillway` command uses too)."""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from spillway.client import jobs
+from spillway.errors import ConfigError
+from spillway.models import ApprovalDecision, VideoJob
+from spillway.settings import describe_validation_error
+
+
+def make_job(
+    graph: dict[str, Any] | Path,
+    *,
+    job_id: str | None = None,
+    prompt: str | None = None,
+    model: str | None = None,
+    duration: int | None = None,
+    resolution: str | None = None,
+    callback_url: str | None = None,
+    priority: int = 3,
+) -> VideoJob:
+    """A job, every part checked (ConfigError naming what is wrong); nothing is started.
+
+    `graph`: an API-format ComfyUI graph (ComfyUI's "Export (API)"), a dict or a JSON file, at
+    most 1.5 MB. `prompt` (with `model`, `duration`, `resolution`, checked against what MiniMax
+    accepts) is what the cloud renders if the job goes there; without it the job runs only
+    locally. `job_id` defaults to `job-<UTC time>-<random>`. `callback_url`: the job's
+    job.completed|failed|cancelled POST goes there instead of the workers' JOB_WEBHOOK_URL; it
+    travels in the job's input and so in its history: a URL that holds a secret belongs in
+    JOB_WEBHOOK_URL on the workers. `priority`: 1 (first) to 5 (last), default 3.
+    """
+    if isinstance(graph, Path):
+        graph = jobs.read_graph(graph)
+    else:
+        jobs.check_graph_size(graph)
+    options = {"model": model, "duration": duration, "resolution": resolution}
+    return jobs.build_job(
+        job_id or new_job_id(),
+        graph,
+        prompt,
+        {k: v for k, v in options.items() if v is not None},
+        callback_url=callback_url,
+        priority=priority,
+    )
+
+
+def make_decision(
+    approved: bool, by: str, reason: str = "", over_budget: bool = False
+) -> ApprovalDecision:
+    """An approval (or rejection), checked: ConfigError for an empty `by` or a long reason."""
+    try:
+        return ApprovalDecision(approved=approved, by=by, reason=reason, over_budget=over_budget)
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error(exc, "decision")) from None
+
+
+def new_job_id() -> str:
+    return datetime.now(UTC).strftime("job-%Y%m%d-%H%M%S-") + os.urandom(3).hex()

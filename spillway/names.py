@@ -1,0 +1,57 @@
+"""Every name spillway puts on the wire: workflow types, their signals, updates and queries, the
+memo keys a job publishes, the spend ledger's workflow id, and the activities of the systems
+that are not a cloud provider (each provider names its own, in its folder). Running jobs'
+histories hold these names: renaming one breaks them (the replay test says so)."""
+
+from __future__ import annotations
+
+# --- workflows ---------------------------------------------------------------------------------
+
+VIDEO_JOB = "VideoJobWorkflow"  # what clients start: its input is the JSON of VideoJob
+SPEND_LEDGER = "SpendLedgerWorkflow"
+HEALTH = "SpillwayHealthWorkflow"
+CALLBACK = "SpillwayCallbackWorkflow"
+
+# VideoJobWorkflow's handlers. The signal takes a raw payload (read in the handler) and the
+# update is async, so the SDK cannot type calls made with the methods themselves.
+APPROVAL_SIGNAL = "approval"
+DECIDE_UPDATE = "decide_approval"
+PLAN_QUERY = "plan"
+# The memo keys a job publishes: its plan (`spillway status` without a worker) and its priority
+# (`list`: Temporal's list does not return an execution's priority).
+PLAN_MEMO = "plan"
+PRIORITY_MEMO = "priority"
+
+# The spend ledger's handlers.
+LEDGER_RESERVE = "reserve"
+LEDGER_BEGIN = "begin"
+LEDGER_SETTLE = "settle"
+LEDGER_CONFIGURE = "configure"
+LEDGER_SUMMARY = "summary"
+LEDGER_BUDGETS = "budgets"
+LEDGER_ID = "spillway-spend-ledger"
+
+
+def ledger_id(task_queue: str) -> str:
+    """One ledger per namespace and task queue: a simulated deployment (its own queue) never
+    shares money with the real one."""
+    return LEDGER_ID if task_queue == "spillway" else f"{LEDGER_ID}-{task_queue}"
+
+
+# --- activities --------------------------------------------------------------------------------
+
+READ_POLICY = "read_policy"
+PROBE = "a40_load_status"  # the seed's name
+NOTIFY_APPROVAL = "notify_approval_needed"
+JOB_CALLBACK = "job_callback"
+
+COMFYUI_SUBMIT = "comfyui_submit"
+COMFYUI_WAIT = "comfyui_wait"
+COMFYUI_DOWNLOAD = "comfyui_download"
+COMFYUI_CANCEL = "comfyui_cancel"
+COMFYUI_UPLOAD = "comfyui_upload"
+
+SPEND_RESERVE = "spend_reserve"
+SPEND_SETTLE = "spend_settle"
+SPEND_VIEW = "spend_view"
+SPEND_RECORDED = "spend_recorded"

@@ -1,0 +1,225 @@
+"""AWAIT, the part of VideoJobWorkflow that waits for a person (docs/design.md, "The decision"):
+the approval is asked for (the ledger read first, the owner notified), then the job waits for a
+decision, the approval window's end or a GPU host's headroom, re-probing every recheck interval,
+and continues as new when its history grows long. A decision arrives by the `approval` signal
+(its raw payload read here, so that even an unreadable one is recorded, not dropped) or the
+`decide_approval` update, and is refused, recorded, or used: a rejection runs the job locally,
+an approval reserves its cost in the spend ledger. Workflow code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from datetime import datetime, timedelta
+from typing import Any, NoReturn
+
+from pydantic import ValidationError
+from temporalio import workflow
+from temporalio.api.common.v1 import Payload
+from temporalio.common import RawValue
+from temporalio.exceptions import ActivityError
+
+from workflows import activity_calls as calls
+from workflows import cloud_route, measure
+from workflows.job_state import LOCAL, RouteChoice, Ticket, VideoJobState
+
+with workflow.unsafe.imports_passed_through():
+    from spillway.models import ApprovalDecision, ApprovalRecord, AwaitCarry, IgnoredSignal
+    from workflows import texts
+
+MAX_IGNORED_SIGNALS = 20
+
+# What the signal handler gets when a signal carried no input at all (the SDK decodes a handler's
+# parameter only when its type is exactly RawValue, so "missing" is this empty payload).
+NO_INPUT = RawValue(Payload())
+
+
+# --- a decision arriving ---------------------------------------------------------------------
+
+
+def read_signal(raw: RawValue) -> ApprovalDecision | str:
+    """The decision, or why it cannot be read (the Temporal UI sends whatever JSON was typed)."""
+    if raw is NO_INPUT or not raw.payload.metadata:
+        return "the approval signal carried no input"
+    try:
+        value: Any = workflow.payload_converter().from_payload(raw.payload)
+    except Exception as exc:  # any converter error: the payload is not JSON
+        return f"the approval signal's input is not JSON ({type(exc).__name__})"
+    try:
+        return ApprovalDecision.model_validate(value)
+    except ValidationError as exc:
+        fields = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}" for e in exc.errors()
+        )
+        return f"the approval signal's input is not a decision ({fields})"
+
+
+def raw_text(raw: RawValue, limit: int = 200) -> str | None:
+    if raw is NO_INPUT:
+        return None
+    text = raw.payload.data.decode("utf-8", errors="replace")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def refusal(s: VideoJobState, decision: ApprovalDecision) -> str | None:
+    """Why the job cannot take this decision now, or None."""
+    job_id = s.job.job_id
+    if s.plan.state != "awaiting_approval":
+        return f"job {job_id} is not awaiting approval (state: {s.plan.state})"
+    if workflow.now() >= s.approval_deadline:
+        return f"job {job_id}'s approval window closed at {s.approval_deadline:%H:%M:%S}"
+    if s.pending is not None:
+        return f"job {job_id} already has a decision by {s.pending.decision.by}"
+    if decision.approved and s.job.cloud is None:
+        return f"job {job_id} has no cloud prompt: it can only run locally"
+    return None
+
+
+def ignore(s: VideoJobState, ignored: IgnoredSignal) -> None:
+    s.plan.ignored_signals = [*s.plan.ignored_signals, ignored][-MAX_IGNORED_SIGNALS:]
+    workflow.logger.info("approval ignored: %s", ignored.why)
+    s.publish()
+
+
+def unused(s: VideoJobState, ticket: Ticket, why: str) -> None:
+    """An accepted decision the job could not use: its caller hears why, the plan keeps it."""
+    ticket.refusal = why
+    ignore(s, IgnoredSignal(**ticket.decision.model_dump(), at=workflow.now(), why=why))
+
+
+async def answer_open_decision(s: VideoJobState) -> None:
+    """A decision accepted just as the job left its wait (headroom came back in the same moment)
+    hears that it was not used, instead of Temporal's "workflow completed before the update
+    completed"; the plan records it."""
+    ticket = s.pending
+    if ticket is None or ticket.settled:
+        return
+    unused(s, ticket, texts.ended_unused(s.job.job_id, s.plan.state))
+    await workflow.wait_condition(workflow.all_handlers_finished)
+
+
+# --- asking, and waiting ---------------------------------------------------------------------
+
+
+async def ask(s: VideoJobState, because: str | None) -> RouteChoice:
+    """AWAIT from the start: a job reset after its create follows the task the ledger recorded;
+    any other job waits for a person, who is told why (`because`: what the cloud route said)."""
+    recorded = await cloud_route.recorded_create(s)
+    if recorded is not None:
+        return recorded
+    policy = s.policy
+    now = workflow.now()
+    if because is not None:
+        s.reason(because)
+    s.plan.state = "awaiting_approval"
+    s.publish()  # the memo says so too while the budget is read (a worker may stop)
+    deadline = now + timedelta(seconds=policy.approval_timeout_s)
+    s.approval_deadline = deadline  # decisions arriving from now on are judged against it
+    await cloud_route.read_budget(s)
+    if policy.webhook_configured:
+        notice = texts.approval_notice(s.plan, policy, workflow.info().namespace, deadline)
+        s.notice = asyncio.create_task(_send_notice(notice))  # never awaited
+    return await wait(s, deadline, now + timedelta(seconds=policy.unreachable_give_up_s))
+
+
+async def wait(s: VideoJobState, approval_deadline: datetime, give_up_at: datetime) -> RouteChoice:
+    """Approval, rejection, timeout or headroom, re-probing every recheck interval. Once the
+    approval window is over (state `probing`), wait only for ComfyUI to answer."""
+    policy = s.policy
+    s.approval_deadline = approval_deadline
+    s.publish()
+    loops = 0
+    while True:
+        if s.pending is not None:
+            ticket, s.pending = s.pending, None
+            choice = await _use(s, ticket)
+            if choice is not None:
+                return choice
+        now = workflow.now()
+        if s.plan.state == "awaiting_approval" and now >= approval_deadline:
+            s.reason("approval_timeout")
+            s.plan.state = "probing"  # a timeout never means "spend"
+        if s.plan.state == "probing" and measure.last_reachable(s):
+            return LOCAL
+        if now >= give_up_at:
+            s.fail(texts.gave_up_waiting(policy.unreachable_give_up_s, s.plan))
+        s.publish()
+
+        loops += 1
+        if loops > policy.await_loops_per_run or workflow.info().is_continue_as_new_suggested():
+            await workflow.wait_condition(
+                lambda: workflow.all_handlers_finished() or s.pending is not None
+            )
+            if s.pending is None:
+                _continue_as_new(s, approval_deadline, give_up_at)
+
+        recheck = timedelta(seconds=policy.approval_recheck_s)
+        if s.plan.state == "awaiting_approval":
+            recheck = max(min(recheck, approval_deadline - now), timedelta(seconds=1))
+        try:
+            await workflow.wait_condition(lambda: s.pending is not None, timeout=recheck)
+            continue
+        except TimeoutError:
+            pass
+        load = await measure.measure(s)
+        if load.reachable and not load.overloaded:
+            s.reason("headroom_returned")
+            s.plan.overflow.last_signal = load
+            if s.pending is not None:  # arrived while the probe ran: local wins
+                unused(s, s.pending, texts.headroom_won())
+                s.pending = None
+            return LOCAL
+        measure.note_load(s, load)
+
+
+async def _use(s: VideoJobState, ticket: Ticket) -> RouteChoice | None:
+    """The route a decision gives, its cost reserved; None when the job waits on (rejected:
+    local as soon as ComfyUI answers; over the budget: the person is told)."""
+    decision = ticket.decision
+    s.plan.approval = ApprovalRecord(**decision.model_dump(), at=workflow.now())
+    if not decision.approved:
+        s.reason(f"rejected_by={decision.by}")
+        s.plan.state = "probing"
+        ticket.answer = "rejected"
+        return None
+    over = decision.over_budget
+    choice = RouteChoice(
+        "cloud", authorisation="approved_over_budget" if over else "approved", by=decision.by
+    )
+    providers = s.policy.providers
+    if not providers:
+        ticket.refusal = texts.approved_without_key(decision.by)
+        s.fail(ticket.refusal)
+    reservation = await calls.spend_reserve(cloud_route.spend_request(s, choice, providers[0]))
+    if reservation.refused is not None:
+        ticket.refusal = texts.approved_without_key(decision.by)
+        s.fail(ticket.refusal)
+    if reservation.shortfall is not None:
+        s.plan.approval = None
+        s.plan.budget = texts.exhausted_view(s.plan.budget, reservation.shortfall)
+        unused(s, ticket, texts.over_budget(reservation.shortfall, s.job.job_id))
+        return None
+    ticket.answer = "approved"
+    return replace(choice, reservation=reservation)
+
+
+def _continue_as_new(
+    s: VideoJobState, approval_deadline: datetime, give_up_at: datetime
+) -> NoReturn:
+    carry = AwaitCarry(
+        plan=s.plan,
+        policy=s.policy,
+        approval_deadline=approval_deadline,
+        give_up_at=give_up_at,
+        pending_approval=s.pending.decision if s.pending else None,
+    )
+    workflow.continue_as_new(s.job.model_copy(update={"carry": carry}))
+
+
+async def _send_notice(notice: Any) -> None:
+    try:
+        await calls.notify(notice)
+    except ActivityError as err:
+        # A failing webhook never blocks or fails the job; the UI and `list` still show it.
+        workflow.logger.warning("approval webhook failed: %s", err.cause or err)
