@@ -1,1 +1,1 @@
-"""spillway: a durable router for ComfyUI video jobs; local A40 first, paid cloud by consent."""
+"""spillway: a durable router for ComfyUI video jobs; local GPUs first, paid cloud by consent."""

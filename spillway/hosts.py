@@ -3,8 +3,8 @@ happens, which task queues reach them, and which host a job takes. Pure: the wor
 host with `pick_host`, the worker and `spillway agent` build their workers from `gpu_hosts`.
 
 Every local tier of routing_tiers.json is a host. A file with a single local tier that names no
-ComfyUI takes it from the environment (COMFYUI_URL, A40_GUARD_URL, A40_*), so a set-up from
-before hosts existed keeps working unchanged.
+ComfyUI takes it from the environment (COMFYUI_URL, A40_GUARD_URL, A40_*): the seed's variables
+describe a one-GPU set-up completely.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """Reading ComfyUI's answers: pure functions of what ComfyUI 0.3.64 sends (docs/design.md,
 "ComfyUI facts"), tested on the recorded transcripts in tests/comfyui_transcripts/.
 
-Nothing here talks to ComfyUI or Temporal: the client (activities/comfyui_client.py) fetches,
-these functions read, and the activities (activities/comfyui.py) turn what they read into
-results and ApplicationErrors. Answers are `Any` on purpose: ComfyUI's JSON has no schema, and a
+Nothing here talks to ComfyUI or Temporal: the client fetches, these functions read, and the
+activities turn what they read into results and ApplicationErrors. Answers are `Any` on purpose: ComfyUI's JSON has no schema, and a
 field of an unexpected shape is read as missing rather than crashing the worker.
 """
 

@@ -1,6 +1,6 @@
 """Every HTTP and WebSocket exchange with ComfyUI (docs/design.md, "ComfyUI facts"), and nothing
 Temporal-specific: failures are the exceptions below, which the activities turn into
-ApplicationErrors. What the answers mean is read by spillway/comfyui_answers.py.
+ApplicationErrors. What the answers mean is read by answers.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Files in and out of ComfyUI, for the LOCAL route's activities (activities/comfyui.py):
+"""Files in and out of ComfyUI, for the LOCAL route's activities:
 outputs streamed from `/view` into the output store, input images put into ComfyUI's input
 folder with `POST /upload/image` (docs/design.md, "ComfyUI facts" and "Clients, inputs and
 outputs").

@@ -1,6 +1,5 @@
 """Kling's answers, read without I/O: what a create proves (money invariant 2) and what a query
-says (docs/design.md, "Kling facts"). What is sent (request bodies, the JWT) is in
-`spillway.kling_requests`.
+says (docs/design.md, "Kling facts"). What is sent (request bodies, the JWT) is in requests.py.
 
 Kling differs from MiniMax in one way that matters for money: `external_task_id` must be unique
 per account and a task can be queried by it, so an ambiguous create is resolved by asking Kling

@@ -1,4 +1,4 @@
-"""The sending side of a Kling create (activities/kling.py runs it inside `CreateGuard`): sent,
+"""The sending side of a Kling create (activities.py runs it inside `CreateGuard`): sent,
 sent again after a provable "not now" (1303, a token signed anew, no connection), and after an
 unclear answer reconciled by the run's external_task_id (docs/design.md, "Kling facts"), all
 within the timing's retry budget. It always returns a verdict the guard can settle: `created`

@@ -1,4 +1,4 @@
-"""The `kling_download` activity's work (activities/kling.py): the finished video streamed
+"""The `kling_download` activity's work (activities.py): the finished video streamed
 from Kling's CDN into the output store (docs/design.md, "Kling facts").
 
 Free, and safe to run again: a video already in the store (whole, with its sha256) is kept and

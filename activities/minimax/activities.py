@@ -2,7 +2,7 @@
 
 Money invariant 2 starts here. A create is the only call that costs money and MiniMax has no
 idempotency key, so the activity sends a create again only when MiniMax provably made no task
-(`spillway.minimax_answers.classify_create`: nothing could be sent, or an explicit rate or
+(`answers.classify_create`: nothing could be sent, or an explicit rate or
 volume "no" with an empty task id). Anything else after the request may have left this machine
 is ambiguous: a task, and a charge, may exist, so the activity fails non-retryable and says how
 to check. It runs inside `CreateGuard` (armed now? the ledger's `begin`, the outcome settled),

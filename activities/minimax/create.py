@@ -1,4 +1,4 @@
-"""The sending side of a MiniMax create (activities/minimax.py runs it inside `CreateGuard`):
+"""The sending side of a MiniMax create (activities.py runs it inside `CreateGuard`):
 sent again only after a provable "not now", within the timing's retry budget, and the
 ambiguous failure that says how to check for a task once a request may have reached MiniMax.
 """

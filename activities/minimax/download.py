@@ -1,4 +1,4 @@
-"""The `minimax_download` activity's work (activities/minimax.py): a finished video's file
+"""The `minimax_download` activity's work (activities.py): a finished video's file
 retrieved, its pre-signed URL streamed into the output store (docs/design.md, "MiniMax facts").
 
 Free, and safe to run again: a video already in the store (whole, with its sha256) is kept and

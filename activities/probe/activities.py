@@ -126,7 +126,7 @@ class LoadStatusActivities:
 
     async def _get_json(self, source: str, url: str) -> Answer:
         """`url`'s answer, fetched and parsed once for every probe that asks while it is on
-        its way (activities/shared_read.py)."""
+        its way (shared_read.py)."""
         if (shared := self._reads.get(url)) is None:
             shared = self._reads[url] = SharedRead(
                 lambda: self._fetch_json(source, url),

@@ -3,8 +3,7 @@
 Exit codes: 0 success, 1 refused or failed, 2 bad input, usage or configuration; errors are one
 line on stderr, never a traceback (SPILLWAY_DEBUG=1 shows it). Every run leaves through
 `os._exit`: the SDK's native bridge can crash a client process during interpreter shutdown
-(temporalio/sdk-python#300), which would turn a success into a crash exit. The command line is
-parsed by spillway/cli_parser.py; the commands themselves are in spillway/commands.py.
+(temporalio/sdk-python#300), which would turn a success into a crash exit.
 """
 
 from __future__ import annotations

@@ -1,5 +1,4 @@
-"""What each `spillway` command does (spillway/cli_parser.py parses the command line, and
-spillway/cli.py turns errors into exit codes). Heavy imports (temporalio's client) happen
+"""What each `spillway` command does. Heavy imports (temporalio's client) happen
 inside the commands that need them, so `load` starts fast."""
 
 from __future__ import annotations
@@ -192,7 +191,7 @@ async def cmd_dev(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    # `spillway dev`'s options are named after DevOptions' fields (spillway/cli_parser.py).
+    # `spillway dev`'s options are named after DevOptions' fields (parser.py).
     options = DevOptions(**{f.name: getattr(args, f.name) for f in dataclasses.fields(DevOptions)})
     return await run_dev(options)
 

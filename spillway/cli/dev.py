@@ -230,7 +230,7 @@ def _banner(options: DevOptions, address: str | None, urls: dict[str, str] | Non
         ),
         "  spillway submit --graph examples/video_graph.json --job-id tour-1 --prompt "
         '"a lighthouse at dusk" --wait',
-        "  spillway sim gpu --vram 95        # make the simulated A40 busy",
+        "  spillway sim gpu --vram 95        # make the simulated GPU busy",
         "  spillway list --state awaiting_approval",
     ]
     return "\n".join(lines)

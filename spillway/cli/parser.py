@@ -1,5 +1,5 @@
 """The `spillway` command line: every command, its options and its help (docs/design.md, "The
-command-line contract"). spillway/cli.py runs what it parses; a usage error exits 2 (USAGE)."""
+command-line contract"). A usage error exits 2 (USAGE)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="spillway",
         description=(
-            "Durable router for ComfyUI video jobs: the local A40 first, paid cloud video only "
+            "Durable router for ComfyUI video jobs: the local GPU hosts first, paid cloud video only "
             "when the GPU is overloaded or unreachable AND the owner armed the fallback or "
             "approved the job. Temporal connection: TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE, "
             "TEMPORAL_API_KEY, ... (temporalio.envconfig); default localhost:7233."
@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     command(
         "load",
         cmd.cmd_load,
-        "measure the A40's load now (VRAM, GPU util + queue, guard)",
+        "measure the GPU's load now, from this shell (VRAM, GPU util + queue, guard)",
         "Query the three load sources concurrently, each within LOAD_PROBE_TIMEOUT_S, and print "
         "the verdict. A failed source is listed under errors and counts as not overloaded "
         "(fail-open); the exit code is 0 either way.",
@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
         "submit",
         cmd.cmd_submit,
         "submit a video job (an API-format ComfyUI graph, optionally a cloud prompt)",
-        "Start a job: measure the A40, then render locally, in the cloud (only if armed or "
+        "Start a job: measure the GPU hosts, then render locally, in the cloud (only if armed or "
         "approved) or wait for approval. Everything is validated before anything starts.",
     )
     submit.add_argument("--graph", type=Path, required=True, help="API-format ComfyUI graph JSON")
@@ -220,18 +220,18 @@ def build_parser() -> argparse.ArgumentParser:
         "sim",
         cmd.cmd_sim,
         "change the simulators of `spillway dev --simulate` (GPU load, guard)",
-        "Flip the simulated A40 between free and busy, or hold/free the simulated guard.",
+        "Flip the simulated GPU between free and busy, or hold/free the simulated guard.",
     )
     sims = sim.add_subparsers(dest="sim", metavar="WHAT", parser_class=_Parser)
     sims.required = True
-    gpu = sims.add_parser("gpu", help="set the simulated A40's VRAM use (at COMFYUI_URL)")
+    gpu = sims.add_parser("gpu", help="set the simulated GPU's VRAM use (at COMFYUI_URL)")
     load_choice = gpu.add_mutually_exclusive_group(required=True)
     load_choice.add_argument("--vram", type=float, help="percent of VRAM in use, e.g. 95")
     load_choice.add_argument("--free", action="store_true", help="back to 42.4%% (free)")
     guard = sims.add_parser("guard", help="hold or free the simulated guard semaphore")
     guard_choice = guard.add_mutually_exclusive_group(required=True)
-    guard_choice.add_argument("--busy", action="store_true", help="the A40 holds a job")
-    guard_choice.add_argument("--free", action="store_true", help="the A40 holds none")
+    guard_choice.add_argument("--busy", action="store_true", help="the GPU holds a job")
+    guard_choice.add_argument("--free", action="store_true", help="the GPU holds none")
     guard.add_argument("--job", help="job the guard names while busy")
     guard.add_argument("--guard-url", default="http://127.0.0.1:8189", help="simulator URL")
 

@@ -1,4 +1,4 @@
-"""A job and a decision, made and checked before anything is sent (spillway/client.py's
+"""A job and a decision, made and checked before anything is sent (SpillwayClient's
 `make_job` and `make_decision`, which the `spillway` command uses too)."""
 
 from __future__ import annotations

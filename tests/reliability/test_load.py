@@ -184,7 +184,9 @@ async def test_three_hundred_jobs_on_one_worker_with_a_flipping_gpu_and_racing_a
     rejected = {j for j, answers in people.accepted.items() if answers == ["rejected"]}
     assert rejected and all(plans[j].route == "local" for j in rejected)
     refusals = Counter(_kind(m) for messages in people.refused.values() for m in messages)
-    assert set(refusals) == {"already decided", "not waiting", "closed", "local only"}, refusals
+    # On a loaded machine a decision may also reach a job after its 30 s window: refused too.
+    every_time = {"already decided", "not waiting", "closed", "local only"}
+    assert every_time <= set(refusals) <= every_time | {"window closed"}, refusals
     assert worker.running
 
 
@@ -195,6 +197,8 @@ def _kind(message: str) -> str:
         return "not waiting"
     if "can only run locally" in message:
         return "local only"
+    if "approval window closed" in message:
+        return "window closed"
     if "already completed" in message or "already finished" in message:
         return "closed"
     # Accepted just as the job left its wait (headroom returned) and answered when it ended;

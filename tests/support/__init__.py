@@ -19,7 +19,7 @@
   (`run_jobs`, `run_dev_jobs`) with the route stand-ins of route_stubs.
 - route_stubs: same-named stand-ins of the probe and the route activities, counting calls.
 - workflows, callback_workflow: tiny workflows running one route's activities (through
-  workflows/calls.py) or the completion callback.
+  workflows/activity_calls.py) or the completion callback.
 - cli: the `spillway` and `temporal` commands, free ports, decoded payloads.
 - worker_process: `python worker.py` as a process a test kills and restarts (`worker_process`).
 - s3: moto's S3 server (`s3`).
