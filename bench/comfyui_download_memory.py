@@ -32,8 +32,7 @@ from activities.comfyui.models import ComfyUIDownload, ComfyUIFile
 from bench.common import comfyui_finished, reset_peak, serve_comfyui, status_kib
 from spillway.models import OutputFile
 from spillway.settings import Settings
-from spillway.sim.comfyui_content import content_sha256
-from spillway.sim.comfyui_graph import file_key
+from spillway.sim.comfyui_files import content_sha256, file_key
 from tests.support.graphs import VIDEO_GRAPH as TEST_GRAPH
 
 MIB = 1024 * 1024

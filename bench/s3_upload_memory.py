@@ -39,8 +39,7 @@ from activities.storage.s3 import PART_BYTES
 from activities.storage.store import OutputStore, StoredOutput
 from bench.common import comfyui_finished, reset_peak, serve_comfyui, status_kib
 from spillway.settings import Settings
-from spillway.sim.comfyui_content import content_sha256
-from spillway.sim.comfyui_graph import file_key
+from spillway.sim.comfyui_files import content_sha256, file_key
 from tests.support.graphs import VIDEO_GRAPH
 from tests.support.s3 import S3Endpoint, moto_server
 

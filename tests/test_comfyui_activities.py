@@ -33,7 +33,7 @@ from spillway.client.inputs import prepare_inputs
 from spillway.images import with_inputs
 from spillway.models import Downloaded, JobInput, Progress
 from spillway.sim.comfyui import ComfyUISim
-from spillway.sim.comfyui_failure import Failure
+from spillway.sim.comfyui_run import Failure
 from tests.support.comfyui import (
     ESCAPING_OUTPUTS,
     ComfyUIDouble,

@@ -21,7 +21,7 @@ from activities.comfyui.models import prompt_id_for
 from spillway.models import Plan
 from spillway.settings import Settings
 from spillway.sim.comfyui import ComfyUISim
-from spillway.sim.comfyui_failure import Failure
+from spillway.sim.comfyui_run import Failure
 from spillway.tiers import load_tiers
 from tests.support.comfyui import posts_for
 from tests.support.graphs import SLOW_GRAPH, VIDEO_GRAPH, graph_without

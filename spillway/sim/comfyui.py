@@ -4,9 +4,9 @@ message order), used by the tests and by `spillway dev --simulate`.
 
 HTTP: POST/GET /prompt (with "front"), GET /queue, POST /queue {"delete"|"clear"},
 GET /history[/{id}], POST /history, POST /interrupt, GET /view, POST /upload/image (the input
-folder) and GET /system_stats (spillway/sim/comfyui_endpoints.py); a LoadImage of a file not
-uploaded fails at POST time. WebSocket /ws?clientId= and the executor, which runs prompts one at a
-time in queue order and sends their messages: spillway/sim/comfyui_executor.py.
+folder) and GET /system_stats of an A40; WebSocket /ws?clientId=. Prompts run one at a time in
+queue order and a prompt's messages go only to the client that submitted it; a LoadImage of a
+file not uploaded fails at POST time.
 
 Knobs: `execution_s` (whole prompt; 0 = instant), `progress_steps` / `progress_nodes`,
 `output_bytes`, `fail_next()` / `fail_prompt()`, `pause()` / `resume()`, `ws_silent_after`,
@@ -20,6 +20,8 @@ SimServer. Observations:
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import uuid
 from collections import Counter
 from typing import Any, Literal
@@ -27,12 +29,13 @@ from typing import Any, Literal
 from aiohttp import web
 
 from spillway.sim import comfyui_graph as graph
-from spillway.sim.comfyui_content import content_sha256
-from spillway.sim.comfyui_endpoints import A40_VRAM_TOTAL, InputFolder, system_stats, view
-from spillway.sim.comfyui_executor import PromptExecutor
-from spillway.sim.comfyui_failure import Failure
-from spillway.sim.comfyui_run import PromptRun
+from spillway.sim.comfyui_files import InputFolder, content_sha256, file_key, view
+from spillway.sim.comfyui_run import Failure, PromptRun
 from spillway.sim.server import SimServer, json_body
+
+# An A40 as ComfyUI reports it: 48 GB card, ~45 GiB visible to torch.
+A40_NAME = "cuda:0 NVIDIA A40 : cudaMallocAsync"
+A40_VRAM_TOTAL = 45 * 1024**3
 
 # aiohttp's answer to an unhandled exception: what ComfyUI sends for a body that is not JSON.
 INTERNAL_ERROR = "500 Internal Server Error\n\nServer got itself in trouble"
@@ -40,7 +43,7 @@ INTERNAL_ERROR = "500 Internal Server Error\n\nServer got itself in trouble"
 PromptState = Literal["pending", "running", "done", "unknown"]
 
 
-class ComfyUISim(PromptExecutor, SimServer):
+class ComfyUISim(SimServer):
     def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
         super().__init__(host, port)
         self.vram_total = A40_VRAM_TOTAL
@@ -140,7 +143,7 @@ class ComfyUISim(PromptExecutor, SimServer):
         self._tick = asyncio.Event()
 
     def expected_sha256(self, filename: str, subfolder: str = "", kind: str = "output") -> str:
-        key = graph.file_key(kind, subfolder, filename)
+        key = file_key(kind, subfolder, filename)
         return content_sha256(key, self.files[key])
 
     # --- lifecycle -----------------------------------------------------------------------
@@ -159,6 +162,14 @@ class ComfyUISim(PromptExecutor, SimServer):
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
         await self._stop_executor()
+
+    async def _stop_executor(self) -> None:
+        if self._executor is not None:
+            task, self._executor = self._executor, None
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._run = None
 
     def add_routes(self, app: web.Application) -> None:
         app.router.add_get("/system_stats", self._system_stats)
@@ -296,3 +307,115 @@ class ComfyUISim(PromptExecutor, SimServer):
             assert request.transport is not None
             request.transport.close()
         return response
+
+    # --- WebSocket -----------------------------------------------------------------------
+
+    async def _ws(self, request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(timeout=1.0)  # a restart must not wait on a silent client
+        await ws.prepare(request)
+        sid = request.rel_url.query.get("clientId", "") or uuid.uuid4().hex
+        self._sockets[sid] = ws  # a reconnect with the same clientId replaces the old socket
+        try:
+            await self._send(sid, "status", {"status": self._queue_info(), "sid": sid})
+            run = self._run
+            if run is not None and run.client_id == sid and run.node is not None:
+                await self._send(sid, "executing", {"node": run.node})
+            async for _ in ws:
+                pass  # feature flags and the like: nothing to answer
+        finally:
+            # ComfyUI pops by clientId: an old socket closing after a reconnect unregisters the
+            # new one too, which then hears nothing (the history poll covers that).
+            self._sockets.pop(sid, None)
+            self._sent.pop(id(ws), None)
+        return ws
+
+    async def _send(self, sid: str | None, kind: str, data: dict[str, Any]) -> None:
+        ws = self._sockets.get(sid) if sid is not None else None
+        if ws is None or ws.closed:
+            return
+        if self.ws_silent_after is not None and self._sent[id(ws)] >= self.ws_silent_after:
+            self.ws_withheld += 1  # a stalled socket: open, but nothing arrives
+            return
+        self._sent[id(ws)] += 1
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await ws.send_str(json.dumps({"type": kind, "data": data}))
+
+    async def _broadcast(self, kind: str, data: dict[str, Any]) -> None:
+        for sid in list(self._sockets):
+            await self._send(sid, kind, data)
+
+    # --- execution -----------------------------------------------------------------------
+
+    async def _execute_forever(self) -> None:
+        while True:
+            await self._unpaused.wait()
+            item = next((i for i in self.queue_pending if i[1] not in self._inert), None)
+            if item is None:
+                self._changed.clear()
+                await self._changed.wait()
+                continue
+            await self._execute(item)
+
+    async def _execute(self, item: list[Any]) -> None:
+        prompt_id, client_id = item[1], item[3].get("client_id")
+        self.queue_pending.remove(item)
+        self.queue_running.append(item)
+        self._interrupt = False  # ComfyUI clears the flag when a prompt starts
+        self._touch()
+        failure = self._fail_ids.pop(prompt_id, None) or self._fail_next
+        self._fail_next = None
+
+        async def send(kind: str, data: dict[str, Any]) -> None:
+            await self._send(client_id, kind, data)
+
+        self._run = run = PromptRun(
+            item,
+            send,
+            lambda: self._interrupt,
+            failure,
+            execution_s=self.execution_s,
+            progress_steps=self.progress_steps,
+            progress_nodes=frozenset(self.progress_nodes),
+            output_bytes=self.output_bytes,
+            files=self.files,
+            counters=self._counters,
+        )
+        await self._broadcast("status", {"status": self._queue_info()})
+        entry = await run.execute()
+        # One step, as ComfyUI's task_done under its mutex: never in both, never in neither.
+        self.queue_running.remove(item)
+        self.history[prompt_id] = entry
+        self._run = None
+        self._touch()
+        await self._broadcast("status", {"status": self._queue_info()})
+        await send("executing", {"node": None, "prompt_id": prompt_id})
+
+
+def system_stats(port: int, vram_total: int, vram_free: int) -> dict[str, Any]:
+    """GET /system_stats as ComfyUI answered it on an A40 (system_stats.json)."""
+    return {
+        "system": {
+            "os": "posix",
+            "ram_total": 67_280_302_080,
+            "ram_free": 51_539_607_552,
+            "comfyui_version": "0.3.64",
+            "required_frontend_version": "1.27.10",
+            "installed_templates_version": "0.1.95",
+            "required_templates_version": "0.1.95",
+            "python_version": "3.11.7",
+            "pytorch_version": "2.14.1+cu130",
+            "embedded_python": False,
+            "argv": ["main.py", "--listen", "127.0.0.1", "--port", str(port)],
+        },
+        "devices": [
+            {
+                "name": A40_NAME,
+                "type": "cuda",
+                "index": 0,
+                "vram_total": vram_total,
+                "vram_free": vram_free,
+                "torch_vram_total": vram_total,
+                "torch_vram_free": vram_free,
+            }
+        ],
+    }

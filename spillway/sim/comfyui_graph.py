@@ -1,6 +1,7 @@
 """What the ComfyUI double knows about graphs: the node classes it accepts, validation with
-ComfyUI 0.3.64's error shapes (`execution.validate_prompt`), the execution order and the output
-files each save node writes (their bytes: spillway/sim/comfyui_content.py).
+ComfyUI 0.3.64's error shapes (`execution.validate_prompt`, recorded in
+tests/comfyui_transcripts/post_prompt_*.json), the order nodes run in, and the files each save
+node writes, named as ComfyUI names them and listed as its history and `executed` list them.
 """
 
 from __future__ import annotations
@@ -201,11 +202,6 @@ def batch_size(prompt: dict[str, Any], node_id: str) -> int:
         if isinstance(size, int) and size > 0:
             return size
     return 1
-
-
-def file_key(kind: str, subfolder: str, filename: str) -> str:
-    folder = posixpath.normpath(subfolder) if subfolder else ""
-    return f"{kind}/{'' if folder == '.' else folder}/{filename}"
 
 
 def output_files(

@@ -1,21 +1,36 @@
-"""One execution of a queued prompt in the ComfyUI double (spillway/sim/comfyui.py), message by
-message in ComfyUI 0.3.64's order, ending in the history entry ComfyUI writes (recorded in
-tests/comfyui_transcripts/: ws_success_sequence.json, history_*.json)."""
+"""One execution of a queued prompt in the ComfyUI double, message by message in ComfyUI
+0.3.64's order, ending in the history entry ComfyUI writes (recorded in
+tests/comfyui_transcripts/: ws_success_sequence.json, ws_error_tail.json,
+ws_interrupted_tail.json, history_*.json); and `Failure`, how a test makes a run end in
+execution_error.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
-from spillway.sim.comfyui_failure import Failure
-from spillway.sim.comfyui_graph import (
-    NODE_CLASSES,
-    execution_order,
-    file_key,
-    output_files,
+from spillway.sim.comfyui_files import file_key
+from spillway.sim.comfyui_graph import NODE_CLASSES, execution_order, output_files
+
+# The runtime failure recorded in history_execution_error.json.
+DEFAULT_EXCEPTION = (
+    "av.error.ExternalError",
+    "[Errno 542398533] Generic error in an external library: 'avcodec_open2(\"libx264\", {})'\n",
 )
+
+
+@dataclass(frozen=True)
+class Failure:
+    """How a prompt ends in execution_error: at `node_id` (default: its last node)."""
+
+    message: str = DEFAULT_EXCEPTION[1]
+    exception_type: str = DEFAULT_EXCEPTION[0]
+    node_id: str | None = None
+
 
 Send = Callable[[str, dict[str, Any]], Awaitable[None]]
 

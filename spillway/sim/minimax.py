@@ -1,7 +1,9 @@
 """A MiniMax double over real loopback HTTP, answering in the shapes of MiniMax's public API
 reference (docs/design.md, "MiniMax facts"); tests and `spillway dev --simulate` use it.
 
-- `POST /v1/video_generation` (Bearer key) → `{task_id, base_resp}`, HTTP 200 even for errors.
+- `POST /v1/video_generation` (Bearer key) → `{task_id, base_resp}`, HTTP 200 even for errors;
+  parameters MiniMax would refuse (no prompt nor first frame, an unknown model, a resolution or
+  duration the model lacks) answer code 2013 and make no task.
 - `GET /v1/query/video_generation?task_id=` → `{task_id, status, file_id (a string, on
   Success), video_width, video_height, base_resp}`; each query moves a task one step along its
   status sequence (default Preparing → Queueing → Processing → Success), the last one repeats.
@@ -15,8 +17,6 @@ SimServer's per-path faults and `answers`.
 Counters: `create_calls`, `create_calls_by_prompt`, `tasks_created`, `tasks_by_prompt`,
 `query_hits`, `retrieve_hits`, `download_hits`, `download_auth_headers`, and `requests`
 (bodies and query parameters, never the Authorization header).
-
-Tasks, a create's parameter checks and a query's answer: `spillway.sim.minimax_tasks`.
 """
 
 from __future__ import annotations
@@ -33,16 +33,8 @@ from typing import Any, Literal, Unpack
 from aiohttp import web
 
 from activities.minimax.answers import STATUS_MSGS
+from spillway.models import MINIMAX_MODELS
 from spillway.sim.cloud import CloudSim, Listening
-from spillway.sim.minimax_tasks import (
-    DEFAULT_STATUSES,
-    Script,
-    SimTask,
-    invalid,
-    new_task,
-    ok,
-    query_answer,
-)
 from spillway.sim.server import json_body
 
 CREATE_PATH = "/v1/video_generation"
@@ -60,6 +52,10 @@ EXPIRED_BODY = (
     "<Message>Request has expired</Message></Error>"
 )
 
+DEFAULT_STATUSES: tuple[str, ...] = ("Preparing", "Queueing", "Processing", "Success")
+VIDEO_SIZES = {"512P": (910, 512), "720P": (1280, 720), "768P": (1366, 768), "1080P": (1920, 1080)}
+TASK_BASE, FILE_BASE = 106_916_112_212_032, 205_258_526_306_433
+
 Endpoint = Literal["create", "query", "retrieve"]
 Auth = Literal["ok", "missing", "wrong", "none"]
 
@@ -73,6 +69,27 @@ class Recorded:
     body: Any
     auth: Auth
     at: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class SimTask:
+    task_id: str
+    file_id: int
+    prompt: str
+    body: dict[str, Any]
+    statuses: tuple[str, ...]
+    fail_code: int = 0
+    fail_msg: str = ""
+    queries: int = 0
+
+
+@dataclass(frozen=True)
+class Script:
+    """How tasks made from now on go: their statuses, and a Fail's base_resp."""
+
+    statuses: tuple[str, ...]
+    fail_code: int = 0
+    fail_msg: str = ""
 
 
 class MiniMaxSim(CloudSim):
@@ -297,3 +314,51 @@ def _error(code: int, msg: str, *, task_id: str | None = None) -> web.Response:
     if task_id is not None:
         answer = {"task_id": task_id} | answer
     return web.json_response(answer)
+
+
+def new_task(n: int, body: dict[str, Any], prompt: str, script: Script) -> SimTask:
+    """The `n`th task (from 1), following `script`."""
+    return SimTask(
+        task_id=str(TASK_BASE + n),
+        file_id=FILE_BASE + n,
+        prompt=prompt,
+        body=body,
+        statuses=script.statuses,
+        fail_code=script.fail_code,
+        fail_msg=script.fail_msg,
+    )
+
+
+def query_answer(task: SimTask) -> dict[str, Any]:
+    """A query's answer for `task`, which moves it one step along its statuses."""
+    status = task.statuses[min(task.queries, len(task.statuses) - 1)]
+    task.queries += 1
+    answer: dict[str, Any] = {"task_id": task.task_id, "status": status, "base_resp": ok()}
+    if status == "Success":
+        width, height = VIDEO_SIZES.get(str(task.body.get("resolution")), (1366, 768))
+        answer |= {"file_id": str(task.file_id), "video_width": width, "video_height": height}
+    elif status == "Fail":
+        answer["base_resp"] = {"status_code": task.fail_code, "status_msg": task.fail_msg}
+    return answer
+
+
+def ok() -> dict[str, Any]:
+    return {"status_code": 0, "status_msg": STATUS_MSGS[0]}
+
+
+def invalid(body: Any) -> str | None:
+    """Why MiniMax would refuse these parameters (code 2013), or None."""
+    if not isinstance(body, dict):
+        return "the body is not a JSON object"
+    prompt, image = body.get("prompt"), body.get("first_frame_image")
+    if not (isinstance(prompt, str) and prompt.strip()) and not isinstance(image, str):
+        return "prompt is required"
+    resolutions = MINIMAX_MODELS.get(str(body.get("model")))
+    if resolutions is None:
+        return f"unknown model {body.get('model')!r}"
+    durations = resolutions.get(str(body.get("resolution", "768P")))
+    if durations is None or body.get("duration", 6) not in durations:
+        return "resolution and duration are not supported by this model"
+    if not isinstance(body.get("prompt_optimizer", True), bool):
+        return "prompt_optimizer must be a boolean"
+    return None

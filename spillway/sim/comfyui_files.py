@@ -1,7 +1,9 @@
-"""The ComfyUI double's answers that need no queue (spillway/sim/comfyui.py): the input folder
-that `POST /upload/image` writes and LoadImage reads, `GET /view`, which serves outputs (their
-bytes generated from their names, spillway/sim/comfyui_content.py) and inputs, and
-`GET /system_stats` of an A40.
+"""ComfyUI's folders as the double keeps them: the input folder that `POST /upload/image` writes
+and LoadImage reads, the output and temp files prompts write, and `GET /view`, which serves both.
+
+Output files are never stored: their content is generated from their key, block by block, so a
+test can serve a 1 GB video without holding it in memory and compute its sha256 independently.
+Like files on disk, both folders outlive a restart of the double.
 
 Uploads answer like ComfyUI 0.3.64's `image_upload` (tests/comfyui_transcripts/upload_image_*):
 with `overwrite=true` the file is replaced; without it the same name AND the same bytes reuse the
@@ -11,17 +13,52 @@ input folder answers 400 with an empty body.
 
 from __future__ import annotations
 
+import hashlib
 import posixpath
-from typing import Any
+from collections.abc import Iterator
+from functools import lru_cache
 
 from aiohttp import web
 
-from spillway.sim import comfyui_content as content
-from spillway.sim import comfyui_graph as graph
+BLOCK = 1 << 20
 
-# An A40 as ComfyUI reports it: 48 GB card, ~45 GiB visible to torch.
-A40_NAME = "cuda:0 NVIDIA A40 : cudaMallocAsync"
-A40_VRAM_TOTAL = 45 * 1024**3
+MIME_TYPES = {
+    "mp4": "video/mp4",
+    "webm": "video/webm",
+    "webp": "image/webp",
+    "png": "image/png",
+    "gif": "image/gif",
+}
+
+
+def file_key(kind: str, subfolder: str, filename: str) -> str:
+    folder = posixpath.normpath(subfolder) if subfolder else ""
+    return f"{kind}/{'' if folder == '.' else folder}/{filename}"
+
+
+@lru_cache(maxsize=8)
+def _pattern(key: str, length: int) -> bytes:
+    # SHAKE is a stream: a shorter digest is the start of a longer one, so a small file costs
+    # only its own bytes (512-byte outputs had each hashed a whole MiB).
+    return hashlib.shake_256(key.encode()).digest(length)
+
+
+def iter_content(key: str, size: int) -> Iterator[bytes]:
+    """The file's bytes in blocks of at most 1 MiB: one block of pseudo-random bytes derived from
+    the key, repeated."""
+    block = _pattern(key, min(size, BLOCK))
+    full, rest = divmod(size, BLOCK)
+    for _ in range(full):
+        yield block
+    if rest:
+        yield block[:rest]
+
+
+def content_sha256(key: str, size: int) -> str:
+    digest = hashlib.sha256()
+    for chunk in iter_content(key, size):
+        digest.update(chunk)
+    return digest.hexdigest()
 
 
 class InputFolder:
@@ -80,50 +117,21 @@ async def view(
     if posixpath.normpath(posixpath.join("/root", subfolder)).split("/")[1:2] != ["root"]:
         return web.Response(status=403)
     filename = posixpath.basename(filename)
-    mime = content.MIME_TYPES.get(filename.rsplit(".", 1)[-1], "application/octet-stream")
+    mime = MIME_TYPES.get(filename.rsplit(".", 1)[-1], "application/octet-stream")
     headers = {"Content-Disposition": f'filename="{filename}"', "Content-Type": mime}
     if kind == "input":
         data = inputs.files.get(_inside(posixpath.join(subfolder, filename)) or "")
         if data is None:
             return web.Response(status=404)
         return web.Response(body=data, headers=headers)
-    key = graph.file_key(kind, subfolder, filename)
+    key = file_key(kind, subfolder, filename)
     size = outputs.get(key)
     if size is None:
         return web.Response(status=404)
     response = web.StreamResponse(headers=headers)
     response.content_length = size
     await response.prepare(request)
-    for chunk in content.iter_content(key, size):
+    for chunk in iter_content(key, size):
         await response.write(chunk)
     await response.write_eof()
     return response
-
-
-def system_stats(port: int, vram_total: int, vram_free: int) -> dict[str, Any]:
-    return {
-        "system": {
-            "os": "posix",
-            "ram_total": 67_280_302_080,
-            "ram_free": 51_539_607_552,
-            "comfyui_version": "0.3.64",
-            "required_frontend_version": "1.27.10",
-            "installed_templates_version": "0.1.95",
-            "required_templates_version": "0.1.95",
-            "python_version": "3.11.7",
-            "pytorch_version": "2.14.1+cu130",
-            "embedded_python": False,
-            "argv": ["main.py", "--listen", "127.0.0.1", "--port", str(port)],
-        },
-        "devices": [
-            {
-                "name": A40_NAME,
-                "type": "cuda",
-                "index": 0,
-                "vram_total": vram_total,
-                "vram_free": vram_free,
-                "torch_vram_total": vram_total,
-                "torch_vram_free": vram_free,
-            }
-        ],
-    }
