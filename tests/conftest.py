@@ -54,6 +54,38 @@ SPILLWAY_ENV_PREFIXES = (
 )
 
 
+# What puts a test in the full lane only (`scripts/test.sh --fast` runs the rest): a real dev
+# server, worker processes, `spillway dev`, the S3 server, the reliability scenarios, the
+# installed script, a scale test.
+FULL_LANE_FIXTURES = frozenset(
+    {
+        "dev_env",
+        "run_dev_jobs",
+        "worker_process",
+        "cloud_worker",
+        "temporal_server",
+        "workers",
+        "s3",
+    }
+)
+FULL_LANE_PATHS = ("tests/reliability/", "tests/test_tour.py")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "full: runs only in the full lane (scripts/test.sh; `--fast` leaves it out): a dev "
+        "server, worker processes, the S3 server, the installed script, a scale test",
+    )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if fixtures & FULL_LANE_FIXTURES or item.nodeid.startswith(FULL_LANE_PATHS):
+            item.add_marker(pytest.mark.full)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--workflow-environment",

@@ -45,6 +45,7 @@ def every_command(parser: argparse.ArgumentParser, path: list[str]) -> list[list
     return found
 
 
+@pytest.mark.full  # the installed script, in a process of its own
 async def test_the_installed_command_has_help(cli_env):
     code, out, err = await spillway_process("--help", env=cli_env())
     assert code == 0 and "usage: spillway" in out and err == ""
@@ -97,6 +98,7 @@ async def test_load_exits_0_when_every_source_fails(cli_env, refused_url):
     assert out.count("  error ") == 4  # system_stats, queue, nvml, guard
 
 
+@pytest.mark.full  # the installed script, in a process of its own
 async def test_load_with_every_source_hanging_returns_within_timeout_plus_one_second(
     cli_env, comfyui, guard
 ):
@@ -202,6 +204,7 @@ async def test_init_registers_search_attributes_once_and_submit_asks_for_it(
     assert {k.name for k in search_attributes.ALL} <= set(listed.custom_attributes)
 
 
+@pytest.mark.full  # the installed script, in a process of its own
 async def test_init_without_a_temporal_server_exits_1_with_one_line(cli_env, refused_url):
     # The installed script: a failed connection must not crash it on the way out (os._exit).
     address = refused_url.removeprefix("http://")

@@ -9,6 +9,7 @@ import uuid
 from collections import Counter
 from typing import Any
 
+import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
@@ -64,6 +65,7 @@ async def submitted(acts: ComfyUIActivities, run_activity, count: int, graph=VID
     return reqs
 
 
+@pytest.mark.full  # a scale test
 async def test_two_hundred_waits_share_one_socket_and_one_queue_read_per_interval(
     comfyui: ComfyUIDouble, comfyui_activities, run_activity
 ):

@@ -141,7 +141,9 @@ async def test_confirmed_unreachable_comfyui_with_armed_fallback_goes_to_the_clo
 
 async def test_unreachable_then_back_runs_locally_without_approval(run_jobs: RunJobs):
     stubs = RouteStubs(DOWN, DOWN, DOWN, DOWN, FREE)
-    async with run_jobs(stubs, **HOUR) as jobs:
+    # The test polls its plan, and a time-skipping server does not skip time while a client
+    # polls: a short confirmation delay keeps the wait for the second probe short.
+    async with run_jobs(stubs, **HOUR, UNREACHABLE_CONFIRM_S=0.2) as jobs:
         handle = await jobs.start()
         waiting = await jobs.until(handle, "awaiting_approval")
         assert waiting.overflow.trigger == "unreachable"
@@ -154,7 +156,9 @@ async def test_unreachable_after_the_approval_window_keeps_waiting_then_fails_cl
     run_jobs: RunJobs,
 ):
     stubs = RouteStubs(DOWN)
-    async with run_jobs(stubs, UNREACHABLE_GIVE_UP_S=3 * 3600, **HOUR) as jobs:
+    # A re-probe every 10 minutes: 18 of them in 3 hours, not 180.
+    hour = HOUR | {"APPROVAL_RECHECK_S": 600}
+    async with run_jobs(stubs, UNREACHABLE_GIVE_UP_S=3 * 3600, **hour) as jobs:
         handle = await jobs.start()
         with pytest.raises(WorkflowFailureError) as failed:
             await handle.result()

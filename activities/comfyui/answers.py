@@ -2,8 +2,9 @@
 "ComfyUI facts"), tested on the recorded transcripts in tests/comfyui_transcripts/.
 
 Nothing here talks to ComfyUI or Temporal: the client fetches, these functions read, and the
-activities turn what they read into results and ApplicationErrors. Answers are `Any` on purpose: ComfyUI's JSON has no schema, and a
-field of an unexpected shape is read as missing rather than crashing the worker.
+activities turn what they read into results and ApplicationErrors. Answers are `Any` on purpose:
+ComfyUI's JSON has no schema, and a field of an unexpected shape is read as missing rather than
+crashing the worker.
 """
 
 from __future__ import annotations

@@ -53,16 +53,6 @@ def simulated_queue(queue: str) -> str:
     return queue if queue.endswith(SIM_SUFFIX) else queue + SIM_SUFFIX
 
 
-def _refuse_mixed_state(options: DevOptions) -> None:
-    # Before simulated jobs had their own folder, `.spillway/` held both kinds.
-    legacy = options.state_dir / "sim.json"
-    if not options.simulate and legacy.exists():
-        raise Failed(
-            f"{options.state_dir} holds jobs of an earlier `spillway dev --simulate` (it has "
-            f"{legacy.name}); a real worker must not resume them. Move it away (mv "
-            f"{options.state_dir} {options.state_dir}-old) or delete it, then start again"
-        )
-
 
 def _require_free(port: int, what: str) -> None:
     with socket.socket() as s:
@@ -242,7 +232,6 @@ async def run_dev(options: DevOptions) -> int:
     from spillway.tiers import load_tiers
     from worker import run_worker
 
-    _refuse_mixed_state(options)
     async with contextlib.AsyncExitStack() as stack:
         address = None
         if "TEMPORAL_ADDRESS" not in os.environ:

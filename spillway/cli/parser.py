@@ -24,8 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="spillway",
         description=(
-            "Durable router for ComfyUI video jobs: the local GPU hosts first, paid cloud video only "
-            "when the GPU is overloaded or unreachable AND the owner armed the fallback or "
+            "Durable router for ComfyUI video jobs: the local GPU hosts first, paid cloud video "
+            "only when the GPUs are overloaded or unreachable AND the owner armed the fallback or "
             "approved the job. Temporal connection: TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE, "
             "TEMPORAL_API_KEY, ... (temporalio.envconfig); default localhost:7233."
         ),
