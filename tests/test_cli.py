@@ -15,7 +15,7 @@ from temporalio.api.workflowservice.v1 import RegisterNamespaceRequest
 from temporalio.testing import WorkflowEnvironment
 
 from spillway import search_attributes
-from spillway.cli import build_parser
+from spillway.cli.parser import build_parser
 from tests.support.cli import one_line, spillway, spillway_process
 from tests.support.constants import FREE_VRAM_PCT
 from tests.support.graphs import VIDEO_GRAPH

@@ -25,7 +25,13 @@ from workflows import cloud_route, measure
 from workflows.job_state import LOCAL, RouteChoice, Ticket, VideoJobState
 
 with workflow.unsafe.imports_passed_through():
-    from spillway.models import ApprovalDecision, ApprovalRecord, AwaitCarry, IgnoredSignal
+    from spillway.models import (
+        ApprovalDecision,
+        ApprovalNotice,
+        ApprovalRecord,
+        AwaitCarry,
+        IgnoredSignal,
+    )
     from workflows import texts
 
 MAX_IGNORED_SIGNALS = 20
@@ -217,7 +223,7 @@ def _continue_as_new(
     workflow.continue_as_new(s.job.model_copy(update={"carry": carry}))
 
 
-async def _send_notice(notice: Any) -> None:
+async def _send_notice(notice: ApprovalNotice) -> None:
     try:
         await calls.notify(notice)
     except ActivityError as err:

@@ -80,7 +80,7 @@ class VideoJobState:
     input_error: str | None = None  # why the input is not a job: it fails at once
     # Set on a run this workflow continued as new: the wait for a person goes on.
     carry: AwaitCarry | None = None
-    read_policy: Policy | None = None  # the workers' policy, read first thing
+    worker_policy: Policy | None = None  # what the workers decide with, read first thing
     pending: Ticket | None = None  # a person's decision, until it is used
     approval_deadline: datetime = datetime.max  # decisions are judged against it
     next_host: str | None = None  # where the latest measurement would run it locally
@@ -115,7 +115,7 @@ class VideoJobState:
             job=read,
             plan=carry.plan,
             carry=carry,
-            read_policy=carry.policy,
+            worker_policy=carry.policy,
             pending=Ticket(pending) if pending else None,
             approval_deadline=carry.approval_deadline,
         )
@@ -124,8 +124,8 @@ class VideoJobState:
 
     @property
     def policy(self) -> Policy:
-        assert self.read_policy is not None, "the policy is read first thing in a run"
-        return self.read_policy
+        assert self.worker_policy is not None, "the policy is read first thing in a run"
+        return self.worker_policy
 
     @property
     def heartbeat(self) -> timedelta:

@@ -69,7 +69,7 @@ class VideoJobWorkflow:
                 s.fail(s.input_error)
             if s.carry is None:
                 s.publish()
-                s.read_policy = await calls.read_policy(s.job.job_id)
+                s.worker_policy = await calls.read_policy(s.job.job_id)
                 choice = await self._decide()
             else:
                 choice = await approval.wait(s, s.carry.approval_deadline, s.carry.give_up_at)
@@ -122,7 +122,7 @@ class VideoJobWorkflow:
         when it or the workers name a receiver."""
         s = self._state
         await approval.answer_open_decision(s)
-        webhook = s.read_policy is not None and s.read_policy.job_webhook_configured
+        webhook = s.worker_policy is not None and s.worker_policy.job_webhook_configured
         if s.job.callback_url or webhook:
             await call_back(event, s.plan, s.job.callback_url)
 

@@ -21,7 +21,7 @@ from activities.comfyui.models import (
     ComfyUIFinished,
 )
 from activities.inputs import InputUnreadable
-from activities.storage.store import STORE_FAILED, StoreError, UnsafeName
+from activities.storage.store import StoreError, UnsafeName
 
 
 def finished(prompt_id: str, entry: dict[str, Any]) -> ComfyUIFinished:
@@ -53,5 +53,4 @@ def activity_errors() -> Iterator[None]:
             str(exc), type=INPUT_UNREADABLE, non_retryable=not exc.retryable
         ) from None
     except StoreError as exc:
-        # Retried even when only new settings help: a worker restarted with them finishes it.
-        raise ApplicationError(f"output store: {exc}", type=STORE_FAILED) from None
+        raise exc.failure() from None

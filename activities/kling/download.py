@@ -21,7 +21,6 @@ from activities.kling.client import KlingClient, KlingError, KlingTiming
 from activities.kling.errors import DOWNLOAD_FAILED, VIDEO_GONE, kling_failure
 from activities.storage.store import (
     CHUNK_BYTES,
-    STORE_FAILED,
     OutputStore,
     StoredOutput,
     StoreError,
@@ -51,9 +50,7 @@ class KlingDownloader:
                 return Downloaded(outputs=[kept.output_file()])
             output = await self._fetch(req, req.video_url, name)
         except StoreError as exc:
-            # Retried even when only new settings help: the video is paid for, and a worker
-            # restarted with them finishes the job.
-            raise ApplicationError(f"output store: {exc}", type=STORE_FAILED) from None
+            raise exc.failure() from None
         activity.logger.info(
             "Kling video of job %s saved: %s (%d bytes)", req.job_id, output.uri, output.bytes
         )

@@ -22,7 +22,6 @@ from activities.minimax.client import MiniMaxClient, MiniMaxUnavailable
 from activities.minimax.errors import DOWNLOAD_FAILED, PERMANENT, UNAVAILABLE
 from activities.storage.store import (
     CHUNK_BYTES,
-    STORE_FAILED,
     OutputStore,
     StoredOutput,
     StoreError,
@@ -51,9 +50,7 @@ class MiniMaxDownloader:
                     return Downloaded(outputs=[kept.output_file()])
             return await self._retrieve_and_fetch(req, req.file_id, key, stem)
         except StoreError as exc:
-            # Retried even when only new settings help: the video is paid for, and a worker
-            # restarted with them finishes the job.
-            raise ApplicationError(f"output store: {exc}", type=STORE_FAILED) from None
+            raise exc.failure() from None
 
     async def _retrieve_and_fetch(
         self, req: CloudDownload, file_id: str, key: str, stem: str

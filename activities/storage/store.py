@@ -23,12 +23,11 @@ from dataclasses import dataclass
 
 import httpx
 from pydantic import BaseModel
+from temporalio.exceptions import ApplicationError
 
 from spillway.models import OutputFile
 
-# ApplicationError type of an activity the store failed (always retried: the output exists,
-# and for the cloud it is paid for; a worker with fixed settings finishes the job).
-STORE_FAILED = "OutputStoreFailed"
+STORE_FAILED = "OutputStoreFailed"  # the activity failure a StoreError becomes (`failure`)
 MAX_PRESIGN_S = 7 * 86400  # SigV4's limit
 CHUNK_BYTES = 1 << 20
 PROGRESS_EVERY_S = 0.5  # how often a stream reports its progress
@@ -69,6 +68,12 @@ class StoreError(Exception):
     def __init__(self, message: str, *, retryable: bool) -> None:
         super().__init__(message)
         self.retryable = retryable
+
+    def failure(self) -> ApplicationError:
+        """As the failure of an activity that stores: always retried, even when only new
+        settings help, since the output exists (and a cloud one is paid for) and a worker
+        restarted with them finishes the job."""
+        return ApplicationError(f"output store: {self}", type=STORE_FAILED)
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,7 @@ import traceback
 from collections.abc import Sequence
 from typing import NoReturn
 
-from spillway.cli.parser import SCHEMA_NAMES as SCHEMA_NAMES
-from spillway.cli.parser import USAGE
-from spillway.cli.parser import build_parser as build_parser
+from spillway.cli.parser import USAGE, build_parser
 from spillway.errors import ConfigError, Failed
 
 OK, FAILED = 0, 1

@@ -53,7 +53,6 @@ def simulated_queue(queue: str) -> str:
     return queue if queue.endswith(SIM_SUFFIX) else queue + SIM_SUFFIX
 
 
-
 def _require_free(port: int, what: str) -> None:
     with socket.socket() as s:
         if s.connect_ex(("127.0.0.1", port)) == 0:

@@ -9,10 +9,10 @@ from typing import NoReturn, get_args
 
 from spillway.cli import commands as cmd
 from spillway.models import JobState
+from spillway.schema import SCHEMA_NAMES
 
 USAGE = 2  # the exit code of bad input, usage or configuration
 STATES = list(get_args(JobState))
-SCHEMA_NAMES = ("video-job", "approval", "plan")  # spillway.schema.SCHEMA_NAMES (checked by tests)
 
 
 class _Parser(argparse.ArgumentParser):

@@ -1,1 +1,1 @@
-"""Simulators of ComfyUI, MiniMax and the A40 guard (tests and `spillway dev --simulate`)."""
+"""Simulators of ComfyUI, MiniMax, Kling and the A40 guard (tests and `spillway dev --simulate`)."""
