@@ -95,6 +95,13 @@ async def record(run_jobs: RunJobs, name: str) -> WorkflowHandle[Any, Any]:
         async with run_jobs(stubs, **KLING_ARMED) as jobs:
             handle = await jobs.start(job_id=name)
             await handle.result()
+    elif name == "create-lost-before-it-began":
+        # The worker running the create was starved before the ledger's begin: sent anew.
+        stubs = RouteStubs(BUSY)
+        stubs.lost_before_begin = 1
+        async with run_jobs(stubs, **ARMED, SPILLWAY_HEARTBEAT_TIMEOUT_S=1) as jobs:
+            handle = await jobs.start(job_id=name)
+            await handle.result()
     else:
         raise SystemExit(f"unknown history {name}; one of {', '.join(NAMES)}")
     return handle
@@ -109,6 +116,7 @@ NAMES = (
     "i2v-priority-callback",
     "cancelled-reading-budget",
     "kling-lost-create-reconciled",
+    "create-lost-before-it-began",
 )
 # Recorded on the dev server: the time-skipping one answers ACTIVITY_UNKNOWN to cancelling a
 # running activity.

@@ -373,6 +373,28 @@ async def test_a_create_whose_worker_vanished_fails_with_a_charge_may_exist(run_
     assert stubs.calls[MINIMAX_CREATE] == 1  # never retried
 
 
+async def test_a_create_lost_before_it_began_is_sent_anew_and_renders_once(run_jobs: RunJobs):
+    stubs = RouteStubs(BUSY)
+    stubs.lost_before_begin = 1  # the server started it; the worker never got to the ledger
+    async with run_jobs(stubs, **ARMED, SPILLWAY_HEARTBEAT_TIMEOUT_S=1) as jobs:
+        plan: Plan = await (await jobs.start()).result()
+    assert (plan.state, plan.route) == ("completed", "cloud")
+    assert "create_lost_before_it_began=1" in plan.reasons
+    assert (stubs.calls[MINIMAX_CREATE], stubs.creates) == (2, 1)  # one request left
+
+
+async def test_creates_lost_before_they_began_three_times_fail_the_job_with_nothing_sent(
+    run_jobs: RunJobs,
+):
+    stubs = RouteStubs(BUSY)
+    stubs.lost_before_begin = 3
+    async with run_jobs(stubs, **ARMED, SPILLWAY_HEARTBEAT_TIMEOUT_S=1) as jobs:
+        with pytest.raises(WorkflowFailureError) as failed:
+            await (await jobs.start()).result()
+    assert "lost before the create began, 3 times in a row" in cause_message(failed)
+    assert (stubs.calls[MINIMAX_CREATE], stubs.creates) == (3, 0)
+
+
 async def test_a_kling_create_whose_worker_vanished_follows_the_task_kling_reports(
     run_jobs: RunJobs,
 ):

@@ -31,8 +31,18 @@ with workflow.unsafe.imports_passed_through():
 DISARMED = "fallback_disarmed"  # the reason a job waits when armed spending is refused now
 
 
+# A create whose worker was lost before the ledger's `begin` (a starved or dead worker: the
+# server started the activity and heard nothing more) is sent anew up to this many times.
+NOT_BEGUN_TRIES = 3
+
+
 class Refused(Exception):
     """A provider's provable "no" to a create (its ledger entry is released)."""
+
+
+class NotBegun(Exception):
+    """The create's worker was lost before the create began: nothing was sent (the ledger
+    released the reservation)."""
 
 
 async def run(s: VideoJobState, choice: RouteChoice) -> str | None:
@@ -46,7 +56,9 @@ async def run(s: VideoJobState, choice: RouteChoice) -> str | None:
     if reservation is not None and reservation.existing is not None:
         await _follow_recorded(s, choice, reservation, reservation.existing)
         return None
-    for name in s.policy.providers:
+    providers, lost = list(s.policy.providers), 0
+    while providers:
+        name = providers[0]
         if reservation is None:
             reservation = await calls.spend_reserve(spend_request(s, choice, name))
             if reservation.shortfall is not None:
@@ -70,6 +82,16 @@ async def run(s: VideoJobState, choice: RouteChoice) -> str | None:
             task_id = await _create(s, provider, create)
         except Refused as refused:
             attempts.append(CloudAttempt(provider=name, outcome="refused", why=str(refused)))
+            reservation = None
+            providers.pop(0)
+            continue
+        except NotBegun:
+            # The ledger proves nothing was sent (its reservation is released), so the same
+            # provider is asked anew, under a new reservation, a few times at most.
+            lost += 1
+            s.reason(f"create_lost_before_it_began={lost}")
+            if lost >= NOT_BEGUN_TRIES:
+                s.fail(texts.create_never_began(s.plan, lost))
             reservation = None
             continue
         if task_id == DISARMED:
@@ -200,7 +222,7 @@ async def _render(
 
 async def _create(s: VideoJobState, provider: CloudProvider, req: CloudCreate) -> str:
     """The task id, or DISARMED when the fallback was disarmed before anything was sent; raises
-    Refused when the provider provably made nothing."""
+    Refused when the provider provably made nothing, NotBegun when the create never began."""
     s.create_started = workflow.now()
     handle = calls.cloud_create(provider, req, s.heartbeat, s.priority)
     s.unused_reservation = False  # the create's own guard settles it from here
@@ -250,7 +272,7 @@ async def _create_failed(
         # The worker was lost during the create: did it begin? The ledger knows.
         found = await _settle(s, "maybe_charged", None)
         if found is not None and found.state == "released":
-            s.fail(texts.create_never_began(s.plan))
+            raise NotBegun()
         # The create had recorded its task before the worker was lost: follow that task.
         if found is not None and found.state == "charged" and found.task_id:
             return _follow(s, found)[1]

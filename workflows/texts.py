@@ -241,9 +241,10 @@ def create_exists(plan: Plan, entry: SpendEntry) -> str:
     )
 
 
-def create_never_began(plan: Plan) -> str:
+def create_never_began(plan: Plan, times: int) -> str:
     return (
         f"the worker running the cloud create for job {plan.job_id} was lost before the create "
-        "began: nothing was sent and nothing charged (the spend ledger released the reservation). "
-        "Resubmit the job."
+        f"began, {times} times in a row: nothing was sent and nothing charged (the spend ledger "
+        "released each reservation). Check that the workers are running and not starved, then "
+        "resubmit the job."
     )

@@ -203,6 +203,11 @@ def _kind(message: str) -> str:
         return "closed"
     # Accepted just as the job left its wait (headroom returned) and answered when it ended;
     # or, arriving as it completed, answered by Temporal itself. Nothing was applied either way.
-    if "before it could use this decision" in message or "completed before the Update" in message:
+    # Or aborted by Temporal as the job's run ended with the update not yet accepted.
+    if (
+        "before it could use this decision" in message
+        or "completed before the Update" in message
+        or "update was aborted" in message
+    ):
         return "closed"
     return message

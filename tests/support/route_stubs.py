@@ -69,6 +69,7 @@ class RouteStubs:
         self.wait_release = asyncio.Event()
         self.wait_release.set()  # clear it to keep the wait running until set again
         self.create_hang = False  # the create never returns and never heartbeats
+        self.lost_before_begin = 0  # how many creates hang, silent, before the ledger's begin
         self.creates = 0  # create requests that got past the guard (would have cost money)
         self.reconciled: str | None = None  # the task Kling names for a lost create (None: none)
         self.guard: CreateGuard | None = None
@@ -180,6 +181,9 @@ class RouteStubs:
             return cloud.CreateVerdict(outcome="created", task_id=f"task-{req.job_id}")
 
         self._count(name)
+        if self.lost_before_begin:  # a worker starved or killed as the activity started
+            self.lost_before_begin -= 1
+            await asyncio.sleep(3600)
         assert self.guard is not None, "the job runner sets the guard"
         done = await self.guard.create(req.job_id, req.authorisation, req.simulated, send)
         assert done.verdict.task_id is not None
