@@ -34,6 +34,7 @@ class PolicyActivities:
             approval_recheck_s=s.APPROVAL_RECHECK_S,
             unreachable_confirm_s=s.UNREACHABLE_CONFIRM_S,
             unreachable_give_up_s=s.UNREACHABLE_GIVE_UP_S,
+            host_lost_after_s=s.HOST_LOST_AFTER_S,
             comfyui_max_attempts=s.COMFYUI_MAX_ATTEMPTS,
             webhook_configured=s.APPROVAL_WEBHOOK_URL is not None,
             ui_url=str(s.SPILLWAY_UI_URL).rstrip("/"),

@@ -70,6 +70,7 @@ class Policy(BaseModel):
     approval_recheck_s: float
     unreachable_confirm_s: float
     unreachable_give_up_s: float
+    host_lost_after_s: float = 60.0  # not read by 0.2.0 workers: HOST_LOST_AFTER_S's default
     comfyui_max_attempts: int
     webhook_configured: bool
     ui_url: str

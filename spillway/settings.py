@@ -44,6 +44,9 @@ class Settings(BaseSettings):
     UNREACHABLE_CONFIRM_S: Seconds = 5.0
     # A job that found ComfyUI unreachable and got no approval waits this long for it to return.
     UNREACHABLE_GIVE_UP_S: Seconds = 86400.0
+    # A host silent this long under a running job is lost: an armed job moves to the cloud. Longer
+    # than a routine ComfyUI restart, which must not send every job on the card to the cloud.
+    HOST_LOST_AFTER_S: Seconds = 60.0
     COMFYUI_HISTORY_POLL_S: Seconds = 5.0
     COMFYUI_MAX_ATTEMPTS: Annotated[int, Field(ge=1, le=10)] = 3  # submits per job, LOST included
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import Counter
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -184,6 +185,32 @@ async def test_a_prompt_missing_once_while_comfyui_is_down_is_not_lost(
     comfyui.resume()
     [result] = (await asyncio.wait_for(waiting.results(), 10)).values()
     assert isinstance(result, ComfyUIFinished) and result.outcome == "success"
+
+
+async def test_a_wait_says_when_comfyui_went_silent_and_when_it_answers_again(
+    comfyui: ComfyUIDouble, comfyui_activities, run_activity
+):
+    comfyui.pause()
+    acts = comfyui_activities(COMFYUI_HISTORY_POLL_S=POLL_S)
+    [req] = await submitted(acts, run_activity, 1)
+    comfyui.faults["/queue"] = "drop"
+    before = datetime.now(UTC)
+    silent = wait_request(req).model_copy(update={"report_silence_after_s": 1.0})
+    reported, beats = await run_activity(acts.wait, silent)
+    assert reported.outcome == "unreachable" and reported.silent_since is not None
+    assert before <= reported.silent_since <= datetime.now(UTC) - timedelta(seconds=1)
+    assert Progress(phase="ComfyUI not answering") in beats
+
+    # Told of the silence, the next wait goes on counting from it and ends at the first answer.
+    told = silent.model_copy(
+        update={"silent_since": reported.silent_since, "report_silence_after_s": 3600.0}
+    )
+    back = asyncio.create_task(run_activity(acts.wait, told))
+    await asyncio.sleep(3 * POLL_S)
+    assert not back.done()
+    del comfyui.faults["/queue"]
+    result, _ = await asyncio.wait_for(back, 10)
+    assert result == ComfyUIFinished(prompt_id=req.prompt_id, outcome="back")
 
 
 async def test_two_waits_on_one_prompt_both_see_its_end(

@@ -16,6 +16,8 @@ from typing import Any, Generic, TypeVar
 
 from temporalio import workflow
 from temporalio.common import Priority, RetryPolicy
+from temporalio.exceptions import ActivityError, TimeoutType
+from temporalio.exceptions import TimeoutError as ActivityTimeout
 from temporalio.workflow import ActivityHandle
 
 with workflow.unsafe.imports_passed_through():
@@ -135,14 +137,25 @@ class HostCall(Generic[_Req, _Result]):
         heartbeat: timedelta,
         host: HostRef,
         priority: Priority = Priority.default,
+        *,
+        agent_bound: timedelta | None = None,
     ) -> _Result:
         """`priority`: the job's own (Priority.default: the workflow's, which its client may
-        have set)."""
+        have set). `agent_bound`: how long each attempt may wait for the host's agent to pick
+        it up; past it the call fails with a schedule-to-start timeout (`agent_gone`)."""
         queue = host.waits_queue if self.waits else host.task_queue
         options = heartbeating(
             queue, priority, heartbeat, start_to_close=self.start_to_close, retry=self.retry
         )
+        if agent_bound is not None:
+            options["schedule_to_start_timeout"] = agent_bound
         return await workflow.execute_activity_method(self.method, req, **options)
+
+
+def agent_gone(err: ActivityError) -> bool:
+    """The host's agent did not pick the call up within its `agent_bound`."""
+    cause = err.cause
+    return isinstance(cause, ActivityTimeout) and cause.type == TimeoutType.SCHEDULE_TO_START
 
 
 # Safe to retry: the content names the file, so a second upload writes the same file.

@@ -133,6 +133,12 @@ class VideoJobState:
         return timedelta(seconds=self.policy.heartbeat_timeout_s)
 
     @property
+    def host_lost(self) -> timedelta:
+        """How long a host may stay silent under the job, and the bound on its agent picking
+        up a submit or a wait."""
+        return timedelta(seconds=self.policy.host_lost_after_s)
+
+    @property
     def priority(self) -> Priority:
         """The job's activities queue by the job's priority (1 first), whichever client
         started it and whether or not it set the workflow's own."""

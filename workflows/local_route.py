@@ -1,6 +1,8 @@
 """The LOCAL route of VideoJobWorkflow: on the GPU host the measurement chose, upload the job's
 input images, submit to ComfyUI, wait, download, and take the prompt back out of ComfyUI when
-the job is cancelled (docs/design.md, "GPU hosts and agents", "ComfyUI facts"). Workflow code.
+the job is cancelled (docs/design.md, "GPU hosts and agents", "ComfyUI facts"). A host that goes
+silent under the job (ComfyUI or its agent) is shown on the plan, and lost after
+HOST_LOST_AFTER_S: an armed job then goes to the cloud. Workflow code.
 """
 
 from __future__ import annotations
@@ -8,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from temporalio import workflow
@@ -20,16 +23,24 @@ with workflow.unsafe.imports_passed_through():
     from activities.comfyui.models import (
         ComfyUICancel,
         ComfyUIDownload,
+        ComfyUIFinished,
         ComfyUISubmit,
         ComfyUIUpload,
         ComfyUIWait,
         prompt_id_for,
     )
+    from spillway.decision import is_armed
+    from spillway.hosts import no_answer
     from spillway.images import with_inputs
     from spillway.models import HostRef
     from workflows import texts
 
 _T = TypeVar("_T")
+# The plan shows a silent host within a minute: 30 s of silence, plus a poll that timed out.
+REPORT_SILENCE_AFTER_S = 30.0
+# While a host stays silent the job looks again at most this far apart: a day of it is a few
+# hundred history events, not thousands.
+LOOK_AGAIN_S = 300.0
 
 
 async def to_the_end(work: Awaitable[_T]) -> _T:
@@ -44,7 +55,9 @@ async def to_the_end(work: Awaitable[_T]) -> _T:
         raise
 
 
-async def run(s: VideoJobState) -> None:
+async def run(s: VideoJobState) -> bool:
+    """Renders the job on its host. True: the host was lost and the job is armed, so the caller
+    sends it to the cloud."""
     plan, job = s.plan, s.job
     plan.route = "local"
     host = s.host_named(s.next_host)
@@ -62,10 +75,20 @@ async def run(s: VideoJobState) -> None:
         submit = ComfyUISubmit(
             job_id=job.job_id, prompt_id=prompt_id, graph=graph, front=job.priority == 1
         )
-        # Never abandoned: a job cancelled mid-submit waits for it, then takes it back out.
-        await to_the_end(calls.comfyui_submit(submit, s.heartbeat, host, s.priority))
-        wait = ComfyUIWait(job_id=job.job_id, prompt_id=prompt_id)
-        finished = await calls.comfyui_wait(wait, s.heartbeat, host, s.priority)
+        silent_since = None
+        try:
+            # Never abandoned: a job cancelled mid-submit waits for it, then takes it back out.
+            await to_the_end(
+                calls.comfyui_submit(submit, s.heartbeat, host, s.priority, agent_bound=s.host_lost)
+            )
+        except ActivityError as err:
+            if not calls.agent_gone(err):
+                raise
+            # An earlier attempt may have posted before its agent died: the wait finds out.
+            silent_since = workflow.now() - s.host_lost
+        finished = await _follow(s, host, prompt_id, silent_since)
+        if finished is None:
+            return True
         if finished.outcome == "lost":
             # ComfyUI restarted and forgot the prompt: resubmitting locally costs nothing.
             s.reason(f"comfyui_lost_prompt={prompt_id}")
@@ -74,8 +97,88 @@ async def run(s: VideoJobState) -> None:
         plan.outputs = (
             await calls.comfyui_download(download, s.heartbeat, host, s.priority)
         ).outputs
-        return
+        return False
     s.fail(texts.lost_too_often(plan.local_attempts))
+
+
+async def _follow(
+    s: VideoJobState, host: HostRef, prompt_id: str, silent_since: datetime | None
+) -> ComfyUIFinished | None:
+    """Waits for the prompt's end, through any silence of the host. None: the host is lost and
+    the job armed."""
+    while True:
+        wait = ComfyUIWait(
+            job_id=s.job.job_id,
+            prompt_id=prompt_id,
+            report_silence_after_s=_next_look(s, silent_since),
+            silent_since=silent_since,
+        )
+        try:
+            finished = await calls.comfyui_wait(
+                wait, s.heartbeat, host, s.priority, agent_bound=s.host_lost
+            )
+        except ActivityError as err:
+            if not calls.agent_gone(err):
+                raise
+            finished = None  # no agent picked the wait up: as silent as ComfyUI
+            silent_since = silent_since or workflow.now() - s.host_lost
+        if finished is not None and finished.outcome != "unreachable":
+            if silent_since is not None:
+                s.reason(texts.ANSWERS_AGAIN)
+                s.publish()
+                silent_since = None
+            if finished.outcome == "back":
+                continue
+            return finished
+        if finished is not None:
+            silent_since = silent_since or finished.silent_since
+        assert silent_since is not None
+        silent_s = _note_silence(s, silent_since)
+        if silent_s >= s.policy.host_lost_after_s and await _armed_now(s):
+            s.reason(f"host_lost={host.name}")
+            s.plan.overflow.trigger = "unreachable"
+            why = f"its ComfyUI has not answered since {silent_since:%H:%M:%S} UTC"
+            s.plan.overflow.last_signal = no_answer(
+                host.name, s.policy.thresholds, workflow.now(), why
+            )
+            return None
+        give_up_s = s.policy.unreachable_give_up_s
+        if silent_s >= give_up_s:
+            s.fail(texts.host_gave_no_answer(host.name, silent_since, silent_s))
+        if finished is None and silent_s >= 2 * s.policy.host_lost_after_s:
+            # The agent is gone (each try already took host_lost): look again less often.
+            pause = min(LOOK_AGAIN_S - s.policy.host_lost_after_s, give_up_s - silent_s)
+            if pause > 0:
+                await workflow.sleep(timedelta(seconds=pause))
+
+
+def _next_look(s: VideoJobState, silent_since: datetime | None) -> float:
+    """The wait's report_silence_after_s: soon for a new silence, then at the moments the job
+    decides something (host lost, give up) and every LOOK_AGAIN_S between them."""
+    policy = s.policy
+    if silent_since is None:
+        return min(REPORT_SILENCE_AFTER_S, policy.host_lost_after_s, policy.unreachable_give_up_s)
+    silent_s = (workflow.now() - silent_since).total_seconds()
+    looks = [silent_s + LOOK_AGAIN_S, policy.unreachable_give_up_s]
+    if policy.host_lost_after_s > silent_s:
+        looks.append(policy.host_lost_after_s)
+    return min(looks)
+
+
+def _note_silence(s: VideoJobState, silent_since: datetime) -> float:
+    """Shows the silence on the plan (once per silence); returns how long it has lasted."""
+    reason = texts.silent_reason(silent_since)
+    if reason not in s.plan.reasons:
+        s.reason(reason)
+        s.publish()
+    return (workflow.now() - silent_since).total_seconds()
+
+
+async def _armed_now(s: VideoJobState) -> bool:
+    """Armed by the policy in force now, not when the job started: the owner may have armed the
+    fallback since (the create checks it once more)."""
+    s.worker_policy = await calls.read_policy(s.job.job_id)
+    return is_armed(s.policy.fallback_enabled, s.policy.key_present, s.job.cloud is not None)
 
 
 async def _with_uploaded_inputs(s: VideoJobState, host: HostRef) -> dict[str, Any]:

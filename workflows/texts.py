@@ -71,8 +71,16 @@ def current_details(plan: Plan) -> str:
             )
         return "**Measuring the GPU hosts' load** before deciding where to render."
     if state == "running_local":
-        return (
+        rendering = (
             f"**Rendering locally** on GPU host `{plan.host}` (ComfyUI prompt `{plan.prompt_id}`)."
+        )
+        since = silent_since(plan)
+        if since is None:
+            return rendering
+        return (
+            f"{rendering}\n\n**ComfyUI has not answered since {since}.** An armed job moves to "
+            "the cloud after HOST_LOST_AFTER_S of silence; otherwise it waits for the host and "
+            "fails after UNREACHABLE_GIVE_UP_S."
         )
     if state == "running_cloud":
         cloud = plan.cloud
@@ -136,6 +144,33 @@ def gave_up_waiting(seconds: float, plan: Plan) -> str:
         f"ComfyUI did not answer for {timedelta(seconds=round(seconds))} and nobody approved the "
         f"cloud: the job was not run ({_signal_text(plan)}). Resubmit it when ComfyUI is back "
         "(UNREACHABLE_GIVE_UP_S sets how long a job waits)."
+    )
+
+
+SILENT_REASON = "comfyui_unreachable_since="
+ANSWERS_AGAIN = "comfyui_answers_again"
+
+
+def silent_reason(since: datetime) -> str:
+    return f"{SILENT_REASON}{since:%Y-%m-%dT%H:%M:%SZ}"
+
+
+def silent_since(plan: Plan) -> str | None:
+    """When the job's host went silent, while it still is (as the plan's reasons tell)."""
+    for reason in reversed(plan.reasons):
+        if reason == ANSWERS_AGAIN:
+            return None
+        if reason.startswith(SILENT_REASON):
+            return reason.removeprefix(SILENT_REASON).replace("T", " ").replace("Z", " UTC")
+    return None
+
+
+def host_gave_no_answer(host: str, since: datetime, seconds: float) -> str:
+    return (
+        f"GPU host {host} gave no answer for {timedelta(seconds=round(seconds))} (its ComfyUI or "
+        f"its agent, silent since {since:%Y-%m-%d %H:%M:%S} UTC) and the cloud fallback is not "
+        "armed: the job was not finished. Resubmit it when the host's ComfyUI is back "
+        "(UNREACHABLE_GIVE_UP_S sets how long a job waits for it)."
     )
 
 

@@ -73,13 +73,15 @@ class VideoJobWorkflow:
                 choice = await self._decide()
             else:
                 choice = await approval.wait(s, s.carry.approval_deadline, s.carry.give_up_at)
-            while choice.route == "cloud":
-                wait_because = await cloud_route.run(s, choice)
-                if wait_because is None:
+            while True:
+                while choice.route == "cloud":
+                    wait_because = await cloud_route.run(s, choice)
+                    if wait_because is None:
+                        break
+                    choice = await approval.ask(s, wait_because)
+                if choice.route == "cloud" or not await local_route.run(s):
                     break
-                choice = await approval.ask(s, wait_because)
-            if choice.route == "local":
-                await local_route.run(s)
+                choice = ARMED  # its host was lost under it, and the job is armed
         except (asyncio.CancelledError, ActivityError) as err:
             if isinstance(err, ActivityError) and not is_cancelled_exception(err):
                 s.fail(failure_message(err))

@@ -48,7 +48,7 @@ from activities.comfyui.models import (
     ComfyUIUploaded,
     ComfyUIWait,
 )
-from activities.comfyui.watch import ComfyUIWatcher, Ended
+from activities.comfyui.watch import ComfyUIWatcher, Ended, Silent
 from activities.heartbeat import Heartbeat, unless_shutting_down
 from activities.storage.opening import OwnsOutputStore
 from activities.storage.store import OutputStore
@@ -62,6 +62,7 @@ from spillway.settings import Settings
 # another full timeout is the margin. A retry that finds nothing waits this out before posting.
 POST_GRACE_S = 60.0
 _RUNNING = Progress(phase="running")
+_SILENT = Progress(phase="ComfyUI not answering")
 
 
 class SubmitProgress(Progress):
@@ -215,13 +216,26 @@ class ComfyUIActivities(OwnsOutputStore):
     async def _wait(self, req: ComfyUIWait) -> ComfyUIFinished:
         # Beats without details until the watcher says where the prompt is. The watcher follows
         # the prompt under the agent's client id.
+        told = req.silent_since.timestamp() if req.silent_since is not None else None
         async with (
             Heartbeat(self._wait_beat_s) as heartbeat,
-            self._watcher.follow(req.prompt_id) as following,
+            self._watcher.follow(req.prompt_id, answers=told is not None) as following,
         ):
             while True:
                 with activity_errors():
                     news = await following.next()
+                if isinstance(news, Silent):
+                    if news.since is None:
+                        return ComfyUIFinished(prompt_id=req.prompt_id, outcome="back")
+                    since = news.since if told is None else min(news.since, told)
+                    if time.time() - since >= req.report_silence_after_s:
+                        return ComfyUIFinished(
+                            prompt_id=req.prompt_id,
+                            outcome="unreachable",
+                            silent_since=datetime.fromtimestamp(since, UTC),
+                        )
+                    heartbeat.update(_SILENT)
+                    continue
                 if isinstance(news, Ended):
                     if news.entry is None:
                         return ComfyUIFinished(prompt_id=req.prompt_id, outcome="lost")

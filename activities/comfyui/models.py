@@ -6,6 +6,7 @@ prompt_id but does not deduplicate, so the id is how a retried submit finds its 
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel
@@ -62,6 +63,12 @@ class ComfyUIUploaded(BaseModel):
 class ComfyUIWait(BaseModel):
     job_id: str
     prompt_id: str
+    # Returns "unreachable" once ComfyUI has not answered for this long, counted from
+    # `silent_since` when the workflow already knows of the silence (a wait on another agent
+    # process goes on counting), else from the watcher's first unanswered poll.
+    report_silence_after_s: float = 30.0
+    # Set when the workflow has shown the silence: the wait returns "back" at ComfyUI's next answer.
+    silent_since: datetime | None = None
 
 
 class ComfyUIFile(BaseModel):
@@ -78,8 +85,11 @@ class ComfyUIFinished(BaseModel):
     ApplicationError types ComfyUIExecutionFailed and ComfyUIInterrupted (non-retryable)."""
 
     prompt_id: str
-    outcome: Literal["success", "lost"]  # lost: not in /queue and `{}` in /history
+    # lost: not in /queue and `{}` in /history; unreachable: ComfyUI silent (since
+    # `silent_since`) for the wait's report_silence_after_s; back: it answers again.
+    outcome: Literal["success", "lost", "unreachable", "back"]
     files: list[ComfyUIFile] = []
+    silent_since: datetime | None = None
 
 
 class ComfyUIDownload(BaseModel):

@@ -15,6 +15,9 @@ of its own.
   longer queued, a few at a time. The poll alone decides how a prompt ended, with the LOST rule
   unchanged: `{}` in /history and not in /queue, twice, a full interval apart.
 - A stalled or dropped socket (it reconnects) costs progress and speed, never an outcome.
+- A round whose `GET /queue` gets no answer tells every wait `Silent(since)`, so a host that went
+  away mid-render is noticed (each wait decides when to say so); the first answered round after
+  it tells the waits that asked (`follow(..., answers=True)`) `Silent(None)`.
 
 The watcher's tasks run outside every activity's context, so they never heartbeat: each wait
 heartbeats what it reads, from its own task (heartbeating from here would reach whichever
@@ -27,6 +30,7 @@ import asyncio
 import contextlib
 import contextvars
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field
@@ -47,17 +51,30 @@ class Ended:
     entry: dict[str, Any] | None
 
 
+@dataclass(frozen=True)
+class Silent:
+    """ComfyUI did not answer the poll since `since` (time.time() when the first unanswered round
+    began); None: it answers again."""
+
+    since: float | None
+
+
+News = Progress | Ended | Silent
+
+
 class Following:
-    """One wait's view of its prompt: `await next()` gives Progress news, then one Ended."""
+    """One wait's view of its prompt: `await next()` gives Progress and Silent news, then one
+    Ended. `answers`: also told Silent(None) at the next answered round (once)."""
 
-    def __init__(self, prompt_id: str) -> None:
+    def __init__(self, prompt_id: str, *, answers: bool = False) -> None:
         self.prompt_id = prompt_id
-        self._news: asyncio.Queue[Progress | Ended | None] = asyncio.Queue()
+        self.answers = answers
+        self._news: asyncio.Queue[News | None] = asyncio.Queue()
 
-    def tell(self, news: Progress | Ended | None) -> None:
+    def tell(self, news: News | None) -> None:
         self._news.put_nowait(news)
 
-    async def next(self) -> Progress | Ended:
+    async def next(self) -> News:
         news = await self._news.get()
         if news is None:
             raise Unavailable("the agent stopped watching ComfyUI (shutting down)")
@@ -71,7 +88,7 @@ class _Watched:
     absent_since: float | None = None  # loop time of the first "neither queued nor in history"
     ended: bool = False
 
-    def tell(self, news: Progress | Ended | None) -> None:
+    def tell(self, news: News | None) -> None:
         for following in self.followers:
             following.tell(news)
 
@@ -96,18 +113,21 @@ class ComfyUIWatcher:
         self._reads = asyncio.Semaphore(HISTORY_READS)
         self._running: str | None = None  # the prompt ComfyUI runs, as far as we know
         self._last_round = float("-inf")
+        self._silent_since: float | None = None
 
     def start(self) -> None:
         if not self._loops:
             self._loops = [self._spawn(self._listen_forever()), self._spawn(self._poll_forever())]
 
     @contextlib.asynccontextmanager
-    async def follow(self, prompt_id: str) -> AsyncIterator[Following]:
+    async def follow(self, prompt_id: str, *, answers: bool = False) -> AsyncIterator[Following]:
         self.start()
-        following = Following(prompt_id)
+        following = Following(prompt_id, answers=answers)
         watched = self._watched.setdefault(prompt_id, _Watched())
         watched.followers.add(following)
-        if watched.where is not None:
+        if self._silent_since is not None:
+            following.tell(Silent(self._silent_since))
+        elif watched.where is not None:
             following.tell(_place(watched.where))
         self._wake.set()  # a first look soon: short prompts are often over already
         try:
@@ -155,13 +175,24 @@ class ComfyUIWatcher:
         if not watched:
             return
         self._last_round = at
+        began = time.time()
         try:
             places = await self._client.queue()
         except Unavailable as exc:
             # No answer is not an answer: only ComfyUI saying "neither queued nor in history"
             # counts towards LOST.
             _log.warning("polling ComfyUI for %d prompts: %s", len(watched), exc)
+            if self._silent_since is None:
+                self._silent_since = began
+            for prompt in watched.values():
+                prompt.tell(Silent(self._silent_since))
             return
+        self._silent_since = None
+        for prompt in watched.values():
+            for following in prompt.followers:
+                if following.answers:
+                    following.answers = False
+                    following.tell(Silent(None))
         self._running = next((p for p, w in places.items() if w == "running"), None)
         gone = []
         for prompt_id, prompt in watched.items():

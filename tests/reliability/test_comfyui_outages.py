@@ -2,6 +2,9 @@
 (connections refused on its port) and started again. A ComfyUI restart mid-job (LOST, one
 resubmit) is proven in tests/test_local_route.py.
 
+A host that goes away under a running job (ComfyUI stopped, restarted, or its agent killed) is
+noticed and, armed, sends the job to the cloud.
+
 "A minute" of outage is a few seconds here: the worker re-probes every APPROVAL_RECHECK_S=1 s,
 confirms "unreachable" after UNREACHABLE_CONFIRM_S (1 s, or 3 s where the test must act between
 the two probes) and gives a person APPROVAL_TIMEOUT_S=3 s to approve.
@@ -9,9 +12,13 @@ the two probes) and gives a person APPROVAL_TIMEOUT_S=3 s to approve.
 
 from __future__ import annotations
 
+import asyncio
+
+from spillway.models import Plan
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
 from tests.reliability.harness import creates_of, posts_of, probes
+from tests.support.jobs import Jobs
 
 
 async def test_comfyui_down_for_a_while_makes_the_job_wait_then_it_runs_locally_when_back(
@@ -69,3 +76,113 @@ async def test_a_single_refused_probe_changes_nothing_even_when_armed(
     assert [p.reachable for p in await probes(jobs.client, job_id)] == [False, True]
     assert posts_of(comfyui, [job_id]) == {job_id: 1}
     assert minimax.create_calls == 0
+
+
+# --- a host that goes away under a running job ------------------------------------------------
+# HOST_LOST_AFTER_S=3 stands for the minute: the plan shows the silence after 3 s of it.
+
+
+def silence_shown(plan: Plan) -> bool:
+    return any(r.startswith("comfyui_unreachable_since=") for r in plan.reasons)
+
+
+async def rendering(jobs: Jobs, comfyui: ComfyUISim, prompt: str) -> str:
+    job_id = await jobs.submit(prompt)
+    plan = await jobs.until(job_id, lambda p: p.state == "running_local")
+    assert plan.prompt_id is not None
+    await comfyui.wait_until(plan.prompt_id, "running")
+    return job_id
+
+
+async def test_comfyui_gone_mid_render_shows_on_the_plan_and_an_unarmed_job_fails_naming_it(
+    workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim
+):
+    comfyui.execution_s = 30
+    worker = await workers(
+        COMFYUI_URL=comfyui.url,
+        MINIMAX_BASE_URL=minimax.url,
+        HOST_LOST_AFTER_S=3,
+        UNREACHABLE_GIVE_UP_S=10,
+    )
+    jobs = jobs_on(worker)
+    job_id = await rendering(jobs, comfyui, "comfyui gone, not armed")
+    await comfyui.stop()  # and kept down
+
+    plan = await jobs.until(job_id, silence_shown, timeout_s=30)
+    assert plan.state == "running_local"
+    plan = await jobs.finished(job_id)
+    assert plan.state == "failed" and plan.error is not None
+    assert "GPU host a40_local" in plan.error and "ComfyUI" in plan.error
+    assert "not armed" in plan.error
+    assert minimax.create_calls == 0
+
+
+async def test_comfyui_gone_mid_render_sends_an_armed_job_to_the_cloud_once(
+    workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim
+):
+    comfyui.execution_s = 30
+    worker = await workers(
+        COMFYUI_URL=comfyui.url,
+        MINIMAX_BASE_URL=minimax.url,
+        CLOUD_VIDEO_FALLBACK_ENABLED=1,
+        HOST_LOST_AFTER_S=3,
+    )
+    jobs = jobs_on(worker)
+    job_id = await rendering(jobs, comfyui, "comfyui gone, armed")
+    await comfyui.stop()
+
+    plan = await jobs.finished(job_id)
+    assert (plan.state, plan.route, plan.overflow.trigger) == ("completed", "cloud", "unreachable")
+    assert silence_shown(plan) and "host_lost=a40_local" in plan.reasons
+    assert plan.cloud is not None and plan.cloud.authorised_by == "armed"
+    assert creates_of(minimax, {job_id: "comfyui gone, armed"}) == {job_id: 1}
+    assert posts_of(comfyui, [job_id]) == {job_id: 1}
+
+
+async def test_comfyui_restarted_mid_render_gets_the_prompt_resubmitted_once(
+    workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim
+):
+    comfyui.execution_s = 3
+    worker = await workers(  # not armed: the job waits for its host
+        COMFYUI_URL=comfyui.url, MINIMAX_BASE_URL=minimax.url, HOST_LOST_AFTER_S=3
+    )
+    jobs = jobs_on(worker)
+    job_id = await rendering(jobs, comfyui, "comfyui restarted")
+    restart = asyncio.create_task(comfyui.restart(down_s=6))
+    plan = await jobs.until(job_id, silence_shown, timeout_s=30)
+    await restart
+
+    plan = await jobs.finished(job_id)
+    assert (plan.state, plan.route, plan.local_attempts) == ("completed", "local", 2)
+    assert "comfyui_answers_again" in plan.reasons
+    [lost] = [r.removeprefix("comfyui_lost_prompt=") for r in plan.reasons if "lost_prompt" in r]
+    assert plan.prompt_id is not None and plan.prompt_id != lost
+    # The lost prompt resubmitted once: one POST for each.
+    assert (comfyui.prompt_posts[lost], comfyui.prompt_posts[plan.prompt_id]) == (1, 1)
+    assert minimax.create_calls == 0
+
+
+async def test_a_dead_agent_mid_render_is_a_lost_host_within_its_bound(
+    workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim
+):
+    comfyui.execution_s = 60
+    worker = await workers(
+        args=["worker", "--no-agents"],
+        MINIMAX_BASE_URL=minimax.url,
+        CLOUD_VIDEO_FALLBACK_ENABLED=1,
+        HOST_LOST_AFTER_S=3,
+    )
+    agent = await workers(
+        args=["agent", "--host", "a40_local"],
+        SPILLWAY_TASK_QUEUE=worker.task_queue,
+        COMFYUI_URL=comfyui.url,
+        HOST_LOST_AFTER_S=3,
+    )
+    jobs = jobs_on(worker)
+    job_id = await rendering(jobs, comfyui, "agent gone")
+    await agent.kill()  # and not started again
+
+    plan = await jobs.finished(job_id)
+    assert (plan.state, plan.route) == ("completed", "cloud")
+    assert silence_shown(plan) and "host_lost=a40_local" in plan.reasons
+    assert creates_of(minimax, {job_id: "agent gone"}) == {job_id: 1}
