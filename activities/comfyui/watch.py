@@ -125,11 +125,11 @@ class ComfyUIWatcher:
         following = Following(prompt_id, answers=answers)
         watched = self._watched.setdefault(prompt_id, _Watched())
         watched.followers.add(following)
-        if self._silent_since is not None:
-            following.tell(Silent(self._silent_since))
-        elif watched.where is not None:
+        if watched.where is not None:
             following.tell(_place(watched.where))
-        self._wake.set()  # a first look soon: short prompts are often over already
+        # A first look soon: short prompts are often over already, and a silence is told only
+        # from a round this wait saw (an idle watcher's last round may be long past).
+        self._wake.set()
         try:
             yield following
         finally:
@@ -174,6 +174,8 @@ class ComfyUIWatcher:
         watched = dict(self._watched)
         if not watched:
             return
+        if at - self._last_round > 2 * self._poll_s:
+            self._silent_since = None  # nobody watched for a while: what came between is unknown
         self._last_round = at
         began = time.time()
         try:
