@@ -5,6 +5,16 @@ histories hold these names: renaming one breaks them (the replay test says so)."
 
 from __future__ import annotations
 
+import hashlib
+
+
+def run_tag(run_id: str) -> str:
+    """What tells one workflow run's ids (prompt ids, Kling's external_task_id, callback ids) from
+    another run's of the same job. Not the run id's start: Temporal's run ids are UUIDv7, whose
+    first 8 characters are a timestamp shared by runs about a minute apart."""
+    return hashlib.sha256(run_id.encode()).hexdigest()[:16]
+
+
 # --- workflows ---------------------------------------------------------------------------------
 
 VIDEO_JOB = "VideoJobWorkflow"  # what clients start: its input is the JSON of VideoJob

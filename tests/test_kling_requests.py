@@ -8,10 +8,12 @@ import base64
 import hashlib
 import hmac
 import json
+import re
 from typing import Any
 
 import pytest
 
+from activities.comfyui.models import prompt_id_for
 from activities.kling.requests import (
     JWT_BAD_SIGNATURE,
     JWT_EXPIRED,
@@ -22,10 +24,12 @@ from activities.kling.requests import (
     create_body,
     create_request,
     external_task_id,
+    external_task_ids,
     sign_jwt,
     verify_jwt,
 )
 from spillway.models import CloudRequest
+from spillway.names import run_tag
 from spillway.settings import PROJECT_ROOT
 from spillway.tiers import load_tiers
 
@@ -91,9 +95,19 @@ def test_an_image_kling_cannot_read_is_refused_before_anything_is_sent():
 
 def test_external_task_id_is_fixed_per_job_and_run():
     run = "7c1e4a52-93d0-4c1f-9a55-2f0e3b9d1a77"
-    assert external_task_id("job-1", run) == "spillway-job-1-7c1e4a52"
+    assert re.fullmatch(r"spillway-job-1-[0-9a-f]{16}", external_task_id("job-1", run))
     assert external_task_id("job-1", run) == external_task_id("job-1", run)
     assert external_task_id("job-1", "0f" + run[2:]) != external_task_id("job-1", run)
+
+
+def test_runs_a_second_apart_get_different_ids():
+    # UUIDv7 run ids of runs started one second apart share their first 8 characters.
+    first, second = "01a23503-1f00-7abc-8def-0123456789ab", "01a23503-22e8-7abc-8def-fedcba987654"
+    assert first[:8] == second[:8]
+    assert external_task_id("tour-1", first) != external_task_id("tour-1", second)
+    assert prompt_id_for("tour-1", 1, run_tag(first)) != prompt_id_for("tour-1", 1, run_tag(second))
+    # A create sent by 0.2.0 is still found by the id it carried.
+    assert external_task_ids("tour-1", first)[1] == "spillway-tour-1-01a23503"
 
 
 # --- request bodies ------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from activities.comfyui.models import prompt_id_for
 from spillway.models import Plan
+from spillway.names import run_tag
 from spillway.settings import Settings
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.comfyui_run import Failure
@@ -107,16 +108,15 @@ async def test_a_comfyui_restart_mid_job_resubmits_once_and_succeeds(local_jobs,
     comfyui.execution_s = 2.0
     async with local_jobs() as start:
         handle = await start()
-        first = prompt_id_for(handle.id, 1, handle.first_execution_run_id or "")
+        first = prompt_id_for(handle.id, 1, run_tag(handle.first_execution_run_id or ""))
         await comfyui.wait_until(first, "running")
         await comfyui.restart()
         plan: Plan = await handle.result()
     assert (plan.state, plan.local_attempts) == ("completed", 2)
     assert f"comfyui_lost_prompt={first}" in plan.reasons
     assert comfyui.prompt_posts[first] == 1
-    assert (
-        comfyui.prompt_posts[prompt_id_for(handle.id, 2, handle.first_execution_run_id or "")] == 1
-    )
+    second = prompt_id_for(handle.id, 2, run_tag(handle.first_execution_run_id or ""))
+    assert comfyui.prompt_posts[second] == 1
 
 
 @pytest.mark.parametrize("where", ["pending", "running"])
@@ -126,7 +126,7 @@ async def test_cancelling_removes_the_prompt_from_comfyui(local_jobs, comfyui, w
         comfyui.pause()
     async with local_jobs() as start:
         handle = await start(SLOW_GRAPH)
-        prompt = prompt_id_for(handle.id, 1, handle.first_execution_run_id or "")
+        prompt = prompt_id_for(handle.id, 1, run_tag(handle.first_execution_run_id or ""))
         await comfyui.wait_until(prompt, where)
         await handle.cancel()
         with pytest.raises(WorkflowFailureError):
@@ -144,7 +144,7 @@ async def test_a_worker_killed_right_after_the_post_never_posts_twice(
     comfyui.hang_prompt_answers = 1  # queued, then the worker dies waiting for the answer
     worker = await worker_process(COMFYUI_URL=comfyui.url, COMFYUI_HISTORY_POLL_S="0.2")
     handle = await Jobs(dev_env.client, worker.task_queue).start(prompt=None)
-    prompt = prompt_id_for(handle.id, 1, handle.first_execution_run_id or "")
+    prompt = prompt_id_for(handle.id, 1, run_tag(handle.first_execution_run_id or ""))
     await until(lambda: comfyui.prompt_posts[prompt] >= 1, timeout_s=30)
     await worker.kill()
     await worker.start()

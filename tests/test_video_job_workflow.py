@@ -19,12 +19,13 @@ from activities.kling.activities import RECONCILE as KLING_RECONCILE
 from activities.minimax.activities import CREATE as MINIMAX_CREATE
 from spillway import names
 from spillway.models import ApprovalDecision, LoadStatus, Plan
-from spillway.names import APPROVAL_SIGNAL, DECIDE_UPDATE
+from spillway.names import APPROVAL_SIGNAL, DECIDE_UPDATE, run_tag
 from tests.support.constants import CLIP_USD
 from tests.support.jobs import RunJobs, cause_message
 from tests.support.route_stubs import BUSY, DOWN, FREE, RouteStubs
 from tests.support.settings import ARMED, KEY, KLING_ARMED, two_host_tiers
 from tests.support.waiting import until
+from workflows.job_state import IDS_PER_RUN
 from workflows.video_job import VideoJobWorkflow
 
 HOUR = {"APPROVAL_TIMEOUT_S": 3600, "APPROVAL_RECHECK_S": 60}
@@ -40,11 +41,12 @@ async def test_free_gpu_renders_locally(run_jobs: RunJobs):
 
 
 @pytest.mark.parametrize("load", [FREE, BUSY], ids=["local", "armed_cloud"])
-async def test_a_run_of_the_first_release_records_no_patch_marker(
+async def test_a_run_records_only_the_patch_markers_of_changes_since_the_first_release(
     run_jobs: RunJobs, load: LoadStatus
 ):
     # Each marker is also a TemporalChangeVersion upsert: two history events and a visibility
-    # write. 0.2.0 is the first release: a patch belongs to a change made after it.
+    # write. 0.2.0 is the first release: a patch belongs to a change made after it, and only
+    # where that change is met (the prompt id and the callback's id: ids per run).
     async with run_jobs(RouteStubs(load), **ARMED) as jobs:
         handle = await jobs.start()
         await handle.result()
@@ -54,7 +56,7 @@ async def test_a_run_of_the_first_release_records_no_patch_marker(
         for e in history.events
         if e.marker_recorded_event_attributes.marker_name == "core_patch"
     ]
-    assert patches == []
+    assert [p["id"] for p in patches] == ([IDS_PER_RUN] if load is FREE else [])
 
 
 async def test_overloaded_armed_job_goes_to_the_cloud_once(run_jobs: RunJobs):
@@ -327,7 +329,7 @@ async def test_a_lost_prompt_is_resubmitted_once_with_a_new_attempt_id(run_jobs:
     async with run_jobs(stubs) as jobs:
         handle = await jobs.start(job_id="lost-1")
         plan: Plan = await handle.result()
-    run = (await handle.describe()).run_id[:8]  # prompt ids are unique per run
+    run = run_tag((await handle.describe()).run_id)  # prompt ids are unique per run
     assert plan.state == "completed" and plan.local_attempts == 2
     assert stubs.submitted == [f"spillway-lost-1-{run}-1", f"spillway-lost-1-{run}-2"]
     assert f"comfyui_lost_prompt=spillway-lost-1-{run}-1" in plan.reasons

@@ -12,6 +12,8 @@ from datetime import timedelta
 from temporalio import workflow
 from temporalio.exceptions import WorkflowAlreadyStartedError
 
+from workflows.job_state import run_tag
+
 with workflow.unsafe.imports_passed_through():
     from activities.callbacks import (
         CALLBACK_RETRY,
@@ -54,7 +56,7 @@ async def call_back(event: EventName, plan: Plan, url: str | None) -> None:
         await workflow.start_child_workflow(
             CallbackWorkflow.run,
             delivery,
-            id=f"{info.workflow_id}-callback-{event}-{info.run_id[:8]}",
+            id=f"{info.workflow_id}-callback-{event}-{run_tag()}",
             parent_close_policy=workflow.ParentClosePolicy.ABANDON,
             execution_timeout=timedelta(hours=3),  # CALLBACK_RETRY gives up well before
         )

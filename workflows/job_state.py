@@ -35,6 +35,15 @@ with workflow.unsafe.imports_passed_through():
     from workflows import texts
 
 FAILED = "JobFailed"  # the type of the failure a failed job ends with
+# Runs of 0.2.0 carry ids made of the run id's first 8 characters: their prompts and callbacks
+# keep them.
+IDS_PER_RUN = "ids-per-run"
+
+
+def run_tag() -> str:
+    """This run's part of the ids that must differ between runs of one job."""
+    run_id = workflow.info().run_id
+    return names.run_tag(run_id) if workflow.patched(IDS_PER_RUN) else run_id[:8]
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError
 
 from workflows import activity_calls as calls
-from workflows.job_state import LOCAL, VideoJobState
+from workflows.job_state import LOCAL, VideoJobState, run_tag
 
 with workflow.unsafe.imports_passed_through():
     from activities.comfyui.models import (
@@ -65,11 +65,11 @@ async def run(s: VideoJobState) -> bool:
     s.count(LOCAL)
     # A reset or re-run gets prompt ids of its own: a long-lived ComfyUI still holds the earlier
     # run's prompt (and its video) under the old one.
-    run_id = workflow.info().run_id
+    tag = run_tag()
     graph = await _with_uploaded_inputs(s, host)
     while plan.local_attempts < s.policy.comfyui_max_attempts:
         plan.local_attempts += 1
-        prompt_id = prompt_id_for(job.job_id, plan.local_attempts, run_id)
+        prompt_id = prompt_id_for(job.job_id, plan.local_attempts, tag)
         plan.prompt_id = prompt_id
         s.set_state("running_local")
         submit = ComfyUISubmit(

@@ -27,11 +27,11 @@ UPLOAD_REFUSED = "ComfyUIUploadRefused"  # POST /upload/image answered 400 (or n
 UPLOAD_SUBFOLDER = "spillway"  # inputs go to ComfyUI's input/spillway/, under content-hash names
 
 
-def prompt_id_for(job_id: str, attempt: int, run_id: str) -> str:
+def prompt_id_for(job_id: str, attempt: int, run_tag: str) -> str:
     """Attempt 1 is the first submit; the workflow resubmits with attempt + 1 only after LOST.
-    The run id keeps a reset or re-run of a job from meeting the earlier run's prompt in a
-    long-lived ComfyUI's history."""
-    return f"spillway-{job_id}-{run_id[:8]}-{attempt}"
+    The run's tag (spillway.names.run_tag) keeps a reset or re-run of a job from meeting the
+    earlier run's prompt in a long-lived ComfyUI's history."""
+    return f"spillway-{job_id}-{run_tag}-{attempt}"
 
 
 class ComfyUISubmit(BaseModel):

@@ -55,6 +55,7 @@ from activities.kling.requests import (
     cost_key,
     create_request,
     external_task_id,
+    external_task_ids,
     kind_of,
 )
 from spillway.models import CloudRequest, Downloaded, Progress
@@ -143,13 +144,19 @@ class KlingActivities(CloudActivities[KlingTiming]):
         by the external_task_id of the run that sent it: the workflow follows the task it names.
         It never creates; a Kling that does not answer fails it retryably."""
         client = self._client(retryable=True)
-        external = external_task_id(req.job_id, req.run_id)
         kind = kind_of(req.request, req.first_frame)  # as the create chose it
+        task_id: str | None = None
+        candidates = external_task_ids(req.job_id, req.run_id)
+        external = candidates[0]
         async with Heartbeat(self._timing.heartbeat_every_s) as hb:
             try:
-                task_id = await find_lost_create(
-                    client, self._timing, kind, external, req.sent_at.timestamp(), hb
-                )
+                for candidate in candidates:
+                    task_id = await find_lost_create(
+                        client, self._timing, kind, candidate, req.sent_at.timestamp(), hb
+                    )
+                    if task_id is not None:
+                        external = candidate
+                        break
             except KlingError as exc:
                 explained = (
                     f"Kling refuses to say whether the lost create of job {req.job_id} made a "

@@ -27,6 +27,7 @@ import re
 from typing import Any, Literal
 
 from spillway.models import CloudRequest
+from spillway.names import run_tag
 
 Kind = Literal["text2video", "image2video"]
 Mode = Literal["std", "pro"]
@@ -69,7 +70,13 @@ def external_task_id(job_id: str, run_id: str) -> str:
     """Fixed per job and workflow run: every create of one run carries the same id, so Kling
     makes at most one task for it and an unanswered create can be looked up. A reset is a new
     run (and the spend ledger refuses its second create anyway)."""
-    return f"spillway-{job_id}-{run_id[:8]}"
+    return f"spillway-{job_id}-{run_tag(run_id)}"
+
+
+def external_task_ids(job_id: str, run_id: str) -> tuple[str, str]:
+    """A lost create's possible ids: this release's, then 0.2.0's (the run id's first 8
+    characters), so a create sent before an upgrade is still found."""
+    return external_task_id(job_id, run_id), f"spillway-{job_id}-{run_id[:8]}"
 
 
 def create_request(

@@ -138,7 +138,7 @@ async def comfyui_activities(
 
 def prompts_of(comfyui: ComfyUISim, job_id: str, attempt: int = 1) -> list[str]:
     """The prompt ids ComfyUI received for a job's attempt (ids carry the run: unique per run)."""
-    pattern = re.compile(rf"spillway-{re.escape(job_id)}-(?:[0-9a-f]{{8}}-)?{attempt}")
+    pattern = re.compile(rf"spillway-{re.escape(job_id)}-(?:[0-9a-f]{{16}}-)?{attempt}")
     return [p for p in comfyui.prompt_posts if pattern.fullmatch(p)]
 
 
