@@ -4,6 +4,8 @@ error message."""
 
 from __future__ import annotations
 
+import re
+
 import httpx
 
 # Raised before a single byte of the request left this machine: safe to send again.
@@ -21,5 +23,9 @@ MAYBE_SENT = (
 def why(exc: BaseException) -> str:
     """httpx's exceptions often carry no text at all (a bare `ReadTimeout`), so the type name
     always comes first: "ReadTimeout", "ConnectError: [Errno 111] Connection refused"."""
-    text = str(exc).strip()
+    # Some quote the URL, whose user-info is a password.
+    text = _USER_INFO.sub("//", str(exc).strip())
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+_USER_INFO = re.compile(r"//[^/@\s]+@")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Annotated, Literal, Self
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import (
     AliasChoices,
@@ -178,12 +179,29 @@ def describe_validation_error(exc: ValidationError, source: str) -> str:
     parts = []
     for err in exc.errors():
         field = ".".join(str(p) for p in err["loc"]) or source
-        shown = ""
+        got = ""
         secret = any(word in field.upper() for word in SECRET_WORDS)
-        if not secret and isinstance(err.get("input"), str | int | float):
-            shown = f" (got {_clip(repr(err['input']))})"
-        parts.append(f"{field}: {err['msg']}{shown}")
+        value = err.get("input")
+        if not secret and isinstance(value, str | int | float):
+            # A URL's user-info is a password: `http://ops:hunter2@host` shows as `http://host`.
+            value = shown(value) if isinstance(value, str) and "@" in value else value
+            got = f" (got {_clip(repr(value))})"
+        parts.append(f"{field}: {err['msg']}{got}")
     return f"invalid {source}: " + "; ".join(parts)
+
+
+def shown(url: object) -> str:
+    """A URL as any text may show it (errors, logs, history, webhooks, `health`): without
+    user-info (`http://ops:password@host`) or query (a signature, a token)."""
+    try:
+        parts = urlsplit(str(url))
+        port = parts.port
+    except ValueError:
+        return "<a URL that is not well formed>"
+    host = parts.hostname or ""
+    host = f"[{host}]" if ":" in host else host
+    netloc = f"{host}:{port}" if port is not None else host
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
 def _clip(text: str, limit: int = 60) -> str:

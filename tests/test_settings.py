@@ -10,7 +10,7 @@ import pytest
 
 from activities.cloud import registry
 from spillway.errors import ConfigError
-from spillway.settings import PROJECT_ROOT, Settings, load_settings
+from spillway.settings import PROJECT_ROOT, Settings, load_settings, shown
 from spillway.tiers import load_tiers
 
 
@@ -146,3 +146,23 @@ def test_missing_routing_tiers_file_says_which(tmp_path):
 def test_a_bad_storage_or_webhook_url_is_named_but_never_shown(clean_env, name, value):
     message = settings_error(clean_env, name, value)
     assert name in message and "canary-secret" not in message
+
+
+@pytest.mark.parametrize(
+    ("url", "seen"),
+    [
+        ("http://ops:hunter2@guard:8080/x?sig=abc", "http://guard:8080/x"),
+        ("https://token@[::1]/", "https://[::1]/"),
+        ("http://127.0.0.1:8188", "http://127.0.0.1:8188"),
+        ("http://ops:hunter2@host:notaport", "<a URL that is not well formed>"),
+    ],
+)
+def test_a_url_is_shown_without_its_user_info_or_query(url: str, seen: str):
+    assert shown(url) == seen
+
+
+def test_a_bad_url_setting_is_named_without_its_password(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("A40_GUARD_URL", "ftp://ops:hunter2@guard")
+    with pytest.raises(ConfigError) as failed:
+        load_settings()
+    assert "A40_GUARD_URL" in str(failed.value) and "hunter2" not in str(failed.value)

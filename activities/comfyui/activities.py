@@ -54,7 +54,7 @@ from activities.storage.opening import OwnsOutputStore
 from activities.storage.store import OutputStore
 from spillway import names
 from spillway.models import Downloaded, Progress
-from spillway.settings import Settings
+from spillway.settings import Settings, shown
 
 # How long after a POST /prompt that got no answer it may still land in ComfyUI's queue: twice
 # the request timeout (30 s). The client gave up after one timeout; ComfyUI validates a graph
@@ -140,9 +140,9 @@ class ComfyUIActivities(OwnsOutputStore):
                 if answer.get("prompt_id") != req.prompt_id:
                     await self._client.withdraw(str(answer.get("prompt_id")))
                     raise ApplicationError(
-                        f"ComfyUI at {self._settings.COMFYUI_URL} ignored the prompt_id it was "
-                        f"given (answered {answer.get('prompt_id')!r}): without it a retry could "
-                        "run the job twice; use a ComfyUI that accepts a caller's prompt_id "
+                        f"ComfyUI at {shown(self._settings.COMFYUI_URL)} ignored the prompt_id "
+                        f"it was given (answered {answer.get('prompt_id')!r}): without it a retry "
+                        "could run the job twice; use a ComfyUI that accepts a caller's prompt_id "
                         "(0.3.64 does)",
                         type=UNSUPPORTED,
                         non_retryable=True,

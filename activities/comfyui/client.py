@@ -23,6 +23,7 @@ from activities.comfyui.answers import Queued, Seen
 from activities.comfyui.models import ComfyUIFile
 from activities.http import MAYBE_SENT, why
 from activities.storage.store import IncompleteDownload
+from spillway.settings import shown
 
 # One ComfyUI request; waits and downloads heartbeat meanwhile, so a slow answer is not a
 # dead worker. A submit that times out is retried and finds its prompt before posting.
@@ -249,7 +250,7 @@ class ComfyUIClient:
 
     async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         response = await self._send(method, path, **kwargs)
-        url = self._base + path
+        url = shown(self._base + path)
         if response.status_code in (502, 504):  # a proxy gave up; ComfyUI may still act on it
             raise Unanswered(f"{method} {url} answered {response.status_code}")
         if response.status_code >= 500 or response.status_code in (404, 405):
@@ -261,9 +262,9 @@ class ComfyUIClient:
         try:
             return await self._http.request(method, url, timeout=self._request_timeout, **kwargs)
         except MAYBE_SENT as exc:
-            raise Unanswered(f"no answer from {url} ({why(exc)})") from exc
+            raise Unanswered(f"no answer from {shown(url)} ({why(exc)})") from exc
         except httpx.HTTPError as exc:
-            raise Unavailable(f"no answer from {url} ({why(exc)})") from exc
+            raise Unavailable(f"no answer from {shown(url)} ({why(exc)})") from exc
 
     @staticmethod
     def _json(response: httpx.Response, what: str) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from activities.kling.client import KlingClient, KlingTiming
 from activities.kling.errors import AMBIGUOUS_CREATE
 from activities.kling.requests import Kind, kind_of
 from spillway.models import Progress
+from spillway.settings import shown
 
 # What a person can do about a provable refusal, by Kling's code.
 _WHAT_TO_DO = {
@@ -197,7 +198,7 @@ def refused_message(job_id: str, verdict: CreateVerdict) -> str:
 def ambiguous(
     req: CloudCreate, verdict: CreateVerdict, external: str, base_url: str
 ) -> ApplicationError:
-    base = base_url.rstrip("/")
+    base = shown(base_url).rstrip("/")
     return ApplicationError(
         f"Kling create for job {req.job_id} is ambiguous ({verdict.message}): a charge may "
         f"exist. The create sent at {cloud_create.sent_when(verdict)} carried external_task_id "

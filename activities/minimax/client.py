@@ -23,7 +23,7 @@ from pydantic import BaseModel, ValidationError
 from activities.cloud.models import CreateVerdict
 from activities.http import NOT_SENT, why
 from activities.minimax.answers import classify_create
-from spillway.settings import Settings
+from spillway.settings import Settings, shown
 
 _HEADER_SAFE = re.compile(r"[\x21-\x7e]+")
 _A = TypeVar("_A", bound=BaseModel)
@@ -133,7 +133,7 @@ class MiniMaxClient:
                 )
         except (httpx.HTTPError, TimeoutError) as exc:
             raise MiniMaxUnavailable(
-                f"MiniMax {what} got no answer from {url} ({self.clean(why(exc))})"
+                f"MiniMax {what} got no answer from {shown(url)} ({self.clean(why(exc))})"
             ) from None
         if not response.is_success:
             raise MiniMaxUnavailable(f"MiniMax {what} answered HTTP {response.status_code}")

@@ -27,7 +27,7 @@ from activities.probe.rules import Readings, assess, vram_pct
 from activities.probe.shared_read import SharedRead
 from spillway import names
 from spillway.models import LoadStatus
-from spillway.settings import Settings
+from spillway.settings import Settings, shown
 
 # How long a good `/queue` answer serves other probes after its request: behind a backlog it is
 # the one big read (every waiting prompt's graph), and a count half a second old decides as well
@@ -149,17 +149,21 @@ class LoadStatusActivities:
         except (TimeoutError, httpx.TimeoutException):
             return _no_answer_within(source, url, self._timeout)
         except httpx.HTTPError as exc:
-            return Answer(source, False, error=f"{source}: no answer from {url} ({why(exc)})")
+            return Answer(
+                source, False, error=f"{source}: no answer from {shown(url)} ({why(exc)})"
+            )
         if not response.is_success:
-            return Answer(source, True, error=f"{source}: HTTP {response.status_code} from {url}")
+            return Answer(
+                source, True, error=f"{source}: HTTP {response.status_code} from {shown(url)}"
+            )
         try:
             return Answer(source, True, body=response.json())
         except ValueError:
             snippet = response.text[:40].replace("\n", " ")
             return Answer(
-                source, True, error=f"{source}: answer from {url} is not JSON ({snippet!r})"
+                source, True, error=f"{source}: answer from {shown(url)} is not JSON ({snippet!r})"
             )
 
 
 def _no_answer_within(source: str, url: str, timeout: float) -> Answer:
-    return Answer(source, False, error=f"{source}: no answer from {url} within {timeout:g}s")
+    return Answer(source, False, error=f"{source}: no answer from {shown(url)} within {timeout:g}s")

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from spillway.errors import ConfigError, Failed
-from spillway.settings import Settings, load_settings
+from spillway.settings import Settings, load_settings, shown
 from spillway.tiers import RoutingTiers, load_tiers
 
 if TYPE_CHECKING:
@@ -212,7 +212,7 @@ async def cmd_sim(args: argparse.Namespace) -> int:
             response.raise_for_status()
     except httpx.HTTPError:
         raise Failed(
-            f"no simulator answers at {url}: is `spillway dev --simulate` running?"
+            f"no simulator answers at {shown(url)}: is `spillway dev --simulate` running?"
         ) from None
     print(f"{args.sim} simulator now: {response.json()}")
     return OK

@@ -15,7 +15,7 @@ from activities.probe.nvml import NvmlReader
 from spillway.decision import table_rows
 from spillway.errors import Failed
 from spillway.models import LoadStatus, WorkersView
-from spillway.settings import Settings
+from spillway.settings import Settings, shown
 from spillway.spend_book import PeriodTotals
 from spillway.tiers import RoutingTiers
 
@@ -217,7 +217,7 @@ def health_report(
         ProviderHealth(
             name=p.name,
             tier=tier.tier if (tier := tiers.by_provider(p.name)) else None,
-            base_url=p.base_url(settings),
+            base_url=shown(p.base_url(settings)),
             key_present=p.keys_present(settings),
         )
         for p in clouds.ordered(settings)
@@ -229,15 +229,20 @@ def health_report(
         sources=[
             Source(
                 name="comfyui_vram",
-                endpoint=settings.comfyui("/system_stats"),
+                endpoint=shown(settings.comfyui("/system_stats")),
                 rule=f"VRAM used >= {settings.A40_VRAM_BUSY_PCT:g}%",
             ),
             Source(
                 name="gpu_util_and_queue",
-                endpoint=f"NVML GPU {settings.A40_NVML_INDEX} + {settings.comfyui('/queue')}",
+                endpoint=f"NVML GPU {settings.A40_NVML_INDEX} + "
+                + shown(settings.comfyui("/queue")),
                 rule=f"GPU util >= {settings.A40_UTIL_BUSY_PCT:g}% AND queue_pending >= 1",
             ),
-            Source(name="a40_guard", endpoint=settings.guard_status_url(), rule="busy == true"),
+            Source(
+                name="a40_guard",
+                endpoint=shown(guard) if (guard := settings.guard_status_url()) else None,
+                rule="busy == true",
+            ),
         ],
         probe_timeout_s=settings.LOAD_PROBE_TIMEOUT_S,
         unreachable_confirm_s=settings.UNREACHABLE_CONFIRM_S,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 
 import httpx
+from aiohttp import web
 
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
@@ -18,7 +19,60 @@ from tests.reliability.harness import SECRETS, DevServer, Sightings, api_texts, 
 from tests.support.cli import decoded, temporal_show
 from tests.support.constants import BUSY_VRAM_PCT, CANARY_KEY
 
-KINDS = {"worker log", "metrics", "cli", "history", "ui api"}
+KINDS = {"worker log", "metrics", "cli", "history", "ui api", "webhook"}
+# A password in a URL's user-info, distinctive: the final check looks for SECRETS[1] in it.
+PASSWORD = f"{SECRETS[1]}-url-password"
+
+
+async def test_a_password_in_a_failing_url_shows_nowhere(
+    workers,
+    jobs_on,
+    comfyui: ComfyUISim,
+    sightings: Sightings,
+    refused_url: str,
+):
+    comfyui.set_vram_used_pct(BUSY_VRAM_PCT)  # overloaded and not armed: the webhook is sent
+    notices: list[str] = []
+
+    async def hook(request: web.Request) -> web.Response:
+        notices.append(await request.text())
+        return web.Response()
+
+    app = web.Application()
+    app.router.add_post("/hook", hook)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    guard = refused_url.replace("http://", f"http://ops:{PASSWORD}@")
+    try:
+        worker = await workers(
+            COMFYUI_URL=comfyui.url.replace("http://", f"http://ops:{PASSWORD}@"),
+            A40_GUARD_URL=guard,
+            APPROVAL_WEBHOOK_URL=f"http://127.0.0.1:{port}/hook",
+            APPROVAL_TIMEOUT_S=2,
+        )
+        jobs = jobs_on(worker)
+        job_id = await jobs.submit("secrets: a guard URL with a password that fails")
+        plan = await jobs.finished(job_id)
+    finally:
+        await runner.cleanup()
+    assert (plan.state, plan.route) == ("completed", "local")  # the approval window closed
+    assert plan.overflow.last_signal is not None
+    [error] = [e for e in plan.overflow.last_signal.errors if e.startswith("guard:")]
+    assert refused_url.removeprefix("http://") in error and "ops" not in error  # host, no user
+    [notice] = notices
+    assert "guard: no answer from" in notice
+    sightings.add(f"webhook: approval notice of {job_id}", notice)
+    sightings.add(f"cli: plan of {job_id}", plan.model_dump_json())
+    for args in (("status", job_id, "--json"), ("health",), ("health", "--json"), ("load",)):
+        code, _, err = await cli(sightings, *args, env=worker.env)
+        assert code in (0, 1), err
+    code, _, err = await cli(sightings, "health", env=worker.env | {"A40_GUARD_URL": f"{guard}:x"})
+    assert code == 2 and "A40_GUARD_URL" in err
+    sightings.add(f"worker log: {worker.task_queue}", worker.log)
+    # The final check (below) reads this job's history and UI answers too.
 
 
 async def test_the_key_never_shows_in_histories_logs_metrics_cli_output_or_the_ui_api(
