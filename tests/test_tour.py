@@ -36,25 +36,33 @@ def tour_lines() -> list[str]:
     ]
 
 
+def port_free(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) != 0
+
+
 class Dev:
-    """`spillway dev --simulate` as a user runs it, on free ports, with its own state folder."""
+    """`spillway dev --simulate` as a user runs it with its own state folder, on other ports than
+    the defaults (ComfyUI on 8288, the way around a busy 8188, when that is free), as a user
+    whose ports are taken does."""
 
     def __init__(self, state: Path, env: dict[str, str]) -> None:
         self.port, self.ui, self.comfyui, self.guard, self.minimax, self.kling = free_ports(6)
+        if port_free(8288):
+            self.comfyui = 8288
         self.state, self.env = state, env
         self.output: list[str] = []
-        self.exported: dict[str, str] = {"SPILLWAY_TASK_QUEUE": "spillway-sim"}
+        self.exported: dict[str, str] = {}
         self._proc: asyncio.subprocess.Process | None = None
 
     @property
     def client_env(self) -> dict[str, str]:
-        """What a second terminal needs to reach this instance (the tour uses the defaults)."""
-        return self.env | {
-            "TEMPORAL_ADDRESS": f"127.0.0.1:{self.port}",
-            "COMFYUI_URL": f"http://127.0.0.1:{self.comfyui}",
-            "PATH": f"{BIN}:{os.environ['PATH']}",
-            **self.exported,
-        }
+        """A second terminal: only what the banner told it to export (and the tour exports)."""
+        return self.env | {"PATH": f"{BIN}:{os.environ['PATH']}", **self.exported}
+
+    def banner_exports(self) -> dict[str, str]:
+        lines = [line.strip().removeprefix("export ") for line in self.output]
+        return dict(line.split("=", 1) for line in lines if re.fullmatch(r"[A-Z_]+=\S+", line))
 
     async def start(self) -> None:
         self._proc = await asyncio.create_subprocess_exec(
@@ -72,6 +80,7 @@ class Dev:
                 if "worker polling" in line.decode():
                     break
         self._drain = asyncio.create_task(self._read_rest())
+        self.exported = self.banner_exports()
 
     async def _read_rest(self) -> None:
         assert self._proc is not None and self._proc.stdout is not None
@@ -87,11 +96,8 @@ class Dev:
         return code
 
     def ports_free(self) -> bool:
-        for port in (self.port, self.ui, self.comfyui, self.guard, self.minimax, self.kling):
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    return False
-        return True
+        ports = (self.port, self.ui, self.comfyui, self.guard, self.minimax, self.kling)
+        return all(port_free(port) for port in ports)
 
     async def run(self, command: str) -> tuple[int, str]:
         proc = await asyncio.create_subprocess_exec(
@@ -129,7 +135,11 @@ EXPECTED = {
         "sha256",
     ],
     "spillway sim gpu --vram 95": ["'vram_used_pct': 95.0"],
-    "spillway load": ["GPU OVERLOADED", "vram_used_95.0pct_ge_85.0pct"],
+    "spillway load": [
+        "GPU OVERLOADED",
+        "vram_used_95.0pct_ge_85.0pct",
+        "this shell's reading; `spillway health` shows what each GPU host's agent sees",
+    ],
     "spillway submit --graph examples/video_graph.json --job-id tour-2": ["submitted job tour-2"],
     "spillway list --state awaiting_approval": ["tour-2", "awaiting_approval"],
     "spillway status tour-2": ["job tour-2: awaiting_approval", "vram_used_95.0pct_ge_85.0pct"],
@@ -145,7 +155,12 @@ EXPECTED = {
 
 async def test_the_readme_tour_works_as_written(dev: Dev):
     lines = tour_lines()
-    dev.exported = {}  # only what the tour itself exports
+    banner = dev.banner_exports()
+    assert banner == {
+        "SPILLWAY_TASK_QUEUE": "spillway-sim",
+        "TEMPORAL_ADDRESS": f"127.0.0.1:{dev.port}",
+        "COMFYUI_URL": f"http://127.0.0.1:{dev.comfyui}",
+    }
     commands = [line for line in lines if line.startswith("spillway ")]
     assert len(commands) == len(EXPECTED)
     for command in lines:

@@ -24,8 +24,12 @@ import sys
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from spillway.errors import Failed
+
+if TYPE_CHECKING:
+    from spillway.settings import Settings
 
 STATE_DIR = Path(".spillway")
 SIM_SUFFIX = "-sim"
@@ -189,6 +193,19 @@ async def _keep_state(path: Path, current: Callable[[], dict[str, object]]) -> N
         await asyncio.sleep(0.5)
 
 
+def exports(options: DevOptions, address: str | None, settings: Settings) -> list[str]:
+    """What a second terminal must export to reach this instance: the simulated jobs' queue,
+    and every address that is not the default its commands assume (a busy 8188 moved aside)."""
+    wanted: dict[str, str] = {}
+    if options.simulate:
+        wanted["SPILLWAY_TASK_QUEUE"] = settings.SPILLWAY_TASK_QUEUE
+    if address is not None and options.port != DevOptions.port:
+        wanted["TEMPORAL_ADDRESS"] = address
+    if options.simulate and options.comfyui_port != DevOptions.comfyui_port:
+        wanted["COMFYUI_URL"] = settings.comfyui("")
+    return [f"export {name}={value}" for name, value in wanted.items()]
+
+
 def _banner(options: DevOptions, address: str | None, urls: dict[str, str] | None) -> str:
     from activities.cloud import registry as clouds
     from spillway.settings import load_settings
@@ -212,11 +229,7 @@ def _banner(options: DevOptions, address: str | None, urls: dict[str, str] | Non
         f"  worker      task queue {settings.SPILLWAY_TASK_QUEUE!r}; cloud fallback {armed}",
         "",
         "Next, in another terminal (README: the five-minute tour):",
-        *(
-            [f"  export SPILLWAY_TASK_QUEUE={settings.SPILLWAY_TASK_QUEUE}   # the simulated jobs"]
-            if options.simulate
-            else []
-        ),
+        *(f"  {line}" for line in exports(options, address, settings)),
         "  spillway submit --graph examples/video_graph.json --job-id tour-1 --prompt "
         '"a lighthouse at dusk" --wait',
         "  spillway sim gpu --vram 95        # make the simulated GPU busy",

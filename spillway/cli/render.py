@@ -35,6 +35,7 @@ def render_load(load: LoadStatus) -> str:
         "  reasons    " + (", ".join(load.reasons) or "none"),
     ]
     lines += ["  error      " + e for e in load.errors]
+    lines.append("(this shell's reading; `spillway health` shows what each GPU host's agent sees)")
     return "\n".join(lines)
 
 
