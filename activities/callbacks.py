@@ -1,13 +1,22 @@
 """`job_callback`: tells a job's owner, over plain HTTP, that the job completed, failed or was
 cancelled, so any client (not only the CLI) learns the outcome without polling.
 
-The body is the event's JSON (`event`, `job_id`, `plan`), signed as GitHub and Stripe do: an
-`X-Spillway-Signature: sha256=<hex HMAC-SHA256 of the raw body>` keyed with the worker's
-JOB_WEBHOOK_SECRET, and an `X-Spillway-Delivery` id the workflow chooses, the same on every retry
-of one event, so a receiver can drop duplicates. A 2xx answer is done; anything else is a
-retryable failure. The workflow hands it to a child workflow that outlives the job and retries it
-with CALLBACK_RETRY (below): the job never waits for it nor
-fails because of it.
+The body is the event's JSON (`event`, `job_id`, `plan`), sent the Standard Webhooks way
+(standardwebhooks.com): `webhook-id` is the delivery id the workflow chooses, the same on every
+retry of one event, so a receiver can drop duplicates; `webhook-timestamp` is the Unix time of
+each attempt's send; `webhook-signature` is `v1,<base64 HMAC-SHA256 of "<id>.<timestamp>.<raw
+body>">` keyed with the workers' JOB_WEBHOOK_SECRET (spillway.settings.webhook_key). Signing the
+id and the time with the body lets a receiver refuse a replayed or re-dated delivery, which the
+deprecated `X-Spillway-Signature: sha256=<hex HMAC of the body>` (still sent, with
+`X-Spillway-Delivery` and `X-Spillway-Event`, for one release) cannot.
+
+Only the workers' own JOB_WEBHOOK_URL is signed. A per-job URL is chosen by whoever submits the
+job: signing what goes there with the workers' secret would hand any client valid signatures to
+replay against the workers' receiver, so it goes out with id and timestamp but no signature.
+
+A 2xx answer is done; anything else is a retryable failure. The workflow hands it to a child
+workflow that outlives the job and retries it with CALLBACK_RETRY (below): the job never waits for
+it nor fails because of it.
 
 A webhook URL is a credential (a Slack or Mattermost URL posts as the app): no error, log line or
 repr here contains it (docs/design.md, money invariant 3).
@@ -16,9 +25,11 @@ repr here contains it (docs/design.md, money invariant 3).
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import hmac
 import json
+import time
 from datetime import timedelta
 from typing import Any, Literal
 
@@ -31,7 +42,7 @@ from temporalio.exceptions import ApplicationError
 from activities.storage.opening import presign_outputs
 from spillway import names
 from spillway.models import JobId, Plan, plan_json
-from spillway.settings import Settings
+from spillway.settings import Settings, webhook_key
 
 CALLBACK_REFUSED = "CallbackRefused"  # the receiver answered, but not 2xx
 CALLBACK_UNREACHABLE = "CallbackUnreachable"  # no answer: refused, reset, timed out
@@ -82,16 +93,40 @@ class CallbackDelivery(BaseModel):
 
 class CallbackResult(BaseModel):
     status_code: int | None  # the receiver's 2xx answer; None when no URL was configured
-    signed: bool  # False when the worker has no JOB_WEBHOOK_SECRET
+    # False when the workers have no JOB_WEBHOOK_SECRET, and always for a job's own URL.
+    signed: bool
 
 
 REQUEST_TIMEOUT_S = 10.0  # the whole request: connect, send, the answer's status line
 
 
 def sign(body: bytes, secret: str) -> str:
-    """`sha256=<hex HMAC-SHA256 of body>`: what X-Spillway-Signature carries. A receiver
-    recomputes it over the raw body it read and compares with hmac.compare_digest."""
+    """`sha256=<hex HMAC-SHA256 of body>`: what the deprecated X-Spillway-Signature carries,
+    keyed with the secret's text as given, whsec_ prefix and all."""
     return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+def standard_signature(delivery_id: str, timestamp: int, body: bytes, key: bytes) -> str:
+    """`v1,<base64 HMAC-SHA256 of "<id>.<timestamp>.<body>">`: what webhook-signature carries."""
+    signed = f"{delivery_id}.{timestamp}.".encode() + body
+    return "v1," + base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
+
+
+def signature_headers(delivery_id: str, body: bytes, secret: str | None) -> dict[str, str]:
+    """The headers that identify and sign one attempt; `secret` None: identified, not signed.
+    The timestamp is taken now, at the send: a receiver's tolerance (5 minutes in the
+    standardwebhooks libraries) then holds for a retry an hour after the event too."""
+    timestamp = int(time.time())
+    headers = {
+        "webhook-id": delivery_id,
+        "webhook-timestamp": str(timestamp),
+        "X-Spillway-Delivery": delivery_id,  # deprecated: webhook-id
+    }
+    if secret is not None:
+        key = webhook_key(secret)
+        headers["webhook-signature"] = standard_signature(delivery_id, timestamp, body, key)
+        headers["X-Spillway-Signature"] = sign(body, secret)  # deprecated: webhook-signature
+    return headers
 
 
 class CallbackActivities:
@@ -118,18 +153,12 @@ class CallbackActivities:
             return CallbackResult(status_code=None, signed=False)
         event = delivery.event.event
         body = (await self._as_shown(delivery.event)).model_dump_json().encode()
+        secret = self._signing_secret(delivery)
         headers = {
             "Content-Type": "application/json",
-            "X-Spillway-Delivery": delivery.delivery_id,
-            "X-Spillway-Event": event,
+            "X-Spillway-Event": event,  # deprecated: the body's `event`
+            **signature_headers(delivery.delivery_id, body, secret),
         }
-        secret = self._settings.JOB_WEBHOOK_SECRET
-        if secret is not None:
-            headers["X-Spillway-Signature"] = sign(body, secret.get_secret_value())
-        else:
-            activity.logger.warning(
-                "JOB_WEBHOOK_SECRET is not set: callback %s goes out unsigned", delivery.delivery_id
-            )
         # Every error names the event and what went wrong, never the URL, and carries no cause:
         # httpx's exceptions (and Temporal's failure built from them) may quote it.
         try:
@@ -161,3 +190,17 @@ class CallbackActivities:
             "callback %s (%s) delivered: HTTP %d", delivery.delivery_id, event, status
         )
         return CallbackResult(status_code=status, signed=secret is not None)
+
+    def _signing_secret(self, delivery: CallbackDelivery) -> str | None:
+        if delivery.url is not None:
+            activity.logger.info(
+                "callback %s goes to the job's own URL: not signed with the workers' secret",
+                delivery.delivery_id,
+            )
+            return None
+        if self._settings.JOB_WEBHOOK_SECRET is None:
+            activity.logger.warning(
+                "JOB_WEBHOOK_SECRET is not set: callback %s goes out unsigned", delivery.delivery_id
+            )
+            return None
+        return self._settings.JOB_WEBHOOK_SECRET.get_secret_value()

@@ -8,6 +8,8 @@ provider ever unwraps them.
 
 from __future__ import annotations
 
+import base64
+import binascii
 from pathlib import Path
 from typing import Annotated, Literal, Self
 from urllib.parse import urlsplit, urlunsplit
@@ -99,7 +101,8 @@ class Settings(BaseSettings):
     )
     AWS_ENDPOINT_URL: AnyHttpUrl | None = None  # MinIO / R2 / SeaweedFS: path-style addressing
     # Where every job's completion events go unless it named its own (submit --callback-url);
-    # a Slack or Mattermost URL is a credential. The secret keys X-Spillway-Signature.
+    # a Slack or Mattermost URL is a credential. The secret signs deliveries to it only
+    # (webhook_key below), never to a URL a client chose.
     JOB_WEBHOOK_URL: SecretStr | None = None
     JOB_WEBHOOK_SECRET: SecretStr | None = None
     SPILLWAY_TASK_QUEUE: Annotated[str, Field(min_length=1)] = "spillway"
@@ -120,6 +123,13 @@ class Settings(BaseSettings):
     def _http_url(cls, value: SecretStr | None) -> SecretStr | None:
         if value is not None and not value.get_secret_value().startswith(("http://", "https://")):
             raise ValueError("must start with http:// or https://")
+        return value
+
+    @field_validator("JOB_WEBHOOK_SECRET")
+    @classmethod
+    def _usable_webhook_key(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None:
+            webhook_key(value.get_secret_value())  # a malformed whsec_ fails here, not per event
         return value
 
     @model_validator(mode="after")
@@ -167,6 +177,30 @@ class Settings(BaseSettings):
         if self.A40_GUARD_URL is None:
             return None
         return str(self.A40_GUARD_URL).rstrip("/") + "/api/burst/a40-guard/status"
+
+
+WHSEC_PREFIX = "whsec_"
+
+
+def webhook_key(secret: str) -> bytes:
+    """The HMAC key of JOB_WEBHOOK_SECRET. `whsec_<base64>` is the Standard Webhooks form, which
+    receivers' libraries decode the same way; any other value is raw text, keyed as its UTF-8
+    bytes. The error never quotes the value: it is the secret."""
+    if not secret.startswith(WHSEC_PREFIX):
+        return secret.encode()
+    encoded = secret.removeprefix(WHSEC_PREFIX)
+    try:
+        # The spec's libraries accept it unpadded, so padding is optional here too.
+        key = base64.b64decode(encoded + "=" * (-len(encoded) % 4), validate=True)
+    except binascii.Error:
+        key = b""
+    if not key:
+        raise ValueError(
+            "a secret starting with whsec_ must be base64 after the prefix (make one with "
+            "`echo whsec_$(openssl rand -base64 32)`); a secret without the prefix is used as "
+            "raw text"
+        )
+    return key
 
 
 # A field whose name holds one of these never has its value shown (a webhook URL is a credential;

@@ -1,12 +1,13 @@
-"""Completion callbacks against a real HTTP receiver on 127.0.0.1: the signature checks out over
-the raw body, every retry of one event carries the same delivery id, the job never waits for a
-slow or dead receiver, and the webhook URL (a credential) appears in no error or log line."""
+"""Completion callbacks against a real HTTP receiver on 127.0.0.1: the receiver verifies the
+Standard Webhooks signature with the standardwebhooks library, every retry of one event carries
+the same webhook-id and its own send time, a job's own URL gets no signature made with the
+workers' secret, the job never waits for a slow or dead receiver, and the webhook URL (a
+credential) appears in no error or log line."""
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
+import base64
 import json
 import logging
 import time
@@ -20,6 +21,7 @@ import httpx
 import pytest
 from aiohttp import web
 from pydantic import ValidationError
+from standardwebhooks import Webhook, WebhookVerificationError
 from temporalio.client import WorkflowFailureError
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
@@ -28,7 +30,7 @@ from temporalio.worker import Worker
 
 from activities import callbacks
 from activities import callbacks as cb
-from activities.callbacks import CallbackActivities, sign
+from activities.callbacks import CallbackActivities, sign, standard_signature
 from spillway import names
 from spillway.errors import ConfigError
 from spillway.models import Plan, VideoJob
@@ -42,40 +44,56 @@ from tests.support.settings import make_settings
 from tests.support.waiting import until
 from workflows.callback import CallbackWorkflow
 
-SECRET = "whsec-spillway-test-4c1f"
+# The spec's form: whsec_ and the base64 of random bytes.
+SECRET = "whsec_" + base64.b64encode(b"spillway-test-key-4c1f-0123456789ab").decode()
+RAW_SECRET = "spillway raw-text secret 4c1f"  # any other text: keyed as its UTF-8 bytes
+SIGNATURE_HEADERS = ("webhook-signature", "X-Spillway-Signature")
 # Shaped like a Slack incoming webhook: the path is the credential.
 HOOK_PATH = "/services/T0SPILLWAY/B0CANARY/xyzzy9secret9path"
 PLAN = {"route": "local", "state": "completed", "outputs": [{"uri": "s3://b/p/job/clip.mp4"}]}
+
+
+def verifier(secret: str) -> Webhook:
+    """How a receiver builds the library's verifier: a whsec_ secret as the text, a raw-text
+    secret as its bytes (given text, the library base64-decodes it, whsec_ or not)."""
+    return Webhook(secret if secret.startswith("whsec_") else secret.encode())
 
 
 @dataclass
 class Received:
     headers: dict[str, str]
     body: bytes
-    signature_valid: bool
+    at: float  # the receiver's clock when the request came in
+    verified: bool | None  # None: no webhook-signature to verify
 
 
 @dataclass
 class Receiver:
-    """A webhook receiver as a client would write one: it checks X-Spillway-Signature over the
-    raw body it read, with its own copy of the secret, and answers 401 when it does not match."""
+    """A webhook receiver as a client would write one: it verifies webhook-signature with the
+    standardwebhooks library and its own copy of the secret, and answers 401 when it fails."""
 
     url: str = ""  # known once it listens
     secret: str = SECRET
     answers: list[int] = field(default_factory=list)  # the first requests' statuses, then 204
     hold: asyncio.Event | None = None  # set: the receiver answers only once it is set
+    pause_s: float = 0.0  # before every answer
     received: list[Received] = field(default_factory=list)
     answered: int = 0
 
     async def handle(self, request: web.Request) -> web.Response:
-        raw = await request.read()
-        expected = "sha256=" + hmac.new(self.secret.encode(), raw, hashlib.sha256).hexdigest()
-        given = request.headers.get("X-Spillway-Signature", "")
-        valid = hmac.compare_digest(given, expected)
-        self.received.append(Received(dict(request.headers), raw, valid))
-        status = 401 if given and not valid else self.answers.pop(0) if self.answers else 204
+        at, raw, headers = time.time(), await request.read(), dict(request.headers)
+        verified = None
+        if "webhook-signature" in headers:
+            try:
+                verifier(self.secret).verify(raw, headers)
+                verified = True
+            except WebhookVerificationError:
+                verified = False
+        self.received.append(Received(headers, raw, at, verified))
+        status = 401 if verified is False else self.answers.pop(0) if self.answers else 204
         if self.hold is not None:
             await self.hold.wait()
+        await asyncio.sleep(self.pause_s)
         self.answered += 1
         return web.Response(status=status)
 
@@ -148,41 +166,96 @@ def assert_no_url(text: str, url: str) -> None:
 # --- the request ---------------------------------------------------------------------------
 
 
-def test_the_signature_is_the_hmac_sha256_of_the_raw_body():
+def test_the_signature_is_the_specs_own_example():
+    # The test vector of the Standard Webhooks specification.
+    signature = standard_signature(
+        "msg_p5jXN8AQM9LWM0D4loKWxJek",
+        1614265330,
+        b'{"test": 2432232314}',
+        base64.b64decode("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"),
+    )
+    assert signature == "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
+
+
+def test_the_deprecated_signature_is_the_hmac_sha256_of_the_raw_body():
     # printf '{"a":1}' | openssl dgst -sha256 -hmac whsec-test
     assert sign(b'{"a":1}', "whsec-test") == (
         "sha256=a40e86f8db5b22c03b9272899c227b359d6580eb7969a4f90f643a3d90fdc1cc"
     )
 
 
-async def test_the_receiver_verifies_the_signature_over_the_raw_body(
-    receiver: Receiver, http: httpx.AsyncClient
+@pytest.mark.parametrize("secret", [SECRET, RAW_SECRET], ids=["whsec", "raw-text"])
+async def test_the_receiver_verifies_the_workers_delivery_with_standardwebhooks(
+    receiver: Receiver, http: httpx.AsyncClient, secret: str
 ):
-    sent = delivery(receiver.url, "job.failed")
-    result = await ActivityEnvironment().run(activities(http).job_callback, sent)
+    receiver.secret = secret
+    sent = delivery(None, "job.failed")
+    acts = activities(http, secret=secret, worker_url=receiver.url)
+    result = await ActivityEnvironment().run(acts.job_callback, sent)
 
     assert result == cb.CallbackResult(status_code=204, signed=True)
     [got] = receiver.received
-    assert got.signature_valid
+    assert got.verified
+    body = {"event": "job.failed", "job_id": sent.event.job_id, "plan": PLAN}
+    assert verifier(secret).verify(got.body, got.headers) == body
+    assert json.loads(got.body) == body
+    assert got.headers["webhook-id"] == sent.delivery_id
+    assert 0 <= got.at - int(got.headers["webhook-timestamp"]) < 2  # sent just now
     assert got.headers["Content-Type"] == "application/json"
+    # The deprecated headers, as before.
     assert got.headers["X-Spillway-Event"] == "job.failed"
     assert got.headers["X-Spillway-Delivery"] == sent.delivery_id
-    assert json.loads(got.body) == {
-        "event": "job.failed",
-        "job_id": sent.event.job_id,
-        "plan": PLAN,
-    }
+    assert got.headers["X-Spillway-Signature"] == sign(got.body, secret)
+
+
+async def test_a_tampered_body_timestamp_or_id_fails_verification(
+    receiver: Receiver, http: httpx.AsyncClient
+):
+    acts = activities(http, worker_url=receiver.url)
+    await ActivityEnvironment().run(acts.job_callback, delivery(None))
+    [got] = receiver.received
+    webhook = verifier(SECRET)
+    webhook.verify(got.body, got.headers)
+    later = str(int(got.headers["webhook-timestamp"]) + 1)
+    tampered = [
+        (got.body.replace(b"completed", b"cancelled"), got.headers),
+        (got.body, got.headers | {"webhook-timestamp": later}),
+        (got.body, got.headers | {"webhook-id": "job-other:job.completed"}),
+    ]
+    for body, headers in tampered:
+        with pytest.raises(WebhookVerificationError, match="No matching signature"):
+            webhook.verify(body, headers)
+    with pytest.raises(WebhookVerificationError):
+        verifier(RAW_SECRET).verify(got.body, got.headers)
+
+
+async def test_a_jobs_own_url_gets_no_signature_made_with_the_workers_secret(
+    receiver: Receiver, http: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
+):
+    # In this order: set_level also sets the capturing handler's level, which must end at INFO.
+    caplog.set_level(logging.WARNING, logger="httpx")  # as worker.py sets it: see logged()
+    caplog.set_level(logging.INFO)
+    sent = delivery(receiver.url)
+    result = await ActivityEnvironment().run(activities(http).job_callback, sent)
+
+    assert result == cb.CallbackResult(status_code=204, signed=False)
+    [got] = receiver.received
+    assert not any(name in got.headers for name in SIGNATURE_HEADERS)
+    assert got.headers["webhook-id"] == got.headers["X-Spillway-Delivery"] == sent.delivery_id
+    assert 0 <= got.at - int(got.headers["webhook-timestamp"]) < 2
+    assert "job's own URL: not signed with the workers' secret" in logged(caplog)
+    assert_no_url(logged(caplog), receiver.url)
 
 
 async def test_a_wrong_secret_is_refused_by_the_receiver_and_retryable(
     receiver: Receiver, http: httpx.AsyncClient
 ):
-    acts = activities(http, secret="not-the-receivers-secret")
+    acts = activities(http, secret="not-the-receivers-secret", worker_url=receiver.url)
     with pytest.raises(ApplicationError) as refused:
-        await ActivityEnvironment().run(acts.job_callback, delivery(receiver.url))
+        await ActivityEnvironment().run(acts.job_callback, delivery(None))
     assert refused.value.type == cb.CALLBACK_REFUSED and not refused.value.non_retryable
     assert "HTTP 401" in str(refused.value)
-    assert not receiver.received[0].signature_valid
+    assert receiver.received[0].verified is False
 
 
 async def test_the_jobs_own_url_wins_and_the_workers_url_is_the_default(
@@ -204,10 +277,10 @@ async def test_without_a_secret_the_callback_goes_out_unsigned_with_a_warning(
     receiver: Receiver, http: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
 ):
     caplog.set_level(logging.WARNING, logger="httpx")
-    acts = activities(http, secret=None)
-    result = await ActivityEnvironment().run(acts.job_callback, delivery(receiver.url))
+    acts = activities(http, secret=None, worker_url=receiver.url)
+    result = await ActivityEnvironment().run(acts.job_callback, delivery(None))
     assert result == cb.CallbackResult(status_code=204, signed=False)
-    assert "X-Spillway-Signature" not in receiver.received[0].headers
+    assert not any(name in receiver.received[0].headers for name in SIGNATURE_HEADERS)
     assert "JOB_WEBHOOK_SECRET is not set" in logged(caplog)
     assert_no_url(logged(caplog), receiver.url)
 
@@ -222,8 +295,9 @@ async def test_a_dead_receiver_fails_retryably_without_naming_the_url(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ):
-    caplog.set_level(logging.INFO)
+    # In this order: set_level also sets the capturing handler's level, which must end at INFO.
     caplog.set_level(logging.WARNING, logger="httpx")  # as worker.py sets it: see logged()
+    caplog.set_level(logging.INFO)
     monkeypatch.setattr(callbacks, "REQUEST_TIMEOUT_S", 0.5)
     acts = activities(http)
     receiver.hold = asyncio.Event()  # it never answers
@@ -285,20 +359,38 @@ def worker(env: WorkflowEnvironment, acts: CallbackActivities, task_queue: str) 
     )
 
 
+async def test_a_retry_repeats_the_webhook_id_with_its_own_send_time_and_signature(
+    env: WorkflowEnvironment, receiver: Receiver, http: httpx.AsyncClient
+):
+    receiver.answers = [500, 200]
+    receiver.pause_s = 1.1  # the retry is sent at least a second after the first attempt
+    sent, task_queue = delivery(None), f"callback-{uuid.uuid4()}"
+    async with worker(env, activities(http, worker_url=receiver.url), task_queue):
+        result = await env.client.execute_workflow(
+            CallbackWorkflow.run, sent, id=f"callback-{uuid.uuid4()}", task_queue=task_queue
+        )
+    assert result == cb.CallbackResult(status_code=200, signed=True)
+    first, retry = receiver.received
+    assert first.headers["webhook-id"] == retry.headers["webhook-id"] == sent.delivery_id
+    assert first.body == retry.body
+    stamps = [int(r.headers["webhook-timestamp"]) for r in (first, retry)]
+    assert stamps[1] > stamps[0]
+    assert all(0 <= r.at - stamp < 2 for r, stamp in zip((first, retry), stamps, strict=True))
+    assert first.verified and retry.verified  # each signed over its own timestamp
+
+
 async def test_a_receiver_failing_twice_gets_the_same_delivery_id_three_times(
     env: WorkflowEnvironment, receiver: Receiver, http: httpx.AsyncClient
 ):
     receiver.answers = [500, 500]
-    sent, task_queue = delivery(receiver.url), f"callback-{uuid.uuid4()}"
-    async with worker(env, activities(http), task_queue):
+    sent, task_queue = delivery(None), f"callback-{uuid.uuid4()}"
+    async with worker(env, activities(http, worker_url=receiver.url), task_queue):
         result = await env.client.execute_workflow(
             CallbackWorkflow.run, sent, id=f"callback-{uuid.uuid4()}", task_queue=task_queue
         )
     assert result == cb.CallbackResult(status_code=204, signed=True)
-    ids = [r.headers["X-Spillway-Delivery"] for r in receiver.received]
-    assert ids == [sent.delivery_id] * 3
-    assert all(r.signature_valid for r in receiver.received)
-    assert len({r.body for r in receiver.received}) == 1  # the same signed bytes each time
+    assert [r.headers["webhook-id"] for r in receiver.received] == [sent.delivery_id] * 3
+    assert all(r.verified for r in receiver.received)
 
 
 async def test_a_receiver_that_stays_down_fails_the_delivery_without_naming_the_url(
@@ -343,7 +435,7 @@ async def test_the_job_returns_at_once_and_its_callback_arrives_later(
         )
         delivered = await child.result()
     assert delivered.status_code == 204
-    assert [r.headers["X-Spillway-Delivery"] for r in receiver.received] == [sent.delivery_id] * 2
+    assert [r.headers["webhook-id"] for r in receiver.received] == [sent.delivery_id] * 2
 
 
 async def test_an_activity_started_without_await_is_lost_when_the_workflow_ends(
@@ -374,7 +466,7 @@ async def start_with_callback(jobs: Jobs, url: str | None) -> Any:
     )
 
 
-async def test_a_completed_job_posts_its_event_signed_to_its_own_callback_url(
+async def test_a_completed_job_posts_its_event_unsigned_to_its_own_callback_url(
     run_jobs: RunJobs, receiver: Receiver
 ):
     async with run_jobs(RouteStubs(FREE), JOB_WEBHOOK_SECRET=SECRET) as jobs:
@@ -383,9 +475,10 @@ async def test_a_completed_job_posts_its_event_signed_to_its_own_callback_url(
         await until(lambda: receiver.received, what="the callback")
     [got] = receiver.received
     body = json.loads(got.body)
-    assert got.signature_valid and (body["event"], body["job_id"]) == ("job.completed", plan.job_id)
+    assert (body["event"], body["job_id"]) == ("job.completed", plan.job_id)
     assert body["plan"]["state"] == "completed" and body["plan"]["route"] == "local"
-    assert got.headers["X-Spillway-Delivery"].startswith(f"{plan.job_id}:")
+    assert not any(name in got.headers for name in SIGNATURE_HEADERS)
+    assert got.headers["webhook-id"] == f"{plan.job_id}:{handle.result_run_id}:job.completed"
 
 
 async def test_a_failed_job_posts_job_failed_to_the_workers_webhook(
@@ -399,7 +492,9 @@ async def test_a_failed_job_posts_job_failed_to_the_workers_webhook(
         with pytest.raises(WorkflowFailureError):
             await handle.result()
         await until(lambda: receiver.received, what="the callback")
-    body = json.loads(receiver.received[0].body)
+    [got] = receiver.received
+    assert got.verified
+    body = json.loads(got.body)
     assert (body["event"], body["plan"]["state"]) == ("job.failed", "failed")
     assert "graph rejected" in body["plan"]["error"]
 

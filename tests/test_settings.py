@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,7 @@ import pytest
 
 from activities.cloud import registry
 from spillway.errors import ConfigError
-from spillway.settings import PROJECT_ROOT, Settings, load_settings, shown
+from spillway.settings import PROJECT_ROOT, Settings, load_settings, shown, webhook_key
 from spillway.tiers import load_tiers
 
 
@@ -166,3 +167,22 @@ def test_a_bad_url_setting_is_named_without_its_password(monkeypatch: pytest.Mon
     with pytest.raises(ConfigError) as failed:
         load_settings()
     assert "A40_GUARD_URL" in str(failed.value) and "hunter2" not in str(failed.value)
+
+
+def test_a_whsec_webhook_secret_keys_its_decoded_bytes_and_any_other_its_text(clean_env):
+    key = b"\x00spillway-webhook-key-24+"
+    encoded = base64.b64encode(key).decode()
+    assert webhook_key("whsec_" + encoded) == key
+    assert webhook_key("whsec_" + encoded.rstrip("=")) == key  # unpadded, as the spec allows
+    assert webhook_key("any raw text, würde") == "any raw text, würde".encode()
+    clean_env.setenv("JOB_WEBHOOK_SECRET", "whsec_" + encoded)
+    assert load_settings().JOB_WEBHOOK_SECRET is not None
+
+
+@pytest.mark.parametrize(
+    "value", ["whsec_canary-secret!!", "whsec_", "whsec_canar", "whsec_ canary secret"]
+)
+def test_a_malformed_whsec_webhook_secret_is_refused_at_load_without_showing_it(clean_env, value):
+    message = settings_error(clean_env, "JOB_WEBHOOK_SECRET", value)
+    assert "JOB_WEBHOOK_SECRET" in message and "must be base64 after the prefix" in message
+    assert "canar" not in message

@@ -103,7 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--callback-url",
         metavar="URL",
         help="POST job.completed|failed|cancelled here instead of to the workers' "
-        "JOB_WEBHOOK_URL (signed with JOB_WEBHOOK_SECRET). A per-job URL travels in the job's "
+        "JOB_WEBHOOK_URL, unsigned (only JOB_WEBHOOK_URL is signed with JOB_WEBHOOK_SECRET). "
+        "A per-job URL travels in the job's "
         "input and so in its history: a URL that holds a secret belongs in JOB_WEBHOOK_URL on "
         "the workers, which keeps it out of every history",
     )

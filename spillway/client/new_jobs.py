@@ -33,9 +33,10 @@ def make_job(
     most 1.5 MB. `prompt` (with `model`, `duration`, `resolution`, checked against what MiniMax
     accepts) is what the cloud renders if the job goes there; without it the job runs only
     locally. `job_id` defaults to `job-<UTC time>-<random>`. `callback_url`: the job's
-    job.completed|failed|cancelled POST goes there instead of the workers' JOB_WEBHOOK_URL; it
-    travels in the job's input and so in its history: a URL that holds a secret belongs in
-    JOB_WEBHOOK_URL on the workers. `priority`: 1 (first) to 5 (last), default 3.
+    job.completed|failed|cancelled POST goes there instead of the workers' JOB_WEBHOOK_URL, not
+    signed with the workers' JOB_WEBHOOK_SECRET; it travels in the job's input and so in its
+    history: a URL that holds a secret belongs in JOB_WEBHOOK_URL on the workers. `priority`: 1
+    (first) to 5 (last), default 3.
     """
     if isinstance(graph, Path):
         graph = jobs.read_graph(graph)
