@@ -41,6 +41,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.storage.opening import presign_outputs
 from spillway import names
+from spillway.addresses import Refused, check
 from spillway.models import JobId, Plan, plan_json
 from spillway.settings import Settings, webhook_key
 
@@ -152,6 +153,13 @@ class CallbackActivities:
         if url is None:
             return CallbackResult(status_code=None, signed=False)
         event = delivery.event.event
+        if delivery.url is not None:  # the client's choice, unlike the workers' own URL
+            try:
+                await check(delivery.url, self._settings.input_allow_hosts)
+            except Refused as exc:
+                raise ApplicationError(
+                    f"callback {event} not sent: {exc}", type=CALLBACK_BAD_URL, non_retryable=True
+                ) from None
         body = (await self._as_shown(delivery.event)).model_dump_json().encode()
         secret = self._signing_secret(delivery)
         headers = {

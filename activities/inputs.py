@@ -4,23 +4,27 @@ client gave. The ComfyUI upload and the cloud creates use it.
 
 The bytes stay in memory only as long as the activity needs them and appear in no message: errors
 name the input's node and where it is, never its content (nor a URL's query, which may be a
-signature).
+signature). A URL is fetched only if spillway.addresses allows it, checked again at every
+redirect, and a failed fetch says "could not fetch", never how (which ports answer is not for a
+client to learn). What was read must be an image of the kinds spillway takes before anything is
+uploaded or sent.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
-from urllib.parse import urlsplit
 
 import httpx
 
-from activities.http import why
 from activities.storage.store import OutputStore, StoreError
-from spillway.images import MAX_INPUT_BYTES, sniff
+from spillway.addresses import Refused, check
+from spillway.images import ACCEPTED, MAX_INPUT_BYTES, sniff
 from spillway.models import JobInput
+from spillway.settings import shown
 
 URL_TIMEOUT = httpx.Timeout(30.0, connect=10.0)
+MAX_REDIRECTS = 5
 
 
 class InputUnreadable(Exception):
@@ -33,14 +37,19 @@ class InputUnreadable(Exception):
 
 
 def where(item: JobInput) -> str:
-    parts = urlsplit(item.uri)
-    return f"{parts.scheme}://{parts.netloc}{parts.path}"
+    return shown(item.uri)
 
 
 async def read_input(
-    store: OutputStore, http: httpx.AsyncClient, item: JobInput, limit: int = MAX_INPUT_BYTES
+    store: OutputStore,
+    http: httpx.AsyncClient,
+    item: JobInput,
+    limit: int = MAX_INPUT_BYTES,
+    *,
+    allow: frozenset[str],
 ) -> bytes:
-    """The input's bytes, checked against its sha256 when it has one."""
+    """The input's bytes, checked against its sha256 when it has one and to be an image.
+    `allow`: SPILLWAY_INPUT_ALLOW_HOSTS."""
     label = f"the input of node {item.node} ({where(item)})"
     if item.uri.startswith(("s3://", "file://")):
         try:
@@ -48,7 +57,7 @@ async def read_input(
         except StoreError as exc:
             raise InputUnreadable(f"{label}: {exc}", retryable=exc.retryable) from None
     elif item.uri.startswith(("http://", "https://")):
-        data = await _fetch(http, item.uri, limit, label)
+        data = await _fetch(http, item.uri, limit, label, allow)
     else:
         raise InputUnreadable(f"{label}: not an s3://, file:// or http(s) URI", retryable=False)
     if item.sha256 is not None and hashlib.sha256(data).hexdigest() != item.sha256:
@@ -56,28 +65,46 @@ async def read_input(
             f"{label} is not the file submitted (its sha256 differs): submit the job again",
             retryable=False,
         )
+    info = sniff(data)
+    if info is None or info.format not in ACCEPTED:
+        kinds = ", ".join(f.upper() for f in ACCEPTED)
+        raise InputUnreadable(
+            f"{label} is not a {kinds} image: nothing was uploaded or sent", retryable=False
+        )
     return data
 
 
-async def _fetch(http: httpx.AsyncClient, url: str, limit: int, label: str) -> bytes:
-    try:
-        async with http.stream("GET", url, timeout=URL_TIMEOUT) as response:
-            if response.status_code >= 500 or response.status_code == 429:
-                raise InputUnreadable(
-                    f"{label}: answered HTTP {response.status_code}", retryable=True
-                )
-            if not response.is_success:
-                raise InputUnreadable(
-                    f"{label}: answered HTTP {response.status_code}", retryable=False
-                )
-            data = bytearray()
-            async for chunk in response.aiter_bytes():
-                data += chunk
-                if len(data) > limit:
-                    raise InputUnreadable(f"{label}: over {limit} bytes", retryable=False)
-            return bytes(data)
-    except httpx.HTTPError as exc:
-        raise InputUnreadable(f"{label}: {why(exc)}", retryable=True) from None
+async def _fetch(
+    http: httpx.AsyncClient, url: str, limit: int, label: str, allow: frozenset[str]
+) -> bytes:
+    for _ in range(MAX_REDIRECTS + 1):
+        try:
+            await check(url, allow)
+        except Refused as exc:
+            raise InputUnreadable(f"{label}: {exc}", retryable=False) from None
+        unreadable = InputUnreadable(f"{label}: could not fetch {shown(url)}", retryable=True)
+        try:
+            async with http.stream(
+                "GET", url, timeout=URL_TIMEOUT, follow_redirects=False
+            ) as response:
+                if response.is_redirect and "location" in response.headers:
+                    url = str(response.url.join(response.headers["location"]))
+                    continue
+                if not response.is_success:
+                    # A refusal may pass; a page that is not there will not appear.
+                    unreadable.retryable = (
+                        response.status_code >= 500 or response.status_code == 429
+                    )
+                    raise unreadable
+                data = bytearray()
+                async for chunk in response.aiter_bytes():
+                    data += chunk
+                    if len(data) > limit:
+                        raise InputUnreadable(f"{label}: over {limit} bytes", retryable=False)
+                return bytes(data)
+        except httpx.HTTPError:
+            raise unreadable from None
+    raise InputUnreadable(f"{label}: more than {MAX_REDIRECTS} redirects", retryable=False)
 
 
 def data_url(data: bytes) -> str:

@@ -25,6 +25,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from spillway.addresses import allow_list
 from spillway.errors import ConfigError
 from spillway.models import Thresholds
 
@@ -105,6 +106,9 @@ class Settings(BaseSettings):
     # (webhook_key below), never to a URL a client chose.
     JOB_WEBHOOK_URL: SecretStr | None = None
     JOB_WEBHOOK_SECRET: SecretStr | None = None
+    # Hosts a client's input URL or callback URL may name although they are (or resolve to)
+    # loopback, private or link-local addresses: the studio's own file server. Comma-separated.
+    SPILLWAY_INPUT_ALLOW_HOSTS: str = ""
     SPILLWAY_TASK_QUEUE: Annotated[str, Field(min_length=1)] = "spillway"
     SPILLWAY_ROUTING_TIERS: Path = PROJECT_ROOT / "routing_tiers.json"
     # Long activities heartbeat 6 times per timeout; a dead worker's work moves on after it.
@@ -169,6 +173,10 @@ class Settings(BaseSettings):
         return Thresholds(
             vram_busy_pct=self.A40_VRAM_BUSY_PCT, util_busy_pct=self.A40_UTIL_BUSY_PCT
         )
+
+    @property
+    def input_allow_hosts(self) -> frozenset[str]:
+        return allow_list(self.SPILLWAY_INPUT_ALLOW_HOSTS)
 
     def comfyui(self, path: str) -> str:
         return str(self.COMFYUI_URL).rstrip("/") + path

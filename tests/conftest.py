@@ -29,6 +29,11 @@ from temporalio.testing import WorkflowEnvironment
 from spillway.temporal import installed_binary, register_search_attributes
 from tests.support.cli import free_ports
 
+# The doubles that serve input images and receive callbacks listen on 127.0.0.1, which the
+# address rule refuses (spillway/addresses.py): allowed for every test, worker process and CLI
+# call, as a studio lists its own file server. tests/test_addresses.py takes the rule as shipped.
+os.environ["SPILLWAY_INPUT_ALLOW_HOSTS"] = "127.0.0.1"
+
 pytest_plugins = [
     "tests.support.settings",
     "tests.support.activity",  # before the modules whose helpers run an activity

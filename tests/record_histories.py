@@ -29,7 +29,7 @@ from tests.support.route_stubs import BUSY, FREE, RouteStubs
 from tests.support.settings import ARMED, KEY, KLING_ARMED
 from tests.support.waiting import until
 
-VERSION = "0.2.0"  # the release whose histories this records
+VERSION = "0.3.0"  # the release whose histories this records
 HERE = Path(__file__).parent / "histories" / VERSION
 WAIT = KEY | {"APPROVAL_TIMEOUT_S": 900, "APPROVAL_RECHECK_S": 60}
 

@@ -149,7 +149,11 @@ class Backoff:
 
 
 async def first_frame(
-    store: OutputStore, http: httpx.AsyncClient, frame: JobInput, max_bytes: int
+    store: OutputStore,
+    http: httpx.AsyncClient,
+    frame: JobInput,
+    max_bytes: int,
+    allow: frozenset[str],
 ) -> str:
     """A data URL of the stored image, or the client's URL as it is. A data URL rather than a
     presigned one: the provider validates it with the create itself (a refusal before any task),
@@ -157,7 +161,7 @@ async def first_frame(
     URL that may expire while the task waits in line."""
     if frame.uri.startswith(("http://", "https://")) and frame.sha256 is None:
         return frame.uri
-    return data_url(await read_input(store, http, frame, max_bytes))
+    return data_url(await read_input(store, http, frame, max_bytes, allow=allow))
 
 
 def created(done: CreatedOnce) -> CloudCreated | None:

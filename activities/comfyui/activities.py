@@ -93,7 +93,11 @@ class ComfyUIActivities(OwnsOutputStore):
         self._wait_beat_s = heartbeat_every_s or settings.SPILLWAY_HEARTBEAT_TIMEOUT_S / 3
         self._post_grace_s = post_grace_s
         self._files = ComfyUIFiles(
-            self._client, self._use_store(settings, store), http, self._heartbeat_every_s
+            self._client,
+            self._use_store(settings, store),
+            http,
+            self._heartbeat_every_s,
+            settings.input_allow_hosts,
         )
 
     @property

@@ -41,8 +41,10 @@ class ComfyUIFiles:
         store: OutputStore,
         http: httpx.AsyncClient,
         heartbeat_every_s: float,
+        allow: frozenset[str],
     ) -> None:
         self._client, self._store, self._http = client, store, http
+        self._allow = allow  # SPILLWAY_INPUT_ALLOW_HOSTS
         self._heartbeat_every_s = heartbeat_every_s
 
     # --- outputs -----------------------------------------------------------------------------
@@ -85,7 +87,7 @@ class ComfyUIFiles:
 
     async def upload(self, req: ComfyUIUpload) -> ComfyUIUploaded:
         async with Heartbeat(self._heartbeat_every_s, Progress(phase="uploading")):
-            data = await read_input(self._store, self._http, req.input)
+            data = await read_input(self._store, self._http, req.input, allow=self._allow)
             sha256 = hashlib.sha256(data).hexdigest()
             info = sniff(data)
             # The content names the file: the same image is the same name, whichever job or

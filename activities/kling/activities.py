@@ -117,7 +117,11 @@ class KlingActivities(CloudActivities[KlingTiming]):
             frame = None
             if req.first_frame is not None:
                 frame = await cloud_create.first_frame(
-                    self._store, self._http, req.first_frame, IMAGE_MAX_BYTES + 1
+                    self._store,
+                    self._http,
+                    req.first_frame,
+                    IMAGE_MAX_BYTES + 1,
+                    s.input_allow_hosts,
                 )
             kind, body = create_request(
                 req.request,

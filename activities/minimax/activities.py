@@ -69,7 +69,9 @@ class MiniMaxActivities(CloudActivities[MiniMaxTiming]):
     @activity.defn(name=CREATE)
     async def create(self, req: CloudCreate) -> CloudCreated:
         key = self._key(retryable=False)
-        creator = MiniMaxCreator(self._client, self._store, self._http)
+        creator = MiniMaxCreator(
+            self._client, self._store, self._http, self._settings.input_allow_hosts
+        )
         done = await self._create_once(req, lambda hb: creator.run(req, key, hb))
         if (made := cloud_create.created(done)) is not None:
             activity.logger.info(

@@ -30,6 +30,7 @@ class MiniMaxCreator:
     client: MiniMaxClient
     store: OutputStore
     http: httpx.AsyncClient
+    allow: frozenset[str]  # SPILLWAY_INPUT_ALLOW_HOSTS
 
     async def run(self, req: CloudCreate, key: str, hb: Heartbeat) -> CreateVerdict:
         """Sends the create until MiniMax answers anything but a provable "not now"."""
@@ -47,7 +48,7 @@ class MiniMaxCreator:
             # Read before anything is sent: an input that cannot be read costs nothing.
             try:
                 body["first_frame_image"] = await cloud_create.first_frame(
-                    self.store, self.http, req.first_frame, FIRST_FRAME_MAX_BYTES
+                    self.store, self.http, req.first_frame, FIRST_FRAME_MAX_BYTES, self.allow
                 )
             except InputUnreadable as exc:
                 return CreateVerdict(

@@ -148,6 +148,7 @@ class SpillwayClient:
         """Start a job made by `make_job`, as `submit` does. Failed when its id exists."""
         if inputs:
             job = job.model_copy(update={"inputs": [*job.inputs, *await self._store(job, inputs)]})
+        await jobs.check_addresses(job, self.settings)
         await jobs.submit(self.temporal, job, self.task_queue)
         if wait:
             return await self.wait(job.job_id, on_progress)

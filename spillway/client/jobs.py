@@ -39,6 +39,7 @@ from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from spillway import search_attributes as sa
+from spillway.addresses import Refused, check
 from spillway.errors import ConfigError, Failed
 from spillway.models import ApprovalDecision, CloudRequest, JobState, Plan, Progress, VideoJob
 from spillway.names import (
@@ -48,7 +49,7 @@ from spillway.names import (
     PRIORITY_MEMO,
     VIDEO_JOB,
 )
-from spillway.settings import describe_validation_error
+from spillway.settings import Settings, describe_validation_error
 
 # Temporal refuses payloads over 2 MB; a graph that big is not an API-format graph anyway.
 MAX_GRAPH_BYTES = 1_500_000
@@ -116,6 +117,22 @@ def check_callback_url(url: str) -> str:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise wrong
     return url
+
+
+async def check_addresses(job: VideoJob, settings: Settings) -> None:
+    """The job's input URLs and its callback URL, held to the rule the workers apply
+    (spillway/addresses.py), so a refused one fails here, before anything starts."""
+    for item in job.inputs:
+        if item.uri.startswith(("http://", "https://")):
+            try:
+                await check(item.uri, settings.input_allow_hosts)
+            except Refused as exc:
+                raise ConfigError(f"--input {item.node}: {exc}") from None
+    if job.callback_url is not None:
+        try:
+            await check(job.callback_url, settings.input_allow_hosts)
+        except Refused as exc:
+            raise ConfigError(f"--callback-url: {exc}") from None
 
 
 def build_job(

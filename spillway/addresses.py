@@ -1,0 +1,69 @@
+"""Which addresses spillway fetches from or posts to on a client's say-so (docs/design.md,
+"Clients, inputs and outputs"): an input image's URL and a job's own callback URL. A client must
+not make a worker or an agent reach what only they can reach (a cloud's metadata service, the
+studio's internal hosts, ComfyUI itself), so such a URL must be http(s) and every address its
+host resolves to must be global, unless the host is listed in SPILLWAY_INPUT_ALLOW_HOSTS (the
+studio's own file server). Checked at submit and again right before each request, redirects
+included: a name can resolve differently later.
+
+A refusal names the host and the setting, never which ports answer: the same rule says no
+before any connection is made.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+from urllib.parse import urlsplit
+
+
+class Refused(Exception):
+    """The URL is not one spillway may reach (its message says why, without the URL's path,
+    query or user-info)."""
+
+
+def allow_list(text: str) -> frozenset[str]:
+    """SPILLWAY_INPUT_ALLOW_HOSTS: host names or IP literals, comma-separated."""
+    return frozenset(h.strip().lower().strip("[]") for h in text.split(",") if h.strip())
+
+
+def _global(address: str) -> bool:
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_global and not ip.is_multicast
+
+
+def _refused(host: str) -> Refused:
+    return Refused(
+        f"refused: {host} is not allowed (it is or resolves to a loopback, private, link-local "
+        "or otherwise internal address; list it in SPILLWAY_INPUT_ALLOW_HOSTS if it is the "
+        "studio's own server)"
+    )
+
+
+async def check(url: str, allow: frozenset[str]) -> None:
+    """Refused unless `url` is http(s) and its host is listed or resolves to global addresses
+    only; a name that does not resolve is refused too (nothing to fetch)."""
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        raise Refused("refused: not a well-formed URL") from None
+    if parts.scheme not in ("http", "https") or not host:
+        raise Refused("refused: only http(s) URLs with a host are fetched")
+    if host.lower() in allow:
+        return
+    try:
+        addresses = [str(ipaddress.ip_address(host))]
+    except ValueError:
+        try:
+            infos = await asyncio.get_running_loop().getaddrinfo(
+                host, port or (443 if parts.scheme == "https" else 80), type=socket.SOCK_STREAM
+            )
+        except (OSError, UnicodeError):
+            raise Refused(f"refused: {host} does not resolve") from None
+        addresses = [str(info[4][0]) for info in infos]
+    if not addresses or not all(_global(a) for a in addresses):
+        raise _refused(host)
