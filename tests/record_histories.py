@@ -95,6 +95,14 @@ async def record(run_jobs: RunJobs, name: str) -> WorkflowHandle[Any, Any]:
         async with run_jobs(stubs, **KLING_ARMED) as jobs:
             handle = await jobs.start(job_id=name)
             await handle.result()
+    elif name == "host-lost-armed-cloud":
+        # The GPU host went silent under the rendering job for longer than HOST_LOST_AFTER_S:
+        # armed, it goes to the cloud.
+        stubs = RouteStubs(FREE)
+        stubs.silent = 1
+        async with run_jobs(stubs, **ARMED) as jobs:
+            handle = await jobs.start(job_id=name)
+            await handle.result()
     elif name == "create-lost-before-it-began":
         # The worker running the create was starved before the ledger's begin: sent anew.
         stubs = RouteStubs(BUSY)
@@ -117,6 +125,7 @@ NAMES = (
     "cancelled-reading-budget",
     "kling-lost-create-reconciled",
     "create-lost-before-it-began",
+    "host-lost-armed-cloud",
 )
 # Recorded on the dev server: the time-skipping one answers ACTIVITY_UNKNOWN to cancelling a
 # running activity.

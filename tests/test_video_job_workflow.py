@@ -460,3 +460,27 @@ async def test_a_permanent_minimax_error_fails_once_with_its_message(run_jobs: R
     assert cause_message(failed).startswith("every cloud provider refused")
     assert f"MiniMax: {message}" in cause_message(failed)
     assert stubs.calls[MINIMAX_CREATE] == 1
+
+
+async def test_a_host_silent_under_an_armed_job_sends_it_to_the_cloud_once(run_jobs: RunJobs):
+    stubs = RouteStubs(FREE)
+    stubs.silent = 1
+    async with run_jobs(stubs, **ARMED) as jobs:
+        plan: Plan = await (await jobs.start()).result()
+    assert (plan.state, plan.route, plan.overflow.trigger) == ("completed", "cloud", "unreachable")
+    assert any(r.startswith("comfyui_unreachable_since=") for r in plan.reasons)
+    assert plan.reasons[-1] != "comfyui_answers_again" and any(
+        "host_lost=" in r for r in plan.reasons
+    )
+    assert stubs.calls[names.COMFYUI_SUBMIT] == 1 and stubs.calls[MINIMAX_CREATE] == 1
+
+
+async def test_a_host_silent_under_an_unarmed_job_fails_it_after_the_give_up(run_jobs: RunJobs):
+    stubs = RouteStubs(FREE)
+    stubs.silent = 1
+    async with run_jobs(stubs, UNREACHABLE_GIVE_UP_S=90) as jobs:
+        with pytest.raises(WorkflowFailureError) as failed:
+            await (await jobs.start()).result()
+    message = cause_message(failed)
+    assert "GPU host" in message and "ComfyUI" in message and "not armed" in message
+    assert stubs.calls[MINIMAX_CREATE] == 0

@@ -123,10 +123,10 @@ async def _follow(
             finished = None  # no agent picked the wait up: as silent as ComfyUI
             silent_since = silent_since or workflow.now() - s.host_lost
         if finished is not None and finished.outcome != "unreachable":
-            if silent_since is not None:
+            if texts.silent_since(s.plan) is not None:  # a silence the plan shows is over
                 s.reason(texts.ANSWERS_AGAIN)
                 s.publish()
-                silent_since = None
+            silent_since = None
             if finished.outcome == "back":
                 continue
             return finished

@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 from collections import Counter
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from temporalio import activity
@@ -61,6 +61,7 @@ class RouteStubs:
         self.calls: Counter[str] = Counter()
         self.submitted: list[str] = []
         self.lost = 0  # how many waits report LOST before one succeeds
+        self.silent = 0  # how many waits report ComfyUI silent for 2 minutes before one goes on
         self.probe_failures = 0  # how many probes raise before one answers
         self.fail: dict[str, ApplicationError] = {}  # activity name -> error it raises
         self.notices: list[ApprovalNotice] = []
@@ -142,6 +143,12 @@ class RouteStubs:
         if self.lost:
             self.lost -= 1
             return comfyui.ComfyUIFinished(prompt_id=req.prompt_id, outcome="lost")
+        if self.silent:
+            self.silent -= 1
+            since = datetime.now(UTC) - timedelta(minutes=2)
+            return comfyui.ComfyUIFinished(
+                prompt_id=req.prompt_id, outcome="unreachable", silent_since=since
+            )
         video = comfyui.ComfyUIFile(
             node_id="3", kind="images", filename="v_00001_.mp4", subfolder="video"
         )
