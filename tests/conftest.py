@@ -31,8 +31,10 @@ from tests.support.cli import free_ports
 
 # The doubles that serve input images and receive callbacks listen on 127.0.0.1, which the
 # address rule refuses (spillway/addresses.py): allowed for every test, worker process and CLI
-# call, as a studio lists its own file server. tests/test_addresses.py takes the rule as shipped.
-os.environ["SPILLWAY_INPUT_ALLOW_HOSTS"] = "127.0.0.1"
+# call (cli_env), as a studio lists its own file server. tests/test_addresses.py takes the rule
+# as shipped.
+ALLOW_LOOPBACK = {"SPILLWAY_INPUT_ALLOW_HOSTS": "127.0.0.1"}
+os.environ.update(ALLOW_LOOPBACK)
 
 pytest_plugins = [
     "tests.support.settings",
@@ -152,6 +154,6 @@ def cli_env(tmp_path: Any) -> Callable[..., dict[str, str]]:
     def make(**overrides: str) -> dict[str, str]:
         base = {k: v for k, v in os.environ.items() if not k.startswith(SPILLWAY_ENV_PREFIXES)}
         base["HOME"] = str(tmp_path)  # no stray Temporal profile file
-        return base | overrides
+        return base | ALLOW_LOOPBACK | overrides
 
     return make
