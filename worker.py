@@ -32,7 +32,6 @@ from temporalio.worker import PollerBehaviorSimpleMaximum, UnsandboxedWorkflowRu
 from activities.cloud import registry as clouds
 from activities.probe.nvml import GpuReader, NvmlReader
 from activities.registry import Agent, QueueWork, main_work
-from activities.spend.activities import budgets_of
 from activities.spend.ledger import SpendLedger
 from activities.storage.opening import open_output_store
 from spillway import search_attributes as sa
@@ -102,8 +101,7 @@ async def serving(
         if not agents and only_host is None:
             running = {}
         if only_host is None:
-            ledger = SpendLedger(client, settings.SPILLWAY_TASK_QUEUE)
-            works = main_work(http, settings, tiers, ledger, store, WORKFLOWS)
+            works = main_work(http, client, settings, tiers, store, WORKFLOWS)
         for host in hosts:
             if host.name in running:
                 works += running[host.name].work(settings, host)
@@ -200,10 +198,10 @@ async def _count_waiting_jobs(client: Client) -> None:
 
 
 async def _announce_budgets(ledger: SpendLedger, settings: Settings) -> None:
-    """The ledger learns the budgets in force (for `spillway budget`); a reservation carries
-    them too, so a failure here only delays what `budget` shows."""
+    """The ledger reads the budgets in force (for `spillway budget`); it reads them again at
+    every reservation, so a failure here only delays what `budget` shows."""
     try:
-        await ledger.configure(budgets_of(settings))
+        await ledger.configure()
     except Exception as exc:
         log.warning("spend ledger: announcing the budgets failed: %s", exc)
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+from temporalio.client import Client
 
 from activities.callbacks import CallbackActivities
 from activities.cloud import registry as clouds
@@ -18,7 +19,8 @@ from activities.policy import PolicyActivities
 from activities.probe.activities import LoadStatusActivities
 from activities.probe.nvml import GpuReader
 from activities.spend.activities import SpendActivities
-from activities.spend.ledger import Ledger
+from activities.spend.ledger import SpendLedger
+from activities.spend.vet import LedgerVetting
 from activities.storage.store import OutputStore
 from spillway.hosts import WAITS_SUFFIX, GpuHost, host_settings, ref
 from spillway.settings import Settings
@@ -37,14 +39,16 @@ class QueueWork:
 
 def main_work(
     http: httpx.AsyncClient,
+    client: Client,
     settings: Settings,
     tiers: RoutingTiers,
-    ledger: Ledger,
     store: OutputStore,
     workflows: list[type],
 ) -> list[QueueWork]:
-    """The worker's two queues: decisions, policy, spend and cloud creates with the workflows;
-    the long cloud waits in a slot pool of their own."""
+    """The worker's two queues: decisions, policy, spend and cloud creates with the workflows
+    (and the spend ledger's own vetting, a local activity of the ledger); the long cloud waits
+    in a slot pool of their own."""
+    ledger = SpendLedger(client, settings.SPILLWAY_TASK_QUEUE)
     policy = PolicyActivities(settings, tiers)
     notify = NotifyActivities(http, settings)
     spend = SpendActivities(ledger, settings, tiers)
@@ -57,6 +61,7 @@ def main_work(
         spend.view,
         spend.recorded,
         callbacks.job_callback,
+        LedgerVetting(client, settings, tiers).vet,
     ]
     waits: list[Callable[..., Any]] = []
     for provider in clouds.PROVIDERS.values():

@@ -14,6 +14,13 @@ The rules (docs/design.md, money invariants 2, 5 and 6):
 - Armed or plainly approved spending must fit in the day's and the month's budget, counting
   what is spent (charged, maybe charged) and what is reserved; only `approved_over_budget`
   goes past it.
+- The ledger decides what the book is told: the cost, the budgets and the job's incarnation
+  come from `Vetted` (what the ledger read itself off Temporal and the workers' settings),
+  never from the request. An entry belongs to one incarnation of a job id (its first run id,
+  which survives resets and continue-as-new): a job id used again after its execution is gone
+  starts clean and never inherits the old task.
+- `released` is only for a create that never began; a begun create the provider provably
+  refused is `refused` (nothing made, nothing spent; the next provider may be reserved).
 """
 
 from __future__ import annotations
@@ -23,8 +30,10 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-SpendState = Literal["reserved", "charged", "maybe_charged", "released"]
-SettleState = Literal["charged", "maybe_charged", "released"]  # what a reservation became
+SpendState = Literal["reserved", "charged", "maybe_charged", "released", "refused"]
+# What a reservation became.
+SettleState = Literal["charged", "maybe_charged", "released", "refused"]
+ENDED_FREE = ("released", "refused")  # nothing was made: no money, no block on a next provider
 # Who allowed the spending: the armed fallback (within the budget), a person (within the
 # budget), or a person explicitly over the budget (`spillway approve --over-budget`).
 Authorisation = Literal["armed", "approved", "approved_over_budget"]
@@ -44,6 +53,9 @@ class Budgets(BaseModel):
 class SpendEntry(BaseModel):
     job_id: str
     run_id: str  # the workflow run that reserved it: a reset or re-run is another run
+    # The job's first run id (Temporal's first_execution_run_id): one per use of a job id. None
+    # in entries written before 0.4.0, which match any incarnation of their job id.
+    incarnation: str | None = None
     provider: str
     cost_usd: float | None  # the estimate from routing_tiers.json (None: none known)
     state: SpendState
@@ -58,13 +70,24 @@ class SpendEntry(BaseModel):
 
 
 class ReserveRequest(BaseModel):
+    """What a job asks the ledger for. It names no cost and no budget: the ledger reads those
+    itself (`Vetted`)."""
+
     job_id: str
     run_id: str
     provider: str
-    cost_usd: float | None
     authorised_by: str
     authorisation: Authorisation
-    budgets: Budgets  # the budgets in force on the worker that reserves
+
+
+class Vetted(BaseModel):
+    """What the ledger learnt itself about a request (activities/spend/vet.py): whether it comes
+    from spillway's own job, and the terms it is judged by."""
+
+    refused: str | None = None  # why the ledger must not take it (then nothing else is set)
+    incarnation: str | None = None
+    cost_usd: float | None = None  # routing_tiers.json's figure for the job's own clip
+    budgets: Budgets = Budgets()  # the workers' CLOUD_*_BUDGET_USD
 
 
 class BeginCreate(BaseModel):
@@ -142,7 +165,8 @@ class Reservation(BaseModel):
 
 
 class SpendSettle(BaseModel):
-    """Input of `spend_settle` (the activity adds the run id)."""
+    """Input of `spend_settle` (the activity adds the run id; the ledger finds the
+    incarnation)."""
 
     job_id: str
     state: SettleState
@@ -193,15 +217,15 @@ class SpendBook:
 
     # --- reading -------------------------------------------------------------------------
 
-    def live(self, job_id: str, now: datetime) -> SpendEntry | None:
-        """The job's entry that blocks or holds money: not released, not an expired unsent
-        reservation."""
+    def live(self, job_id: str, incarnation: str | None, now: datetime) -> SpendEntry | None:
+        """The job's entry that blocks or holds money: not released or refused, not an expired
+        unsent reservation."""
         for entry in reversed(self.entries):
-            if entry.job_id == job_id and not _over(entry, now):
+            if _mine(entry, job_id, incarnation) and not _over(entry, now):
                 return entry
         return None
 
-    def totals(self, period: Period, now: datetime, budgets: Budgets | None = None) -> PeriodTotals:
+    def totals(self, period: Period, now: datetime) -> PeriodTotals:
         spent = reserved = 0.0
         for entry in self.entries:
             if not _same(period, entry.at, now) or _over(entry, now):
@@ -211,7 +235,7 @@ class SpendBook:
                 reserved += cost
             else:
                 spent += cost
-        budget = (budgets or self.budgets).of(period)
+        budget = self.budgets.of(period)
         remaining = None if budget is None else round(budget - spent - reserved, 6)
         return PeriodTotals(
             budget_usd=budget,
@@ -236,56 +260,58 @@ class SpendBook:
 
     # --- reserve --------------------------------------------------------------------------
 
-    def check_reserve(self, req: ReserveRequest, now: datetime) -> None:
-        current = self.live(req.job_id, now)
+    def check_reserve(self, req: ReserveRequest, terms: Vetted, now: datetime) -> None:
+        current = self.live(req.job_id, terms.incarnation, now)
         if current is not None and has_create(current):
             raise SpendRefused(
                 f"job {req.job_id} already has a cloud create: {describe(current)}",
                 "exists",
                 entry=current,
             )
-        if current is not None and current.run_id == req.run_id:
+        if current is not None and _same_ask(current, req):
             return  # a retried reservation of the same run gets its entry back
         if req.authorisation == "approved_over_budget":
             return
-        shortfall = self.shortfall(req, now, excluding=current)
+        shortfall = self.shortfall(terms.cost_usd, now, excluding=current)
         if shortfall is not None:
             raise SpendRefused(shortfall.text(), "budget", shortfall=shortfall)
 
     def shortfall(
-        self, req: ReserveRequest, now: datetime, excluding: SpendEntry | None = None
+        self, cost_usd: float | None, now: datetime, excluding: SpendEntry | None = None
     ) -> BudgetShortfall | None:
         for period in ("day", "month"):
-            totals = self.totals(period, now, req.budgets)
+            totals = self.totals(period, now)
             if totals.budget_usd is None or totals.remaining_usd is None:
                 continue
             remaining = totals.remaining_usd
             if excluding is not None and _same(period, excluding.at, now):
                 remaining += excluding.cost_usd or 0.0
-            if req.cost_usd is None or req.cost_usd > remaining + CENT:
+            if cost_usd is None or cost_usd > remaining + CENT:
                 return BudgetShortfall(
                     period=period,
                     budget_usd=totals.budget_usd,
                     remaining_usd=round(max(remaining, 0.0), 2),
-                    estimate_usd=req.cost_usd,
+                    estimate_usd=cost_usd,
                 )
         return None
 
-    def reserve(self, req: ReserveRequest, now: datetime) -> SpendEntry:
-        self.check_reserve(req, now)
-        self.budgets = req.budgets
-        current = self.live(req.job_id, now)
-        if current is not None and current.run_id == req.run_id:
+    def reserve(self, req: ReserveRequest, terms: Vetted, now: datetime) -> SpendEntry:
+        self.budgets = terms.budgets
+        self.check_reserve(req, terms, now)
+        current = self.live(req.job_id, terms.incarnation, now)
+        if current is not None and _same_ask(current, req):
             return current
         if current is not None:
-            # Taken over from an earlier run (reset, re-run): that run can no longer begin.
+            # Taken over from an earlier run (reset, re-run) or an earlier ask: its create can
+            # no longer begin.
             current.state, current.settled_at = "released", now
             current.note = f"taken over by run {req.run_id} before its create began"
         entry = SpendEntry(
             job_id=req.job_id,
             run_id=req.run_id,
+            incarnation=terms.incarnation,
             provider=req.provider,
-            cost_usd=req.cost_usd,
+            cost_usd=terms.cost_usd,
             state="reserved",
             authorised_by=req.authorised_by,
             authorisation=req.authorisation,
@@ -296,8 +322,8 @@ class SpendBook:
 
     # --- begin and settle -----------------------------------------------------------------
 
-    def check_begin(self, req: BeginCreate, now: datetime) -> SpendEntry:
-        current = self.live(req.job_id, now)
+    def check_begin(self, req: BeginCreate, terms: Vetted, now: datetime) -> SpendEntry:
+        current = self.live(req.job_id, terms.incarnation, now)
         if current is None:
             raise SpendRefused(
                 f"job {req.job_id} holds no reservation (expired or never made): nothing was sent",
@@ -315,29 +341,32 @@ class SpendBook:
             )
         return current
 
-    def begin(self, req: BeginCreate, now: datetime) -> SpendEntry:
-        entry = self.check_begin(req, now)
+    def begin(self, req: BeginCreate, terms: Vetted, now: datetime) -> SpendEntry:
+        entry = self.check_begin(req, terms, now)
         if entry.sent_at is None:
             entry.run_id, entry.sent_at, entry.sent_by = req.run_id, now, req.attempt
         return entry
 
-    def check_settle(self, req: SettleRequest, now: datetime) -> SpendEntry | None:
+    def check_settle(self, req: SettleRequest, terms: Vetted, now: datetime) -> SpendEntry | None:
         """The entry to change; None when it already says so (a retried settle)."""
-        entry = next(
-            (e for e in reversed(self.entries) if e.job_id == req.job_id and e.state != "released"),
-            None,
-        )
+        mine = [e for e in self.entries if _mine(e, req.job_id, terms.incarnation)]
+        entry = next((e for e in reversed(mine) if e.state not in ENDED_FREE), None)
         if entry is None:
-            if req.state == "released" and any(e.job_id == req.job_id for e in self.entries):
-                return None  # released already: a retried release
+            if req.state in ENDED_FREE and mine:
+                return None  # released or refused already: a retried settle
             raise SpendRefused(f"job {req.job_id} has no open spend entry", "no_reservation")
         same_cost = req.cost_usd is None or req.cost_usd == entry.cost_usd
         if entry.state == req.state and entry.task_id == (req.task_id or entry.task_id):
             return None if same_cost else entry  # the provider's own cost, learnt later
+        own, sent = entry.run_id == req.run_id, entry.sent_at is not None
         allowed = {
-            ("reserved", "released"): entry.run_id == req.run_id,
-            ("reserved", "charged"): entry.run_id == req.run_id and entry.sent_at is not None,
-            # Any run may record that a create went out unanswered (or, unsent, never left).
+            # Only a create that never began gives its money back unasked ...
+            ("reserved", "released"): own and not sent,
+            # ... and one that began only on the provider's provable "no".
+            ("reserved", "refused"): own,
+            ("reserved", "charged"): own and sent,
+            # Any run of the job may record that a create went out unanswered (or, unsent,
+            # never left).
             ("reserved", "maybe_charged"): True,
             ("maybe_charged", "charged"): req.task_id is not None,
         }
@@ -351,10 +380,12 @@ class SpendBook:
             raise SpendRefused("a charged entry needs the task id", "settled", entry=entry)
         return entry
 
-    def settle(self, req: SettleRequest, now: datetime) -> SpendEntry:
-        entry = self.check_settle(req, now)
+    def settle(self, req: SettleRequest, terms: Vetted, now: datetime) -> SpendEntry:
+        entry = self.check_settle(req, terms, now)
         if entry is None:
-            return next(e for e in reversed(self.entries) if e.job_id == req.job_id)
+            return next(
+                e for e in reversed(self.entries) if _mine(e, req.job_id, terms.incarnation)
+            )
         unsent = entry.state == "reserved" and entry.sent_at is None
         entry.state = "released" if unsent else req.state
         entry.settled_at = now
@@ -368,11 +399,17 @@ class SpendBook:
 
 def has_create(entry: SpendEntry) -> bool:
     """A create went out for this entry (or may have): the job never creates again."""
-    return entry.state != "released" and not (entry.state == "reserved" and entry.sent_at is None)
+    return entry.state not in ENDED_FREE and not (
+        entry.state == "reserved" and entry.sent_at is None
+    )
 
 
-def recorded_create(entries: list[SpendEntry], job_id: str) -> SpendEntry | None:
-    return next((e for e in reversed(entries) if e.job_id == job_id and has_create(e)), None)
+def recorded_create(
+    entries: list[SpendEntry], job_id: str, incarnation: str | None
+) -> SpendEntry | None:
+    return next(
+        (e for e in reversed(entries) if _mine(e, job_id, incarnation) and has_create(e)), None
+    )
 
 
 def describe(entry: SpendEntry) -> str:
@@ -384,8 +421,25 @@ def describe(entry: SpendEntry) -> str:
     )
 
 
+def _mine(entry: SpendEntry, job_id: str, incarnation: str | None) -> bool:
+    if entry.job_id != job_id:
+        return False
+    return entry.incarnation is None or incarnation is None or entry.incarnation == incarnation
+
+
+def _same_ask(entry: SpendEntry, req: ReserveRequest) -> bool:
+    """The same run asking again for the same thing; a run asking under another authorisation
+    (an approval after armed spending was refused) is judged anew."""
+    return (
+        entry.run_id == req.run_id
+        and entry.provider == req.provider
+        and entry.authorisation == req.authorisation
+        and entry.authorised_by == req.authorised_by
+    )
+
+
 def _over(entry: SpendEntry, now: datetime) -> bool:
-    if entry.state == "released":
+    if entry.state in ENDED_FREE:
         return True
     return entry.state == "reserved" and entry.sent_at is None and now - entry.at > UNSENT_TTL
 

@@ -16,12 +16,14 @@ from spillway.spend_book import (
     SettleRequest,
     SpendBook,
     SpendRefused,
+    Vetted,
     recorded_create,
 )
 from tests.support.constants import CLIP_USD
 
-SettleState = Literal["charged", "maybe_charged", "released"]
+SettleState = Literal["charged", "maybe_charged", "released", "refused"]
 NOW = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
+ANY = Vetted()  # what the ledger read for a begin or settle of an entry written before 0.4.0
 
 
 def ask(
@@ -31,20 +33,24 @@ def ask(
     authorisation: Authorisation = "armed",
     daily: float | None = None,
     monthly: float | None = None,
-) -> ReserveRequest:
-    return ReserveRequest(
+    incarnation: str | None = None,
+) -> tuple[ReserveRequest, Vetted]:
+    """A reservation and what the ledger read for it (its cost, the budgets, the incarnation)."""
+    request = ReserveRequest(
         job_id=job,
         run_id=run,
         provider="minimax",
-        cost_usd=cost,
         authorised_by="armed" if authorisation == "armed" else "bär",
         authorisation=authorisation,
-        budgets=Budgets(daily_usd=daily, monthly_usd=monthly),
     )
+    budgets = Budgets(daily_usd=daily, monthly_usd=monthly)
+    return request, Vetted(cost_usd=cost, budgets=budgets, incarnation=incarnation)
 
 
-def settle(state: SettleState, run: str = "run-a", task: str | None = None) -> SettleRequest:
-    return SettleRequest(job_id="job-1", run_id=run, state=state, task_id=task)
+def settle(
+    state: SettleState, run: str = "run-a", task: str | None = None
+) -> tuple[SettleRequest, Vetted]:
+    return SettleRequest(job_id="job-1", run_id=run, state=state, task_id=task), ANY
 
 
 def refused(kind: str, call) -> SpendRefused:
@@ -56,88 +62,112 @@ def refused(kind: str, call) -> SpendRefused:
 
 def test_a_retried_reservation_of_the_same_run_gets_its_own_entry_back():
     book = SpendBook([], Budgets())
-    first = book.reserve(ask(), NOW)
-    again = book.reserve(ask(), NOW + timedelta(seconds=1))
+    first = book.reserve(*ask(), NOW)
+    again = book.reserve(*ask(), NOW + timedelta(seconds=1))
     assert again is first and len(book.entries) == 1
 
 
 def test_a_job_whose_create_was_sent_gets_no_second_reservation_from_any_run():
     book = SpendBook([], Budgets())
-    book.reserve(ask(), NOW)
-    book.begin(BeginCreate(job_id="job-1", run_id="run-a"), NOW)
+    book.reserve(*ask(), NOW)
+    book.begin(BeginCreate(job_id="job-1", run_id="run-a"), ANY, NOW)
     for run in ("run-a", "run-b"):
-        error = refused("exists", lambda r=run: book.reserve(ask(run=r), NOW))
+        error = refused("exists", lambda r=run: book.reserve(*ask(run=r), NOW))
         assert error.entry is not None and error.entry.sent_at == NOW
-    book.settle(settle("charged", task="task-1"), NOW)
-    error = refused("exists", lambda: book.reserve(ask(run="run-after-reset"), NOW))
+    book.settle(*settle("charged", task="task-1"), NOW)
+    error = refused("exists", lambda: book.reserve(*ask(run="run-after-reset"), NOW))
     assert error.entry is not None and error.entry.task_id == "task-1"
     assert "task task-1" in error.message
 
 
 def test_an_unsent_reservation_is_taken_over_and_the_old_run_can_no_longer_begin():
     book = SpendBook([], Budgets())
-    book.reserve(ask(run="run-a"), NOW)
-    taken = book.reserve(ask(run="run-b"), NOW)  # a reset after the reservation
+    book.reserve(*ask(run="run-a"), NOW)
+    taken = book.reserve(*ask(run="run-b"), NOW)  # a reset after the reservation
     assert taken.run_id == "run-b"
-    book.begin(BeginCreate(job_id="job-1", run_id="run-b"), NOW)
-    refused("exists", lambda: book.begin(BeginCreate(job_id="job-1", run_id="run-a"), NOW))
+    book.begin(BeginCreate(job_id="job-1", run_id="run-b"), ANY, NOW)
+    refused("exists", lambda: book.begin(BeginCreate(job_id="job-1", run_id="run-a"), ANY, NOW))
     assert book.totals("day", NOW).reserved_usd == CLIP_USD  # counted once
 
 
 def test_a_create_begins_only_once():
     book = SpendBook([], Budgets())
-    book.reserve(ask(), NOW)
-    book.begin(BeginCreate(job_id="job-1", run_id="run-a"), NOW)
-    refused("exists", lambda: book.begin(BeginCreate(job_id="job-1", run_id="run-a"), NOW))
+    book.reserve(*ask(), NOW)
+    book.begin(BeginCreate(job_id="job-1", run_id="run-a"), ANY, NOW)
+    refused("exists", lambda: book.begin(BeginCreate(job_id="job-1", run_id="run-a"), ANY, NOW))
 
 
 def test_a_reset_run_replaying_an_old_reservation_takes_it_over_at_begin():
     book = SpendBook([], Budgets())
-    book.reserve(ask(run="run-a"), NOW)
-    entry = book.begin(BeginCreate(job_id="job-1", run_id="run-b"), NOW)
+    book.reserve(*ask(run="run-a"), NOW)
+    entry = book.begin(BeginCreate(job_id="job-1", run_id="run-b"), ANY, NOW)
     assert entry.run_id == "run-b" and entry.sent_at == NOW
 
 
 def test_nothing_begins_without_a_reservation():
     book = SpendBook([], Budgets())
-    refused("no_reservation", lambda: book.begin(BeginCreate(job_id="job-1", run_id="r"), NOW))
+    refused("no_reservation", lambda: book.begin(BeginCreate(job_id="job-1", run_id="r"), ANY, NOW))
 
 
-def test_a_provable_refusal_releases_the_job_for_the_next_try():
+def test_a_provable_refusal_frees_the_job_for_the_next_provider_but_a_begun_create_is_never_released():
     book = SpendBook([], Budgets(daily_usd=CLIP_USD))
-    book.reserve(ask(daily=CLIP_USD), NOW)
-    book.begin(BeginCreate(job_id="job-1", run_id="run-a"), NOW)
-    book.settle(settle("released"), NOW)
+    book.reserve(*ask(daily=CLIP_USD), NOW)
+    book.begin(BeginCreate(job_id="job-1", run_id="run-a"), ANY, NOW)
+    # "released" would say nothing was sent: only a create that never began may say so.
+    refused("settled", lambda: book.settle(*settle("released"), NOW))
+    assert book.settle(*settle("refused"), NOW).state == "refused"
     assert book.totals("day", NOW).remaining_usd == CLIP_USD
-    again = book.reserve(ask(run="run-a", daily=CLIP_USD), NOW)
+    again = book.reserve(*ask(run="run-a", daily=CLIP_USD), NOW)
     assert again.state == "reserved" and len(book.entries) == 2
+
+
+def test_a_job_id_used_again_is_a_new_job_with_no_old_task():
+    book = SpendBook([], Budgets())
+    book.reserve(*ask(incarnation="first"), NOW)
+    book.begin(BeginCreate(job_id="job-1", run_id="run-a"), Vetted(incarnation="first"), NOW)
+    charged = SettleRequest(job_id="job-1", run_id="run-a", state="charged", task_id="old")
+    book.settle(charged, Vetted(incarnation="first"), NOW)
+    assert recorded_create(book.entries, "job-1", "second") is None
+    entry = book.reserve(*ask(run="run-z", incarnation="second"), NOW)
+    assert (entry.state, entry.incarnation) == ("reserved", "second")
+    found = recorded_create(book.entries, "job-1", "first")
+    assert found is not None and found.task_id == "old"  # a reset of the first still follows it
+
+
+def test_an_ask_under_another_authorisation_is_judged_anew():
+    """A reservation the job never asked for in this form (sent for its run by someone else, or
+    an earlier armed ask) is not handed back to an approval: it is taken over and checked."""
+    book = SpendBook([], Budgets())
+    book.reserve(*ask(authorisation="armed", daily=CLIP_USD), NOW)
+    error = refused("budget", lambda: book.reserve(*ask(authorisation="approved", daily=0.01), NOW))
+    assert error.shortfall is not None
 
 
 def test_an_unsent_reservation_settled_as_maybe_charged_is_released_instead():
     book = SpendBook([], Budgets())
-    book.reserve(ask(), NOW)
-    entry = book.settle(settle("maybe_charged", run="run-b"), NOW)
+    book.reserve(*ask(), NOW)
+    entry = book.settle(*settle("maybe_charged", run="run-b"), NOW)
     assert entry.state == "released" and "never began" in entry.note
 
 
 def test_an_ambiguous_create_counts_as_spent_and_may_learn_its_task_later():
     book = SpendBook([], Budgets())
-    book.reserve(ask(), NOW)
-    book.begin(BeginCreate(job_id="job-1", run_id="run-a"), NOW)
-    book.settle(settle("maybe_charged", run="run-b"), NOW)  # a later run records it
+    book.reserve(*ask(), NOW)
+    book.begin(BeginCreate(job_id="job-1", run_id="run-a"), ANY, NOW)
+    book.settle(*settle("maybe_charged", run="run-b"), NOW)  # a later run records it
     assert book.totals("day", NOW).spent_usd == CLIP_USD
-    assert book.settle(settle("charged", task="task-9"), NOW).task_id == "task-9"
-    refused("settled", lambda: book.settle(settle("released"), NOW))
+    assert book.settle(*settle("charged", task="task-9"), NOW).task_id == "task-9"
+    refused("settled", lambda: book.settle(*settle("released"), NOW))
 
 
 def test_a_charged_entry_is_final_and_a_repeated_settle_is_a_no_op():
     book = SpendBook([], Budgets())
-    book.reserve(ask(), NOW)
-    book.begin(BeginCreate(job_id="job-1", run_id="run-a"), NOW)
-    book.settle(settle("charged", task="task-1"), NOW)
-    assert book.settle(settle("charged", task="task-1"), NOW).task_id == "task-1"
-    refused("settled", lambda: book.settle(settle("maybe_charged"), NOW))
-    refused("settled", lambda: book.settle(settle("released"), NOW))
+    book.reserve(*ask(), NOW)
+    book.begin(BeginCreate(job_id="job-1", run_id="run-a"), ANY, NOW)
+    book.settle(*settle("charged", task="task-1"), NOW)
+    assert book.settle(*settle("charged", task="task-1"), NOW).task_id == "task-1"
+    refused("settled", lambda: book.settle(*settle("maybe_charged"), NOW))
+    refused("settled", lambda: book.settle(*settle("released"), NOW))
 
 
 @pytest.mark.parametrize(
@@ -148,7 +178,7 @@ def test_armed_spending_stops_where_the_budget_would_be_exceeded(daily, monthly,
     granted = 0
     for n in range(10):
         try:
-            book.reserve(ask(job=f"job-{n}", daily=daily, monthly=monthly), NOW)
+            book.reserve(*ask(job=f"job-{n}", daily=daily, monthly=monthly), NOW)
             granted += 1
         except SpendRefused as error:
             assert error.kind == "budget" and error.shortfall is not None
@@ -159,27 +189,27 @@ def test_armed_spending_stops_where_the_budget_would_be_exceeded(daily, monthly,
 
 def test_a_plain_approval_respects_the_budget_and_over_budget_goes_past_it():
     book = SpendBook([], Budgets())
-    book.reserve(ask(job="job-0", daily=0.3), NOW)
-    refused("budget", lambda: book.reserve(ask(authorisation="approved", daily=0.3), NOW))
-    entry = book.reserve(ask(authorisation="approved_over_budget", daily=0.3), NOW)
+    book.reserve(*ask(job="job-0", daily=0.3), NOW)
+    refused("budget", lambda: book.reserve(*ask(authorisation="approved", daily=0.3), NOW))
+    entry = book.reserve(*ask(authorisation="approved_over_budget", daily=0.3), NOW)
     assert entry.authorisation == "approved_over_budget"
     assert book.totals("day", NOW).remaining_usd == pytest.approx(0.3 - 2 * CLIP_USD)
 
 
 def test_an_unknown_estimate_is_refused_when_a_budget_is_set():
     book = SpendBook([], Budgets())
-    error = refused("budget", lambda: book.reserve(ask(cost=None, daily=10), NOW))
+    error = refused("budget", lambda: book.reserve(*ask(cost=None, daily=10), NOW))
     assert error.shortfall is not None and error.shortfall.estimate_usd is None
-    assert book.reserve(ask(cost=None), NOW).cost_usd is None  # no budget: no limit
+    assert book.reserve(*ask(cost=None), NOW).cost_usd is None  # no budget: no limit
 
 
 def test_days_and_months_are_utc_and_a_new_day_has_its_budget_back():
     book = SpendBook([], Budgets())
-    book.reserve(ask(job="a", daily=CLIP_USD, monthly=3 * CLIP_USD), NOW)
-    book.begin(BeginCreate(job_id="a", run_id="run-a"), NOW)  # sent: it keeps counting
-    refused("budget", lambda: book.reserve(ask(job="b", daily=CLIP_USD, monthly=1), NOW))
+    book.reserve(*ask(job="a", daily=CLIP_USD, monthly=3 * CLIP_USD), NOW)
+    book.begin(BeginCreate(job_id="a", run_id="run-a"), ANY, NOW)  # sent: it keeps counting
+    refused("budget", lambda: book.reserve(*ask(job="b", daily=CLIP_USD, monthly=1), NOW))
     tomorrow = NOW + timedelta(days=1)
-    book.reserve(ask(job="b", daily=CLIP_USD, monthly=3 * CLIP_USD), tomorrow)
+    book.reserve(*ask(job="b", daily=CLIP_USD, monthly=3 * CLIP_USD), tomorrow)
     assert book.totals("day", tomorrow).reserved_usd == CLIP_USD
     assert book.totals("month", tomorrow).reserved_usd == pytest.approx(2 * CLIP_USD)
     next_month = datetime(2027, 1, 1, 0, 0, tzinfo=UTC)
@@ -188,26 +218,26 @@ def test_days_and_months_are_utc_and_a_new_day_has_its_budget_back():
 
 def test_an_unsent_reservation_expires_and_stops_counting():
     book = SpendBook([], Budgets())
-    book.reserve(ask(daily=CLIP_USD), NOW)
+    book.reserve(*ask(daily=CLIP_USD), NOW)
     later = NOW + timedelta(hours=2)
     assert book.totals("day", later).reserved_usd == 0
     refused(
-        "no_reservation", lambda: book.begin(BeginCreate(job_id="job-1", run_id="run-a"), later)
+        "no_reservation",
+        lambda: book.begin(BeginCreate(job_id="job-1", run_id="run-a"), ANY, later),
     )
-    assert book.reserve(ask(daily=CLIP_USD), later).at == later
+    assert book.reserve(*ask(daily=CLIP_USD), later).at == later
 
 
 def test_a_continued_ledger_keeps_open_entries_and_this_months_but_drops_old_settled_ones():
     book = SpendBook([], Budgets())
     old = NOW - timedelta(days=60)
     for job, at in (("old", old), ("new", NOW)):
-        book.reserve(ask(job=job), at)
-        book.begin(BeginCreate(job_id=job, run_id="run-a"), at)
-        book.settle(
-            SettleRequest(job_id=job, run_id="run-a", state="charged", task_id=f"t-{job}"), at
-        )
-    book.reserve(ask(job="open"), old)
-    book.begin(BeginCreate(job_id="open", run_id="run-a"), old)
+        book.reserve(*ask(job=job), at)
+        book.begin(BeginCreate(job_id=job, run_id="run-a"), ANY, at)
+        charged = SettleRequest(job_id=job, run_id="run-a", state="charged", task_id=f"t-{job}")
+        book.settle(charged, ANY, at)
+    book.reserve(*ask(job="open"), old)
+    book.begin(BeginCreate(job_id="open", run_id="run-a"), ANY, old)
     assert [e.job_id for e in book.kept(NOW)] == ["new", "open"]
 
 
@@ -215,16 +245,16 @@ def test_a_reset_run_finds_the_create_an_earlier_run_sent_and_nothing_else():
     """What a job asks before it puts the cloud to a person: a create already out (a reset job's)
     is followed; a reservation whose create never left, or a released one, is not a create."""
     book = SpendBook([], Budgets())
-    book.reserve(ask(), NOW)
-    assert recorded_create(book.entries, "job-1") is None  # reserved, never sent
-    book.begin(BeginCreate(job_id="job-1", run_id="run-a"), NOW)
-    assert recorded_create(book.entries, "job-1") is not None  # sent, answer unknown yet
-    book.settle(settle("charged", task="task-7"), NOW)
-    found = recorded_create(book.entries, "job-1")
+    book.reserve(*ask(), NOW)
+    assert recorded_create(book.entries, "job-1", None) is None  # reserved, never sent
+    book.begin(BeginCreate(job_id="job-1", run_id="run-a"), ANY, NOW)
+    assert recorded_create(book.entries, "job-1", None) is not None  # sent, answer unknown yet
+    book.settle(*settle("charged", task="task-7"), NOW)
+    found = recorded_create(book.entries, "job-1", None)
     assert found is not None and (found.state, found.task_id) == ("charged", "task-7")
-    assert recorded_create(book.entries, "job-2") is None
+    assert recorded_create(book.entries, "job-2", None) is None
 
     released = SpendBook([], Budgets())
-    released.reserve(ask(), NOW)
-    released.settle(settle("released"), NOW)
-    assert recorded_create(released.entries, "job-1") is None
+    released.reserve(*ask(), NOW)
+    released.settle(*settle("released"), NOW)
+    assert recorded_create(released.entries, "job-1", None) is None

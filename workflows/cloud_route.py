@@ -256,6 +256,11 @@ async def _create_failed(
     cause = err.cause
     kind = cause.type if isinstance(cause, ApplicationError) else None
     if kind in provider.refused and isinstance(cause, ApplicationError):
+        details = cause.details[0] if cause.details else {}
+        if isinstance(details, dict) and details.get("settled") is False:
+            # The create's own settle did not reach the ledger: until this one does, the entry
+            # blocks the next provider's reservation and counts against the budget.
+            await _settle(s, "refused", None)
         raise Refused(cause.message)
     if kind in (NOT_ARMED, WRONG_WORLD, provider.no_key):
         await _settle(s, "released", None)  # nothing was sent

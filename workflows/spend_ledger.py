@@ -1,21 +1,26 @@
 """SpendLedgerWorkflow: the one owner of cloud spending (docs/design.md, "The spend ledger and the
 budget").
 
-A long-lived entity workflow, started on demand with update-with-start. Its updates run one at
-a time, so "check the budget, then record the reservation" is atomic by construction however
-many jobs race: each validator refuses what must not happen (a second create for a job, armed
-spending the budget cannot cover) before anything is written to history, and the handler
-records what did. It continues as new with the entries it still needs.
+A long-lived entity workflow, started on demand with update-with-start (never again once a ledger
+of its id closed: `spillway ledger restore`). Before it changes anything it vets the request
+with its own local activity (activities/spend/vet.py): the request must come from spillway's own
+job, running the activity that asks, and the cost, the budgets and the job's incarnation are
+what the ledger read itself, never what the request says. After that await, "check the budget,
+then record" runs without another, so it is atomic however many jobs race. It continues as new
+with the entries it still needs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import timedelta
 
 from temporalio import workflow
+from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
+    from activities.spend.vet import LedgerVetting, Purpose, VetRequest
     from spillway import names
     from spillway.spend_book import (
         REFUSED,
@@ -28,7 +33,16 @@ with workflow.unsafe.imports_passed_through():
         SpendBook,
         SpendEntry,
         SpendRefused,
+        Vetted,
     )
+
+# Retried for a while (a describe the server cannot answer now), then the caller hears that the
+# ledger did not answer and sends nothing.
+VET_TIMEOUT = timedelta(seconds=20)
+VET_RETRY = RetryPolicy(
+    initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=2)
+)
+CONTINUING = "SpendLedgerContinuing"  # not a refusal: asked again, it reaches the next run
 
 
 @workflow.defn(name=names.SPEND_LEDGER)
@@ -37,6 +51,7 @@ class SpendLedgerWorkflow:
     def __init__(self, inp: LedgerInput) -> None:
         self._book = SpendBook(inp.entries, inp.budgets)
         self._accepted = 0
+        self._continuing = False
 
     @workflow.run
     async def run(self, inp: LedgerInput) -> None:
@@ -46,6 +61,7 @@ class SpendLedgerWorkflow:
                 or workflow.info().is_continue_as_new_suggested()
             )
         )
+        self._continuing = True  # new updates wait for the next run instead of starving this end
         await workflow.wait_condition(workflow.all_handlers_finished)
         workflow.continue_as_new(
             LedgerInput(
@@ -64,51 +80,77 @@ class SpendLedgerWorkflow:
         return self._book.budgets
 
     @workflow.update(name=names.LEDGER_RESERVE)
-    def reserve(self, req: ReserveRequest) -> SpendEntry:
-        return self._apply(lambda: self._book.reserve(req, workflow.now()))
+    async def reserve(self, req: ReserveRequest) -> SpendEntry:
+        terms = await self._vet("reserve", req.job_id, req.run_id, req)
+        return self._apply(lambda: self._book.reserve(req, terms, workflow.now()))
 
     @reserve.validator
     def _check_reserve(self, req: ReserveRequest) -> None:
-        _refuse_on(lambda: self._book.check_reserve(req, workflow.now()))
+        self._open()
 
     @workflow.update(name=names.LEDGER_BEGIN)
-    def begin(self, req: BeginCreate) -> SpendEntry:
-        return self._apply(lambda: self._book.begin(req, workflow.now()))
+    async def begin(self, req: BeginCreate) -> SpendEntry:
+        terms = await self._vet("begin", req.job_id, req.run_id)
+        return self._apply(lambda: self._book.begin(req, terms, workflow.now()))
 
     @begin.validator
     def _check_begin(self, req: BeginCreate) -> None:
-        _refuse_on(lambda: self._book.check_begin(req, workflow.now()))
+        self._open()
 
     @workflow.update(name=names.LEDGER_SETTLE)
-    def settle(self, req: SettleRequest) -> SpendEntry:
-        return self._apply(lambda: self._book.settle(req, workflow.now()))
+    async def settle(self, req: SettleRequest) -> SpendEntry:
+        terms = await self._vet("settle", req.job_id, req.run_id)
+        return self._apply(lambda: self._book.settle(req, terms, workflow.now()))
 
     @settle.validator
     def _check_settle(self, req: SettleRequest) -> None:
-        _refuse_on(lambda: self._book.check_settle(req, workflow.now()))
+        self._open()
 
     @workflow.update(name=names.LEDGER_CONFIGURE)
-    def configure(self, budgets: Budgets) -> Budgets:
-        """Workers announce the budgets in force when they start (`spillway budget` shows them
-        before any job has reserved)."""
-        self._book.budgets = budgets
-        return budgets
+    async def configure(self, _ignored: Budgets | None = None) -> Budgets:
+        """Re-reads the budgets in force off the workers' settings (workers ask when they
+        start, so `spillway budget` shows them before anything was reserved). Whatever the
+        request carries is ignored: budgets are the workers' to set."""
+        terms = await self._vet("terms", "", "")
+        self._book.budgets = terms.budgets
+        return terms.budgets
+
+    async def _vet(
+        self, purpose: Purpose, job_id: str, run_id: str, req: ReserveRequest | None = None
+    ) -> Vetted:
+        ask = VetRequest(purpose=purpose, job_id=job_id, run_id=run_id)
+        if req is not None:
+            ask = ask.model_copy(
+                update={
+                    "provider": req.provider,
+                    "authorisation": req.authorisation,
+                    "authorised_by": req.authorised_by,
+                }
+            )
+        terms = await workflow.execute_local_activity_method(
+            LedgerVetting.vet,
+            ask,
+            start_to_close_timeout=VET_TIMEOUT,
+            schedule_to_close_timeout=timedelta(seconds=40),
+            retry_policy=VET_RETRY,
+        )
+        self._book.budgets = terms.budgets
+        if terms.refused is not None:
+            raise _error(
+                SpendRefused(f"the spend ledger refuses this {purpose}: {terms.refused}", "foreign")
+            )
+        return terms
+
+    def _open(self) -> None:
+        if self._continuing:
+            raise ApplicationError("the spend ledger is continuing as new", type=CONTINUING)
 
     def _apply(self, change: Callable[[], SpendEntry]) -> SpendEntry:
-        # The validator ran just before with the same state, so this check cannot disagree;
-        # it stays as the guard of the invariant should handlers ever interleave.
         self._accepted += 1
         try:
             return change().model_copy()
         except SpendRefused as refused:
             raise _error(refused) from None
-
-
-def _refuse_on(check: Callable[[], object]) -> None:
-    try:
-        check()
-    except SpendRefused as refused:
-        raise _error(refused) from None
 
 
 def _error(refused: SpendRefused) -> ApplicationError:

@@ -95,7 +95,12 @@ class KlingActivities(CloudActivities[KlingTiming]):
             )
             return made
         verdict = done.verdict
-        details = {"job_id": req.job_id, "code": verdict.code, "create_calls": verdict.attempts}
+        details = {
+            "job_id": req.job_id,
+            "code": verdict.code,
+            "create_calls": verdict.attempts,
+            "settled": done.settled,
+        }
         if verdict.outcome == "refused" and verdict.code in REFUSED_CODES:
             raise ApplicationError(
                 refused_message(req.job_id, verdict), details, type=REFUSED, non_retryable=True
@@ -300,6 +305,7 @@ def _cost_key(request: CloudRequest, settings: Settings) -> str:
 
 PROVIDER = CloudProvider(
     name="kling",
+    create_activity=CREATE,
     label="Kling",
     console="Kling's console (task list and resource pack usage)",
     key_names=KEY_NAMES,

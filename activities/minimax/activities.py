@@ -85,14 +85,14 @@ class MiniMaxActivities(CloudActivities[MiniMaxTiming]):
         if verdict.outcome == "refused" and verdict.code in PERMANENT_CODES:
             raise ApplicationError(
                 permanent_message(verdict.code, verdict.message, task_id=None),
-                {"job_id": req.job_id, "code": verdict.code},
+                {"job_id": req.job_id, "code": verdict.code, "settled": done.settled},
                 type=PERMANENT,
                 non_retryable=True,
             )
         if verdict.outcome == "refused":
             raise ApplicationError(
                 verdict.message,
-                {"job_id": req.job_id, "create_calls": verdict.attempts},
+                {"job_id": req.job_id, "create_calls": verdict.attempts, "settled": done.settled},
                 type=CREATE_GAVE_UP,
                 non_retryable=True,
             )
@@ -207,6 +207,7 @@ def _cost_key(request: CloudRequest, settings: Settings) -> str:
 
 PROVIDER = CloudProvider(
     name="minimax",
+    create_activity=CREATE,
     label="MiniMax",
     console="MiniMax's console (platform.minimax.io: usage / billing, video generation tasks)",
     key_names=("MINIMAX_API_KEY",),

@@ -13,13 +13,13 @@ from temporalio.service import RPCError
 
 from activities.cloud import registry
 from activities.spend.ledger import Ledger
+from activities.spend.vet import budgets_of, estimate_usd
 from spillway import names
 from spillway.models import CloudRequest
 from spillway.settings import Settings
 from spillway.spend_book import (
     REFUSED,
     Authorisation,
-    Budgets,
     BudgetView,
     PeriodTotals,
     Reservation,
@@ -34,29 +34,14 @@ from spillway.tiers import RoutingTiers
 
 
 class SpendRequest(BaseModel):
-    """Input of `spend_reserve` and the ledger's reads: the activity adds the run id, the
-    estimate and the budgets in force on the worker at that moment."""
+    """Input of `spend_reserve` and the ledger's reads (the activity adds the run id; the ledger
+    finds the estimate, the budgets and the job's incarnation itself)."""
 
     job_id: str
     provider: str
     request: CloudRequest
     authorised_by: str
     authorisation: Authorisation
-
-
-def estimate_usd(tiers: RoutingTiers, settings: Settings, req: SpendRequest) -> float | None:
-    """The planning figure of routing_tiers.json for this provider and clip (None: none known)."""
-    tier = tiers.by_provider(req.provider)
-    provider = registry.PROVIDERS.get(req.provider)
-    if tier is None or provider is None:
-        return None
-    return tier.estimated_cost_usd.get(provider.cost_key(req.request, settings))
-
-
-def budgets_of(settings: Settings) -> Budgets:
-    return Budgets(
-        daily_usd=settings.CLOUD_DAILY_BUDGET_USD, monthly_usd=settings.CLOUD_MONTHLY_BUDGET_USD
-    )
 
 
 class SpendActivities:
@@ -76,17 +61,14 @@ class SpendActivities:
             return Reservation(
                 refused=f"no key for {req.provider} on the worker", refused_code="no_key"
             )
-        cost = estimate_usd(self._tiers, s, req)
         try:
             entry = await self._ledger.reserve(
                 ReserveRequest(
                     job_id=req.job_id,
                     run_id=activity.info().workflow_run_id or "",
                     provider=req.provider,
-                    cost_usd=cost,
                     authorised_by=req.authorised_by,
                     authorisation=req.authorisation,
-                    budgets=budgets_of(s),
                 )
             )
         except SpendRefused as refused:
@@ -121,7 +103,11 @@ class SpendActivities:
         """The create an earlier run of this job sent (a reset job's): followed, never paid for
         again and never put to a person again."""
         summary = await self._ledger.summary()
-        return recorded_create(summary.entries, req.job_id) if summary else None
+        if summary is None:
+            return None
+        info = activity.info()
+        incarnation = await self._ledger.incarnation(info.workflow_id or "", info.workflow_run_id)
+        return recorded_create(summary.entries, req.job_id, incarnation)
 
     @activity.defn(name=names.SPEND_VIEW)
     async def view(self, req: SpendRequest) -> BudgetView:
@@ -140,7 +126,7 @@ class SpendActivities:
             return round(max(budget - taken, 0.0), 2)
 
         return BudgetView(
-            estimate_usd=estimate_usd(self._tiers, self._settings, req),
+            estimate_usd=estimate_usd(self._tiers, self._settings, req.provider, req.request),
             day_remaining_usd=left(budgets.daily_usd, summary.day if summary else None),
             month_remaining_usd=left(budgets.monthly_usd, summary.month if summary else None),
         )

@@ -14,6 +14,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.cloud.models import CreateVerdict
 from activities.spend.ledger import Ledger
+from spillway import names
 from spillway.settings import Settings
 from spillway.spend_book import (
     REFUSED,
@@ -63,9 +64,19 @@ class CreateGuard:
                 non_retryable=True,
             )
         info = activity.info()
+        if info.workflow_type != names.VIDEO_JOB or info.workflow_id != job_id:
+            # Temporal, not the request, says who scheduled this: another workflow (even one
+            # named like ours; the ledger checks its task queue) never spends.
+            raise ApplicationError(
+                f"a create for job {job_id} was asked by workflow {info.workflow_id} "
+                f"({info.workflow_type}), not by that spillway job: nothing was sent",
+                type=REFUSED,
+                non_retryable=True,
+            )
         run_id = info.workflow_run_id or ""
         attempt = f"{run_id}/{info.activity_id}/{info.attempt}"
         try:
+            await self._ledger.check_home()
             await self._ledger.begin(BeginCreate(job_id=job_id, run_id=run_id, attempt=attempt))
         except SpendRefused as refused:
             raise ApplicationError(
@@ -77,7 +88,7 @@ class CreateGuard:
         except ApplicationError as err:
             raise ApplicationError(err.message, type=err.type, non_retryable=True) from None
         verdict = await send()
-        state = {"created": "charged", "refused": "released", "ambiguous": "maybe_charged"}
+        state = {"created": "charged", "refused": "refused", "ambiguous": "maybe_charged"}
         settle = SettleRequest(
             job_id=job_id,
             run_id=run_id,

@@ -22,8 +22,8 @@ from temporalio.client import (
     WithStartWorkflowOperation,
     WorkflowUpdateFailedError,
 )
-from temporalio.common import WorkflowIDConflictPolicy
-from temporalio.exceptions import ApplicationError
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from spillway import names
@@ -56,6 +56,16 @@ LEDGER_IN_FLIGHT = 8  # updates one process has in flight on the ledger (the ser
 LEDGER_PAUSES_S = (0.05, 2.0)  # the first pause, the longest
 RPC_TIMEOUT = timedelta(seconds=10)
 LEDGER_UNAVAILABLE = "SpendLedgerUnavailable"
+LEDGER_CLOSED = "SpendLedgerClosed"
+LEDGER_FOREIGN = "SpendLedgerForeign"
+
+
+def ledger_closed(workflow_id: str) -> str:
+    return (
+        f"the spend ledger ({workflow_id}) was closed (terminated or failed) and is never started "
+        "again empty: nothing was sent to any cloud provider; `spillway ledger restore` brings "
+        "its entries back"
+    )
 
 
 class Ledger(Protocol):
@@ -65,8 +75,31 @@ class Ledger(Protocol):
     async def reserve(self, req: ReserveRequest) -> SpendEntry: ...
     async def begin(self, req: BeginCreate) -> SpendEntry: ...
     async def settle(self, req: SettleRequest) -> SpendEntry: ...
-    async def configure(self, budgets: Budgets) -> None: ...
+    async def configure(self) -> None: ...
     async def summary(self) -> LedgerSummary | None: ...
+    async def check_home(self) -> None:
+        """Refuses a ledger that runs on another task queue than spillway's: whoever started it
+        there (before spillway did) would answer for it with their own code."""
+        handle = self._client.get_workflow_handle(self.workflow_id)
+        try:
+            info = (await handle.describe(rpc_timeout=RPC_TIMEOUT)).raw_description
+        except RPCError as exc:
+            raise ApplicationError(
+                f"the spend ledger ({self.workflow_id}) could not be read ({exc.message}): "
+                "nothing was sent to any cloud provider",
+                type=LEDGER_UNAVAILABLE,
+            ) from None
+        queue = info.workflow_execution_info.task_queue
+        if queue != self._task_queue:
+            raise ApplicationError(
+                f"the spend ledger ({self.workflow_id}) runs on task queue {queue!r}, not "
+                f"spillway's {self._task_queue!r}: it is not spillway's, and nothing was sent",
+                type=LEDGER_FOREIGN,
+                non_retryable=True,
+            )
+
+    async def incarnation(self, workflow_id: str, run_id: str | None) -> str | None: ...
+    async def check_home(self) -> None: ...
 
 
 class SpendLedger:
@@ -107,11 +140,13 @@ class SpendLedger:
             )
         )
 
-    async def configure(self, budgets: Budgets) -> None:
+    async def configure(self) -> None:
+        """The ledger reads the budgets in force off the workers' settings (so `spillway budget`
+        shows them before anything was reserved); the update carries nothing."""
         await self._call(
             lambda: self._client.execute_update_with_start_workflow(
                 names.LEDGER_CONFIGURE,
-                budgets,
+                None,
                 start_workflow_operation=self._start(),
                 rpc_timeout=RPC_TIMEOUT,
                 result_type=Budgets,
@@ -131,12 +166,43 @@ class SpendLedger:
                 return None
             raise
 
+    async def check_home(self) -> None:
+        """Refuses a ledger that runs on another task queue than spillway's: whoever started it
+        there (before spillway did) would answer for it with their own code."""
+        handle = self._client.get_workflow_handle(self.workflow_id)
+        try:
+            info = (await handle.describe(rpc_timeout=RPC_TIMEOUT)).raw_description
+        except RPCError as exc:
+            raise ApplicationError(
+                f"the spend ledger ({self.workflow_id}) could not be read ({exc.message}): "
+                "nothing was sent to any cloud provider",
+                type=LEDGER_UNAVAILABLE,
+            ) from None
+        queue = info.workflow_execution_info.task_queue
+        if queue != self._task_queue:
+            raise ApplicationError(
+                f"the spend ledger ({self.workflow_id}) runs on task queue {queue!r}, not "
+                f"spillway's {self._task_queue!r}: it is not spillway's, and nothing was sent",
+                type=LEDGER_FOREIGN,
+                non_retryable=True,
+            )
+
+    async def incarnation(self, workflow_id: str, run_id: str | None) -> str | None:
+        """A job's incarnation: the first run id of its execution (resets and continue-as-new
+        keep it; a job id used again gets a new one)."""
+        handle = self._client.get_workflow_handle(workflow_id, run_id=run_id)
+        info = (await handle.describe(rpc_timeout=RPC_TIMEOUT)).raw_description
+        return info.workflow_execution_info.first_run_id or None
+
     def _start(self) -> WithStartWorkflowOperation[Any, Any]:
+        # Never started again empty once a ledger of this id closed (terminated, failed): its
+        # entries are the only record of what was spent (`spillway ledger restore`).
         return WithStartWorkflowOperation(
             names.SPEND_LEDGER,
             LedgerInput(),
             id=self.workflow_id,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
             task_queue=self._task_queue,
             static_summary="spillway spend ledger: every cloud create and the budgets",
         )
@@ -153,6 +219,10 @@ class SpendLedger:
             try:
                 async with self._in_flight:
                     return await call()
+            except WorkflowAlreadyStartedError:
+                raise ApplicationError(
+                    ledger_closed(self.workflow_id), type=LEDGER_CLOSED, non_retryable=True
+                ) from None
             except WorkflowUpdateFailedError as err:
                 if _is_refusal(err):
                     raise _refusal(err) from None
@@ -160,6 +230,11 @@ class SpendLedger:
                 # before the ledger's worker saw it): nothing was recorded.
                 why, busy = str(err.cause or err), False
             except (RPCError, RPCTimeoutOrCancelledError) as exc:
+                if isinstance(exc, RPCError) and exc.status == RPCStatusCode.NOT_FOUND:
+                    # An update to a ledger that closed (it exists: something was reserved).
+                    raise ApplicationError(
+                        ledger_closed(self.workflow_id), type=LEDGER_CLOSED, non_retryable=True
+                    ) from None
                 # Also what an update racing the ledger's continue-as-new gets.
                 why = str(exc)
                 busy = isinstance(exc, RPCError) and exc.status == RPCStatusCode.RESOURCE_EXHAUSTED

@@ -6,7 +6,7 @@ from __future__ import annotations
 from temporalio.client import Client
 from temporalio.service import RPCError
 
-from activities.spend.activities import budgets_of
+from activities.spend.vet import budgets_of
 from activities.spend.ledger import SpendLedger
 from spillway.errors import Failed
 from spillway.settings import Settings

@@ -36,6 +36,7 @@ from activities.policy import PolicyActivities
 from activities.spend.activities import SpendActivities, SpendRequest
 from activities.spend.guard import CreateGuard
 from activities.spend.ledger import SpendLedger
+from activities.spend.vet import LedgerVetting
 from spillway import names
 from spillway.client import jobs as job_ops
 from spillway.hosts import WAITS_SUFFIX, gpu_hosts, ref
@@ -179,6 +180,7 @@ def job_runner(environment: WorkflowEnvironment) -> RunJobs:
                         spend.settle,
                         *_held_reads(spend, stubs),
                         callbacks.job_callback,
+                        LedgerVetting(environment.client, config, tiers).vet,
                     ],
                 )
             )

@@ -30,6 +30,7 @@ from spillway.spend_book import (
     SettleRequest,
     SpendBook,
     SpendEntry,
+    Vetted,
 )
 from tests.support.constants import CANARY_KEY, CLIP_USD
 from tests.support.settings import SettingsFactory
@@ -92,7 +93,7 @@ class BookLedger:
         self.provider, self.cost_usd = provider, cost_usd
 
     async def reserve(self, req: ReserveRequest) -> SpendEntry:
-        return self.book.reserve(req, datetime.now(UTC))
+        return self.book.reserve(req, self._terms(), datetime.now(UTC))
 
     async def begin(self, req: BeginCreate) -> SpendEntry:
         if not any(e.job_id == req.job_id for e in self.book.entries):
@@ -101,22 +102,29 @@ class BookLedger:
                     job_id=req.job_id,
                     run_id=req.run_id,
                     provider=self.provider,
-                    cost_usd=self.cost_usd,
                     authorised_by="test",
                     authorisation="approved",
-                    budgets=Budgets(),
                 )
             )
-        return self.book.begin(req, datetime.now(UTC))
+        return self.book.begin(req, self._terms(), datetime.now(UTC))
 
     async def settle(self, req: SettleRequest) -> SpendEntry:
-        return self.book.settle(req, datetime.now(UTC))
+        return self.book.settle(req, self._terms(), datetime.now(UTC))
 
-    async def configure(self, budgets: Budgets) -> None:
-        self.book.budgets = budgets
+    async def configure(self) -> None:
+        pass
 
     async def summary(self) -> LedgerSummary | None:
         return self.book.summary(datetime.now(UTC))
+
+    async def incarnation(self, workflow_id: str, run_id: str | None) -> str | None:
+        return None
+
+    async def check_home(self) -> None:
+        pass
+
+    def _terms(self) -> Vetted:
+        return Vetted(cost_usd=self.cost_usd, budgets=self.book.budgets)
 
     def entry_of(self, job_id: str) -> SpendEntry | None:
         return next((e for e in reversed(self.book.entries) if e.job_id == job_id), None)

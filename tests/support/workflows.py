@@ -22,6 +22,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from activities.minimax.activities import PROVIDER as MINIMAX
     from activities.probe.activities import LoadProbeRequest
+    from spillway import names
     from spillway.models import Downloaded, HostRef, LoadStatus
 
 HEARTBEAT = timedelta(seconds=30)  # SPILLWAY_HEARTBEAT_TIMEOUT_S's largest value
@@ -90,10 +91,11 @@ class CreateOnce:
         )
 
 
-@workflow.defn
+@workflow.defn(name=names.VIDEO_JOB)
 class CloudOnce:
     """Create, poll, download on MiniMax: the CLOUD route without the routing (and the
-    ledger's reservation) around it."""
+    ledger's reservation) around it. Named as spillway's job, whose creates alone may spend
+    (the in-process ledger of these tests does not ask Temporal which queue it runs on)."""
 
     @workflow.run
     async def run(self, req: CloudCreate) -> Downloaded:

@@ -1,0 +1,148 @@
+"""What the spend ledger learns for itself before it changes anything (docs/design.md, "The spend
+ledger and the budget", Authority): a local activity of SpendLedgerWorkflow, on the worker that
+runs the ledger.
+
+Anyone who can reach the namespace can send the ledger an update, so a request is believed only
+as far as Temporal confirms it: the run it names must be a `VideoJobWorkflow` of that job id,
+running on spillway's own task queue, and must be running the very activity that asks (a
+reservation from `spend_reserve`, a create's begin from the provider's create activity, a
+settle from one of those or `spend_settle`). An approval must be the job's own, as its plan
+shows it. The cost comes from routing_tiers.json for the job's own clip (its input, read off its
+history), the budgets from this worker's settings, the incarnation from Temporal's first run id.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel
+from temporalio import activity
+from temporalio.api.enums.v1 import WorkflowExecutionStatus
+from temporalio.client import Client
+from temporalio.service import RPCError, RPCStatusCode
+
+from activities.cloud import registry
+from spillway import names
+from spillway.models import CloudRequest, Plan, VideoJob
+from spillway.settings import Settings
+from spillway.spend_book import Authorisation, Budgets, Vetted
+from spillway.tiers import RoutingTiers
+
+Purpose = Literal["reserve", "begin", "settle", "terms"]
+
+
+class VetRequest(BaseModel):
+    purpose: Purpose
+    job_id: str = ""
+    run_id: str = ""
+    provider: str = ""
+    authorisation: Authorisation = "armed"
+    authorised_by: str = ""
+
+
+def budgets_of(settings: Settings) -> Budgets:
+    return Budgets(
+        daily_usd=settings.CLOUD_DAILY_BUDGET_USD, monthly_usd=settings.CLOUD_MONTHLY_BUDGET_USD
+    )
+
+
+def estimate_usd(
+    tiers: RoutingTiers, settings: Settings, provider_name: str, request: CloudRequest
+) -> float | None:
+    """The planning figure of routing_tiers.json for this provider and clip (None: none known)."""
+    tier = tiers.by_provider(provider_name)
+    provider = registry.PROVIDERS.get(provider_name)
+    if tier is None or provider is None:
+        return None
+    return tier.estimated_cost_usd.get(provider.cost_key(request, settings))
+
+
+def asking_activities(purpose: Purpose) -> frozenset[str]:
+    creates = {p.create_activity for p in registry.PROVIDERS.values()}
+    if purpose == "reserve":
+        return frozenset({names.SPEND_RESERVE})
+    if purpose == "begin":
+        return frozenset(creates)
+    return frozenset({names.SPEND_SETTLE, *creates})
+
+
+class LedgerVetting:
+    def __init__(self, client: Client, settings: Settings, tiers: RoutingTiers) -> None:
+        self._client, self._settings, self._tiers = client, settings, tiers
+
+    @activity.defn(name=names.LEDGER_VET)
+    async def vet(self, req: VetRequest) -> Vetted:
+        terms = Vetted(budgets=budgets_of(self._settings))
+        if req.purpose == "terms":
+            return terms
+        why, incarnation = await self._caller(req)
+        if why is not None:
+            activity.logger.warning(
+                "spend ledger refused a %s for %s: %s", req.purpose, req.job_id, why
+            )
+            return Vetted(refused=why, budgets=terms.budgets)
+        terms.incarnation = incarnation
+        if req.purpose != "reserve":
+            return terms
+        s = self._settings
+        if req.provider not in registry.configured(s):
+            return Vetted(refused=f"no key for {req.provider} on the worker", budgets=terms.budgets)
+        if req.authorisation == "armed" and not registry.armed(s):
+            return Vetted(refused="the cloud fallback is not armed", budgets=terms.budgets)
+        if req.authorisation != "armed" and (why := await self._approval(req)) is not None:
+            return Vetted(refused=why, budgets=terms.budgets)
+        job = await self._job(req)
+        if job is None or job.cloud is None:
+            return Vetted(refused="the job has no cloud request", budgets=terms.budgets)
+        terms.cost_usd = estimate_usd(self._tiers, s, req.provider, job.cloud)
+        return terms
+
+    async def _caller(self, req: VetRequest) -> tuple[str | None, str | None]:
+        """(why the request is not spillway's own job's, the job's incarnation)."""
+        handle = self._client.get_workflow_handle(req.job_id, run_id=req.run_id or None)
+        try:
+            described = await handle.describe()
+        except RPCError as exc:
+            if exc.status in (RPCStatusCode.NOT_FOUND, RPCStatusCode.INVALID_ARGUMENT):
+                return f"no run {req.run_id} of workflow {req.job_id}", None
+            raise
+        raw = described.raw_description
+        info = raw.workflow_execution_info
+        if not req.run_id or info.execution.run_id != req.run_id:
+            return f"run {req.run_id!r} is not a run of job {req.job_id}", None
+        if info.type.name != names.VIDEO_JOB:
+            return f"{req.job_id} is a {info.type.name}, not a spillway job", None
+        # A local activity runs where its workflow runs: the ledger's own queue, spillway's.
+        queue = activity.info().task_queue
+        if info.task_queue != queue:
+            return f"job {req.job_id} runs on task queue {info.task_queue!r}, not {queue!r}", None
+        if info.status != WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_RUNNING:
+            return f"run {req.run_id} of job {req.job_id} is not running", None
+        wanted = asking_activities(req.purpose)
+        if not any(p.activity_type.name in wanted for p in raw.pending_activities):
+            asking = " or ".join(sorted(wanted))
+            return f"run {req.run_id} of job {req.job_id} is not running {asking}", None
+        return None, info.first_run_id or info.execution.run_id
+
+    async def _approval(self, req: VetRequest) -> str | None:
+        """Why the job's own plan does not show the approval the request claims."""
+        handle = self._client.get_workflow_handle(req.job_id, run_id=req.run_id)
+        plan: Plan = await handle.query(names.PLAN_QUERY, result_type=Plan)
+        approval = plan.approval
+        if approval is None or not approval.approved or approval.by != req.authorised_by:
+            return f"job {req.job_id} shows no approval by {req.authorised_by}"
+        if req.authorisation == "approved_over_budget" and not approval.over_budget:
+            return f"job {req.job_id}'s approval by {approval.by} is not over the budget"
+        return None
+
+    async def _job(self, req: VetRequest) -> VideoJob | None:
+        """The run's own input: the clip the estimate is for."""
+        handle = self._client.get_workflow_handle(req.job_id, run_id=req.run_id)
+        async for event in handle.fetch_history_events(page_size=1):
+            payloads = event.workflow_execution_started_event_attributes.input.payloads
+            if not payloads:
+                return None
+            (job,) = await self._client.data_converter.decode(payloads, [VideoJob])
+            assert isinstance(job, VideoJob)
+            return job
+        return None
