@@ -6,8 +6,8 @@ from __future__ import annotations
 from temporalio.client import Client
 from temporalio.service import RPCError
 
-from activities.spend.vet import budgets_of
 from activities.spend.ledger import SpendLedger
+from activities.spend.vet import budgets_of
 from spillway.errors import Failed
 from spillway.settings import Settings
 from spillway.spend_book import LedgerSummary, PeriodTotals
