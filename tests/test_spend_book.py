@@ -109,7 +109,7 @@ def test_nothing_begins_without_a_reservation():
     refused("no_reservation", lambda: book.begin(BeginCreate(job_id="job-1", run_id="r"), ANY, NOW))
 
 
-def test_a_provable_refusal_frees_the_job_for_the_next_provider_but_a_begun_create_is_never_released():
+def test_a_provable_refusal_frees_the_next_provider_but_a_begun_create_is_never_released():
     book = SpendBook([], Budgets(daily_usd=CLIP_USD))
     book.reserve(*ask(daily=CLIP_USD), NOW)
     book.begin(BeginCreate(job_id="job-1", run_id="run-a"), ANY, NOW)

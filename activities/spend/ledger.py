@@ -166,27 +166,6 @@ class SpendLedger:
                 non_retryable=True,
             )
 
-    async def check_home(self) -> None:
-        """Refuses a ledger that runs on another task queue than spillway's: whoever started it
-        there (before spillway did) would answer for it with their own code."""
-        handle = self._client.get_workflow_handle(self.workflow_id)
-        try:
-            info = (await handle.describe(rpc_timeout=RPC_TIMEOUT)).raw_description
-        except RPCError as exc:
-            raise ApplicationError(
-                f"the spend ledger ({self.workflow_id}) could not be read ({exc.message}): "
-                "nothing was sent to any cloud provider",
-                type=LEDGER_UNAVAILABLE,
-            ) from None
-        queue = info.workflow_execution_info.task_queue
-        if queue != self._task_queue:
-            raise ApplicationError(
-                f"the spend ledger ({self.workflow_id}) runs on task queue {queue!r}, not "
-                f"spillway's {self._task_queue!r}: it is not spillway's, and nothing was sent",
-                type=LEDGER_FOREIGN,
-                non_retryable=True,
-            )
-
     async def incarnation(self, workflow_id: str, run_id: str | None) -> str | None:
         """A job's incarnation: the first run id of its execution (resets and continue-as-new
         keep it; a job id used again gets a new one)."""
