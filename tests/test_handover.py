@@ -7,19 +7,19 @@ import asyncio
 
 import pytest
 from temporalio.exceptions import ApplicationError
-from temporalio.testing import ActivityEnvironment
 
 from activities.cloud.models import CloudCreate, CloudPoll
 from spillway.models import CloudRequest
+from tests.support.activity import as_job
 from tests.support.waiting import until
 
 
 async def test_a_poll_hands_over_when_its_worker_shuts_down(minimax, minimax_activities):
     minimax.set_statuses(["Processing"])  # never done
-    env = ActivityEnvironment()
     create = CloudCreate(
         job_id="job-1", request=CloudRequest(prompt="a heron"), authorisation="approved"
     )
+    env = as_job(create)
     created = await env.run(minimax_activities().create, create)
     polling = asyncio.create_task(
         env.run(minimax_activities().poll, CloudPoll(job_id="job-1", task_id=created.task_id))

@@ -197,7 +197,7 @@ async def test_a_first_frame_kling_cannot_take_or_read_is_refused_before_anythin
         result, _ = await run_activity(kling_activities(ledger=ledger).create, req)
         error = app_error(result, "KlingRefused")
         assert says in error.message and "nothing was sent" in error.message
-        assert ledger.state_of(req.job_id) == "released"
+        assert ledger.state_of(req.job_id) == "refused"
     assert kling.create_calls == 0
 
 
@@ -218,7 +218,7 @@ async def test_units_kling_reports_are_returned_and_logged_and_never_taken_for_d
 
 
 @pytest.mark.parametrize("code", [1100, 1101, 1102])
-async def test_account_or_resource_pack_refusal_makes_nothing_and_releases_the_ledger(
+async def test_account_or_resource_pack_refusal_makes_nothing_and_settles_refused(
     kling, kling_activities, code
 ):
     kling.refuse_next_creates(code)
@@ -232,7 +232,7 @@ async def test_account_or_resource_pack_refusal_makes_nothing_and_releases_the_l
     assert "made no task and charged nothing" in error.message
     assert "next cloud provider" in error.message
     assert (kling.create_calls, kling.tasks_created) == (1, 0)
-    assert ledger.state_of(req.job_id) == "released"
+    assert ledger.state_of(req.job_id) == "refused"
 
 
 async def test_used_up_resource_pack_1102_says_to_buy_or_renew_one(kling, kling_activities):
@@ -284,7 +284,7 @@ async def test_kling_unreachable_for_the_whole_budget_gives_up_saying_nothing_wa
     error = app_error(result, "KlingCreateGaveUp")
     assert error.non_retryable
     assert "could not connect" in error.message and "nothing was charged" in error.message
-    assert ledger.state_of(req.job_id) == "released"
+    assert ledger.state_of(req.job_id) == "refused"
 
 
 async def test_an_image_kling_cannot_read_is_refused_before_anything_is_sent(
@@ -297,7 +297,7 @@ async def test_an_image_kling_cannot_read_is_refused_before_anything_is_sent(
     error = app_error(result, "KlingRefused")
     assert "JPG or PNG" in error.message and "nothing was sent" in error.message
     assert kling.create_calls == 0
-    assert ledger.state_of(req.job_id) == "released"
+    assert ledger.state_of(req.job_id) == "refused"
 
 
 async def test_missing_keys_fail_naming_both_variables_without_any_request(kling, kling_activities):

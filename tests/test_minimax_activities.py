@@ -181,7 +181,7 @@ async def test_a_first_frame_at_a_url_is_passed_on_and_an_unreadable_one_sends_n
     result, _ = await run_activity(minimax_activities(ledger=ledger).create, req)
     error = app_error(result, "MiniMaxCreateGaveUp")
     assert "first frame" in error.message and "nothing was charged" in error.message
-    assert minimax.create_calls == 1 and ledger.state_of(req.job_id) == "released"
+    assert minimax.create_calls == 1 and ledger.state_of(req.job_id) == "refused"
 
 
 # --- MiniMax says no ------------------------------------------------------------------------
@@ -310,7 +310,7 @@ async def test_create_hanging_after_minimax_received_it_fails_ambiguous_and_is_n
         handle = await env.client.start_workflow(
             CreateOnce.run,
             CreateOnceInput(create=req, default_retry_policy=default_retry_policy),
-            id=f"create-{uuid.uuid4()}",
+            id=req.job_id,
             task_queue=task_queue,
         )
         with pytest.raises(WorkflowFailureError) as failure:

@@ -135,6 +135,24 @@ async def cmd_decide(args: argparse.Namespace) -> int:
     return OK
 
 
+async def cmd_ledger(args: argparse.Namespace) -> int:
+    from spillway.client.ledger_restore import restore
+
+    jobs = await _jobs_client()
+    done = await restore(jobs.temporal, jobs.task_queue, empty=args.empty)
+    if args.json:
+        print(done.model_dump_json(indent=2))
+    elif done.from_run is None:
+        print(f"started an empty spend ledger {done.ledger_id}")
+    else:
+        print(
+            f"restored spend ledger {done.ledger_id} from run {done.from_run} ({done.closed_as}): "
+            f"{done.entries} entries, {done.open_entries} open, ${done.spent_usd:.2f} spent "
+            "this month"
+        )
+    return OK
+
+
 async def cmd_budget(args: argparse.Namespace) -> int:
     from spillway.cli.render import render_budget
 

@@ -168,6 +168,25 @@ def build_parser() -> argparse.ArgumentParser:
         json="print the ledger summary as JSON",
     )
 
+    ledger = command(
+        "ledger",
+        cmd.cmd_ledger,
+        "bring a closed spend ledger's entries back (restore)",
+        "A spend ledger that was terminated or failed is never started again empty by a job: "
+        "until it is restored, no cloud create is sent (jobs that need one fail saying so). "
+        "`spillway ledger restore` starts it again with every entry of its last run, rebuilt "
+        "from that run's history; with --i-know-it-is-empty it starts an empty one instead "
+        "(what was spent before is then forgotten by the budget).",
+        json="print what was restored as JSON",
+    )
+    ledger.add_argument("action", choices=["restore"], help="restore: start it again")
+    ledger.add_argument(
+        "--i-know-it-is-empty",
+        dest="empty",
+        action="store_true",
+        help="start an empty ledger on purpose (no closed run to restore, or its entries unwanted)",
+    )
+
     schema = command(
         "schema",
         cmd.cmd_schema,

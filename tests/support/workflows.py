@@ -77,7 +77,7 @@ class CreateOnceInput(BaseModel):
     default_retry_policy: bool = False
 
 
-@workflow.defn
+@workflow.defn(name=names.VIDEO_JOB)  # the one workflow whose creates may spend
 class CreateOnce:
     @workflow.run
     async def run(self, inp: CreateOnceInput) -> CloudCreated:

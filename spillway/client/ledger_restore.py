@@ -1,0 +1,129 @@
+"""`spillway ledger restore`: a spend ledger that closed (terminated, failed, timed out) is never
+started again empty by a job (docs/design.md, "The spend ledger and the budget"); this brings
+its entries back, or, told `--i-know-it-is-empty`, starts an empty one on purpose.
+
+The entries are rebuilt from the closed run's own history, not by replaying it: the run's input
+(what its predecessor carried across continue-as-new) and every update's recorded answer (each
+reservation, begin and settle answers with the whole entry as it then stood), the last answer
+for an entry winning. That reads the same whatever code wrote it, and it needs no worker.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from pydantic import BaseModel, ValidationError
+from temporalio.api.common.v1 import Payload
+from temporalio.api.enums.v1 import WorkflowExecutionStatus
+from temporalio.api.history.v1 import HistoryEvent
+from temporalio.client import Client, WorkflowHandle
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.service import RPCError, RPCStatusCode
+
+from spillway import names
+from spillway.errors import Failed
+from spillway.spend_book import Budgets, LedgerInput, SpendBook, SpendEntry
+
+
+class Restored(BaseModel):
+    """What `spillway ledger restore --json` prints."""
+
+    ledger_id: str
+    from_run: str | None  # None: started empty on purpose
+    closed_as: str | None  # how that run ended: TERMINATED, FAILED, ...
+    entries: int  # carried into the new ledger
+    open_entries: int  # reserved, or maybe charged: what still blocks a second create
+    spent_usd: float  # this month's charged and maybe charged, as the new ledger counts it
+
+
+async def restore(client: Client, task_queue: str, *, empty: bool = False) -> Restored:
+    ledger_id = names.ledger_id(task_queue)
+    closed = await _closed_run(client, ledger_id, empty)
+    entries: list[SpendEntry] = []
+    budgets = Budgets()
+    if closed is not None and not empty:
+        run = client.get_workflow_handle(ledger_id, run_id=closed[0])
+        entries, budgets = await _rebuilt(client, run)
+    now = datetime.now(UTC)
+    book = SpendBook(entries, budgets)
+    kept = book.kept(now)
+    await client.start_workflow(
+        names.SPEND_LEDGER,
+        LedgerInput(entries=kept, budgets=budgets),
+        id=ledger_id,
+        task_queue=task_queue,
+        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+        id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
+        static_summary="spillway spend ledger: every cloud create and the budgets",
+    )
+    return Restored(
+        ledger_id=ledger_id,
+        from_run=None if empty or closed is None else closed[0],
+        closed_as=None if closed is None else closed[1],
+        entries=len(kept),
+        open_entries=sum(1 for e in kept if e.state in ("reserved", "maybe_charged")),
+        spent_usd=book.totals("month", now).spent_usd,
+    )
+
+
+async def _closed_run(client: Client, ledger_id: str, empty: bool) -> tuple[str, str] | None:
+    """(run id, how it ended) of the ledger's latest run; Failed when it is running, or when
+    there is none and the operator did not say that empty is meant."""
+    try:
+        described = await client.get_workflow_handle(ledger_id).describe()
+    except RPCError as exc:
+        if exc.status != RPCStatusCode.NOT_FOUND:
+            raise
+        if empty:
+            return None
+        raise Failed(
+            f"no spend ledger {ledger_id} is known to this namespace (never started, or closed "
+            "longer ago than its retention): nothing to restore; `spillway ledger restore "
+            "--i-know-it-is-empty` starts an empty one"
+        ) from None
+    status = described.raw_description.workflow_execution_info.status
+    if status == WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_RUNNING:
+        raise Failed(
+            f"the spend ledger {ledger_id} is running: nothing to restore (terminate a ledger that "
+            "no longer answers first; its entries come back from that run)"
+        )
+    how = WorkflowExecutionStatus.Name(status).removeprefix("WORKFLOW_EXECUTION_STATUS_")
+    return described.run_id or "", how
+
+
+async def _rebuilt(
+    client: Client, handle: WorkflowHandle[object, object]
+) -> tuple[list[SpendEntry], Budgets]:
+    by_key: dict[tuple[str, datetime], SpendEntry] = {}
+    budgets = Budgets()
+    convert = client.data_converter
+    async for event in handle.fetch_history_events():
+        for payload in _answers(event):
+            (value,) = await convert.decode([payload], [dict])
+            if not isinstance(value, dict):
+                continue
+            if "entries" in value:  # the run's input: what it was carried
+                carried = LedgerInput.model_validate(value)
+                budgets = carried.budgets
+                for entry in carried.entries:
+                    by_key[(entry.job_id, entry.at)] = entry
+                continue
+            if value and set(value) <= set(Budgets.model_fields):  # a `configure`'s answer
+                budgets = Budgets.model_validate(value)
+                continue
+            try:
+                entry = SpendEntry.model_validate(value)
+            except ValidationError:
+                continue
+            by_key[(entry.job_id, entry.at)] = entry
+    return sorted(by_key.values(), key=lambda e: e.at), budgets
+
+
+def _answers(event: HistoryEvent) -> list[Payload]:
+    if event.HasField("workflow_execution_started_event_attributes"):
+        return list(event.workflow_execution_started_event_attributes.input.payloads)
+    if event.HasField("workflow_execution_update_completed_event_attributes"):
+        outcome = event.workflow_execution_update_completed_event_attributes.outcome
+        if outcome.HasField("success"):
+            return list(outcome.success.payloads)
+    return []
