@@ -9,7 +9,8 @@ in-process job runner; loaded by conftest.
   cancels a job and returns its plan once it ended.
 - `run_jobs(stubs, task_queue=None, **settings)` (`run_dev_jobs` on the real dev server): an
   async context with a worker running VideoJobWorkflow and the spend ledger with the route
-  stubs and the real policy and spend activities; it yields a `Jobs` on that worker's queue.
+  stubs and the real policy, approval and spend activities; it yields a `Jobs` on that worker's
+  queue.
 - `cause_message(failed)`: the message of the ApplicationError a failed job ended with.
 """
 
@@ -31,6 +32,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from activities.approvals import ApprovalActivities
 from activities.callbacks import CallbackActivities
 from activities.policy import PolicyActivities
 from activities.spend.activities import SpendActivities, SpendRequest
@@ -175,6 +177,7 @@ def job_runner(environment: WorkflowEnvironment) -> RunJobs:
                     activities=[
                         *stubs.activities(),
                         policy.read_policy,
+                        ApprovalActivities(config).verify,
                         spend.reserve,
                         spend.settle,
                         *_held_reads(spend, stubs),
