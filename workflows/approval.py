@@ -147,8 +147,7 @@ async def wait(s: VideoJobState, approval_deadline: datetime, give_up_at: dateti
     loops = 0
     while True:
         if s.pending is not None:
-            ticket, s.pending = s.pending, None
-            choice = await _use(s, ticket)
+            choice = await _use(s, s.pending)
             if choice is not None:
                 return choice
         now = workflow.now()
@@ -190,9 +189,13 @@ async def wait(s: VideoJobState, approval_deadline: datetime, give_up_at: dateti
 
 async def _use(s: VideoJobState, ticket: Ticket) -> RouteChoice | None:
     """The route a decision gives, its cost reserved; None when the job waits on (rejected:
-    local as soon as ComfyUI answers; over the budget: the person is told)."""
+    local as soon as ComfyUI answers; over the budget or not signed as the workers require:
+    the person is told, the plan records it)."""
     decision = ticket.decision
+    # Still pending while its signature is checked: a second decision arriving meanwhile is
+    # refused ("already has a decision"), never left queued behind it.
     signed, refused = await _checked(s, decision)
+    s.pending = None
     if refused is not None:
         unused(s, ticket, refused)
         return None
