@@ -7,14 +7,12 @@ approval test) and a signed one too. `health` says who can approve."""
 
 from __future__ import annotations
 
-import base64
-import json
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from temporalio.client import WorkflowHistory, WorkflowUpdateFailedError
+from temporalio.client import WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 
 from spillway import approvals
@@ -23,7 +21,7 @@ from spillway.client import SpillwayClient
 from spillway.errors import Failed
 from spillway.models import ApprovalDecision, Plan
 from spillway.names import APPROVAL_SIGNAL, DECIDE_UPDATE
-from tests.support.jobs import Jobs, RunJobs
+from tests.support.jobs import Jobs, RunJobs, history_text
 from tests.support.route_stubs import BUSY, RouteStubs
 from tests.support.settings import KEY, make_settings
 from tests.test_video_job_workflow import HOUR
@@ -80,25 +78,6 @@ def test_no_two_decisions_share_a_canonical_form():
     assert SECRET not in SIGNED.model_dump_json()
 
 
-def readable(history: WorkflowHistory) -> str:
-    """The history's JSON with every payload decoded (the JSON holds them as base64)."""
-    texts = [history.to_json()]
-
-    def walk(node: object) -> None:
-        if isinstance(node, dict):
-            data = node.get("data")
-            if isinstance(data, str) and "metadata" in node:
-                texts.append(base64.b64decode(data).decode("utf-8", errors="replace"))
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, list):
-            for value in node:
-                walk(value)
-
-    walk(json.loads(texts[0]))
-    return "\n".join(texts)
-
-
 # --- jobs whose workers hold the secret ----------------------------------------------------------
 
 SIGNING = KEY | HOUR | {"SPILLWAY_APPROVAL_SECRET": SECRET}
@@ -140,7 +119,7 @@ async def test_a_signed_approval_from_the_client_spends_once_and_the_secret_stay
         await jobs.until(handle, "awaiting_approval")
         answer = await approver(jobs).approve(handle.id, "bär", "client deadline")
         plan: Plan = await handle.result()
-        history = readable(await handle.fetch_history())
+        history = history_text(await handle.fetch_history())
 
     assert answer == "approved"
     assert (plan.state, plan.route) == ("completed", "cloud")

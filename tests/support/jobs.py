@@ -12,12 +12,15 @@ in-process job runner; loaded by conftest.
   stubs and the real policy, approval and spend activities; it yields a `Jobs` on that worker's
   queue.
 - `cause_message(failed)`: the message of the ApplicationError a failed job ended with.
+- `history_text(history)`: a job's history as text, its payloads decoded.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import json
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -27,7 +30,7 @@ from typing import Any
 import httpx
 import pytest
 from temporalio import activity
-from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
+from temporalio.client import Client, WorkflowFailureError, WorkflowHandle, WorkflowHistory
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
@@ -122,6 +125,26 @@ def cause_message(failed: pytest.ExceptionInfo[WorkflowFailureError]) -> str:
     cause = failed.value.cause
     assert isinstance(cause, ApplicationError)
     return cause.message
+
+
+def history_text(history: WorkflowHistory) -> str:
+    """The history's JSON with every payload decoded (the JSON holds them as base64), for a
+    test that searches it for what must never be there."""
+    texts = [history.to_json()]
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            data = node.get("data")
+            if isinstance(data, str) and "metadata" in node:
+                texts.append(base64.b64decode(data).decode("utf-8", errors="replace"))
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(json.loads(texts[0]))
+    return "\n".join(texts)
 
 
 RunJobs = Callable[..., AbstractAsyncContextManager[Jobs]]
