@@ -13,18 +13,22 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from temporalio.client import WorkflowUpdateFailedError
+from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
+from temporalio.worker import Replayer
 
 from spillway import approvals
 from spillway.cli.health import OPEN_TO_NAMESPACE, who_can_approve
 from spillway.client import SpillwayClient
 from spillway.errors import Failed
 from spillway.models import ApprovalDecision, Plan
-from spillway.names import APPROVAL_SIGNAL, DECIDE_UPDATE
+from spillway.names import APPROVAL_SIGNAL, APPROVAL_VERIFY, DECIDE_UPDATE
 from tests.support.jobs import Jobs, RunJobs, history_text
 from tests.support.route_stubs import BUSY, RouteStubs
 from tests.support.settings import KEY, make_settings
 from tests.test_video_job_workflow import HOUR
+from worker import WORKFLOWS
+from workflows.job_state import SIGNED_APPROVALS
 
 SECRET = "approval-secret-" + uuid.uuid4().hex  # distinctive: searched for in histories
 OTHER_SECRET = "another-secret-" + uuid.uuid4().hex
@@ -119,7 +123,12 @@ async def test_a_signed_approval_from_the_client_spends_once_and_the_secret_stay
         await jobs.until(handle, "awaiting_approval")
         answer = await approver(jobs).approve(handle.id, "bär", "client deadline")
         plan: Plan = await handle.result()
-        history = history_text(await handle.fetch_history())
+        recorded = await handle.fetch_history()
+    # What this run recorded (the patch marker, approval_verify) replays as the worker runs it.
+    replayer = Replayer(workflows=WORKFLOWS, data_converter=pydantic_data_converter)
+    await replayer.replay_workflow(recorded)
+    history = history_text(recorded)
+    assert APPROVAL_VERIFY in history and SIGNED_APPROVALS in history
 
     assert answer == "approved"
     assert (plan.state, plan.route) == ("completed", "cloud")
