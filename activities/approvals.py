@@ -1,7 +1,8 @@
 """`approval_verify`: whether a person's decision may be used, checked by a worker because the
 workflow cannot hold the secret (workflow code reads no environment, and what it holds is in its
 history). With SPILLWAY_APPROVAL_SECRET set only a decision signed with it for this job, and not
-expired, is acceptable (spillway/approvals.py); without it every decision is, as before."""
+expired, is acceptable (spillway/approvals.py); without it every decision is, and anyone who can
+signal the namespace can approve (`spillway health` says so)."""
 
 from __future__ import annotations
 
