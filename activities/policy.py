@@ -45,4 +45,5 @@ class PolicyActivities:
             hosts=[ref(activity.info().task_queue, h.name) for h in gpu_hosts(s, self._tiers)],
             providers=providers,
             job_webhook_configured=s.JOB_WEBHOOK_URL is not None,
+            approvals_signed=s.SPILLWAY_APPROVAL_SECRET is not None,
         )

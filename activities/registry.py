@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 from temporalio.client import Client
 
+from activities.approvals import ApprovalActivities
 from activities.callbacks import CallbackActivities
 from activities.cloud import registry as clouds
 from activities.comfyui.activities import ComfyUIActivities
@@ -53,9 +54,11 @@ def main_work(
     notify = NotifyActivities(http, settings)
     spend = SpendActivities(ledger, settings, tiers)
     callbacks = CallbackActivities(http, settings)
+    approvals = ApprovalActivities(settings)
     decisions: list[Callable[..., Any]] = [
         policy.read_policy,
         notify.notify_approval_needed,
+        approvals.verify,
         spend.reserve,
         spend.settle,
         spend.view,

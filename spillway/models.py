@@ -80,6 +80,8 @@ class Policy(BaseModel):
     hosts: list[HostRef]  # the GPU hosts, each reached on its agent's task queues
     providers: list[str]  # the cloud providers with keys, in CLOUD_PROVIDERS order
     job_webhook_configured: bool  # JOB_WEBHOOK_URL: every job's completion is posted
+    # SPILLWAY_APPROVAL_SECRET: only signed decisions are used. Not read by 0.3.0 workers.
+    approvals_signed: bool = False
 
 
 class HostView(BaseModel):
@@ -211,10 +213,7 @@ def _check_graph(graph: dict[str, Any]) -> dict[str, Any]:
 ComfyGraph = Annotated[dict[str, Any], AfterValidator(_check_graph)]
 
 
-class ApprovalDecision(BaseModel):
-    """The payload of the `approval` signal and update: `{"approved": true, "by": "bär",
-    "reason": "client deadline"}` (the Temporal UI's "Send a Signal" takes this JSON)."""
-
+class _DecisionFields(BaseModel):
     approved: bool
     by: Annotated[str, Field(min_length=1, max_length=100)]
     reason: Annotated[str, Field(max_length=1000)] = ""
@@ -222,8 +221,24 @@ class ApprovalDecision(BaseModel):
     over_budget: bool = False
 
 
-class ApprovalRecord(ApprovalDecision):
+class ApprovalDecision(_DecisionFields):
+    """The payload of the `approval` signal and update: `{"approved": true, "by": "bär",
+    "reason": "client deadline"}` (the Temporal UI's "Send a Signal" takes this JSON).
+
+    With SPILLWAY_APPROVAL_SECRET on the workers only a signed decision is used
+    (spillway.approvals): `spillway approve|reject` and spillway.client sign it when their
+    environment has the secret. A signature is no secret (it is in the job's history); the
+    secret never travels."""
+
+    signature: Annotated[str, Field(max_length=200)] | None = None  # "v1,<base64 HMAC-SHA256>"
+    expires_at: datetime | None = None  # the signature's end, UTC
+
+
+class ApprovalRecord(_DecisionFields):
+    """The decision a job used: who, why, when, and whether the workers checked its signature."""
+
     at: datetime
+    signed: bool = False
 
 
 class IgnoredSignal(BaseModel):

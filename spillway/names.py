@@ -54,6 +54,7 @@ def ledger_id(task_queue: str) -> str:
 READ_POLICY = "read_policy"
 PROBE = "a40_load_status"  # the seed's name
 NOTIFY_APPROVAL = "notify_approval_needed"
+APPROVAL_VERIFY = "approval_verify"
 JOB_CALLBACK = "job_callback"
 
 COMFYUI_SUBMIT = "comfyui_submit"

@@ -31,6 +31,9 @@ from spillway.models import Thresholds
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
+# An approval secret anyone could guess would let anyone approve spending.
+MIN_APPROVAL_SECRET = 16
+
 Percent = Annotated[float, Field(gt=0, le=100)]
 Seconds = Annotated[float, Field(gt=0)]
 
@@ -84,6 +87,10 @@ class Settings(BaseSettings):
     APPROVAL_TIMEOUT_S: Seconds = 900.0
     APPROVAL_RECHECK_S: Seconds = 60.0
     APPROVAL_WEBHOOK_URL: AnyHttpUrl | None = None
+    # Set on the workers and on the approvers' machines: only decisions signed with it are used
+    # (spillway/approvals.py), so signalling the namespace no longer approves spending. Unset:
+    # anyone who can signal the namespace can approve.
+    SPILLWAY_APPROVAL_SECRET: SecretStr | None = None
     # A waiting job continues as new after this many re-probes (~11 history events each).
     SPILLWAY_AWAIT_LOOPS_PER_RUN: Annotated[int, Field(ge=1)] = 200
 
@@ -136,6 +143,16 @@ class Settings(BaseSettings):
             webhook_key(value.get_secret_value())  # a malformed whsec_ fails here, not per event
         return value
 
+    @field_validator("SPILLWAY_APPROVAL_SECRET")
+    @classmethod
+    def _long_enough(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value()) < MIN_APPROVAL_SECRET:
+            raise ValueError(
+                f"must be at least {MIN_APPROVAL_SECRET} characters (make one with "
+                "`openssl rand -hex 32`)"
+            )
+        return value
+
     @model_validator(mode="after")
     def _kling_needs_both_keys(self) -> Self:
         if (self.KLING_ACCESS_KEY is None) != (self.KLING_SECRET_KEY is None):
@@ -156,6 +173,7 @@ class Settings(BaseSettings):
         "AWS_ENDPOINT_URL",
         "JOB_WEBHOOK_URL",
         "JOB_WEBHOOK_SECRET",
+        "SPILLWAY_APPROVAL_SECRET",
         "SPILLWAY_METRICS_PORT",
         "CLOUD_DAILY_BUDGET_USD",
         "CLOUD_MONTHLY_BUDGET_USD",

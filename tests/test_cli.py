@@ -152,11 +152,23 @@ async def test_health_shows_trigger_logic_and_never_the_key(cli_env, comfyui, gu
         ("kling", False),
     ]
     assert health["approval"]["timeout_s"] == 600
+    assert (health["approval"]["signed"], health["approval"]["workers_signed"]) == (False, None)
+    assert "anyone who can signal the namespace" in health["approval"]["who_can_approve"]
     assert health["load"]["vram_pct"] == FREE_VRAM_PCT
 
     code, text, _ = await spillway("health", env=env)
     assert code == 0 and "armed yes" in text and "waits 600s" in text
+    assert "who can approve: anyone who can signal the namespace" in text
+    assert "set SPILLWAY_APPROVAL_SECRET" in text
     assert key not in out + err + text
+
+    secret = "approval-" + uuid.uuid4().hex
+    code, signed, err = await spillway(
+        "health", "--json", env=env | {"SPILLWAY_APPROVAL_SECRET": secret}
+    )
+    assert code == 0, err
+    assert json.loads(signed)["approval"]["signed"] is True
+    assert secret not in signed + err
 
 
 async def test_unparsable_threshold_exits_2_naming_the_setting(cli_env):

@@ -23,9 +23,10 @@ from spillway.models import Plan
 from tests.support.cli import one_line, spillway, temporal
 from tests.support.constants import CLIP_USD
 from tests.support.graphs import VIDEO_GRAPH
-from tests.support.jobs import Jobs, RunJobs
+from tests.support.jobs import Jobs, RunJobs, history_text
 from tests.support.route_stubs import BUSY, FREE, RouteStubs
 from tests.support.settings import ARMED, KEY
+from tests.support.waiting import until
 
 STATUS_KEYS = {
     "job_id",
@@ -83,13 +84,14 @@ class WaitingJob:
 def waiting_job(
     run_dev_jobs: RunJobs, job_env, graph_file: Path
 ) -> Callable[..., AbstractAsyncContextManager[WaitingJob]]:
-    """`async with waiting_job(prompt=...) as job:` a worker with WAITS on a busy A40 and a job
-    submitted to it once it awaits approval; the worker stops when the block ends."""
+    """`async with waiting_job(prompt=..., **settings) as job:` a worker with WAITS (and
+    `settings`) on a busy A40 and a job submitted to it once it awaits approval; the worker stops
+    when the block ends."""
 
     @asynccontextmanager
-    async def start(prompt: str = "x") -> AsyncIterator[WaitingJob]:
+    async def start(prompt: str = "x", **settings: Any) -> AsyncIterator[WaitingJob]:
         job_id, stubs = new_id(), RouteStubs(BUSY)
-        async with run_dev_jobs(stubs, **WAITS) as jobs:
+        async with run_dev_jobs(stubs, **WAITS, **settings) as jobs:
             env = job_env(jobs)
             args = ("--graph", str(graph_file), "--job-id", job_id, "--prompt", prompt)
             code, _, err = await spillway("submit", *args, env=env)
@@ -310,6 +312,38 @@ async def test_the_ui_signal_with_plain_json_rejects_a_waiting_job(waiting_job):
     assert "rejected by ui-user" in out and "too expensive" in out
     assert summary is not None and summary.startswith(f"video job {job.id}: 3 nodes")
     assert job.stubs.calls[MINIMAX_CREATE] == 0
+
+
+async def test_with_the_secret_the_ui_signal_cannot_spend_and_a_signed_approve_spends_once(
+    waiting_job,
+):
+    secret = "approval-" + uuid.uuid4().hex
+    async with waiting_job(SPILLWAY_APPROVAL_SECRET=secret) as job:
+        await temporal(
+            job.env, "workflow", "signal", "--workflow-id", job.id, "--name", "approval",
+            "--input", '{"approved": true, "by": "ui-user"}',
+        )  # fmt: skip
+        refused = await until(
+            lambda: job.handle.query(names.PLAN_QUERY, result_type=Plan),
+            lambda plan: bool(plan.ignored_signals),
+        )
+        assert refused.state == "awaiting_approval"
+        code, out, err = await spillway("approve", job.id, "--by", "bär", env=job.env)
+        assert code == 1 and out == "" and "this one: unsigned" in one_line(err)
+        assert job.stubs.calls[MINIMAX_CREATE] == 0
+
+        signing = job.env | {"SPILLWAY_APPROVAL_SECRET": secret}
+        code, out, err = await spillway("approve", job.id, "--by", "bär", env=signing)
+        assert code == 0 and "approved" in out, err
+        code, out, _ = await spillway("watch", job.id, env=job.env)
+        assert code == 0 and "completed on the cloud route" in out
+        code, out, _ = await spillway("status", job.id, "--json", env=job.env)
+        history = history_text(await job.handle.fetch_history())
+    status = json.loads(out)
+    assert status["approval"]["by"] == "bär" and status["approval"]["signed"] is True
+    assert [i["by"] for i in status["ignored_signals"]] == ["ui-user", "bär"]
+    assert job.stubs.calls[MINIMAX_CREATE] == 1
+    assert secret not in history
 
 
 async def test_an_approval_without_a_running_worker_is_applied_when_one_starts(

@@ -1,6 +1,7 @@
 """The CLOUD route end to end: a real worker process, the dev server, the MiniMax double.
 Money invariant 2 under crashes (creates counted by the double) and invariant 3 (the key
-nowhere: history, worker log, `spillway status`)."""
+nowhere: history, worker log, `spillway status`); with SPILLWAY_APPROVAL_SECRET, only a signed
+approval reaches MiniMax, and the secret is nowhere either."""
 
 from __future__ import annotations
 
@@ -13,12 +14,15 @@ import pytest
 from temporalio.client import WorkflowFailureError
 from temporalio.testing import WorkflowEnvironment
 
+from spillway.client import SpillwayClient
 from spillway.models import Plan
+from spillway.names import APPROVAL_SIGNAL
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
 from tests.support.cli import spillway, temporal_show
 from tests.support.constants import BUSY_VRAM_PCT, CANARY_KEY
 from tests.support.jobs import Jobs, cause_message
+from tests.support.settings import make_settings
 from tests.support.waiting import until
 from tests.support.worker_process import kill_after_the_create_answer
 
@@ -100,3 +104,43 @@ async def test_a_worker_killed_right_after_the_create_answer_never_creates_again
     handle = await start_job(dev_env, worker.task_queue)
     await kill_after_the_create_answer(worker, handle, minimax)
     assert (minimax.create_calls, minimax.tasks_created) == (1, 1)
+
+
+async def test_with_the_approval_secret_only_a_signed_approval_reaches_minimax(
+    worker_process, dev_env, comfyui: ComfyUISim, minimax: MiniMaxSim
+):
+    secret = "approval-" + uuid.uuid4().hex
+    comfyui.set_vram_used_pct(BUSY_VRAM_PCT)
+    worker = await worker_process(
+        COMFYUI_URL=comfyui.url,
+        MINIMAX_API_KEY=CANARY_KEY,  # a key, the fallback not armed: a person decides
+        MINIMAX_BASE_URL=minimax.url,
+        MINIMAX_POLL_INTERVAL_S="0.2",
+        APPROVAL_TIMEOUT_S="3600",
+        SPILLWAY_APPROVAL_SECRET=secret,
+    )
+    handle = await start_job(dev_env, worker.task_queue)
+    jobs = Jobs(dev_env.client, worker.task_queue)
+    await jobs.until(handle, "awaiting_approval")
+    await handle.signal(APPROVAL_SIGNAL, {"approved": True, "by": "ui-user"})  # as the UI does
+    refused = await jobs.until(handle, lambda p: bool(p.ignored_signals))
+    assert refused.state == "awaiting_approval" and "unsigned" in refused.ignored_signals[0].why
+    assert (minimax.create_calls, minimax.tasks_created) == (0, 0)
+
+    approver = SpillwayClient(
+        dev_env.client,
+        settings=make_settings(SPILLWAY_APPROVAL_SECRET=secret),
+        task_queue=worker.task_queue,
+    )
+    assert await approver.approve(handle.id, "bär") == "approved"
+    plan: Plan = await asyncio.wait_for(handle.result(), 60)
+    assert (plan.state, plan.route) == ("completed", "cloud")
+    assert plan.approval is not None and plan.approval.signed
+    assert (minimax.create_calls, minimax.tasks_created) == (1, 1)
+
+    history = await temporal_show(worker.env, handle.id)
+    _, status, _ = await spillway("status", handle.id, "--json", env=worker.env)
+    await worker.stop()
+    assert '"by":"bär"' in history.replace(" ", "")  # payloads decoded
+    for where, text in {"history": history, "log": worker.log, "status": status}.items():
+        assert secret not in text, f"the approval secret leaked into the {where}"

@@ -21,6 +21,7 @@ from temporalio.exceptions import TimeoutError as ActivityTimeout
 from temporalio.workflow import ActivityHandle
 
 with workflow.unsafe.imports_passed_through():
+    from activities.approvals import ApprovalActivities, ApprovalCheck, ApprovalVerdict
     from activities.cloud.models import (
         CloudCreate,
         CloudCreated,
@@ -79,7 +80,7 @@ def _retried_but(*final: str, longest: timedelta = timedelta(seconds=30)) -> Ret
     return RetryPolicy(maximum_interval=longest, non_retryable_error_types=[*final])
 
 
-# --- the policy, the probe, the approval webhook -------------------------------------------------
+# --- the policy, the probe, the approval webhook and signature ------------------------------------
 
 
 async def read_policy(job_id: str) -> Policy:
@@ -116,6 +117,18 @@ async def notify(notice: ApprovalNotice) -> None:
         notice,
         start_to_close_timeout=timedelta(seconds=30),
         retry_policy=RetryPolicy(maximum_attempts=5, initial_interval=timedelta(seconds=2)),
+    )
+
+
+async def approval_verify(req: ApprovalCheck) -> ApprovalVerdict:
+    """Free and quick, so retried; but bounded: a decision the workers cannot check within this
+    is not used (money fails closed) and its sender hears so."""
+    return await workflow.execute_activity_method(
+        ApprovalActivities.verify,
+        req,
+        start_to_close_timeout=timedelta(seconds=10),
+        schedule_to_close_timeout=timedelta(minutes=1),
+        retry_policy=FREE_RETRY,
     )
 
 

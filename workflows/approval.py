@@ -4,7 +4,8 @@ decision, the approval window's end or a GPU host's headroom, re-probing every r
 and continues as new when its history grows long. A decision arrives by the `approval` signal
 (its raw payload read here, so that even an unreadable one is recorded, not dropped) or the
 `decide_approval` update, and is refused, recorded, or used: a rejection runs the job locally,
-an approval reserves its cost in the spend ledger. Workflow code.
+an approval reserves its cost in the spend ledger. Before it is used a worker says whether its
+signature holds (SPILLWAY_APPROVAL_SECRET, which the workflow never sees). Workflow code.
 """
 
 from __future__ import annotations
@@ -18,13 +19,21 @@ from pydantic import ValidationError
 from temporalio import workflow
 from temporalio.api.common.v1 import Payload
 from temporalio.common import RawValue
-from temporalio.exceptions import ActivityError
+from temporalio.exceptions import ActivityError, is_cancelled_exception
 
 from workflows import activity_calls as calls
 from workflows import cloud_route, measure
-from workflows.job_state import LOCAL, RouteChoice, Ticket, VideoJobState
+from workflows.job_state import (
+    LOCAL,
+    SIGNED_APPROVALS,
+    RouteChoice,
+    Ticket,
+    VideoJobState,
+    failure_message,
+)
 
 with workflow.unsafe.imports_passed_through():
+    from activities.approvals import ApprovalCheck
     from spillway.models import (
         ApprovalDecision,
         ApprovalNotice,
@@ -138,8 +147,7 @@ async def wait(s: VideoJobState, approval_deadline: datetime, give_up_at: dateti
     loops = 0
     while True:
         if s.pending is not None:
-            ticket, s.pending = s.pending, None
-            choice = await _use(s, ticket)
+            choice = await _use(s, s.pending)
             if choice is not None:
                 return choice
         now = workflow.now()
@@ -181,9 +189,18 @@ async def wait(s: VideoJobState, approval_deadline: datetime, give_up_at: dateti
 
 async def _use(s: VideoJobState, ticket: Ticket) -> RouteChoice | None:
     """The route a decision gives, its cost reserved; None when the job waits on (rejected:
-    local as soon as ComfyUI answers; over the budget: the person is told)."""
+    local as soon as ComfyUI answers; over the budget or not signed as the workers require:
+    the person is told, the plan records it)."""
     decision = ticket.decision
-    s.plan.approval = ApprovalRecord(**decision.model_dump(), at=workflow.now())
+    # Still pending while its signature is checked: a second decision arriving meanwhile is
+    # refused ("already has a decision"), never left queued behind it.
+    signed, refused = await _checked(s, decision)
+    s.pending = None
+    if refused is not None:
+        unused(s, ticket, refused)
+        return None
+    fields = decision.model_dump(exclude={"signature", "expires_at"})
+    s.plan.approval = ApprovalRecord(**fields, at=workflow.now(), signed=signed)
     if not decision.approved:
         s.reason(f"rejected_by={decision.by}")
         s.plan.state = "probing"
@@ -208,6 +225,22 @@ async def _use(s: VideoJobState, ticket: Ticket) -> RouteChoice | None:
         return None
     ticket.answer = "approved"
     return replace(choice, reservation=reservation)
+
+
+async def _checked(s: VideoJobState, decision: ApprovalDecision) -> tuple[bool, str | None]:
+    """(signed, why it must not be used): the workers hold SPILLWAY_APPROVAL_SECRET, so they
+    say whether the decision is signed for this job; the workflow never sees the secret."""
+    if not workflow.patched(SIGNED_APPROVALS):
+        return False, None
+    try:
+        verdict = await calls.approval_verify(ApprovalCheck(job_id=s.job.job_id, decision=decision))
+    except ActivityError as err:
+        if is_cancelled_exception(err):
+            raise
+        return False, texts.not_checked(s.job.job_id, failure_message(err))
+    if not verdict.acceptable:
+        return False, texts.not_signed(s.job.job_id, verdict.why or "refused")
+    return verdict.signed, None
 
 
 def _continue_as_new(

@@ -38,6 +38,8 @@ FAILED = "JobFailed"  # the type of the failure a failed job ends with
 # Runs of 0.2.0 carry ids made of the run id's first 8 characters: their prompts and callbacks
 # keep them.
 IDS_PER_RUN = "ids-per-run"
+# Runs of 0.2.0 and 0.3.0 use a decision without asking a worker whether its signature holds.
+SIGNED_APPROVALS = "signed-approvals"
 
 
 def run_tag() -> str:

@@ -248,6 +248,24 @@ def over_budget(shortfall: BudgetShortfall, job_id: str) -> str:
     )
 
 
+def not_signed(job_id: str, why: str) -> str:
+    """A decision the workers refused: `why` is spillway.approvals' ("unsigned", ...)."""
+    fix = {
+        "unsigned": "send it with `spillway approve|reject` or spillway.client on a machine "
+        "that has SPILLWAY_APPROVAL_SECRET (a signal typed into the Temporal UI cannot spend)",
+        "bad signature": "it was not signed with the workers' SPILLWAY_APPROVAL_SECRET for this "
+        "job, or was changed after signing: decide again with the workers' secret",
+    }.get(why, "decide again: a signature is good for 15 minutes")
+    return f"not used: job {job_id} takes only signed decisions (this one: {why}): {fix}"
+
+
+def not_checked(job_id: str, why: str) -> str:
+    return (
+        f"not used: the workers could not check the signature of this decision for job "
+        f"{job_id} ({why}): decide again"
+    )
+
+
 def headroom_won() -> str:
     return (
         "not used: a GPU host had headroom again before the approval was used; the job runs locally"

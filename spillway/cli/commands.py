@@ -58,6 +58,7 @@ async def cmd_load(args: argparse.Namespace) -> int:
 
 async def cmd_health(args: argparse.Namespace) -> int:
     from spillway.cli.health import (
+        approval_health,
         budget_health,
         health_report,
         probe_once,
@@ -73,6 +74,7 @@ async def cmd_health(args: argparse.Namespace) -> int:
         health.workers, health.budget = await asyncio.gather(
             workers_health(settings), budget_health(settings)
         )
+        health.approval = approval_health(settings, health.workers)
     print(health.model_dump_json(indent=2) if args.json else render_health(health))
     return OK
 

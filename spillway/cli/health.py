@@ -56,6 +56,52 @@ class Approval(BaseModel):
     timeout_s: float
     recheck_s: float
     webhook_configured: bool
+    # SPILLWAY_APPROVAL_SECRET: in this shell (its approve|reject are signed), and on the workers
+    # (they use only signed decisions; None: no worker answered).
+    signed: bool = False
+    workers_signed: bool | None = None
+    who_can_approve: str = ""
+
+
+OPEN_TO_NAMESPACE = (
+    'anyone who can signal the namespace (the Temporal UI\'s "Send a Signal" included) can '
+    "approve spending: set SPILLWAY_APPROVAL_SECRET on the workers and on the approvers' machines "
+    "to require signed decisions"
+)
+
+
+def who_can_approve(shell_signed: bool, workers_signed: bool | None) -> str:
+    """Who can send a job to the paid cloud by deciding, as far as this shell can tell."""
+    if workers_signed is None:
+        if not shell_signed:
+            return OPEN_TO_NAMESPACE + " (this shell's setting: no worker answered)"
+        return (
+            "this shell signs its decisions (SPILLWAY_APPROVAL_SECRET); whether the workers "
+            "require signed ones is unknown: no worker answered"
+        )
+    if not workers_signed:
+        also = " (this shell signs, but the workers do not check)" if shell_signed else ""
+        return OPEN_TO_NAMESPACE + also
+    if shell_signed:
+        return "only holders of SPILLWAY_APPROVAL_SECRET: the workers use signed decisions only"
+    return (
+        "only holders of SPILLWAY_APPROVAL_SECRET: the workers use signed decisions only, and "
+        "this shell has no secret: its approve|reject would be refused"
+    )
+
+
+def approval_health(settings: Settings, workers: WorkersHealth | None) -> Approval:
+    view = workers.view if workers is not None else None
+    signed = settings.SPILLWAY_APPROVAL_SECRET is not None
+    workers_signed = view.policy.approvals_signed if view is not None else None
+    return Approval(
+        timeout_s=settings.APPROVAL_TIMEOUT_S,
+        recheck_s=settings.APPROVAL_RECHECK_S,
+        webhook_configured=settings.APPROVAL_WEBHOOK_URL is not None,
+        signed=signed,
+        workers_signed=workers_signed,
+        who_can_approve=who_can_approve(signed, workers_signed),
+    )
 
 
 class Poller(BaseModel):
@@ -256,11 +302,7 @@ def health_report(
             order=clouds.configured(settings),
             providers=providers,
         ),
-        approval=Approval(
-            timeout_s=settings.APPROVAL_TIMEOUT_S,
-            recheck_s=settings.APPROVAL_RECHECK_S,
-            webhook_configured=settings.APPROVAL_WEBHOOK_URL is not None,
-        ),
+        approval=approval_health(settings, None),
         decision=DECISION,
         load=load,
     )

@@ -141,7 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
             cmd.cmd_decide,
             f"{name} the cloud for a job that awaits approval",
             f"{name.capitalize()} sending a waiting job to the paid cloud"
-            + ("." if approved else ": it runs locally instead."),
+            + ("." if approved else ": it runs locally instead.")
+            + " With SPILLWAY_APPROVAL_SECRET in this environment the decision is signed for the "
+            "job (workers that hold the secret use only signed decisions).",
             job=True,
         )
         decide.add_argument("--by", required=True, help="who decides (recorded in the job)")

@@ -68,6 +68,7 @@ def render_health(health: Health) -> str:
         ),
         f"Approval: waits {approval.timeout_s:g}s (then the job runs locally), re-probes every "
         f"{approval.recheck_s:g}s, webhook {'set' if approval.webhook_configured else 'not set'}",
+        f"  who can approve: {approval.who_can_approve}",
         _budget_line(health),
         "Decision:",
         *(f"  {row}" for row in health.decision),
@@ -142,7 +143,9 @@ def render_plan(plan: Plan) -> str:
         said = f": {plan.approval.reason}" if plan.approval.reason else ""
         lines.append(
             f"  approval  {verdict} by {plan.approval.by} "
-            f"at {plan.approval.at:%Y-%m-%d %H:%M:%S} UTC{said}"
+            f"at {plan.approval.at:%Y-%m-%d %H:%M:%S} UTC"
+            + (", signed" if plan.approval.signed else "")
+            + said
         )
     if plan.state == "awaiting_approval":
         lines.append(f"  decide    spillway approve|reject {plan.job_id} --by NAME [--reason TEXT]")

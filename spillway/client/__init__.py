@@ -39,7 +39,7 @@ from activities.storage.opening import presign_outputs
 from spillway.client import jobs
 from spillway.client.inputs import prepare_inputs
 from spillway.client.jobs import JobSummary
-from spillway.client.new_jobs import make_decision, make_job
+from spillway.client.new_jobs import make_decision, make_job, signed_for
 from spillway.errors import ConfigError, Failed
 from spillway.models import FINAL_STATES, ApprovalDecision, JobInput, JobState, Plan, VideoJob
 from spillway.settings import Settings, load_settings
@@ -183,8 +183,10 @@ class SpillwayClient:
 
     async def decide(self, job_id: str, decision: ApprovalDecision) -> str:
         """`approve` or `reject` with a decision made already (`make_decision`, or the JSON the
-        Temporal UI's signal takes: ApprovalDecision.model_validate_json(...))."""
-        return await jobs.decide(self.temporal, job_id, decision)
+        Temporal UI's signal takes: ApprovalDecision.model_validate_json(...)). Signed for the
+        job when `settings` hold SPILLWAY_APPROVAL_SECRET (workers that have it use only signed
+        decisions); a decision that carries a signature already goes as it is."""
+        return await jobs.decide(self.temporal, job_id, signed_for(job_id, decision, self.settings))
 
     async def wait(self, job_id: str, on_progress: Callable[[Plan], None] | None = None) -> Plan:
         """The job's final plan (completed, failed or cancelled), read every POLL_S seconds;

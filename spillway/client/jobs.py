@@ -286,7 +286,10 @@ async def decide(client: Client, job_id: str, decision: ApprovalDecision) -> str
         raise Failed(_message(err.cause or err)) from None
     except WorkflowUpdateRPCTimeoutOrCancelledError:
         await handle.signal(APPROVAL_SIGNAL, decision)
-        return "sent as a signal: no worker answered; it applies when a worker runs"
+        sent = "sent as a signal: no worker answered; it applies when a worker runs"
+        if decision.expires_at is not None:
+            sent += f" before {decision.expires_at:%H:%M} UTC, when its signature expires"
+        return sent
     # Accepted: the answer comes once the job has used the decision (an approval reserves its
     # cost in the spend ledger first, and the budget may refuse it).
     try:

@@ -1,5 +1,6 @@
 """A job and a decision, made and checked before anything is sent (SpillwayClient's
-`make_job` and `make_decision`, which the `spillway` command uses too)."""
+`make_job` and `make_decision`, which the `spillway` command uses too), and a decision signed
+for its job when this machine has SPILLWAY_APPROVAL_SECRET (`signed_for`)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from spillway import approvals
 from spillway.client import jobs
 from spillway.errors import ConfigError
 from spillway.models import ApprovalDecision, VideoJob
-from spillway.settings import describe_validation_error
+from spillway.settings import Settings, describe_validation_error
 
 
 def make_job(
@@ -61,6 +63,15 @@ def make_decision(
         return ApprovalDecision(approved=approved, by=by, reason=reason, over_budget=over_budget)
     except ValidationError as exc:
         raise ConfigError(describe_validation_error(exc, "decision")) from None
+
+
+def signed_for(job_id: str, decision: ApprovalDecision, settings: Settings) -> ApprovalDecision:
+    """`decision` signed for `job_id` with this machine's SPILLWAY_APPROVAL_SECRET (good for
+    15 minutes); as it is without the secret, or when it carries a signature already."""
+    secret = settings.SPILLWAY_APPROVAL_SECRET
+    if secret is None or decision.signature is not None:
+        return decision
+    return approvals.sign(secret.get_secret_value(), job_id, decision, datetime.now(UTC))
 
 
 def new_job_id() -> str:

@@ -9,14 +9,18 @@ in-process job runner; loaded by conftest.
   cancels a job and returns its plan once it ended.
 - `run_jobs(stubs, task_queue=None, **settings)` (`run_dev_jobs` on the real dev server): an
   async context with a worker running VideoJobWorkflow and the spend ledger with the route
-  stubs and the real policy and spend activities; it yields a `Jobs` on that worker's queue.
+  stubs and the real policy, approval and spend activities; it yields a `Jobs` on that worker's
+  queue.
 - `cause_message(failed)`: the message of the ApplicationError a failed job ended with.
+- `history_text(history)`: a job's history as text, its payloads decoded.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import json
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -26,11 +30,12 @@ from typing import Any
 import httpx
 import pytest
 from temporalio import activity
-from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
+from temporalio.client import Client, WorkflowFailureError, WorkflowHandle, WorkflowHistory
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from activities.approvals import ApprovalActivities
 from activities.callbacks import CallbackActivities
 from activities.policy import PolicyActivities
 from activities.spend.activities import SpendActivities, SpendRequest
@@ -123,6 +128,26 @@ def cause_message(failed: pytest.ExceptionInfo[WorkflowFailureError]) -> str:
     return cause.message
 
 
+def history_text(history: WorkflowHistory) -> str:
+    """The history's JSON with every payload decoded (the JSON holds them as base64), for a
+    test that searches it for what must never be there."""
+    texts = [history.to_json()]
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            data = node.get("data")
+            if isinstance(data, str) and "metadata" in node:
+                texts.append(base64.b64decode(data).decode("utf-8", errors="replace"))
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(json.loads(texts[0]))
+    return "\n".join(texts)
+
+
 RunJobs = Callable[..., AbstractAsyncContextManager[Jobs]]
 
 
@@ -176,6 +201,7 @@ def job_runner(environment: WorkflowEnvironment) -> RunJobs:
                     activities=[
                         *stubs.activities(),
                         policy.read_policy,
+                        ApprovalActivities(config).verify,
                         spend.reserve,
                         spend.settle,
                         *_held_reads(spend, stubs),

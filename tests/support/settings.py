@@ -32,6 +32,7 @@ QUIET: dict[str, Any] = {
     "MINIMAX_API_KEY": None,
     "APPROVAL_WEBHOOK_URL": None,
     "A40_GUARD_URL": None,
+    "SPILLWAY_APPROVAL_SECRET": None,
 }
 KEY: dict[str, Any] = {"MINIMAX_API_KEY": TEST_KEY}
 ARMED: dict[str, Any] = KEY | {"CLOUD_VIDEO_FALLBACK_ENABLED": True}

@@ -1,0 +1,234 @@
+"""Signed approvals (SPILLWAY_APPROVAL_SECRET): the signature's table, then jobs whose workers hold
+the secret. A decision as the Temporal UI sends it (unsigned), one changed after signing, one
+signed for another job or with another secret and one expired are refused, recorded in the plan
+and spend nothing; one signed by spillway.client spends once, and the secret is nowhere in the
+job's history. Without the secret on the workers an unsigned decision still works (every other
+approval test) and a signed one too. `health` says who can approve."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from temporalio.client import WorkflowUpdateFailedError
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.exceptions import ApplicationError
+from temporalio.worker import Replayer
+
+from spillway import approvals
+from spillway.cli.health import OPEN_TO_NAMESPACE, who_can_approve
+from spillway.client import SpillwayClient
+from spillway.errors import Failed
+from spillway.models import ApprovalDecision, Plan
+from spillway.names import APPROVAL_SIGNAL, APPROVAL_VERIFY, DECIDE_UPDATE
+from tests.support.jobs import Jobs, RunJobs, history_text
+from tests.support.route_stubs import BUSY, RouteStubs
+from tests.support.settings import KEY, make_settings
+from tests.test_video_job_workflow import HOUR
+from worker import WORKFLOWS
+from workflows.job_state import SIGNED_APPROVALS
+
+SECRET = "approval-secret-" + uuid.uuid4().hex  # distinctive: searched for in histories
+OTHER_SECRET = "another-secret-" + uuid.uuid4().hex
+NOW = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
+JOB = "job-42"
+DECISION = ApprovalDecision(approved=True, by="bär", reason="client deadline")
+SIGNED = approvals.sign(SECRET, JOB, DECISION, NOW)
+
+
+def changed(**update: object) -> ApprovalDecision:
+    return SIGNED.model_copy(update=update)
+
+
+@pytest.mark.parametrize(
+    ("decision", "job_id", "secret", "now", "why"),
+    [
+        (SIGNED, JOB, SECRET, NOW, None),
+        (SIGNED, JOB, SECRET, NOW + timedelta(minutes=14, seconds=59), None),
+        # As it arrives through a signal or an update: JSON and back.
+        (ApprovalDecision.model_validate_json(SIGNED.model_dump_json()), JOB, SECRET, NOW, None),
+        (DECISION, JOB, SECRET, NOW, "unsigned"),
+        (changed(expires_at=None), JOB, SECRET, NOW, "unsigned"),
+        (changed(signature=None), JOB, SECRET, NOW, "unsigned"),
+        (changed(by="mallory"), JOB, SECRET, NOW, "bad signature"),
+        (changed(approved=False), JOB, SECRET, NOW, "bad signature"),
+        (changed(over_budget=True), JOB, SECRET, NOW, "bad signature"),
+        (changed(reason="free video"), JOB, SECRET, NOW, "bad signature"),
+        (changed(expires_at=NOW + timedelta(days=365)), JOB, SECRET, NOW, "bad signature"),
+        (changed(signature="v1,AAAA"), JOB, SECRET, NOW, "bad signature"),
+        (changed(signature="v1,ünïcode"), JOB, SECRET, NOW, "bad signature"),
+        (SIGNED, "job-43", SECRET, NOW, "bad signature"),
+        (SIGNED, JOB, OTHER_SECRET, NOW, "bad signature"),
+        (SIGNED, JOB, SECRET, NOW + timedelta(minutes=15), "expired at 2025-06-01 12:15:00 UTC"),
+    ],
+)
+def test_a_signature_holds_only_for_its_job_its_decision_its_secret_and_its_time(
+    decision: ApprovalDecision, job_id: str, secret: str, now: datetime, why: str | None
+):
+    assert approvals.verify(secret, job_id, decision, now) == why
+
+
+def test_no_two_decisions_share_a_canonical_form():
+    expires = NOW + approvals.DEFAULT_VALIDITY
+    one = ApprovalDecision(approved=True, by="a", reason="b,c")
+    other = ApprovalDecision(approved=True, by="a,b", reason="c")
+    assert approvals.canonical(JOB, one, expires) != approvals.canonical(JOB, other, expires)
+    # A naive time is UTC: the same instant, the same bytes.
+    naive = expires.replace(tzinfo=None)
+    assert approvals.canonical(JOB, one, naive) == approvals.canonical(JOB, one, expires)
+    assert SIGNED.expires_at == NOW + timedelta(minutes=15)
+    assert SECRET not in SIGNED.model_dump_json()
+
+
+# --- jobs whose workers hold the secret ----------------------------------------------------------
+
+SIGNING = KEY | HOUR | {"SPILLWAY_APPROVAL_SECRET": SECRET}
+
+
+def approver(jobs: Jobs, secret: str | None = SECRET) -> SpillwayClient:
+    """An approver's machine: spillway.client with (or without) the secret in its settings."""
+    settings = make_settings(SPILLWAY_APPROVAL_SECRET=secret)
+    return SpillwayClient(jobs.client, settings=settings, task_queue=jobs.task_queue)
+
+
+async def test_an_unsigned_approval_as_the_ui_sends_it_is_refused_recorded_and_spends_nothing(
+    run_jobs: RunJobs,
+):
+    stubs = RouteStubs(BUSY)
+    async with run_jobs(stubs, **SIGNING) as jobs:
+        handle = await jobs.start()
+        await jobs.until(handle, "awaiting_approval")
+        # The Temporal UI's "Send a Signal": a name and the JSON typed into it.
+        await handle.signal(APPROVAL_SIGNAL, {"approved": True, "by": "ui-user"})
+        waiting = await jobs.until(handle, lambda p: bool(p.ignored_signals))
+        assert waiting.state == "awaiting_approval" and stubs.creates == 0
+        plan: Plan = await handle.result()  # the window closes: local
+
+    assert (plan.state, plan.route, plan.approval) == ("completed", "local", None)
+    [ignored] = plan.ignored_signals
+    assert (ignored.by, ignored.approved) == ("ui-user", True)
+    assert "takes only signed decisions (this one: unsigned)" in ignored.why
+    assert "SPILLWAY_APPROVAL_SECRET" in ignored.why
+    assert stubs.creates == 0
+
+
+async def test_a_signed_approval_from_the_client_spends_once_and_the_secret_stays_out_of_history(
+    run_jobs: RunJobs,
+):
+    stubs = RouteStubs(BUSY)
+    async with run_jobs(stubs, **SIGNING) as jobs:
+        handle = await jobs.start()
+        await jobs.until(handle, "awaiting_approval")
+        answer = await approver(jobs).approve(handle.id, "bär", "client deadline")
+        plan: Plan = await handle.result()
+        recorded = await handle.fetch_history()
+    # What this run recorded (the patch marker, approval_verify) replays as the worker runs it.
+    replayer = Replayer(workflows=WORKFLOWS, data_converter=pydantic_data_converter)
+    await replayer.replay_workflow(recorded)
+    history = history_text(recorded)
+    assert APPROVAL_VERIFY in history and SIGNED_APPROVALS in history
+
+    assert answer == "approved"
+    assert (plan.state, plan.route) == ("completed", "cloud")
+    assert plan.approval is not None and (plan.approval.by, plan.approval.signed) == ("bär", True)
+    assert "signature" not in plan.approval.model_dump()  # the plan shows who, not the MAC
+    assert plan.ignored_signals == []
+    assert stubs.creates == 1
+    assert '"by":"bär"' in history  # the decoded payloads are searched too
+    assert '"signature":"v1,' in history  # the signature is there: it is no secret
+    assert SECRET not in history
+
+
+def by_changed(job_id: str) -> ApprovalDecision:
+    signed = approvals.sign(SECRET, job_id, DECISION, datetime.now(UTC))
+    return signed.model_copy(update={"by": "mallory"})
+
+
+def for_another_job(job_id: str) -> ApprovalDecision:
+    return approvals.sign(SECRET, "another-job", DECISION, datetime.now(UTC))
+
+
+def with_another_secret(job_id: str) -> ApprovalDecision:
+    return approvals.sign(OTHER_SECRET, job_id, DECISION, datetime.now(UTC))
+
+
+def expired(job_id: str) -> ApprovalDecision:
+    signed_at = datetime.now(UTC) - approvals.DEFAULT_VALIDITY - timedelta(seconds=2)
+    return approvals.sign(SECRET, job_id, DECISION, signed_at)
+
+
+@pytest.mark.parametrize(
+    ("make", "by", "named"),
+    [
+        (by_changed, "mallory", "this one: bad signature"),
+        (for_another_job, "bär", "this one: bad signature"),
+        (with_another_secret, "bär", "this one: bad signature"),
+        (expired, "bär", "this one: expired at"),
+    ],
+)
+async def test_a_tampered_misdirected_or_expired_decision_is_refused_and_the_job_waits_on(
+    run_jobs: RunJobs, make: Callable[[str], ApprovalDecision], by: str, named: str
+):
+    stubs = RouteStubs(BUSY)
+    async with run_jobs(stubs, **SIGNING) as jobs:
+        handle = await jobs.start()
+        await jobs.until(handle, "awaiting_approval")
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await handle.execute_update(DECIDE_UPDATE, make(handle.id), result_type=str)
+        still = await jobs.until(handle, "awaiting_approval")
+        # The person decides again, properly signed: the refusal spoilt nothing.
+        await approver(jobs).reject(handle.id, "bär", "too expensive")
+        plan: Plan = await handle.result()
+
+    assert isinstance(refused.value.cause, ApplicationError)
+    assert named in refused.value.cause.message
+    [ignored] = still.ignored_signals
+    assert (ignored.by, ignored.approved) == (by, True) and named in ignored.why
+    assert still.approval is None and stubs.creates == 0
+    assert (plan.state, plan.route) == ("completed", "local")
+    assert plan.approval is not None and plan.approval.signed and not plan.approval.approved
+    assert stubs.creates == 0
+
+
+async def test_an_approver_without_the_secret_is_refused_with_what_to_do(run_jobs: RunJobs):
+    stubs = RouteStubs(BUSY)
+    async with run_jobs(stubs, **SIGNING) as jobs:
+        handle = await jobs.start()
+        await jobs.until(handle, "awaiting_approval")
+        with pytest.raises(Failed, match="this one: unsigned"):
+            await approver(jobs, secret=None).approve(handle.id, "bär")
+        await jobs.cancel(handle)
+    assert stubs.creates == 0
+
+
+async def test_workers_without_the_secret_take_a_signed_decision_as_any_other(run_jobs: RunJobs):
+    stubs = RouteStubs(BUSY)
+    async with run_jobs(stubs, **KEY, **HOUR) as jobs:
+        handle = await jobs.start()
+        await jobs.until(handle, "awaiting_approval")
+        assert await approver(jobs).approve(handle.id, "bär") == "approved"
+        plan: Plan = await handle.result()
+    assert (plan.route, plan.approval and plan.approval.signed) == ("cloud", False)
+    assert stubs.creates == 1
+
+
+# --- who can approve, as `health` says it ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("shell", "workers", "says"),
+    [
+        (False, None, OPEN_TO_NAMESPACE),
+        (False, False, OPEN_TO_NAMESPACE),
+        (True, False, "the workers do not check"),
+        (True, None, "unknown: no worker answered"),
+        (True, True, "only holders of SPILLWAY_APPROVAL_SECRET"),
+        (False, True, "its approve|reject would be refused"),
+    ],
+)
+def test_health_says_who_can_approve(shell: bool, workers: bool | None, says: str):
+    text = who_can_approve(shell, workers)
+    assert says in text
+    assert ("Send a Signal" in text) == (workers is not True and not (shell and workers is None))
