@@ -133,6 +133,8 @@ class LedgerVetting:
             return f"job {req.job_id} shows no approval by {req.authorised_by}"
         if req.authorisation == "approved_over_budget" and not approval.over_budget:
             return f"job {req.job_id}'s approval by {approval.by} is not over the budget"
+        if self._settings.SPILLWAY_APPROVAL_SECRET is not None and not approval.signed:
+            return f"job {req.job_id}'s approval by {approval.by} is not signed"
         return None
 
     async def _job(self, req: VetRequest) -> VideoJob | None:
