@@ -1,0 +1,243 @@
+"""Scenario 7: the spend ledger as the only authority over money (issue 23). A real worker process
+on the session's dev server, creates counted at the MiniMax double, and what else can reach the
+namespace: a raw client and a foreign worker of its own.
+
+- a foreign workflow, even named VideoJobWorkflow, on another task queue, scheduling the create
+  on spillway's queue with a copied request after a forged reservation: no create, no entry;
+- forged ledger updates (budgets emptied, cost 0, over the budget, a settle of another job's
+  entry): no budget and no entry changes;
+- a terminated ledger: the next cloud job fails closed naming `spillway ledger restore`; restore
+  brings the entries back; a reset job then follows its recorded task, creates stay 1;
+- a job id used again after its execution was deleted is rendered anew, never the old video.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from temporalio import workflow
+from temporalio.api.common.v1 import WorkflowExecution
+from temporalio.api.workflowservice.v1 import DeleteWorkflowExecutionRequest
+from temporalio.client import Client, WorkflowFailureError, WorkflowUpdateFailedError
+from temporalio.common import RetryPolicy
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+
+from activities.cloud.models import CloudCreate
+from activities.spend.ledger import SpendLedger
+from spillway import names
+from spillway.models import CloudRequest
+from spillway.sim.comfyui import ComfyUISim
+from spillway.sim.minimax import MiniMaxSim
+from spillway.spend_book import LedgerSummary
+from tests.reliability.harness import cli
+from tests.reliability.test_money import reset_to_first_workflow_task
+from tests.support.constants import BUSY_VRAM_PCT, CLIP_USD
+from tests.support.waiting import until
+from workflows.video_job import VideoJobWorkflow
+
+BUDGET = {"CLOUD_DAILY_BUDGET_USD": 0.01}  # less than one clip
+
+
+@workflow.defn(name=names.VIDEO_JOB)
+class ForeignJob:
+    """Someone else's workflow, named as spillway's, on its own task queue: it asks spillway's
+    queue for a create, as a copied request of a real job would."""
+
+    @workflow.run
+    async def run(self, spillway_queue: str) -> str:
+        create = CloudCreate(
+            job_id=workflow.info().workflow_id,
+            request=CloudRequest(prompt="a free video, please"),
+            authorisation="approved",
+        )
+        done = await workflow.execute_activity(
+            "minimax_create",
+            create,
+            task_queue=spillway_queue,
+            start_to_close_timeout=timedelta(seconds=30),
+            retry_policy=RetryPolicy(maximum_attempts=1),
+        )
+        return str(done)
+
+
+async def ledger_summary(client: Client, task_queue: str) -> LedgerSummary:
+    summary = await SpendLedger(client, task_queue).summary()
+    assert summary is not None
+    return summary
+
+
+async def forged(client: Client, task_queue: str, update: str, arg: Any) -> str:
+    """A raw client's update to the ledger; what the ledger answered (it must refuse)."""
+    handle = client.get_workflow_handle(names.ledger_id(task_queue))
+    with pytest.raises(WorkflowUpdateFailedError) as refused:
+        await handle.execute_update(update, arg)
+    return str(refused.value.cause)
+
+
+async def ledger_started(client: Client, task_queue: str) -> None:
+    """The worker's start asks the ledger to read the budgets."""
+    await until(lambda: SpendLedger(client, task_queue).summary(), lambda s: s is not None)
+
+
+async def test_a_foreign_workflow_named_like_spillways_job_cannot_spend(
+    workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim
+):
+    worker = await workers(COMFYUI_URL=comfyui.url, MINIMAX_BASE_URL=minimax.url, **BUDGET)
+    client = jobs_on(worker).client
+    await ledger_started(client, worker.task_queue)
+    foreign_queue, foreign_id = f"foreign-{uuid.uuid4()}", f"foreign-{uuid.uuid4().hex[:8]}"
+    foreign = Worker(
+        client,
+        task_queue=foreign_queue,
+        workflows=[ForeignJob],
+        workflow_runner=UnsandboxedWorkflowRunner(),  # its own code, in this test's module
+    )
+    async with foreign:
+        handle = await client.start_workflow(
+            ForeignJob.run, worker.task_queue, id=foreign_id, task_queue=foreign_queue
+        )
+        reservation = {
+            "job_id": foreign_id,
+            "run_id": handle.result_run_id,
+            "provider": "minimax",
+            "cost_usd": 0,
+            "budgets": {"daily_usd": None, "monthly_usd": None},
+            "authorised_by": "mallory",
+            "authorisation": "approved",
+        }
+        why = await forged(client, worker.task_queue, names.LEDGER_RESERVE, reservation)
+        with pytest.raises(WorkflowFailureError) as failed:
+            await handle.result()
+
+    assert "not running on" in why or "runs on task queue" in why
+    activity_failure = failed.value.cause
+    assert activity_failure is not None and "nothing was sent" in str(activity_failure.__cause__)
+    assert (minimax.create_calls, minimax.tasks_created) == (0, 0)
+    summary = await ledger_summary(client, worker.task_queue)
+    assert summary.entries == [] and summary.day.budget_usd == 0.01
+
+
+async def test_forged_ledger_updates_change_no_budget_and_no_entry(
+    workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim
+):
+    comfyui.set_vram_used_pct(BUSY_VRAM_PCT)
+    worker = await workers(
+        COMFYUI_URL=comfyui.url,
+        MINIMAX_BASE_URL=minimax.url,
+        CLOUD_VIDEO_FALLBACK_ENABLED=1,
+        CLOUD_DAILY_BUDGET_USD=0.3,  # one clip
+        APPROVAL_TIMEOUT_S=600,
+    )
+    jobs = jobs_on(worker)
+    paid = await jobs.submit("paid for")  # armed, within the budget: one create
+    assert (await jobs.until(paid, "completed")).route == "cloud"
+    waiting = await jobs.submit("waiting")  # the budget cannot cover a second clip
+    await jobs.until(waiting, lambda p: "budget_exhausted" in p.reasons)
+    queue = worker.task_queue
+    before = await ledger_summary(jobs.client, queue)
+    run_of_paid = (await jobs.client.get_workflow_handle(paid).describe()).run_id
+
+    ledger = jobs.client.get_workflow_handle(names.ledger_id(queue))
+    await ledger.execute_update(names.LEDGER_CONFIGURE, {"daily_usd": None})  # read, not taken
+    over = {
+        "job_id": waiting,
+        "run_id": (await jobs.client.get_workflow_handle(waiting).describe()).run_id,
+        "provider": "minimax",
+        "authorised_by": "mallory",
+        "authorisation": "approved_over_budget",
+    }
+    why_over = await forged(jobs.client, queue, names.LEDGER_RESERVE, over)
+    settle = {"job_id": paid, "run_id": run_of_paid, "state": "maybe_charged"}
+    why_settle = await forged(jobs.client, queue, names.LEDGER_SETTLE, settle)
+    begin = {"job_id": paid, "run_id": run_of_paid, "attempt": "mallory"}
+    await forged(jobs.client, queue, names.LEDGER_BEGIN, begin)
+    after = await ledger_summary(jobs.client, queue)
+
+    assert "not running" in why_over and "not running" in why_settle
+    assert after.day.budget_usd == 0.3 and after.day.spent_usd == pytest.approx(CLIP_USD)
+    paid_entries = [e for e in after.entries if e.job_id == paid]
+    assert [e.state for e in paid_entries] == ["charged"]
+    assert [e.model_dump() for e in after.entries if e.job_id == paid] == [
+        e.model_dump() for e in before.entries if e.job_id == paid
+    ]
+    assert not [e for e in after.entries if e.authorised_by == "mallory"]
+    assert (await jobs.status(waiting)).state == "awaiting_approval"
+    assert minimax.create_calls == 1
+
+
+@pytest.mark.slow
+async def test_a_terminated_ledger_fails_closed_until_restored_then_a_reset_job_follows_its_task(
+    workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim, sightings
+):
+    comfyui.set_vram_used_pct(BUSY_VRAM_PCT)
+    worker = await workers(
+        COMFYUI_URL=comfyui.url, MINIMAX_BASE_URL=minimax.url, CLOUD_VIDEO_FALLBACK_ENABLED=1
+    )
+    jobs = jobs_on(worker)
+    first = await jobs.submit("before the operator's cleanup")
+    done = await jobs.until(first, "completed")
+    assert done.cloud is not None and minimax.create_calls == 1
+    ledger = jobs.client.get_workflow_handle(names.ledger_id(worker.task_queue))
+    await ledger.terminate(reason="test: an operator cleans up")
+
+    second = await jobs.submit("after it")
+    failed = await jobs.until(second, "failed")
+    code, out, err = await cli(sightings, "ledger", "restore", "--json", env=worker.env)
+    restored_budget = await ledger_summary(jobs.client, worker.task_queue)
+    new_run = await reset_to_first_workflow_task(jobs.client, first)
+    handle = jobs.client.get_workflow_handle_for(VideoJobWorkflow.run, first, run_id=new_run)
+    again = await asyncio.wait_for(handle.result(), 60)
+
+    assert failed.error is not None and "spillway ledger restore" in failed.error
+    assert "nothing was sent" in failed.error
+    assert code == 0, err
+    assert '"entries": 1' in out and '"closed_as": "TERMINATED"' in out
+    assert restored_budget.month.spent_usd == pytest.approx(CLIP_USD)
+    [entry] = restored_budget.entries
+    assert (entry.job_id, entry.state, entry.task_id) == (first, "charged", done.cloud.task_id)
+    assert again.cloud is not None and again.cloud.task_id == done.cloud.task_id
+    assert f"followed_recorded_task={done.cloud.task_id}" in again.reasons
+    assert (minimax.create_calls, minimax.tasks_created) == (1, 1)
+    code, _, err = await cli(sightings, "ledger", "restore", env=worker.env)
+    assert code == 1 and "is running: nothing to restore" in err
+
+
+@pytest.mark.slow
+async def test_a_job_id_used_again_after_its_execution_was_deleted_is_rendered_anew(
+    workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim
+):
+    comfyui.set_vram_used_pct(BUSY_VRAM_PCT)
+    worker = await workers(
+        COMFYUI_URL=comfyui.url, MINIMAX_BASE_URL=minimax.url, CLOUD_VIDEO_FALLBACK_ENABLED=1
+    )
+    jobs = jobs_on(worker)
+    job_id = f"reused-{uuid.uuid4().hex[:8]}"
+    await jobs.submit("last month's video", job_id=job_id)
+    old = await jobs.until(job_id, "completed")
+    await jobs.client.workflow_service.delete_workflow_execution(
+        DeleteWorkflowExecutionRequest(
+            namespace=jobs.client.namespace,
+            workflow_execution=WorkflowExecution(workflow_id=job_id),
+        )
+    )
+
+    async def gone() -> bool:
+        try:
+            await jobs.client.get_workflow_handle(job_id).describe()
+        except Exception:
+            return True
+        return False
+
+    await until(gone, lambda g: g, timeout_s=30)
+    await jobs.submit("this month's video", job_id=job_id)
+    new = await jobs.until(job_id, "completed")
+
+    assert old.cloud is not None and new.cloud is not None
+    assert new.cloud.task_id != old.cloud.task_id
+    assert not [r for r in new.reasons if r.startswith("followed_recorded_task")]
+    assert (minimax.create_calls, minimax.tasks_created) == (2, 2)
+    assert [b["prompt"] for b in minimax.create_bodies][-1] == "this month's video"
