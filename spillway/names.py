@@ -39,6 +39,7 @@ LEDGER_SETTLE = "settle"
 LEDGER_CONFIGURE = "configure"
 LEDGER_SUMMARY = "summary"
 LEDGER_BUDGETS = "budgets"
+LEDGER_MONTH = "month_spent"
 LEDGER_VET = "spend_ledger_vet"  # the ledger's own local activity
 LEDGER_ID = "spillway-spend-ledger"
 

@@ -25,6 +25,7 @@ The rules (docs/design.md, money invariants 2, 5 and 6):
 
 from __future__ import annotations
 
+import hashlib
 from datetime import datetime, timedelta
 from typing import Literal
 
@@ -140,11 +141,29 @@ class LedgerSummary(BaseModel):
     entries: list[SpendEntry]
 
 
+class MonthSpend(BaseModel):
+    """`spillway budget --month YYYY-MM --json`: the month's spending as the ledger counts it,
+    and its entries as the ledger's runs recorded them (those still within the namespace's
+    retention: a run older than that is gone, its totals are not)."""
+
+    month: str
+    spent_usd: float
+    entries: list[SpendEntry]
+    runs_read: int
+
+
 class LedgerInput(BaseModel):
-    """Input of SpendLedgerWorkflow; a continued run carries the entries it still needs."""
+    """Input of SpendLedgerWorkflow. A continued run carries what stays small at any volume: the
+    open entries, what the settled ones added to each day and month (`spent`, keyed "YYYY-MM-DD"
+    and "YYYY-MM"), and a short tag of every job incarnation whose create went out (`created`,
+    by month of its reservation), so that no second create is ever reserved for it. The settled
+    entries themselves stay in the history of the run that settled them (`spillway budget
+    --month`)."""
 
     entries: list[SpendEntry] = []
     budgets: Budgets = Budgets()
+    spent: dict[str, float] = {}
+    created: dict[str, str] = {}  # "YYYY-MM" -> space-separated `create_tag`s
     # Continue as new after this many accepted updates (or when the server suggests it).
     updates_per_run: int = 2000
 
@@ -190,8 +209,8 @@ REFUSED = "SpendRefused"  # ApplicationError type of every refusal; details: kin
 # A reservation whose create never began (its job was terminated between the two) stops
 # counting after this, and its run can no longer begin.
 UNSENT_TTL = timedelta(hours=1)
-# Settled entries are kept this long (longer than a month, and than a closed job can still be
-# reset in a namespace with 30 days of retention); open ones are always kept.
+# A job's created tag is carried this long (longer than a closed job can still be reset in a
+# namespace with 30 days of retention); a day's total for two days, a month's for good.
 KEEP = timedelta(days=40)
 CENT = 1e-9
 
@@ -211,9 +230,21 @@ class SpendRefused(Exception):
 
 
 class SpendBook:
-    def __init__(self, entries: list[SpendEntry], budgets: Budgets) -> None:
+    def __init__(
+        self,
+        entries: list[SpendEntry],
+        budgets: Budgets,
+        spent: dict[str, float] | None = None,
+        created: dict[str, str] | None = None,
+    ) -> None:
         self.entries = list(entries)
         self.budgets = budgets
+        self.spent = dict(spent or {})
+        self.created = {month: set(tags.split()) for month, tags in (created or {}).items()}
+
+    @classmethod
+    def of(cls, inp: LedgerInput) -> SpendBook:
+        return cls(inp.entries, inp.budgets, inp.spent, inp.created)
 
     # --- reading -------------------------------------------------------------------------
 
@@ -235,6 +266,7 @@ class SpendBook:
                 reserved += cost
             else:
                 spent += cost
+        spent += self.spent.get(_key(period, now), 0.0)
         budget = self.budgets.of(period)
         remaining = None if budget is None else round(budget - spent - reserved, 6)
         return PeriodTotals(
@@ -250,13 +282,42 @@ class SpendBook:
             day=self.totals("day", now), month=self.totals("month", now), entries=month
         )
 
-    def kept(self, now: datetime) -> list[SpendEntry]:
-        """What a continued ledger carries: every open entry, and settled ones until KEEP."""
-        return [
-            e
+    def carried(self, now: datetime, updates_per_run: int) -> LedgerInput:
+        """What a continued ledger carries (LedgerInput): its size grows with the open entries
+        and by one short tag per create, never with the settled entries."""
+        spent, kept = dict(self.spent), []
+        created = {month: set(tags) for month, tags in self.created.items()}
+        for entry in self.entries:
+            if entry.state in ("reserved", "maybe_charged"):
+                kept.append(entry)
+                continue
+            cost = 0.0 if entry.state in ENDED_FREE else entry.cost_usd or 0.0
+            for key in (_key("day", entry.at), _key("month", entry.at)):
+                spent[key] = round(spent.get(key, 0.0) + cost, 6)
+            if entry.state == "charged":
+                created.setdefault(_key("month", entry.at), set()).add(create_tag(entry))
+        yesterday, oldest = _key("day", now - timedelta(days=1)), _key("month", now - KEEP)
+        return LedgerInput(
+            entries=kept,
+            budgets=self.budgets,
+            spent={k: v for k, v in spent.items() if len(k) == len("YYYY-MM") or k >= yesterday},
+            created={m: " ".join(sorted(t)) for m, t in created.items() if m >= oldest},
+            updates_per_run=updates_per_run,
+        )
+
+    def month_spent(self, month: str) -> float:
+        held = sum(
+            e.cost_usd or 0.0
             for e in self.entries
-            if e.state == "reserved" or _same("month", e.at, now) or now - e.at < KEEP
-        ]
+            if e.state in ("charged", "maybe_charged") and _key("month", e.at) == month
+        )
+        return round(self.spent.get(month, 0.0) + held, 6)
+
+    def created_before(self, job_id: str, incarnation: str | None) -> bool:
+        """Whether a create of this job incarnation went out before the ledger last continued
+        as new (its entry is no longer held, its tag is)."""
+        tags = {_tag(f"job:{job_id}")} | ({_tag(incarnation)} if incarnation else set())
+        return any(tags & month for month in self.created.values())
 
     # --- reserve --------------------------------------------------------------------------
 
@@ -267,6 +328,12 @@ class SpendBook:
                 f"job {req.job_id} already has a cloud create: {describe(current)}",
                 "exists",
                 entry=current,
+            )
+        if current is None and self.created_before(req.job_id, terms.incarnation):
+            raise SpendRefused(
+                f"job {req.job_id} already had a cloud create, recorded before the spend ledger "
+                "last continued as new (`spillway budget --month` lists it): none is sent again",
+                "exists",
             )
         if current is not None and _same_ask(current, req):
             return  # a retried reservation of the same run gets its entry back
@@ -419,6 +486,21 @@ def describe(entry: SpendEntry) -> str:
         f"{entry.provider}{task} {entry.state} (run {entry.run_id}, reserved "
         f"{entry.at:%Y-%m-%d %H:%M:%S} UTC{sent})"
     )
+
+
+def create_tag(entry: SpendEntry) -> str:
+    """A short tag of the job incarnation an entry belongs to (its job id for entries older
+    than incarnations): ten hex digits, so a million creates cost 11 MB nowhere and 11 bytes
+    each in what a continued ledger carries. A collision refuses a create (the safe side)."""
+    return _tag(entry.incarnation) if entry.incarnation else _tag(f"job:{entry.job_id}")
+
+
+def _tag(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:10]
+
+
+def _key(period: Period, at: datetime) -> str:
+    return f"{at:%Y-%m-%d}" if period == "day" else f"{at:%Y-%m}"
 
 
 def _mine(entry: SpendEntry, job_id: str, incarnation: str | None) -> bool:

@@ -228,17 +228,30 @@ def test_an_unsent_reservation_expires_and_stops_counting():
     assert book.reserve(*ask(daily=CLIP_USD), later).at == later
 
 
-def test_a_continued_ledger_keeps_open_entries_and_this_months_but_drops_old_settled_ones():
-    book = SpendBook([], Budgets())
-    old = NOW - timedelta(days=60)
+def test_a_continued_ledger_carries_open_entries_totals_and_tags_never_settled_entries():
+    book = SpendBook([], Budgets(daily_usd=1.0, monthly_usd=10.0))
+    old = NOW - timedelta(days=100)
     for job, at in (("old", old), ("new", NOW)):
-        book.reserve(*ask(job=job), at)
-        book.begin(BeginCreate(job_id=job, run_id="run-a"), ANY, at)
+        book.reserve(*ask(job=job, incarnation=f"i-{job}"), at)
+        book.begin(BeginCreate(job_id=job, run_id="run-a"), Vetted(incarnation=f"i-{job}"), at)
         charged = SettleRequest(job_id=job, run_id="run-a", state="charged", task_id=f"t-{job}")
-        book.settle(charged, ANY, at)
-    book.reserve(*ask(job="open"), old)
-    book.begin(BeginCreate(job_id="open", run_id="run-a"), ANY, old)
-    assert [e.job_id for e in book.kept(NOW)] == ["new", "open"]
+        book.settle(charged, Vetted(incarnation=f"i-{job}"), at)
+    book.reserve(*ask(job="open", incarnation="i-open"), NOW)
+    day, month = book.totals("day", NOW), book.totals("month", NOW)
+
+    carried = book.carried(NOW, 2000)
+    again = SpendBook.of(carried)
+
+    assert [e.job_id for e in carried.entries] == ["open"]
+    assert again.totals("day", NOW) == day and again.totals("month", NOW) == month
+    assert carried.spent == {"2026-12-01": CLIP_USD, "2026-12": CLIP_USD, "2026-08": CLIP_USD}
+    assert list(carried.created) == ["2026-12"]  # older than KEEP: no reset can reach it
+    # The settled create is no longer held, and still never reserved again for its incarnation.
+    error = refused("exists", lambda: again.reserve(*ask(job="new", incarnation="i-new"), NOW))
+    assert "last continued as new" in error.message
+    assert again.reserve(*ask(job="new", run="run-z", incarnation="i-reused"), NOW).state == (
+        "reserved"
+    )
 
 
 def test_a_reset_run_finds_the_create_an_earlier_run_sent_and_nothing_else():

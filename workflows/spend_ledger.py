@@ -49,7 +49,7 @@ CONTINUING = "SpendLedgerContinuing"  # not a refusal: asked again, it reaches t
 class SpendLedgerWorkflow:
     @workflow.init
     def __init__(self, inp: LedgerInput) -> None:
-        self._book = SpendBook(inp.entries, inp.budgets)
+        self._book = SpendBook.of(inp)
         self._accepted = 0
         self._continuing = False
 
@@ -63,17 +63,15 @@ class SpendLedgerWorkflow:
         )
         self._continuing = True  # new updates wait for the next run instead of starving this end
         await workflow.wait_condition(workflow.all_handlers_finished)
-        workflow.continue_as_new(
-            LedgerInput(
-                entries=self._book.kept(workflow.now()),
-                budgets=self._book.budgets,
-                updates_per_run=inp.updates_per_run,
-            )
-        )
+        workflow.continue_as_new(self._book.carried(workflow.now(), inp.updates_per_run))
 
     @workflow.query(name=names.LEDGER_SUMMARY)
     def summary(self) -> LedgerSummary:
         return self._book.summary(workflow.now())
+
+    @workflow.query(name=names.LEDGER_MONTH)
+    def month_spent(self, month: str) -> float:
+        return self._book.month_spent(month)
 
     @workflow.query(name=names.LEDGER_BUDGETS)
     def budgets(self) -> Budgets:

@@ -156,7 +156,20 @@ async def cmd_ledger(args: argparse.Namespace) -> int:
 
 
 async def cmd_budget(args: argparse.Namespace) -> int:
-    from spillway.cli.render import render_budget
+    from spillway.cli.render import render_budget, render_month
+
+    if args.month is not None:
+        try:
+            datetime.strptime(args.month, "%Y-%m")
+        except ValueError:
+            raise ConfigError(f"--month: {args.month!r} is not a month (YYYY-MM)") from None
+        from spillway.client.budget import month_spend
+
+        jobs = await _jobs_client()
+        settings = jobs.settings.model_copy(update={"SPILLWAY_TASK_QUEUE": jobs.task_queue})
+        month = await month_spend(jobs.temporal, settings, args.month)
+        print(month.model_dump_json(indent=2) if args.json else render_month(month))
+        return OK
 
     summary = await (await _jobs_client()).budget()
     print(summary.model_dump_json(indent=2) if args.json else render_budget(summary))

@@ -159,15 +159,21 @@ def build_parser() -> argparse.ArgumentParser:
             decide.set_defaults(over_budget=False)
         decide.set_defaults(approved=approved)
 
-    command(
+    budget = command(
         "budget",
         cmd.cmd_budget,
         "show cloud spending: today's and this month's budget, spent, reserved, left",
         "What the spend ledger holds (UTC days and months): the budgets in force on the "
         "workers (CLOUD_DAILY_BUDGET_USD, CLOUD_MONTHLY_BUDGET_USD), what was spent (charged, and "
         "maybe_charged after an ambiguous create), what is reserved for creates under way, and "
-        "every cloud create of this month. Read through a running worker.",
+        "every cloud create the ledger holds now. Read through a running worker.",
         json="print the ledger summary as JSON",
+    )
+    budget.add_argument(
+        "--month",
+        metavar="YYYY-MM",
+        help="one month instead: what was spent, and every create its ledger runs recorded "
+        "(read from their histories, so as far back as the namespace's retention)",
     )
 
     ledger = command(

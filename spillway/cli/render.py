@@ -6,7 +6,7 @@ from __future__ import annotations
 from spillway.cli.health import Health
 from spillway.client.jobs import JobSummary
 from spillway.models import LoadStatus, Plan
-from spillway.spend_book import LedgerSummary
+from spillway.spend_book import LedgerSummary, MonthSpend
 
 
 def _pct(value: float | None) -> str:
@@ -225,13 +225,28 @@ def render_budget(summary: LedgerSummary) -> str:
             f"{usd(totals.reserved_usd):>10}{usd(totals.remaining_usd):>10}"
         )
     if not summary.entries:
-        lines.append("no cloud creates this month")
+        lines.append("no cloud creates held this month")
         return "\n".join(lines)
-    lines.append("this month's creates (maybe_charged counts as spent):")
+    lines.append(
+        "this month's creates the ledger holds (maybe_charged counts as spent; --month lists all):"
+    )
     for e in summary.entries:
         task = e.task_id or "-"
         lines.append(
             f"  {e.at:%Y-%m-%d %H:%M}  {e.job_id}  {e.provider}  task {task}  "
             f"{usd(e.cost_usd)}  {e.state}  {e.authorisation} by {e.authorised_by}"
+        )
+    return "\n".join(lines)
+
+
+def render_month(month: MonthSpend) -> str:
+    lines = [f"cloud spend in {month.month} (UTC): ${month.spent_usd:.2f}"]
+    if not month.entries:
+        lines.append(f"no creates recorded in the {month.runs_read} ledger runs still kept")
+    for e in month.entries:
+        cost = "-" if e.cost_usd is None else f"${e.cost_usd:.2f}"
+        lines.append(
+            f"  {e.at:%Y-%m-%d %H:%M}  {e.job_id}  {e.provider}  task {e.task_id or '-'}  "
+            f"{cost}  {e.state}  {e.authorisation} by {e.authorised_by}"
         )
     return "\n".join(lines)

@@ -3,14 +3,17 @@ with a query (so through a running worker), or the configured budgets when nothi
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from temporalio.client import Client
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
 from activities.spend.ledger import SpendLedger
 from activities.spend.vet import budgets_of
+from spillway import names
 from spillway.errors import Failed
 from spillway.settings import Settings
-from spillway.spend_book import LedgerSummary, PeriodTotals
+from spillway.spend_book import LedgerSummary, MonthSpend, PeriodTotals, SpendEntry
 
 
 async def ledger_summary(client: Client, settings: Settings) -> LedgerSummary:
@@ -32,3 +35,27 @@ async def ledger_summary(client: Client, settings: Settings) -> LedgerSummary:
 
 def _untouched(budget: float | None) -> PeriodTotals:
     return PeriodTotals(budget_usd=budget, spent_usd=0, reserved_usd=0, remaining_usd=budget)
+
+
+async def month_spend(client: Client, settings: Settings, month: str) -> MonthSpend:
+    """`spillway budget --month YYYY-MM`: the total from the ledger, the entries from the
+    histories of its runs (each continue-as-new leaves one behind), the latest word on each."""
+    from spillway.client.ledger_restore import rebuilt
+
+    ledger_id = names.ledger_id(settings.SPILLWAY_TASK_QUEUE)
+    try:
+        spent = await client.get_workflow_handle(ledger_id).query(
+            names.LEDGER_MONTH, month, result_type=float
+        )
+    except RPCError as exc:
+        if exc.status != RPCStatusCode.NOT_FOUND:
+            raise Failed(f"the spend ledger ({ledger_id}) did not answer ({exc.message})") from None
+        spent = 0.0
+    runs = [r async for r in client.list_workflows(f"WorkflowId = '{ledger_id}'")]
+    runs.sort(key=lambda r: r.start_time)
+    by_key: dict[tuple[str, datetime], SpendEntry] = {}
+    for run in runs:
+        held = await rebuilt(client, client.get_workflow_handle(ledger_id, run_id=run.run_id))
+        by_key.update({(e.job_id, e.at): e for e in held.entries if f"{e.at:%Y-%m}" == month})
+    entries = sorted(by_key.values(), key=lambda e: e.at)
+    return MonthSpend(month=month, spent_usd=spent, entries=entries, runs_read=len(runs))

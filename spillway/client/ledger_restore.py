@@ -11,6 +11,7 @@ for an entry winning. That reads the same whatever code wrote it, and it needs n
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 from pydantic import BaseModel, ValidationError
 from temporalio.api.common.v1 import Payload
@@ -39,17 +40,14 @@ class Restored(BaseModel):
 async def restore(client: Client, task_queue: str, *, empty: bool = False) -> Restored:
     ledger_id = names.ledger_id(task_queue)
     closed = await _closed_run(client, ledger_id, empty)
-    entries: list[SpendEntry] = []
-    budgets = Budgets()
+    held = LedgerInput()
     if closed is not None and not empty:
-        run = client.get_workflow_handle(ledger_id, run_id=closed[0])
-        entries, budgets = await _rebuilt(client, run)
+        held = await rebuilt(client, client.get_workflow_handle(ledger_id, run_id=closed[0]))
     now = datetime.now(UTC)
-    book = SpendBook(entries, budgets)
-    kept = book.kept(now)
+    book = SpendBook.of(held)
     await client.start_workflow(
         names.SPEND_LEDGER,
-        LedgerInput(entries=kept, budgets=budgets),
+        book.carried(now, held.updates_per_run),
         id=ledger_id,
         task_queue=task_queue,
         id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
@@ -60,8 +58,8 @@ async def restore(client: Client, task_queue: str, *, empty: bool = False) -> Re
         ledger_id=ledger_id,
         from_run=None if empty or closed is None else closed[0],
         closed_as=None if closed is None else closed[1],
-        entries=len(kept),
-        open_entries=sum(1 for e in kept if e.state in ("reserved", "maybe_charged")),
+        entries=len(held.entries),
+        open_entries=sum(1 for e in held.entries if e.state in ("reserved", "maybe_charged")),
         spent_usd=book.totals("month", now).spent_usd,
     )
 
@@ -91,32 +89,29 @@ async def _closed_run(client: Client, ledger_id: str, empty: bool) -> tuple[str,
     return described.run_id or "", how
 
 
-async def _rebuilt(
-    client: Client, handle: WorkflowHandle[object, object]
-) -> tuple[list[SpendEntry], Budgets]:
+async def rebuilt(client: Client, handle: WorkflowHandle[Any, Any]) -> LedgerInput:
+    """What one run of the ledger held when it ended: its input, with every entry as the run's
+    last answer about it left it."""
+    held = LedgerInput()
     by_key: dict[tuple[str, datetime], SpendEntry] = {}
-    budgets = Budgets()
-    convert = client.data_converter
     async for event in handle.fetch_history_events():
         for payload in _answers(event):
-            (value,) = await convert.decode([payload], [dict])
-            if not isinstance(value, dict):
+            (value,) = await client.data_converter.decode([payload], [dict])
+            if not isinstance(value, dict) or not value:
                 continue
-            if "entries" in value:  # the run's input: what it was carried
-                carried = LedgerInput.model_validate(value)
-                budgets = carried.budgets
-                for entry in carried.entries:
-                    by_key[(entry.job_id, entry.at)] = entry
-                continue
-            if value and set(value) <= set(Budgets.model_fields):  # a `configure`'s answer
-                budgets = Budgets.model_validate(value)
-                continue
-            try:
-                entry = SpendEntry.model_validate(value)
-            except ValidationError:
-                continue
-            by_key[(entry.job_id, entry.at)] = entry
-    return sorted(by_key.values(), key=lambda e: e.at), budgets
+            if "updates_per_run" in value:  # the run's input: what it was carried
+                held = LedgerInput.model_validate(value)
+                by_key.update({(e.job_id, e.at): e for e in held.entries})
+            elif set(value) <= set(Budgets.model_fields):  # a `configure`'s answer
+                held.budgets = Budgets.model_validate(value)
+            else:
+                try:
+                    entry = SpendEntry.model_validate(value)
+                except ValidationError:
+                    continue
+                by_key[(entry.job_id, entry.at)] = entry
+    held.entries = sorted(by_key.values(), key=lambda e: e.at)
+    return held
 
 
 def _answers(event: HistoryEvent) -> list[Payload]:
