@@ -158,8 +158,9 @@ async def run_worker(
         _fewer_full_collections()
         gauge = None
         if only_host is None:
-            gauge = asyncio.create_task(_count_waiting_jobs(client))
-            await _announce_budgets(SpendLedger(client, settings.SPILLWAY_TASK_QUEUE), settings)
+            ledger = SpendLedger(client, settings.SPILLWAY_TASK_QUEUE)
+            gauge = asyncio.create_task(_gauges(client, ledger))
+            await _announce_budgets(ledger, settings)
         await stop.wait()
         log.info(
             "shutting down: waits hand over now, a create in flight gets %gs to end",
@@ -182,18 +183,26 @@ def _fewer_full_collections() -> None:
     gc.set_threshold(young, middle, 1000)
 
 
-async def _count_waiting_jobs(client: Client) -> None:
-    """The `spillway_jobs_awaiting_approval` gauge, from Temporal's visibility every 30 s."""
-    runtime = client.service_client.config.runtime or Runtime.default()
-    gauge = runtime.metric_meter.create_gauge(
+async def _gauges(client: Client, ledger: SpendLedger) -> None:
+    """Every 30 s: `spillway_jobs_awaiting_approval` from Temporal's visibility, and
+    `spillway_ledger_carried_bytes`, what the spend ledger would carry across its next
+    continue-as-new (Temporal refuses payloads over 2 MiB by default; `health` warns too)."""
+    meter = (client.service_client.config.runtime or Runtime.default()).metric_meter
+    waiting = meter.create_gauge(
         "spillway_jobs_awaiting_approval", "jobs waiting for a person's decision"
+    )
+    carried = meter.create_gauge(
+        "spillway_ledger_carried_bytes", "what the spend ledger carries across continue-as-new"
     )
     query = f"WorkflowType = 'VideoJobWorkflow' AND {sa.STATE.name} = 'awaiting_approval'"
     while True:
         try:
-            gauge.set((await client.count_workflows(query)).count)
-        except Exception as exc:  # a visibility hiccup must not stop the worker
-            log.warning("counting waiting jobs failed: %s", exc)
+            waiting.set((await client.count_workflows(query)).count)
+            summary = await ledger.summary()
+            if summary is not None and summary.carried_bytes is not None:
+                carried.set(summary.carried_bytes)
+        except Exception as exc:  # a visibility or ledger hiccup must not stop the worker
+            log.warning("reading the gauges failed: %s", exc)
         await asyncio.sleep(30)
 
 

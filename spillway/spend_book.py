@@ -139,6 +139,9 @@ class LedgerSummary(BaseModel):
     day: PeriodTotals
     month: PeriodTotals
     entries: list[SpendEntry]
+    # What its next continue-as-new would carry, against Temporal's payload limit (2 MB by
+    # default): `health` warns from CARRY_WARN_BYTES on.
+    carried_bytes: int | None = None
 
 
 class MonthSpend(BaseModel):
@@ -205,6 +208,7 @@ class BudgetView(BaseModel):
 
 # --- the book ------------------------------------------------------------------------------
 
+CARRY_WARN_BYTES = 512 * 1024  # a quarter of Temporal's default 2 MB payload limit
 REFUSED = "SpendRefused"  # ApplicationError type of every refusal; details: kind, entry, ...
 # A reservation whose create never began (its job was terminated between the two) stops
 # counting after this, and its run can no longer begin.

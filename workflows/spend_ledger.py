@@ -67,7 +67,11 @@ class SpendLedgerWorkflow:
 
     @workflow.query(name=names.LEDGER_SUMMARY)
     def summary(self) -> LedgerSummary:
-        return self._book.summary(workflow.now())
+        now = workflow.now()
+        carried = self._book.carried(now, LedgerInput().updates_per_run)
+        summary = self._book.summary(now)
+        summary.carried_bytes = len(carried.model_dump_json())
+        return summary
 
     @workflow.query(name=names.LEDGER_MONTH)
     def month_spent(self, month: str) -> float:

@@ -128,6 +128,8 @@ class BudgetHealth(BaseModel):
     day: PeriodTotals | None = None
     month: PeriodTotals | None = None
     error: str | None = None
+    # Set when what the ledger carries across continue-as-new nears Temporal's payload limit.
+    warning: str | None = None
 
 
 class WorkersHealth(BaseModel):
@@ -242,6 +244,7 @@ async def workers_health(settings: Settings, timeout_s: float = 20) -> WorkersHe
 
 async def budget_health(settings: Settings) -> BudgetHealth:
     from spillway.client.budget import ledger_summary
+    from spillway.spend_book import CARRY_WARN_BYTES
     from spillway.temporal import TemporalUnreachable, connect
 
     report = BudgetHealth(
@@ -253,6 +256,12 @@ async def budget_health(settings: Settings) -> BudgetHealth:
         report.error = str(exc)
         return report
     report.day, report.month = summary.day, summary.month
+    carried = summary.carried_bytes
+    if carried is not None and carried >= CARRY_WARN_BYTES:
+        report.warning = (
+            f"the spend ledger carries {carried // 1024} KiB across continue-as-new "
+            "(Temporal refuses payloads over 2 MiB by default): settle or restore what is open"
+        )
     return report
 
 

@@ -123,6 +123,8 @@ def _budget_line(health: Health) -> str:
         )
     elif budget.error:
         line += f"; ledger: {budget.error}"
+    if budget.warning:
+        line += f"; WARNING: {budget.warning}"
     return line
 
 
