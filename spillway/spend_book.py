@@ -144,6 +144,14 @@ class LedgerSummary(BaseModel):
     carried_bytes: int | None = None
 
 
+class IncarnationAsk(BaseModel):
+    """The ledger's `created_before` query: did a create of this job incarnation go out before
+    the ledger last continued as new?"""
+
+    job_id: str
+    incarnation: str | None
+
+
 class MonthSpend(BaseModel):
     """`spillway budget --month YYYY-MM --json`: the month's spending as the ledger counts it,
     and its entries as the ledger's runs recorded them (those still within the namespace's

@@ -26,6 +26,7 @@ with workflow.unsafe.imports_passed_through():
         REFUSED,
         BeginCreate,
         Budgets,
+        IncarnationAsk,
         LedgerInput,
         LedgerSummary,
         ReserveRequest,
@@ -76,6 +77,10 @@ class SpendLedgerWorkflow:
     @workflow.query(name=names.LEDGER_MONTH)
     def month_spent(self, month: str) -> float:
         return self._book.month_spent(month)
+
+    @workflow.query(name=names.LEDGER_CREATED)
+    def created_before(self, ask: IncarnationAsk) -> bool:
+        return self._book.created_before(ask.job_id, ask.incarnation)
 
     @workflow.query(name=names.LEDGER_BUDGETS)
     def budgets(self) -> Budgets:

@@ -72,6 +72,15 @@ class SpendActivities:
                 )
             )
         except SpendRefused as refused:
+            if refused.kind == "exists" and refused.entry is None:
+                # A create went out whose entry the ledger no longer holds: its task is followed
+                # from the ledger's history, and without it nothing is sent.
+                found = await self._archived(req.job_id)
+                if found is None:
+                    raise ApplicationError(
+                        refused.message, type=REFUSED, non_retryable=True
+                    ) from None
+                return Reservation(existing=found)
             if refused.kind == "exists":
                 return Reservation(existing=refused.entry)
             if refused.kind == "budget":
@@ -107,7 +116,17 @@ class SpendActivities:
             return None
         info = activity.info()
         incarnation = await self._ledger.incarnation(info.workflow_id or "", info.workflow_run_id)
-        return recorded_create(summary.entries, req.job_id, incarnation)
+        held = recorded_create(summary.entries, req.job_id, incarnation)
+        if held is None and await self._ledger.created_before(req.job_id, incarnation):
+            return await self._archived(req.job_id)
+        return held
+
+    async def _archived(self, job_id: str) -> SpendEntry | None:
+        """The create of the asking job's incarnation that the ledger settled before it last
+        continued as new, read from the history of the run that settled it."""
+        info = activity.info()
+        incarnation = await self._ledger.incarnation(info.workflow_id or "", info.workflow_run_id)
+        return await self._ledger.archived_create(job_id, incarnation)
 
     @activity.defn(name=names.SPEND_VIEW)
     async def view(self, req: SpendRequest) -> BudgetView:

@@ -26,12 +26,14 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.spend.history import archived_create
 from spillway import names
 from spillway.spend_book import (
     REFUSED,
     BeginCreate,
     Budgets,
     BudgetShortfall,
+    IncarnationAsk,
     LedgerInput,
     LedgerSummary,
     ReserveRequest,
@@ -79,6 +81,8 @@ class Ledger(Protocol):
     async def summary(self) -> LedgerSummary | None: ...
     async def incarnation(self, workflow_id: str, run_id: str | None) -> str | None: ...
     async def check_home(self) -> None: ...
+    async def created_before(self, job_id: str, incarnation: str | None) -> bool: ...
+    async def archived_create(self, job_id: str, incarnation: str | None) -> SpendEntry | None: ...
 
 
 class SpendLedger:
@@ -144,6 +148,17 @@ class SpendLedger:
             if exc.status == RPCStatusCode.NOT_FOUND:
                 return None
             raise
+
+    async def created_before(self, job_id: str, incarnation: str | None) -> bool:
+        handle = self._client.get_workflow_handle(self.workflow_id)
+        ask = IncarnationAsk(job_id=job_id, incarnation=incarnation)
+        created: bool = await handle.query(
+            names.LEDGER_CREATED, ask, rpc_timeout=RPC_TIMEOUT, result_type=bool
+        )
+        return created
+
+    async def archived_create(self, job_id: str, incarnation: str | None) -> SpendEntry | None:
+        return await archived_create(self._client, self._task_queue, job_id, incarnation)
 
     async def check_home(self) -> None:
         """Refuses a ledger that runs on another task queue than spillway's: whoever started it

@@ -40,7 +40,7 @@ def _untouched(budget: float | None) -> PeriodTotals:
 async def month_spend(client: Client, settings: Settings, month: str) -> MonthSpend:
     """`spillway budget --month YYYY-MM`: the total from the ledger, the entries from the
     histories of its runs (each continue-as-new leaves one behind), the latest word on each."""
-    from spillway.client.ledger_restore import rebuilt
+    from activities.spend.history import ledger_runs, rebuilt
 
     ledger_id = names.ledger_id(settings.SPILLWAY_TASK_QUEUE)
     try:
@@ -51,11 +51,10 @@ async def month_spend(client: Client, settings: Settings, month: str) -> MonthSp
         if exc.status != RPCStatusCode.NOT_FOUND:
             raise Failed(f"the spend ledger ({ledger_id}) did not answer ({exc.message})") from None
         spent = 0.0
-    runs = [r async for r in client.list_workflows(f"WorkflowId = '{ledger_id}'")]
-    runs.sort(key=lambda r: r.start_time)
+    runs = await ledger_runs(client, settings.SPILLWAY_TASK_QUEUE)
     by_key: dict[tuple[str, datetime], SpendEntry] = {}
     for run in runs:
-        held = await rebuilt(client, client.get_workflow_handle(ledger_id, run_id=run.run_id))
+        held = await rebuilt(client, run)
         by_key.update({(e.job_id, e.at): e for e in held.entries if f"{e.at:%Y-%m}" == month})
     entries = sorted(by_key.values(), key=lambda e: e.at)
     return MonthSpend(month=month, spent_usd=spent, entries=entries, runs_read=len(runs))

@@ -11,19 +11,17 @@ for an entry winning. That reads the same whatever code wrote it, and it needs n
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
 
-from pydantic import BaseModel, ValidationError
-from temporalio.api.common.v1 import Payload
+from pydantic import BaseModel
 from temporalio.api.enums.v1 import WorkflowExecutionStatus
-from temporalio.api.history.v1 import HistoryEvent
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.spend.history import rebuilt
 from spillway import names
 from spillway.errors import Failed
-from spillway.spend_book import Budgets, LedgerInput, SpendBook, SpendEntry
+from spillway.spend_book import LedgerInput, SpendBook
 
 
 class Restored(BaseModel):
@@ -47,7 +45,7 @@ async def restore(client: Client, task_queue: str, *, empty: bool = False) -> Re
     book = SpendBook.of(held)
     await client.start_workflow(
         names.SPEND_LEDGER,
-        book.carried(now, held.updates_per_run),
+        held,  # the state it closed in, entries and all: a reset job finds its entry
         id=ledger_id,
         task_queue=task_queue,
         id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
@@ -87,38 +85,3 @@ async def _closed_run(client: Client, ledger_id: str, empty: bool) -> tuple[str,
         )
     how = WorkflowExecutionStatus.Name(status).removeprefix("WORKFLOW_EXECUTION_STATUS_")
     return described.run_id or "", how
-
-
-async def rebuilt(client: Client, handle: WorkflowHandle[Any, Any]) -> LedgerInput:
-    """What one run of the ledger held when it ended: its input, with every entry as the run's
-    last answer about it left it."""
-    held = LedgerInput()
-    by_key: dict[tuple[str, datetime], SpendEntry] = {}
-    async for event in handle.fetch_history_events():
-        for payload in _answers(event):
-            (value,) = await client.data_converter.decode([payload], [dict])
-            if not isinstance(value, dict) or not value:
-                continue
-            if "updates_per_run" in value:  # the run's input: what it was carried
-                held = LedgerInput.model_validate(value)
-                by_key.update({(e.job_id, e.at): e for e in held.entries})
-            elif set(value) <= set(Budgets.model_fields):  # a `configure`'s answer
-                held.budgets = Budgets.model_validate(value)
-            else:
-                try:
-                    entry = SpendEntry.model_validate(value)
-                except ValidationError:
-                    continue
-                by_key[(entry.job_id, entry.at)] = entry
-    held.entries = sorted(by_key.values(), key=lambda e: e.at)
-    return held
-
-
-def _answers(event: HistoryEvent) -> list[Payload]:
-    if event.HasField("workflow_execution_started_event_attributes"):
-        return list(event.workflow_execution_started_event_attributes.input.payloads)
-    if event.HasField("workflow_execution_update_completed_event_attributes"):
-        outcome = event.workflow_execution_update_completed_event_attributes.outcome
-        if outcome.HasField("success"):
-            return list(outcome.success.payloads)
-    return []

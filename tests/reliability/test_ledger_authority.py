@@ -23,7 +23,8 @@ from temporalio import workflow
 from temporalio.api.common.v1 import WorkflowExecution
 from temporalio.api.workflowservice.v1 import DeleteWorkflowExecutionRequest
 from temporalio.client import Client, WorkflowFailureError, WorkflowUpdateFailedError
-from temporalio.common import RetryPolicy
+from temporalio.common import RetryPolicy, WorkflowIDReusePolicy
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from activities.cloud.models import CloudCreate
@@ -32,11 +33,12 @@ from spillway import names
 from spillway.models import CloudRequest
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
-from spillway.spend_book import LedgerSummary
+from spillway.spend_book import LedgerInput, LedgerSummary
 from tests.reliability.harness import cli
 from tests.reliability.test_money import reset_to_first_workflow_task
 from tests.support.constants import BUSY_VRAM_PCT, CLIP_USD
 from tests.support.waiting import until
+from workflows.spend_ledger import SpendLedgerWorkflow
 from workflows.video_job import VideoJobWorkflow
 
 BUDGET = {"CLOUD_DAILY_BUDGET_USD": 0.01}  # less than one clip
@@ -227,12 +229,12 @@ async def test_a_job_id_used_again_after_its_execution_was_deleted_is_rendered_a
 
     async def gone() -> bool:
         try:
-            await jobs.client.get_workflow_handle(job_id).describe()
-        except Exception:
-            return True
+            await jobs.client.get_workflow_handle(job_id).describe(rpc_timeout=timedelta(seconds=2))
+        except RPCError as exc:
+            return exc.status == RPCStatusCode.NOT_FOUND
         return False
 
-    await until(gone, lambda g: g, timeout_s=30)
+    await until(gone, lambda g: g, timeout_s=60)
     await jobs.submit("this month's video", job_id=job_id)
     new = await jobs.until(job_id, "completed")
 
@@ -241,3 +243,41 @@ async def test_a_job_id_used_again_after_its_execution_was_deleted_is_rendered_a
     assert not [r for r in new.reasons if r.startswith("followed_recorded_task")]
     assert (minimax.create_calls, minimax.tasks_created) == (2, 2)
     assert [b["prompt"] for b in minimax.create_bodies][-1] == "this month's video"
+
+
+async def test_a_job_reset_after_the_ledger_continued_as_new_follows_its_task_from_history(
+    workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim
+):
+    """The continued ledger no longer holds the settled entry, only its incarnation's tag: the
+    reset job finds the entry in the history of the run that settled it, and creates nothing."""
+    comfyui.set_vram_used_pct(BUSY_VRAM_PCT)
+    worker = await workers(
+        COMFYUI_URL=comfyui.url, MINIMAX_BASE_URL=minimax.url, CLOUD_VIDEO_FALLBACK_ENABLED=1
+    )
+    jobs = jobs_on(worker)
+    await ledger_started(jobs.client, worker.task_queue)
+    ledger_id = names.ledger_id(worker.task_queue)
+    await jobs.client.get_workflow_handle(ledger_id).terminate(reason="test: a short-lived ledger")
+    await jobs.client.start_workflow(
+        SpendLedgerWorkflow.run,
+        LedgerInput(updates_per_run=3),  # reserve, begin, settle: then it continues as new
+        id=ledger_id,
+        task_queue=worker.task_queue,
+        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+    )
+    job_id = await jobs.submit("made before the ledger continued")
+    done = await jobs.until(job_id, "completed")
+    assert done.cloud is not None
+    held = await until(
+        lambda: ledger_summary(jobs.client, worker.task_queue),
+        lambda s: not s.entries and s.month.spent_usd > 0,
+    )
+
+    new_run = await reset_to_first_workflow_task(jobs.client, job_id)
+    handle = jobs.client.get_workflow_handle_for(VideoJobWorkflow.run, job_id, run_id=new_run)
+    again = await asyncio.wait_for(handle.result(), 60)
+
+    assert held.month.spent_usd == pytest.approx(CLIP_USD)
+    assert again.cloud is not None and again.cloud.task_id == done.cloud.task_id
+    assert f"followed_recorded_task={done.cloud.task_id}" in again.reasons
+    assert (minimax.create_calls, minimax.tasks_created) == (1, 1)

@@ -123,6 +123,12 @@ class BookLedger:
     async def check_home(self) -> None:
         pass
 
+    async def created_before(self, job_id: str, incarnation: str | None) -> bool:
+        return self.book.created_before(job_id, incarnation)
+
+    async def archived_create(self, job_id: str, incarnation: str | None) -> SpendEntry | None:
+        return None
+
     def _terms(self) -> Vetted:
         return Vetted(cost_usd=self.cost_usd, budgets=self.book.budgets)
 

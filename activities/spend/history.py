@@ -1,0 +1,73 @@
+"""Reading the spend ledger's past from Temporal's histories, without replaying its code: what
+one run of SpendLedgerWorkflow held when it ended (`rebuilt`: its input, and every update's
+recorded answer, each reservation, begin and settle answering with the whole entry as it then
+stood, the last answer for an entry winning), and the create of a job incarnation that an
+earlier run settled (`archived_create`). Used by `spillway ledger restore`, `spillway budget
+--month` and `spend_recorded` for a job whose entry the ledger no longer holds."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import ValidationError
+from temporalio.api.common.v1 import Payload
+from temporalio.api.history.v1 import HistoryEvent
+from temporalio.client import Client, WorkflowHandle
+
+from spillway import names
+from spillway.spend_book import Budgets, LedgerInput, SpendEntry, recorded_create
+
+
+async def rebuilt(client: Client, handle: WorkflowHandle[Any, Any]) -> LedgerInput:
+    """What one run of the ledger held when it ended: its input, with every entry as the run's
+    last answer about it left it."""
+    held = LedgerInput()
+    by_key: dict[tuple[str, datetime], SpendEntry] = {}
+    async for event in handle.fetch_history_events():
+        for payload in _answers(event):
+            (value,) = await client.data_converter.decode([payload], [dict])
+            if not isinstance(value, dict) or not value:
+                continue
+            if "updates_per_run" in value:  # the run's input: what it was carried
+                held = LedgerInput.model_validate(value)
+                by_key.update({(e.job_id, e.at): e for e in held.entries})
+            elif set(value) <= set(Budgets.model_fields):  # a `configure`'s answer
+                held.budgets = Budgets.model_validate(value)
+            else:
+                try:
+                    entry = SpendEntry.model_validate(value)
+                except ValidationError:
+                    continue
+                by_key[(entry.job_id, entry.at)] = entry
+    held.entries = sorted(by_key.values(), key=lambda e: e.at)
+    return held
+
+
+def _answers(event: HistoryEvent) -> list[Payload]:
+    if event.HasField("workflow_execution_started_event_attributes"):
+        return list(event.workflow_execution_started_event_attributes.input.payloads)
+    if event.HasField("workflow_execution_update_completed_event_attributes"):
+        outcome = event.workflow_execution_update_completed_event_attributes.outcome
+        if outcome.HasField("success"):
+            return list(outcome.success.payloads)
+    return []
+
+
+async def ledger_runs(client: Client, task_queue: str) -> list[WorkflowHandle[Any, Any]]:
+    """The ledger's runs Temporal still keeps, oldest first."""
+    ledger_id = names.ledger_id(task_queue)
+    runs = [r async for r in client.list_workflows(f"WorkflowId = '{ledger_id}'")]
+    runs.sort(key=lambda r: r.start_time)
+    return [client.get_workflow_handle(ledger_id, run_id=r.run_id) for r in runs]
+
+
+async def archived_create(
+    client: Client, task_queue: str, job_id: str, incarnation: str | None
+) -> SpendEntry | None:
+    """The create of this job incarnation that an earlier ledger run recorded, newest run first."""
+    for run in reversed(await ledger_runs(client, task_queue)):
+        found = recorded_create((await rebuilt(client, run)).entries, job_id, incarnation)
+        if found is not None:
+            return found
+    return None
