@@ -29,7 +29,7 @@ from tests.support.route_stubs import BUSY, FREE, RouteStubs
 from tests.support.settings import ARMED, KEY, KLING_ARMED
 from tests.support.waiting import until
 
-VERSION = "0.3.0"  # the release whose histories this records
+VERSION = "0.4.0"  # the release whose histories this records
 HERE = Path(__file__).parent / "histories" / VERSION
 WAIT = KEY | {"APPROVAL_TIMEOUT_S": 900, "APPROVAL_RECHECK_S": 60}
 
@@ -110,6 +110,13 @@ async def record(run_jobs: RunJobs, name: str) -> WorkflowHandle[Any, Any]:
         async with run_jobs(stubs, **ARMED, SPILLWAY_HEARTBEAT_TIMEOUT_S=1) as jobs:
             handle = await jobs.start(job_id=name)
             await handle.result()
+    elif name == "spend-ledger":
+        # The ledger's own history: an armed job's reservation, begin and settle, each vetted
+        # by the ledger's local activity.
+        async with run_jobs(RouteStubs(BUSY), **ARMED) as jobs:
+            job = await jobs.start(job_id=name)
+            await job.result()
+            handle = jobs.client.get_workflow_handle(names.ledger_id(jobs.task_queue))
     else:
         raise SystemExit(f"unknown history {name}; one of {', '.join(NAMES)}")
     return handle
@@ -126,6 +133,7 @@ NAMES = (
     "kling-lost-create-reconciled",
     "create-lost-before-it-began",
     "host-lost-armed-cloud",
+    "spend-ledger",
 )
 # Recorded on the dev server: the time-skipping one answers ACTIVITY_UNKNOWN to cancelling a
 # running activity.
