@@ -114,8 +114,8 @@ async def record(run_jobs: RunJobs, name: str) -> WorkflowHandle[Any, Any]:
         # The ledger's own history: an armed job's reservation, begin and settle, each vetted
         # by the ledger's local activity.
         async with run_jobs(RouteStubs(BUSY), **ARMED) as jobs:
-            job = await jobs.start(job_id=name)
-            await job.result()
+            paid = await jobs.start(job_id=name)
+            await paid.result()
             handle = jobs.client.get_workflow_handle(names.ledger_id(jobs.task_queue))
     else:
         raise SystemExit(f"unknown history {name}; one of {', '.join(NAMES)}")

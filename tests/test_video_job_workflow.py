@@ -17,6 +17,7 @@ from activities.kling.activities import DOWNLOAD as KLING_DOWNLOAD
 from activities.kling.activities import POLL as KLING_POLL
 from activities.kling.activities import RECONCILE as KLING_RECONCILE
 from activities.minimax.activities import CREATE as MINIMAX_CREATE
+from activities.spend.ledger import SpendLedger
 from spillway import names
 from spillway.models import ApprovalDecision, LoadStatus, Plan
 from spillway.names import APPROVAL_SIGNAL, DECIDE_UPDATE, run_tag
@@ -484,3 +485,26 @@ async def test_a_host_silent_under_an_unarmed_job_fails_it_after_the_give_up(run
     message = cause_message(failed)
     assert "GPU host" in message and "ComfyUI" in message and "not armed" in message
     assert stubs.calls[MINIMAX_CREATE] == 0
+
+
+async def test_a_refusal_whose_settle_was_lost_is_settled_by_the_job_and_the_next_provider_runs(
+    run_jobs: RunJobs,
+):
+    """MiniMax provably made nothing, but its create's record of that never reached the ledger:
+    the job records `refused` itself, so Kling's reservation is not taken for a second create."""
+    stubs = RouteStubs(BUSY)
+    stubs.refused_unsettled = 1
+    both = KLING_ARMED | {"CLOUD_PROVIDERS": "minimax,kling"}
+    async with run_jobs(stubs, **both) as jobs:
+        plan: Plan = await (await jobs.start()).result()
+        summary = await SpendLedger(jobs.client, jobs.task_queue).summary()
+
+    assert (plan.state, plan.route) == ("completed", "cloud")
+    assert plan.cloud is not None and plan.cloud.provider == "kling"
+    assert [a.provider for a in plan.cloud.attempts] == ["minimax"]
+    assert summary is not None
+    assert [(e.provider, e.state) for e in summary.entries] == [
+        ("minimax", "refused"),
+        ("kling", "charged"),
+    ]
+    assert stubs.creates == 2

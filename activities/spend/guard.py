@@ -42,7 +42,7 @@ class CreateGuard:
     """What every provider's create activity runs its one request inside."""
 
     def __init__(self, ledger: Ledger, settings: Settings) -> None:
-        self._ledger, self._settings = ledger, settings
+        self.ledger, self._settings = ledger, settings
 
     async def create(
         self, job_id: str, authorisation: Authorisation, simulated: bool, send: Send
@@ -76,8 +76,8 @@ class CreateGuard:
         run_id = info.workflow_run_id or ""
         attempt = f"{run_id}/{info.activity_id}/{info.attempt}"
         try:
-            await self._ledger.check_home()
-            await self._ledger.begin(BeginCreate(job_id=job_id, run_id=run_id, attempt=attempt))
+            await self.ledger.check_home()
+            await self.ledger.begin(BeginCreate(job_id=job_id, run_id=run_id, attempt=attempt))
         except SpendRefused as refused:
             raise ApplicationError(
                 f"{refused.message}: nothing was sent",
@@ -97,7 +97,7 @@ class CreateGuard:
             note=verdict.message[:300],
         )
         try:
-            await self._ledger.settle(settle)
+            await self.ledger.settle(settle)
             settled = True
         except (SpendRefused, ApplicationError) as exc:
             # The workflow settles again from history; until then the entry blocks any second

@@ -23,10 +23,12 @@ from activities.kling.activities import RECONCILE as KLING_RECONCILE
 from activities.minimax.activities import CREATE as MINIMAX_CREATE
 from activities.minimax.activities import DOWNLOAD as MINIMAX_DOWNLOAD
 from activities.minimax.activities import POLL as MINIMAX_POLL
+from activities.minimax.errors import CREATE_GAVE_UP as MINIMAX_GAVE_UP
 from activities.probe.activities import LoadProbeRequest
 from activities.spend.guard import CreateGuard
 from spillway import names
 from spillway.models import ApprovalNotice, Downloaded, LoadStatus, OutputFile, Thresholds
+from spillway.spend_book import BeginCreate
 from tests.support.constants import BUSY_VRAM_PCT, FREE_VRAM_PCT
 
 SEED = Thresholds(vram_busy_pct=85, util_busy_pct=95)
@@ -71,6 +73,9 @@ class RouteStubs:
         self.wait_release.set()  # clear it to keep the wait running until set again
         self.create_hang = False  # the create never returns and never heartbeats
         self.lost_before_begin = 0  # how many creates hang, silent, before the ledger's begin
+        # How many MiniMax creates are refused by the provider (nothing made) with their settle
+        # lost on the way to the ledger: the job itself must record the refusal.
+        self.refused_unsettled = 0
         self.creates = 0  # create requests that got past the guard (would have cost money)
         self.reconciled: str | None = None  # the task Kling names for a lost create (None: none)
         self.guard: CreateGuard | None = None
@@ -192,6 +197,19 @@ class RouteStubs:
             self.lost_before_begin -= 1
             await asyncio.sleep(3600)
         assert self.guard is not None, "the job runner sets the guard"
+        if name == MINIMAX_CREATE and self.refused_unsettled:
+            self.refused_unsettled -= 1
+            info = activity.info()
+            await self.guard.ledger.begin(
+                BeginCreate(job_id=req.job_id, run_id=info.workflow_run_id or "", attempt="x")
+            )
+            self.creates += 1
+            raise ApplicationError(
+                "MiniMax refused: insufficient balance (1008)",
+                {"job_id": req.job_id, "settled": False},
+                type=MINIMAX_GAVE_UP,
+                non_retryable=True,
+            )
         done = await self.guard.create(req.job_id, req.authorisation, req.simulated, send)
         assert done.verdict.task_id is not None
         return cloud.CloudCreated(task_id=done.verdict.task_id, settled=done.settled)
