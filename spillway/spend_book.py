@@ -430,6 +430,12 @@ class SpendBook:
         """The entry to change; None when it already says so (a retried settle)."""
         mine = [e for e in self.entries if _mine(e, req.job_id, terms.incarnation)]
         entry = next((e for e in reversed(mine) if e.state not in ENDED_FREE), None)
+        if entry is None and req.state == "charged" and req.task_id and mine:
+            # A task id proves a charge, whatever was recorded before (a refusal settled by
+            # someone racing the create): counting it is the safe side.
+            entry = mine[-1] if mine[-1].state == "refused" else None
+            if entry is not None:
+                return entry
         if entry is None:
             if req.state in ENDED_FREE and mine:
                 return None  # released or refused already: a retried settle

@@ -271,3 +271,13 @@ def test_a_reset_run_finds_the_create_an_earlier_run_sent_and_nothing_else():
     released.reserve(*ask(), NOW)
     released.settle(*settle("released"), NOW)
     assert recorded_create(released.entries, "job-1", None) is None
+
+
+def test_a_task_id_turns_a_refused_entry_charged_a_refusal_never_unchanges_a_charge():
+    book = SpendBook([], Budgets())
+    book.reserve(*ask(), NOW)
+    book.begin(BeginCreate(job_id="job-1", run_id="run-a"), ANY, NOW)
+    book.settle(*settle("refused"), NOW)
+    assert book.settle(*settle("charged", task="task-3"), NOW).state == "charged"
+    assert book.totals("day", NOW).spent_usd == CLIP_USD
+    refused("settled", lambda: book.settle(*settle("refused"), NOW))
