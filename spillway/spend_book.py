@@ -142,6 +142,8 @@ class LedgerSummary(BaseModel):
     # What its next continue-as-new would carry, against Temporal's payload limit (2 MB by
     # default): `health` warns from CARRY_WARN_BYTES on.
     carried_bytes: int | None = None
+    # Set (TERMINATED, FAILED, ...) when the ledger is closed: it sends nothing until restored.
+    closed_as: str | None = None
 
 
 class IncarnationAsk(BaseModel):

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any, Protocol, TypeVar
 
+from temporalio.api.enums.v1 import WorkflowExecutionStatus
 from temporalio.client import (
     Client,
     RPCTimeoutOrCancelledError,
@@ -159,6 +160,14 @@ class SpendLedger:
 
     async def archived_create(self, job_id: str, incarnation: str | None) -> SpendEntry | None:
         return await archived_create(self._client, self._task_queue, job_id, incarnation)
+
+    async def closed_as(self) -> str | None:
+        """How the ledger's latest run ended (TERMINATED, FAILED, ...); None while it runs."""
+        info = (await self._client.get_workflow_handle(self.workflow_id).describe()).raw_description
+        status = info.workflow_execution_info.status
+        if status == WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_RUNNING:
+            return None
+        return WorkflowExecutionStatus.Name(status).removeprefix("WORKFLOW_EXECUTION_STATUS_")
 
     async def check_home(self) -> None:
         """Refuses a ledger that runs on another task queue than spillway's: whoever started it

@@ -256,8 +256,13 @@ async def budget_health(settings: Settings) -> BudgetHealth:
         report.error = str(exc)
         return report
     report.day, report.month = summary.day, summary.month
+    if summary.closed_as is not None:
+        report.warning = (
+            f"the spend ledger is closed ({summary.closed_as}): no cloud create is sent until "
+            "`spillway ledger restore`"
+        )
     carried = summary.carried_bytes
-    if carried is not None and carried >= CARRY_WARN_BYTES:
+    if report.warning is None and carried is not None and carried >= CARRY_WARN_BYTES:
         report.warning = (
             f"the spend ledger carries {carried // 1024} KiB across continue-as-new "
             "(Temporal refuses payloads over 2 MiB by default): settle or restore what is open"

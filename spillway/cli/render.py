@@ -220,7 +220,15 @@ def render_budget(summary: LedgerSummary) -> str:
     def usd(value: float | None) -> str:
         return "no cap" if value is None else f"${value:.2f}"
 
-    lines = [f"{'cloud spend (UTC)':<18}{'budget':>10}{'spent':>10}{'reserved':>10}{'left':>10}"]
+    lines = []
+    if summary.closed_as is not None:
+        lines.append(
+            f"the spend ledger is closed ({summary.closed_as}): no cloud create is sent until "
+            "`spillway ledger restore`; what it held when it closed:"
+        )
+    lines.append(
+        f"{'cloud spend (UTC)':<18}{'budget':>10}{'spent':>10}{'reserved':>10}{'left':>10}"
+    )
     for label, totals in (("today", summary.day), ("this month", summary.month)):
         lines.append(
             f"  {label:<16}{usd(totals.budget_usd):>10}{usd(totals.spent_usd):>10}"

@@ -26,6 +26,7 @@ async def ledger_summary(client: Client, settings: Settings) -> LedgerSummary:
             "through a running worker (spillway worker)"
         ) from None
     if summary is not None:
+        summary.closed_as = await ledger.closed_as()
         return summary
     budgets = budgets_of(settings)
     return LedgerSummary(

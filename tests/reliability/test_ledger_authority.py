@@ -188,12 +188,14 @@ async def test_a_terminated_ledger_fails_closed_until_restored_then_a_reset_job_
 
     second = await jobs.submit("after it")
     failed = await jobs.until(second, "failed")
+    _, shown, _ = await cli(sightings, "budget", env=worker.env)
     code, out, err = await cli(sightings, "ledger", "restore", "--json", env=worker.env)
     restored_budget = await ledger_summary(jobs.client, worker.task_queue)
     new_run = await reset_to_first_workflow_task(jobs.client, first)
     handle = jobs.client.get_workflow_handle_for(VideoJobWorkflow.run, first, run_id=new_run)
     again = await asyncio.wait_for(handle.result(), 60)
 
+    assert "the spend ledger is closed (TERMINATED)" in shown
     assert failed.error is not None and "spillway ledger restore" in failed.error
     assert "nothing was sent" in failed.error
     assert code == 0, err
