@@ -41,6 +41,7 @@ LEDGER_SUMMARY = "summary"
 LEDGER_BUDGETS = "budgets"
 LEDGER_MONTH = "month_spent"
 LEDGER_CREATED = "created_before"
+LEDGER_RESET_FROM = "reset_from"
 LEDGER_VET = "spend_ledger_vet"  # the ledger's own local activity
 LEDGER_ID = "spillway-spend-ledger"
 

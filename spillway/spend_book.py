@@ -89,6 +89,9 @@ class Vetted(BaseModel):
     incarnation: str | None = None
     cost_usd: float | None = None  # routing_tiers.json's figure for the job's own clip
     budgets: Budgets = Budgets()  # the workers' CLOUD_*_BUDGET_USD
+    # The ledger run that asked, as the activity saw it. Recorded in the ledger's history, so a
+    # ledger reset by an operator replays answers naming the run it was reset from.
+    ledger_run: str | None = None
 
 
 class BeginCreate(BaseModel):

@@ -53,6 +53,9 @@ class SpendLedgerWorkflow:
         self._book = SpendBook.of(inp)
         self._accepted = 0
         self._continuing = False
+        # The run this one was reset from by an operator (its answers after the reset point are
+        # not in this run): it grants nothing until `spillway ledger restore`.
+        self._reset_from: str | None = None
 
     @workflow.run
     async def run(self, inp: LedgerInput) -> None:
@@ -77,6 +80,11 @@ class SpendLedgerWorkflow:
     @workflow.query(name=names.LEDGER_MONTH)
     def month_spent(self, month: str) -> float:
         return self._book.month_spent(month)
+
+    @workflow.query(name=names.LEDGER_RESET_FROM)
+    def reset_from(self) -> str:
+        """The run this one was reset from ("" when it was not reset)."""
+        return self._reset_from or ""
 
     @workflow.query(name=names.LEDGER_CREATED)
     def created_before(self, ask: IncarnationAsk) -> bool:
@@ -141,6 +149,19 @@ class SpendLedgerWorkflow:
             schedule_to_close_timeout=timedelta(seconds=40),
             retry_policy=VET_RETRY,
         )
+        if terms.ledger_run not in (None, workflow.info().run_id):
+            # An answer recorded by the run this one was reset from, replayed: what it granted
+            # stands, and everything after the reset point is unknown here.
+            self._reset_from = terms.ledger_run
+        elif self._reset_from is not None:
+            raise _error(
+                SpendRefused(
+                    f"the spend ledger was reset (from run {self._reset_from}): it grants "
+                    "nothing until `spillway ledger restore` brings back what that run held; "
+                    "nothing was sent",
+                    "reset",
+                )
+            )
         self._book.budgets = terms.budgets
         if terms.refused is not None:
             raise _error(

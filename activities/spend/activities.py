@@ -85,7 +85,9 @@ class SpendActivities:
                 return Reservation(existing=refused.entry)
             if refused.kind == "budget":
                 return Reservation(shortfall=refused.shortfall)
-            raise ApplicationError(refused.message, type=REFUSED) from None
+            # The ledger's "no" (not spillway's request, a reset ledger): asking again changes
+            # nothing, and the job fails saying why.
+            raise ApplicationError(refused.message, type=REFUSED, non_retryable=True) from None
         return Reservation(granted=entry)
 
     @activity.defn(name=names.SPEND_SETTLE)

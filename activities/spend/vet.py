@@ -72,7 +72,9 @@ class LedgerVetting:
 
     @activity.defn(name=names.LEDGER_VET)
     async def vet(self, req: VetRequest) -> Vetted:
-        terms = Vetted(budgets=budgets_of(self._settings))
+        terms = Vetted(
+            budgets=budgets_of(self._settings), ledger_run=activity.info().workflow_run_id
+        )
         if req.purpose == "terms":
             return terms
         why, incarnation = await self._caller(req)
@@ -80,20 +82,20 @@ class LedgerVetting:
             activity.logger.warning(
                 "spend ledger refused a %s for %s: %s", req.purpose, req.job_id, why
             )
-            return Vetted(refused=why, budgets=terms.budgets)
+            return terms.model_copy(update={"refused": why})
         terms.incarnation = incarnation
         if req.purpose != "reserve":
             return terms
         s = self._settings
         if req.provider not in registry.configured(s):
-            return Vetted(refused=f"no key for {req.provider} on the worker", budgets=terms.budgets)
+            return terms.model_copy(update={"refused": f"no key for {req.provider} on the worker"})
         if req.authorisation == "armed" and not registry.armed(s):
-            return Vetted(refused="the cloud fallback is not armed", budgets=terms.budgets)
+            return terms.model_copy(update={"refused": "the cloud fallback is not armed"})
         if req.authorisation != "armed" and (why := await self._approval(req)) is not None:
-            return Vetted(refused=why, budgets=terms.budgets)
+            return terms.model_copy(update={"refused": why})
         job = await self._job(req)
         if job is None or job.cloud is None:
-            return Vetted(refused="the job has no cloud request", budgets=terms.budgets)
+            return terms.model_copy(update={"refused": "the job has no cloud request"})
         terms.cost_usd = estimate_usd(self._tiers, s, req.provider, job.cloud)
         return terms
 

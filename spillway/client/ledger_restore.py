@@ -79,6 +79,12 @@ async def _closed_run(client: Client, ledger_id: str, empty: bool) -> tuple[str,
         ) from None
     status = described.raw_description.workflow_execution_info.status
     if status == WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_RUNNING:
+        handle = client.get_workflow_handle(ledger_id)
+        reset_from: str = await handle.query(names.LEDGER_RESET_FROM, result_type=str)
+        if reset_from:
+            # Reset by an operator: the run it was reset from holds everything it granted.
+            await handle.terminate(reason="spillway ledger restore: the ledger had been reset")
+            return reset_from, "RESET"
         raise Failed(
             f"the spend ledger {ledger_id} is running: nothing to restore (terminate a ledger that "
             "no longer answers first; its entries come back from that run)"

@@ -21,7 +21,11 @@ from typing import Any
 import pytest
 from temporalio import workflow
 from temporalio.api.common.v1 import WorkflowExecution
-from temporalio.api.workflowservice.v1 import DeleteWorkflowExecutionRequest
+from temporalio.api.enums.v1 import EventType
+from temporalio.api.workflowservice.v1 import (
+    DeleteWorkflowExecutionRequest,
+    ResetWorkflowExecutionRequest,
+)
 from temporalio.client import Client, WorkflowFailureError, WorkflowUpdateFailedError
 from temporalio.common import RetryPolicy, WorkflowIDReusePolicy
 from temporalio.service import RPCError, RPCStatusCode
@@ -42,6 +46,8 @@ from workflows.spend_ledger import SpendLedgerWorkflow
 from workflows.video_job import VideoJobWorkflow
 
 BUDGET = {"CLOUD_DAILY_BUDGET_USD": 0.01}  # less than one clip
+MARKER = EventType.EVENT_TYPE_MARKER_RECORDED
+TASK_COMPLETED = EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
 
 
 @workflow.defn(name=names.VIDEO_JOB)
@@ -282,4 +288,49 @@ async def test_a_job_reset_after_the_ledger_continued_as_new_follows_its_task_fr
     assert held.month.spent_usd == pytest.approx(CLIP_USD)
     assert again.cloud is not None and again.cloud.task_id == done.cloud.task_id
     assert f"followed_recorded_task={done.cloud.task_id}" in again.reasons
+    assert (minimax.create_calls, minimax.tasks_created) == (1, 1)
+
+
+async def test_a_ledger_reset_by_an_operator_grants_nothing_until_restored(
+    workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim, sightings
+):
+    """Reset to just after its first reservation, the ledger replays an answer its earlier run
+    gave and knows it was reset: it grants nothing (what that run held after the reset point is
+    not in it) until restore brings back the run it was reset from."""
+    comfyui.set_vram_used_pct(BUSY_VRAM_PCT)
+    worker = await workers(
+        COMFYUI_URL=comfyui.url, MINIMAX_BASE_URL=minimax.url, CLOUD_VIDEO_FALLBACK_ENABLED=1
+    )
+    jobs = jobs_on(worker)
+    first = await jobs.submit("before the reset")
+    done = await jobs.until(first, "completed")
+    assert done.cloud is not None
+    ledger_id = names.ledger_id(worker.task_queue)
+    ledger = jobs.client.get_workflow_handle(ledger_id)
+    history = await ledger.fetch_history()
+    marker = next(e.event_id for e in history.events if e.event_type == MARKER)
+    after = next(
+        e.event_id for e in history.events if e.event_type == TASK_COMPLETED and e.event_id > marker
+    )
+    old_run = (await ledger.describe()).run_id
+    await jobs.client.workflow_service.reset_workflow_execution(
+        ResetWorkflowExecutionRequest(
+            namespace=jobs.client.namespace,
+            workflow_execution=WorkflowExecution(workflow_id=ledger_id, run_id=old_run),
+            reason="test: an operator resets the ledger",
+            workflow_task_finish_event_id=after,
+            request_id=str(uuid.uuid4()),
+        )
+    )
+
+    second = await jobs.submit("after the reset")
+    failed = await jobs.until(second, "failed")
+    code, out, err = await cli(sightings, "ledger", "restore", "--json", env=worker.env)
+    restored = await ledger_summary(jobs.client, worker.task_queue)
+
+    assert failed.error is not None and "the spend ledger was reset" in failed.error
+    assert code == 0, err
+    assert f'"from_run": "{old_run}"' in out and '"closed_as": "RESET"' in out
+    [entry] = restored.entries
+    assert (entry.job_id, entry.state, entry.task_id) == (first, "charged", done.cloud.task_id)
     assert (minimax.create_calls, minimax.tasks_created) == (1, 1)
