@@ -1,7 +1,7 @@
 """The spend ledger's book-keeping as plain code: which reservation may be made, which create may
 be sent, how entries settle, and the day's and month's totals. SpendLedgerWorkflow holds one
-`SpendBook` and calls it from its update handlers once a request is vetted; being pure (the caller passes
-the time), it is deterministic and tested without a Temporal server.
+`SpendBook` and calls it from its update handlers once a request is vetted; being pure (the
+caller passes the time), it is deterministic and tested without a Temporal server.
 
 The rules (docs/design.md, money invariants 2, 5 and 6):
 - One live entry per job. A job whose earlier create was sent (reserved and begun, charged,
