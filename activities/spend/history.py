@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError
 from temporalio.api.common.v1 import Payload
+from temporalio.api.enums.v1 import WorkflowTaskFailedCause
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client, WorkflowHandle
 
@@ -21,10 +22,17 @@ from spillway.spend_book import Budgets, LedgerInput, SpendEntry, recorded_creat
 
 async def rebuilt(client: Client, handle: WorkflowHandle[Any, Any]) -> LedgerInput:
     """What one run of the ledger held when it ended: its input, with every entry as the run's
-    last answer about it left it."""
+    last answer about it left it. A run made by a reset holds only what came before the reset
+    point and after it: what the run it was reset from answered is read from that run too."""
     held = LedgerInput()
     by_key: dict[tuple[str, datetime], SpendEntry] = {}
     async for event in handle.fetch_history_events():
+        base = _reset_from(event)
+        if base:
+            before = await rebuilt(client, client.get_workflow_handle(handle.id, run_id=base))
+            by_key.update({(e.job_id, e.at): e for e in before.entries})
+            held.spent, held.created = before.spent, before.created
+            continue
         for payload in _answers(event):
             (value,) = await client.data_converter.decode([payload], [dict])
             if not isinstance(value, dict) or not value:
@@ -42,6 +50,16 @@ async def rebuilt(client: Client, handle: WorkflowHandle[Any, Any]) -> LedgerInp
                 by_key[(entry.job_id, entry.at)] = entry
     held.entries = sorted(by_key.values(), key=lambda e: e.at)
     return held
+
+
+def _reset_from(event: HistoryEvent) -> str:
+    """The run a reset made this one from ("" for any other event)."""
+    if not event.HasField("workflow_task_failed_event_attributes"):
+        return ""
+    failed = event.workflow_task_failed_event_attributes
+    if failed.cause != WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_RESET_WORKFLOW:
+        return ""
+    return failed.base_run_id
 
 
 def _answers(event: HistoryEvent) -> list[Payload]:

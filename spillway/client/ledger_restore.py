@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 
 from pydantic import BaseModel
 from temporalio.api.enums.v1 import WorkflowExecutionStatus
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowQueryFailedError
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -80,7 +80,10 @@ async def _closed_run(client: Client, ledger_id: str, empty: bool) -> tuple[str,
     status = described.raw_description.workflow_execution_info.status
     if status == WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_RUNNING:
         handle = client.get_workflow_handle(ledger_id)
-        reset_from: str = await handle.query(names.LEDGER_RESET_FROM, result_type=str)
+        try:
+            reset_from: str = await handle.query(names.LEDGER_RESET_FROM, result_type=str)
+        except (RPCError, WorkflowQueryFailedError):
+            reset_from = ""  # one whose tasks fail answers no query: terminated first
         if reset_from:
             # Reset by an operator: the run it was reset from holds everything it granted.
             await handle.terminate(reason="spillway ledger restore: the ledger had been reset")
