@@ -3,8 +3,10 @@
 
 The worker serves SPILLWAY_TASK_QUEUE: the workflows, the policy, the spend ledger's activities,
 the approval webhook and the cloud create; the long cloud activities (poll, download) on
-`<queue>-waits`, a slot pool of their own. Unless told `--no-agents` it also runs the agent of
-every configured GPU host in the same process, so one machine stays one command.
+`<queue>-waits`, a slot pool of their own; the spend ledger's vetting on `<queue>-ledger-vet` and
+the GPU pool on `<queue>-gpu-pool`, each with a Temporal worker of its own. Unless told
+`--no-agents` it also runs the agent of every configured GPU host in the same process, so one
+machine stays one command.
 
 An agent runs next to one GPU: its load probe (NVML reads the GPU of the machine it runs on),
 submit and cancel on `<queue>-gpu-<host>`, and the long waits on ComfyUI and the downloads on
@@ -41,6 +43,7 @@ from spillway.settings import Settings, load_settings
 from spillway.temporal import TemporalUnreachable, connect
 from spillway.tiers import RoutingTiers, load_tiers
 from workflows.callback import CallbackWorkflow
+from workflows.gpu_pool import GpuPoolWorkflow
 from workflows.health import HealthWorkflow
 from workflows.spend_ledger import SpendLedgerWorkflow
 from workflows.video_job import VideoJobWorkflow
@@ -48,6 +51,8 @@ from workflows.video_job import VideoJobWorkflow
 log = logging.getLogger("spillway.worker")
 
 WORKFLOWS = [VideoJobWorkflow, SpendLedgerWorkflow, HealthWorkflow, CallbackWorkflow]
+POOL = GpuPoolWorkflow  # on a queue of its own (spillway.names.pool_queue)
+REPLAYED = [*WORKFLOWS, POOL]  # what the recorded histories are replayed against
 # No sandbox in production. Temporal's sandbox re-imports workflow modules per run to isolate
 # their state (ours hold constants only: tests/test_workflow_modules.py), and even with them
 # passed through it compiles and runs a code string for every activation and every command's
@@ -101,7 +106,7 @@ async def serving(
         if not agents and only_host is None:
             running = {}
         if only_host is None:
-            works = main_work(http, client, settings, tiers, store, WORKFLOWS)
+            works = main_work(http, client, settings, tiers, store, WORKFLOWS, POOL)
         for host in hosts:
             if host.name in running:
                 works += running[host.name].work(settings, host)
@@ -112,6 +117,7 @@ async def serving(
                 workflows=w.workflows,
                 activities=w.activities,
                 max_concurrent_activities=w.max_activities,
+                max_cached_workflows=settings.SPILLWAY_MAX_CACHED_WORKFLOWS,
                 **POLLING,
                 max_heartbeat_throttle_interval=_heartbeat_throttle(w, settings),
                 workflow_runner=WORKFLOW_RUNNER,

@@ -26,6 +26,9 @@ class PolicyActivities:
     async def read_policy(self, req: PolicyRequest) -> Policy:
         s = self._settings
         providers = clouds.configured(s)
+        # Each host's agent polls queues named after the queue this worker serves (the GPU
+        # pool's own queue is named after it too).
+        queue = activity.info().task_queue.removesuffix(names.POOL_SUFFIX)
         return Policy(
             fallback_enabled=s.CLOUD_VIDEO_FALLBACK_ENABLED,
             key_present=bool(providers),
@@ -41,9 +44,9 @@ class PolicyActivities:
             await_loops_per_run=s.SPILLWAY_AWAIT_LOOPS_PER_RUN,
             heartbeat_timeout_s=s.SPILLWAY_HEARTBEAT_TIMEOUT_S,
             simulated=s.SPILLWAY_SIMULATED,
-            # Each host's agent polls queues named after the queue this worker serves.
-            hosts=[ref(activity.info().task_queue, h.name) for h in gpu_hosts(s, self._tiers)],
+            hosts=[ref(queue, h.name, h.max_jobs) for h in gpu_hosts(s, self._tiers)],
             providers=providers,
             job_webhook_configured=s.JOB_WEBHOOK_URL is not None,
             approvals_signed=s.SPILLWAY_APPROVAL_SECRET is not None,
+            pool_reprobe_s=s.SPILLWAY_POOL_REPROBE_S,
         )

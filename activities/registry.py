@@ -17,6 +17,7 @@ from activities.cloud import registry as clouds
 from activities.comfyui.activities import ComfyUIActivities
 from activities.notify import NotifyActivities
 from activities.policy import PolicyActivities
+from activities.pool import PoolActivities
 from activities.probe.activities import LoadStatusActivities
 from activities.probe.nvml import GpuReader
 from activities.spend.activities import SpendActivities
@@ -24,6 +25,7 @@ from activities.spend.ledger import SpendLedger
 from activities.spend.vet import LedgerVetting
 from activities.storage.store import OutputStore
 from spillway.hosts import WAITS_SUFFIX, GpuHost, host_settings, ref
+from spillway.names import pool_queue, vet_queue
 from spillway.settings import Settings
 from spillway.tiers import RoutingTiers
 
@@ -45,17 +47,22 @@ def main_work(
     tiers: RoutingTiers,
     store: OutputStore,
     workflows: list[type],
+    pool: type,
 ) -> list[QueueWork]:
-    """The worker's two queues: decisions, policy, spend and cloud creates with the workflows
-    (and the spend ledger's own vetting, a local activity of the ledger); the long cloud waits
-    in a slot pool of their own."""
+    """The worker's queues: decisions, policy, spend and cloud creates with the workflows; the
+    spend ledger's vetting on a queue of its own (and on the main queue for ledger runs that vet
+    by a local activity); the long cloud waits in a slot pool of their own; the GPU pool (`pool`)
+    on its own queue, with its policy read and holder check."""
     ledger = SpendLedger(client, settings.SPILLWAY_TASK_QUEUE)
     policy = PolicyActivities(settings, tiers)
     notify = NotifyActivities(http, settings)
     spend = SpendActivities(ledger, settings, tiers)
     callbacks = CallbackActivities(http, settings)
     approvals = ApprovalActivities(settings)
+    places = PoolActivities(client)
+    vetting = LedgerVetting(client, settings, tiers)
     decisions: list[Callable[..., Any]] = [
+        places.start,
         policy.read_policy,
         notify.notify_approval_needed,
         approvals.verify,
@@ -64,7 +71,7 @@ def main_work(
         spend.view,
         spend.recorded,
         callbacks.job_callback,
-        LedgerVetting(client, settings, tiers).vet,
+        vetting.vet,
     ]
     waits: list[Callable[..., Any]] = []
     for provider in clouds.PROVIDERS.values():
@@ -75,6 +82,8 @@ def main_work(
     return [
         QueueWork(queue, decisions, workflows),
         QueueWork(queue + WAITS_SUFFIX, waits, max_activities=settings.SPILLWAY_MAX_WAITS),
+        QueueWork(vet_queue(queue), [vetting.vet]),
+        QueueWork(pool_queue(queue), [policy.read_policy, places.check_holders], [pool]),
     ]
 
 
@@ -102,7 +111,7 @@ class Agent:
 
     def work(self, settings: Settings, host: GpuHost) -> list[QueueWork]:
         comfyui = self.comfyui
-        queues = ref(settings.SPILLWAY_TASK_QUEUE, host.name)
+        queues = ref(settings.SPILLWAY_TASK_QUEUE, host.name, host.max_jobs)
         short: list[Callable[..., Any]] = [
             self.load.a40_load_status,
             comfyui.upload,

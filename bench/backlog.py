@@ -79,7 +79,13 @@ async def main(waiting: int, new: int, pause_s: float, agent_apart: bool) -> Non
     sims, urls = await start_doubles(execution_s=3600)
     env = await start_dev_server()
     queue = f"bench-{uuid.uuid4()}"
-    armed = {"CLOUD_VIDEO_FALLBACK_ENABLED": "1", "MINIMAX_POLL_INTERVAL_S": "2"}
+    # A place for every backlog job: they wait on ComfyUI itself, which is what this measures
+    # (bench/admission.py measures a line in spillway's GPU pool).
+    armed = {
+        "CLOUD_VIDEO_FALLBACK_ENABLED": "1",
+        "MINIMAX_POLL_INTERVAL_S": "2",
+        "A40_MAX_JOBS": str(max(waiting, 1)),
+    }
     agent = None
     if agent_apart:  # the GPU host's set-up: the agent in a process of its own
         worker = await start_worker(env, queue, urls, "worker", "--no-agents", **armed)

@@ -1,5 +1,5 @@
 """The baselines of bench/comfyui_route.py: workflows that run a job's number of no-op
-activities in a row, the first of them as a local activity, as a job reads its policy.
+activities in a row, the first of them on the workflow's own queue, as a job reads its policy.
 `BareWorkflow` runs the rest on its own queue; `JobShapedWorkflow` runs them where a LOCAL job
 runs its probe, submit, wait and download, with the same options."""
 
@@ -33,8 +33,7 @@ async def noop(step: int) -> int:
 class BareWorkflow:
     @workflow.run
     async def run(self, steps: int) -> None:
-        await workflow.execute_local_activity(noop, 0, start_to_close_timeout=TIMEOUT)
-        for step in range(1, steps):
+        for step in range(steps):
             await workflow.execute_activity(noop, step, start_to_close_timeout=TIMEOUT)
 
 
@@ -45,7 +44,7 @@ class JobShapedWorkflow:
     @workflow.run
     async def run(self, host_queue: str) -> None:
         priority = Priority(priority_key=3)  # a job's default
-        await workflow.execute_local_activity(noop, 0, start_to_close_timeout=TIMEOUT)
+        await workflow.execute_activity(noop, 0, start_to_close_timeout=TIMEOUT)
         await workflow.execute_activity(
             noop,
             1,

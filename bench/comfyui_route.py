@@ -18,7 +18,10 @@ rounds, so that a shared machine's moods fall on all of them alike. Prints jobs/
 the ratios, as the median and each round's, p50/p99 from the job's start to ComfyUI's POST
 /prompt (server-side times from each job's history: start event to comfyui_submit completed),
 and the median CPU time per job of each process for each: on a machine of few cores they share
-the cores, so the ratio is the ratio of their CPU costs.
+the cores, so the ratio is the ratio of their CPU costs. Then one job of each kind at a time, ten
+times: start to result, as one client sees a lone job. The GPU host has a place for every job
+(A40_MAX_JOBS = --jobs): the jobs still ask the GPU pool for one and give it back, but never wait
+in line.
 """
 
 from __future__ import annotations
@@ -53,8 +56,10 @@ from spillway.tiers import load_tiers
 from tests.support.graphs import VIDEO_GRAPH
 from worker import POLLING, WORKFLOW_RUNNER, serving
 
-# read_policy (a local activity), a40_load_status, comfyui_submit, comfyui_wait, comfyui_download
+# read_policy, a40_load_status, comfyui_submit, comfyui_wait, comfyui_download; a job also asks
+# the GPU pool for a place by signal, hears the answer by signal and gives it back by signal.
 STEPS = 5
+ALONE = 10  # one-at-a-time runs of each kind
 
 
 async def start_to_post_s(client: Client, handle: WorkflowHandle[Any, Any]) -> float:
@@ -120,6 +125,8 @@ async def main(jobs: int, rounds: int) -> None:
         SPILLWAY_OUTPUT_DIR=Path(tempfile.mkdtemp(prefix="spillway-bench-")),
         A40_GUARD_URL=None,
         MINIMAX_API_KEY=None,
+        # A place for every job: this measures what the route costs, not the line's turns.
+        A40_MAX_JOBS=max(jobs, 10),
     )
     tiers = load_tiers(settings.SPILLWAY_ROUTING_TIERS)
     # The baselines and their no-op activities in the same process, on queues of their own,
@@ -169,7 +176,14 @@ async def main(jobs: int, rounds: int) -> None:
             assert all(p.state == "completed" and p.route == "local" for p in results)
         return Round(seconds, {k: cpu_after[k] - cpu_before[k] for k in processes}, handles)
 
+    async def alone(kind: str) -> float:
+        """One job at a time: its start to its result, as a client sees it."""
+        started = time.perf_counter()
+        await (await start(kind)).result()
+        return time.perf_counter() - started
+
     measured: dict[str, list[Round]] = {kind: [] for kind in KINDS}
+    single: dict[str, list[float]] = {kind: [] for kind in KINDS}
     async with serving(env.client, settings, tiers), contextlib.AsyncExitStack() as workers:
         for worker in baseline_workers:
             await workers.enter_async_context(worker)
@@ -179,6 +193,9 @@ async def main(jobs: int, rounds: int) -> None:
         for _ in range(rounds):
             for kind in KINDS:
                 measured[kind].append(await run(kind, jobs))
+        for _ in range(ALONE):
+            for kind in KINDS:
+                single[kind].append(await alone(kind))
 
     def rates(kind: str) -> list[float]:
         return [jobs / r.seconds for r in measured[kind]]
@@ -205,6 +222,10 @@ async def main(jobs: int, rounds: int) -> None:
     to_post = [await start_to_post_s(env.client, h) for h in local_handles]
     q = statistics.quantiles(to_post, n=100, method="inclusive")
     print(f"  start -> POST /prompt   p50 {q[49] * 1000:.0f} ms   p99 {q[98] * 1000:.0f} ms")
+    alone_ms = {k: statistics.median(v) * 1000 for k, v in single.items()}
+    print(f"  one job alone, start -> result, median of {ALONE}, ms")
+    print("    " + "   ".join(f"{k} {alone_ms[k]:.0f}" for k in KINDS))
+    print(f"    LOCAL / on a job's queues  {alone_ms['LOCAL'] / alone_ms['shaped']:.2f}")
     print("  CPU ms per job, median   eager matched shaped  LOCAL")
     for name in processes:
         ms = [statistics.median(1000 * r.cpu[name] / jobs for r in measured[k]) for k in KINDS]

@@ -153,12 +153,15 @@ async def main(creates: int, steady: int, rate: float, race: int) -> None:
         await env.client.start_workflow(
             SpendLedgerWorkflow.run, carried, id=ledger.workflow_id, task_queue=queue
         )
-        async with Worker(
-            env.client,
-            task_queue=queue,
-            workflows=[SpendLedgerWorkflow, BenchJob],
-            activities=[reserving.reserve, vetting.vet],
-            workflow_runner=UnsandboxedWorkflowRunner(),
+        async with (
+            Worker(
+                env.client,
+                task_queue=queue,
+                workflows=[SpendLedgerWorkflow, BenchJob],
+                activities=[reserving.reserve],
+                workflow_runner=UnsandboxedWorkflowRunner(),
+            ),
+            Worker(env.client, task_queue=names.vet_queue(queue), activities=[vetting.vet]),
         ):
 
             async def job(label: str, n: int) -> float:

@@ -63,6 +63,15 @@ class Decision(BaseModel):
     why: str
 
 
+def places_taken(load: LoadStatus, full: list[str]) -> LoadStatus:
+    """The reading as the decision sees it once the GPU pool said every place that the job could
+    take is taken (docs/design.md, "GPU admission"): overloaded, the pool's reasons added
+    (`gpu_places_full_<host>_<n>of<max>`)."""
+    if not load.reachable or load.overloaded:
+        return load
+    return load.model_copy(update={"overloaded": True, "reasons": [*load.reasons, *full]})
+
+
 def decide(load: LoadStatus, armed: bool) -> Decision:
     """`reachable=False` must already be confirmed by a second probe."""
     if load.reachable and not load.overloaded:

@@ -29,15 +29,16 @@ class GpuHost(BaseModel):
     nvml_index: int = 0
     vram_busy_pct: float = 85.0
     util_busy_pct: float = 95.0
+    max_jobs: int = 2
 
 
 def host_queue(task_queue: str, host: str) -> str:
     return f"{task_queue}-gpu-{host}"
 
 
-def ref(task_queue: str, host: str) -> HostRef:
+def ref(task_queue: str, host: str, max_jobs: int = 2) -> HostRef:
     queue = host_queue(task_queue, host)
-    return HostRef(name=host, task_queue=queue, waits_queue=queue + WAITS_SUFFIX)
+    return HostRef(name=host, task_queue=queue, waits_queue=queue + WAITS_SUFFIX, max_jobs=max_jobs)
 
 
 def gpu_hosts(settings: Settings, tiers: RoutingTiers) -> list[GpuHost]:
@@ -51,6 +52,7 @@ def gpu_hosts(settings: Settings, tiers: RoutingTiers) -> list[GpuHost]:
                 nvml_index=settings.A40_NVML_INDEX,
                 vram_busy_pct=settings.A40_VRAM_BUSY_PCT,
                 util_busy_pct=settings.A40_UTIL_BUSY_PCT,
+                max_jobs=local[0].max_jobs or settings.A40_MAX_JOBS,
             )
         ]
     return [
@@ -61,6 +63,7 @@ def gpu_hosts(settings: Settings, tiers: RoutingTiers) -> list[GpuHost]:
             nvml_index=t.nvml_index,
             vram_busy_pct=t.vram_busy_pct or settings.A40_VRAM_BUSY_PCT,
             util_busy_pct=t.util_busy_pct or settings.A40_UTIL_BUSY_PCT,
+            max_jobs=t.max_jobs or settings.A40_MAX_JOBS,
         )
         for t in local
     ]

@@ -55,6 +55,7 @@ class HostRef(BaseModel):
     name: str
     task_queue: str  # probe, submit, cancel: short
     waits_queue: str  # waiting on ComfyUI and downloading: long, many at a time
+    max_jobs: int = 2  # its places: spillway hands it at most this many jobs at once
 
 
 class Policy(BaseModel):
@@ -82,6 +83,7 @@ class Policy(BaseModel):
     job_webhook_configured: bool  # JOB_WEBHOOK_URL: every job's completion is posted
     # SPILLWAY_APPROVAL_SECRET: only signed decisions are used. Not read by 0.3.0 workers.
     approvals_signed: bool = False
+    pool_reprobe_s: float = 2.0  # SPILLWAY_POOL_REPROBE_S
 
 
 class HostView(BaseModel):
@@ -281,6 +283,7 @@ class CloudInfo(BaseModel):
 JobState = Literal[
     "probing",
     "awaiting_approval",
+    "queued",
     "running_local",
     "running_cloud",
     "completed",
@@ -288,6 +291,28 @@ JobState = Literal[
     "cancelled",
 ]
 FINAL_STATES: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
+
+
+class QueueSpot(BaseModel):
+    """`status --json`'s `queue` while a job waits for a GPU place: 1 = next."""
+
+    position: int
+    ahead: int
+    eta_s: float | None
+
+
+# "headroom": a place only while the host's probe shows headroom (a job that may still go to the
+# cloud, waiting for a person); "any": the next free place on a host that answers.
+PlaceMode = Literal["headroom", "any"]
+
+
+class JobPlace(BaseModel):
+    """A job's ask for a GPU place, as the job keeps it: when it asked (which names the ask) and
+    the host that admitted it (None: still waiting for one)."""
+
+    asked_at: datetime
+    mode: PlaceMode = "any"
+    host: str | None = None
 
 
 class Plan(BaseModel):
@@ -310,6 +335,9 @@ class Plan(BaseModel):
     ignored_signals: list[IgnoredSignal] = []
     # While a job waits for a person: its cloud estimate and what the budgets have left.
     budget: BudgetView | None = None
+    # Where it stands in the GPU line: as of when it joined in the plan the job publishes; now,
+    # from the pool, in `spillway status`.
+    queue: QueueSpot | None = None
 
 
 class ApprovalNotice(BaseModel):
@@ -336,6 +364,7 @@ class AwaitCarry(BaseModel):
     approval_deadline: datetime
     give_up_at: datetime
     pending_approval: ApprovalDecision | None = None
+    place: JobPlace | None = None  # its ask for a GPU place (None: a run from before the pool)
 
 
 class VideoJob(BaseModel):

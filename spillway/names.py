@@ -21,12 +21,15 @@ VIDEO_JOB = "VideoJobWorkflow"  # what clients start: its input is the JSON of V
 SPEND_LEDGER = "SpendLedgerWorkflow"
 HEALTH = "SpillwayHealthWorkflow"
 CALLBACK = "SpillwayCallbackWorkflow"
+GPU_POOL = "SpillwayGpuPoolWorkflow"
 
 # VideoJobWorkflow's handlers. The signal takes a raw payload (read in the handler) and the
 # update is async, so the SDK cannot type calls made with the methods themselves.
 APPROVAL_SIGNAL = "approval"
 DECIDE_UPDATE = "decide_approval"
 PLAN_QUERY = "plan"
+POOL_ANSWER = "pool_answer"  # the GPU pool's answer to the job's ask: a place, or a position
+JOB_PLACE = "pool_place"  # the job's own account of its place, for the pool's holder check
 # The memo keys a job publishes: its plan (`spillway status` without a worker) and its priority
 # (`list`: Temporal's list does not return an execution's priority).
 PLAN_MEMO = "plan"
@@ -45,11 +48,43 @@ LEDGER_RESET_FROM = "reset_from"
 LEDGER_VET = "spend_ledger_vet"  # the ledger's own local activity
 LEDGER_ID = "spillway-spend-ledger"
 
+# The GPU pool's handlers (docs/design.md, "GPU admission"): jobs reach it by signal-with-start,
+# which hundreds of jobs arriving at once cannot overrun (updates: 10 in flight at most).
+POOL_ASK = "ask"
+POOL_LEAVE = "give_back"
+POOL_VIEW = "view"
+POOL_SPOT = "spot"
+POOL_ID = "spillway-gpu-pool"
+
 
 def ledger_id(task_queue: str) -> str:
     """One ledger per namespace and task queue: a simulated deployment (its own queue) never
     shares money with the real one."""
     return LEDGER_ID if task_queue == "spillway" else f"{LEDGER_ID}-{task_queue}"
+
+
+def pool_id(task_queue: str) -> str:
+    """One GPU pool per namespace and task queue, like the ledger."""
+    return POOL_ID if task_queue == "spillway" else f"{POOL_ID}-{task_queue}"
+
+
+VET_SUFFIX = "-ledger-vet"
+
+
+def vet_queue(task_queue: str) -> str:
+    """The spend ledger's vetting queue, served by a worker of its own in the worker's process:
+    a burst of jobs' activities on the main queue never holds up the ledger's answers."""
+    return task_queue + VET_SUFFIX
+
+
+POOL_SUFFIX = "-gpu-pool"
+
+
+def pool_queue(task_queue: str) -> str:
+    """The pool's own task queue, served by a worker of its own in the worker's process: its
+    cache never gives the pool's place to a burst of jobs (a pool evicted under a burst replays
+    its whole history for every batch of asks)."""
+    return task_queue + POOL_SUFFIX
 
 
 # --- activities --------------------------------------------------------------------------------
@@ -70,3 +105,6 @@ SPEND_RESERVE = "spend_reserve"
 SPEND_SETTLE = "spend_settle"
 SPEND_VIEW = "spend_view"
 SPEND_RECORDED = "spend_recorded"
+
+POOL_START = "gpu_pool_start"
+POOL_CHECK = "gpu_pool_check_holders"

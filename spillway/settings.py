@@ -85,13 +85,20 @@ class Settings(BaseSettings):
     )
 
     APPROVAL_TIMEOUT_S: Seconds = 900.0
+    # Runs of 0.4.0 only: a job waiting for approval re-probed this often. The GPU pool re-probes
+    # the hosts instead, every SPILLWAY_POOL_REPROBE_S while jobs wait.
     APPROVAL_RECHECK_S: Seconds = 60.0
+    SPILLWAY_POOL_REPROBE_S: Annotated[float, Field(ge=0.2, le=300)] = 2.0
+    # Places of the single GPU host (routing_tiers.json's `max_jobs` per host otherwise): one
+    # rendering, one ready behind it so the card never idles between two jobs.
+    A40_MAX_JOBS: Annotated[int, Field(ge=1, le=1000)] = 2
     APPROVAL_WEBHOOK_URL: AnyHttpUrl | None = None
     # Set on the workers and on the approvers' machines: only decisions signed with it are used
     # (spillway/approvals.py), so signalling the namespace no longer approves spending. Unset:
     # anyone who can signal the namespace can approve.
     SPILLWAY_APPROVAL_SECRET: SecretStr | None = None
-    # A waiting job continues as new after this many re-probes (~11 history events each).
+    # A waiting job continues as new after this many wake-ups (signals it was sent; re-probes of
+    # a job started by 0.4.0, ~11 history events each).
     SPILLWAY_AWAIT_LOOPS_PER_RUN: Annotated[int, Field(ge=1)] = 200
 
     # Set by `spillway dev --simulate` for its worker: a job decided there carries it, and a
@@ -127,6 +134,10 @@ class Settings(BaseSettings):
     # Jobs one worker or agent follows at once while they wait (on ComfyUI, on MiniMax) or
     # download: a slot pool apart from probes, decisions and creates, so those never starve.
     SPILLWAY_MAX_WAITS: Annotated[int, Field(ge=1)] = 2000
+    # Job workflows a worker keeps in memory between their tasks (the SDK's default, 1,000): a
+    # job waiting in the GPU line that is not among them costs no memory, and replays its short
+    # history when it is admitted (bench/admission.py measures both).
+    SPILLWAY_MAX_CACHED_WORKFLOWS: Annotated[int, Field(ge=0)] = 1000
     SPILLWAY_UI_URL: AnyHttpUrl = AnyHttpUrl("http://localhost:8233")  # links in notifications
 
     @field_validator("JOB_WEBHOOK_URL")

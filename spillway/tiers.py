@@ -33,6 +33,9 @@ class VideoTier(BaseModel):
     nvml_index: Annotated[int, Field(ge=0)] = 0
     vram_busy_pct: Annotated[float, Field(gt=0, le=100)] | None = None
     util_busy_pct: Annotated[float, Field(gt=0, le=100)] | None = None
+    # How many of spillway's jobs the host holds at once (docs/design.md, "GPU admission");
+    # unset: A40_MAX_JOBS.
+    max_jobs: Annotated[int, Field(ge=1, le=1000)] | None = None
 
 
 class RoutingTiers(BaseModel):

@@ -20,6 +20,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from spillway import names
+from spillway.gpu_pool import PoolView
 from spillway.models import ApprovalDecision, JobInput, VideoJob
 from spillway.names import APPROVAL_SIGNAL
 from spillway.temporal import installed_binary, register_search_attributes
@@ -29,7 +30,7 @@ from tests.support.route_stubs import BUSY, FREE, RouteStubs
 from tests.support.settings import ARMED, KEY, KLING_ARMED
 from tests.support.waiting import until
 
-VERSION = "0.4.0"  # the release whose histories this records
+VERSION = "0.5.0"  # the release whose histories this records
 HERE = Path(__file__).parent / "histories" / VERSION
 WAIT = KEY | {"APPROVAL_TIMEOUT_S": 900, "APPROVAL_RECHECK_S": 60}
 
@@ -117,9 +118,30 @@ async def record(run_jobs: RunJobs, name: str) -> WorkflowHandle[Any, Any]:
             paid = await jobs.start(job_id=name)
             await paid.result()
             handle = jobs.client.get_workflow_handle(names.ledger_id(jobs.task_queue))
+    elif name in ("queued-then-local", "gpu-pool"):
+        # One place (A40_MAX_JOBS=1): a local-only job holds it while a second waits `queued`
+        # in the GPU line, then takes it; "gpu-pool" is the pool's own history of the two.
+        stubs = RouteStubs(FREE)
+        stubs.wait_release.clear()
+        async with run_jobs(stubs, A40_MAX_JOBS=1) as jobs:
+            holder = await jobs.start(prompt=None, job_id=f"{name}-holder")
+            await jobs.until(holder, "running_local")
+            handle = await jobs.start(prompt=None, job_id=name)
+            await jobs.until(handle, "queued")
+            stubs.wait_release.set()
+            await holder.result()
+            await handle.result()
+            if name == "gpu-pool":
+                handle = jobs.client.get_workflow_handle(names.pool_id(jobs.task_queue))
+                await until(lambda: _pool_idle(handle))
     else:
         raise SystemExit(f"unknown history {name}; one of {', '.join(NAMES)}")
     return handle
+
+
+async def _pool_idle(handle: WorkflowHandle[Any, Any]) -> bool:
+    view = await handle.query(names.POOL_VIEW, result_type=PoolView)
+    return not view.line and not any(h.places for h in view.hosts)
 
 
 NAMES = (
@@ -134,6 +156,8 @@ NAMES = (
     "create-lost-before-it-began",
     "host-lost-armed-cloud",
     "spend-ledger",
+    "queued-then-local",
+    "gpu-pool",
 )
 # Recorded on the dev server: the time-skipping one answers ACTIVITY_UNKNOWN to cancelling a
 # running activity.

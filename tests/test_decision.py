@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import pytest
 
 from spillway.cli.health import DECISION
-from spillway.decision import TABLE, Row, decide, is_armed, table_rows
+from spillway.decision import TABLE, Row, decide, is_armed, places_taken, table_rows
 from spillway.models import LoadStatus, Thresholds
 from spillway.settings import PROJECT_ROOT
 
@@ -78,3 +78,28 @@ def test_armed_is_one_definition_used_by_the_worker_and_the_job():
     assert not is_armed(fallback_enabled=True, key_present=False, has_cloud_request=True)
     assert not is_armed(fallback_enabled=False, key_present=True, has_cloud_request=True)
     assert is_armed(fallback_enabled=True, key_present=True, has_cloud_request=True)
+
+
+FULL = ["gpu_places_full_a40_local_2of2"]
+
+
+@pytest.mark.parametrize(
+    ("reachable", "overloaded", "armed", "route"),
+    [
+        (True, False, True, "cloud"),  # every place taken: overloaded, so armed goes to the cloud
+        (True, False, False, "await"),
+        (True, True, False, "await"),
+        (False, False, True, "cloud"),
+    ],
+)
+def test_every_place_taken_counts_as_overloaded(
+    reachable: bool, overloaded: bool, armed: bool, route: str
+):
+    reading = load(reachable, overloaded)
+    seen = places_taken(reading, FULL)
+    decision = decide(seen, armed=armed)
+    assert decision.route == route
+    if reachable and not overloaded:
+        assert seen.overloaded and decision.reasons == FULL
+    else:
+        assert seen == reading  # already overloaded or unreachable: the probe's reasons stand

@@ -145,7 +145,9 @@ async def test_a_priority_1_job_behind_50_queued_jobs_starts_first(
     spillway_at: Callable[..., Any], comfyui: ComfyUISim, tmp_path: Path
 ):
     comfyui.pause()  # ComfyUI queues every prompt and starts none
-    async with spillway_at(tmp_path) as client:
+    # Places for all 51: this is about ComfyUI's own queue, which priority 1 enters at the front
+    # (the GPU line's order is tests/test_gpu_admission.py's).
+    async with spillway_at(tmp_path, A40_MAX_JOBS=64) as client:
         behind = [job_id() for _ in range(50)]
         for each in behind:
             await client.submit(VIDEO_GRAPH, job_id=each, priority=3)

@@ -14,7 +14,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
 from tests.record_histories import NAMES, VERSION
-from worker import WORKFLOWS
+from worker import REPLAYED
 
 HISTORIES = {
     f"{path.parent.name}/{path.stem}": path.read_text()
@@ -32,5 +32,5 @@ async def test_recorded_history_replays(name: str):
     history = WorkflowHistory.from_json(name.split("/")[-1], HISTORIES[name])
     # Temporal's default sandbox, not the worker's (worker.WORKFLOW_RUNNER): workflow modules
     # re-imported per run and restricted, so non-deterministic calls fail here.
-    replayer = Replayer(workflows=WORKFLOWS, data_converter=pydantic_data_converter)
+    replayer = Replayer(workflows=REPLAYED, data_converter=pydantic_data_converter)
     await replayer.replay_workflow(history)

@@ -150,6 +150,10 @@ EXPECTED = {
         f"estimated ${CLIP_USD}",
     ],
     "spillway sim gpu --free": [f"'vram_used_pct': {FREE_VRAM_PCT}"],
+    "spillway submit --graph examples/video_graph.json --job-id tour-3": ["submitted job tour-3"],
+    "spillway submit --graph examples/video_graph.json --job-id tour-4": ["submitted job tour-4"],
+    "spillway submit --graph examples/video_graph.json --job-id tour-5": ["submitted job tour-5"],
+    "spillway queue": ["GPU places", "2 of 2 in use", "in line: 1", "tour-5"],
 }
 
 
@@ -175,6 +179,8 @@ async def test_the_readme_tour_works_as_written(dev: Dev):
             assert text in out, f"{command}: {text!r} not in\n{out}"
         if "--job-id tour-2" in command:  # a person reads the output before typing on
             await dev.until_state("tour-2", "awaiting_approval")
+        if "--job-id tour-5" in command:
+            await dev.until_state("tour-5", "queued")
     assert await dev.stop() == 0
     assert dev.ports_free(), "spillway dev left something running"
 

@@ -26,6 +26,7 @@ from tests.support.jobs import RunJobs, cause_message
 from tests.support.route_stubs import BUSY, DOWN, FREE, RouteStubs
 from tests.support.settings import ARMED, KEY, KLING_ARMED, two_host_tiers
 from tests.support.waiting import until
+from workflows.admission import GPU_POOL
 from workflows.job_state import IDS_PER_RUN
 from workflows.video_job import VideoJobWorkflow
 
@@ -57,7 +58,7 @@ async def test_a_run_records_only_the_patch_markers_of_changes_since_the_first_r
         for e in history.events
         if e.marker_recorded_event_attributes.marker_name == "core_patch"
     ]
-    assert [p["id"] for p in patches] == ([IDS_PER_RUN] if load is FREE else [])
+    assert [p["id"] for p in patches] == ([GPU_POOL, IDS_PER_RUN] if load is FREE else [GPU_POOL])
 
 
 async def test_overloaded_armed_job_goes_to_the_cloud_once(run_jobs: RunJobs):
@@ -239,7 +240,10 @@ async def test_continue_as_new_keeps_the_waiting_job_and_its_approval(
     async with run_jobs(stubs, **KEY, SPILLWAY_AWAIT_LOOPS_PER_RUN=2, **HOUR) as jobs:
         handle = await jobs.start()
         first = await jobs.until(handle, "awaiting_approval")
-        await env.sleep(10 * 60)  # ten re-probes: several runs
+        current = jobs.client.get_workflow_handle(handle.id)
+        for n in range(5):  # each signal the job ignores wakes it: several runs
+            await current.signal(APPROVAL_SIGNAL, {"not": "a decision", "n": n})
+            await env.sleep(1)
         latest = jobs.client.get_workflow_handle(handle.id, result_type=Plan)
         description = await latest.describe()
         assert description.run_id != handle.result_run_id

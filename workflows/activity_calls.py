@@ -36,8 +36,10 @@ with workflow.unsafe.imports_passed_through():
     from activities.comfyui.activities import ComfyUIActivities
     from activities.notify import NotifyActivities
     from activities.policy import PolicyActivities, PolicyRequest
+    from activities.pool import HolderCheck, HoldersChecked, PoolActivities
     from activities.probe.activities import LoadProbeRequest, LoadStatusActivities
     from activities.spend.activities import SpendActivities, SpendRequest
+    from spillway.gpu_pool import PoolAsk
     from spillway.hosts import WAITS_SUFFIX
     from spillway.models import ApprovalNotice, Downloaded, HostRef, LoadStatus, Policy
     from spillway.spend_book import BudgetView, Reservation, SpendEntry, SpendSettle
@@ -83,15 +85,21 @@ def _retried_but(*final: str, longest: timedelta = timedelta(seconds=30)) -> Ret
 # --- the policy, the probe, the approval webhook and signature ------------------------------------
 
 
-async def read_policy(job_id: str) -> Policy:
-    """A local activity: the worker running the workflow task reads its own policy (it serves
-    `read_policy` too), recorded as a marker; one activity task and one workflow task less per
-    job than a remote activity, ~0.2 s of a decision under load."""
-    return await workflow.execute_local_activity_method(
-        PolicyActivities.read_policy,
-        PolicyRequest(job_id=job_id),
-        start_to_close_timeout=timedelta(seconds=30),
-        retry_policy=FREE_RETRY,
+async def read_policy(job_id: str, *, local: bool = False) -> Policy:
+    """On the worker's own queue (it serves `read_policy`). `local`: as a local activity, only
+    for a run that began so (a job of 0.4.0 or earlier): a signal or update that arrives while a
+    local activity runs can reach the workflow code in another activation on replay than it did
+    live (temporalio 1.35), and a run that then issues its commands in another order fails at the
+    next worker that replays it (docs/design.md, "Facts found while building")."""
+    request = PolicyRequest(job_id=job_id)
+    timeout = timedelta(seconds=30)
+    read = PolicyActivities.read_policy
+    if local:
+        return await workflow.execute_local_activity_method(
+            read, request, start_to_close_timeout=timeout, retry_policy=FREE_RETRY
+        )
+    return await workflow.execute_activity_method(
+        read, request, start_to_close_timeout=timeout, retry_policy=FREE_RETRY
     )
 
 
@@ -108,6 +116,28 @@ async def probe(job_id: str, host: HostRef, priority: Priority = Priority.defaul
         schedule_to_start_timeout=PROBE_BOUND,  # never retried: the agent is not there
         start_to_close_timeout=timedelta(seconds=60),
         retry_policy=FREE_RETRY,
+    )
+
+
+# --- the GPU pool --------------------------------------------------------------------------------
+
+
+async def pool_start(ask: PoolAsk) -> None:
+    """Signal-with-start: the ask of a job that found no GPU pool running."""
+    await workflow.execute_activity_method(
+        PoolActivities.start,
+        ask,
+        start_to_close_timeout=timedelta(seconds=10),
+        retry_policy=FREE_RETRY,
+    )
+
+
+async def pool_check(check: HolderCheck) -> HoldersChecked:
+    return await workflow.execute_activity_method(
+        PoolActivities.check_holders,
+        check,
+        start_to_close_timeout=timedelta(seconds=60),
+        retry_policy=RetryPolicy(maximum_attempts=2),
     )
 
 

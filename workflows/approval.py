@@ -11,6 +11,8 @@ signature holds (SPILLWAY_APPROVAL_SECRET, which the workflow never sees). Workf
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any, NoReturn
@@ -22,7 +24,7 @@ from temporalio.common import RawValue
 from temporalio.exceptions import ActivityError, is_cancelled_exception
 
 from workflows import activity_calls as calls
-from workflows import cloud_route, measure
+from workflows import admission, cloud_route, measure
 from workflows.job_state import (
     LOCAL,
     SIGNED_APPROVALS,
@@ -93,6 +95,7 @@ def refusal(s: VideoJobState, decision: ApprovalDecision) -> str | None:
 
 def ignore(s: VideoJobState, ignored: IgnoredSignal) -> None:
     s.plan.ignored_signals = [*s.plan.ignored_signals, ignored][-MAX_IGNORED_SIGNALS:]
+    s.ignored += 1
     workflow.logger.info("approval ignored: %s", ignored.why)
     s.publish()
 
@@ -139,8 +142,80 @@ async def ask(s: VideoJobState, because: str | None) -> RouteChoice:
 
 
 async def wait(s: VideoJobState, approval_deadline: datetime, give_up_at: datetime) -> RouteChoice:
-    """Approval, rejection, timeout or headroom, re-probing every recheck interval. Once the
-    approval window is over (state `probing`), wait only for ComfyUI to answer."""
+    if s.pooled:
+        return await wait_in_line(s, approval_deadline, give_up_at)
+    return await _wait_rechecking(s, approval_deadline, give_up_at)
+
+
+async def wait_in_line(
+    s: VideoJobState, approval_deadline: datetime | None = None, give_up_at: datetime | None = None
+) -> RouteChoice:
+    """In the GPU line until the first of: a place (LOCAL), an approval (CLOUD, it leaves the
+    line), a cancel. A rejection or the approval window's end make it `queued`: it keeps its
+    position and takes the next free place whatever the load. It holds no activity and no timer
+    but the approval window's end and, while no host answered, the give-up."""
+    policy, now = s.policy, workflow.now()
+    approval_deadline = approval_deadline or now
+    give_up_at = give_up_at or now + timedelta(seconds=policy.unreachable_give_up_s)
+    s.approval_deadline = approval_deadline
+    if s.place is None:  # waits for a person since the cloud route said so: it joins the line
+        await admission.ask(s, wait=True, mode="headroom")
+    if s.plan.state != "awaiting_approval":
+        s.plan.state = "queued"
+    loops = 0
+    while True:
+        if admission.admitted(s):
+            if s.plan.state == "awaiting_approval":
+                s.reason("headroom_returned")
+            if s.pending is not None:  # arrived in the same moment: local wins
+                unused(s, s.pending, texts.headroom_won())
+                s.pending = None
+            return LOCAL
+        if s.pending is not None:
+            choice = await _use(s, s.pending)
+            if choice is not None:
+                await admission.leave(s)
+                return choice
+            continue
+        now = workflow.now()
+        if s.plan.state == "awaiting_approval" and now >= approval_deadline:
+            s.reason("approval_timeout")
+            s.plan.state = "queued"  # a timeout never means "spend"
+        assert s.place is not None
+        if s.plan.state == "queued" and s.place.mode != "any":
+            await admission.ask(s, wait=True, mode="any", fresh=False)
+            continue
+        unreachable = s.plan.overflow.trigger == "unreachable"
+        if unreachable and now >= give_up_at:
+            s.fail(texts.gave_up_waiting(policy.unreachable_give_up_s, s.plan))
+        s.publish()
+        # Its history grows only by what it is sent (answers, decisions, ignored signals):
+        # each of them wakes it, so a flood of signals still ends in continue-as-new.
+        loops += 1
+        if loops > policy.await_loops_per_run or workflow.info().is_continue_as_new_suggested():
+            await workflow.wait_condition(
+                lambda: workflow.all_handlers_finished() or s.pending is not None
+            )
+            if s.pending is None and not admission.admitted(s):
+                _continue_as_new(s, approval_deadline, give_up_at)
+            continue
+        ends = [approval_deadline] if s.plan.state == "awaiting_approval" else []
+        if unreachable:
+            ends.append(give_up_at)
+        timeout = max(min(ends) - now, timedelta(seconds=1)) if ends else None
+        with contextlib.suppress(TimeoutError):
+            await workflow.wait_condition(_woken(s, s.ignored), timeout=timeout)
+
+
+def _woken(s: VideoJobState, ignored: int) -> Callable[[], bool]:
+    return lambda: s.pending is not None or admission.admitted(s) or s.ignored != ignored
+
+
+async def _wait_rechecking(
+    s: VideoJobState, approval_deadline: datetime, give_up_at: datetime
+) -> RouteChoice:
+    """Runs of 0.4.0: approval, rejection, timeout or headroom, re-probing every recheck
+    interval. Once the approval window is over (state `probing`), wait only for ComfyUI."""
     policy = s.policy
     s.approval_deadline = approval_deadline
     s.publish()
@@ -203,7 +278,7 @@ async def _use(s: VideoJobState, ticket: Ticket) -> RouteChoice | None:
     s.plan.approval = ApprovalRecord(**fields, at=workflow.now(), signed=signed)
     if not decision.approved:
         s.reason(f"rejected_by={decision.by}")
-        s.plan.state = "probing"
+        s.plan.state = "queued" if s.pooled else "probing"
         ticket.answer = "rejected"
         return None
     over = decision.over_budget
@@ -252,6 +327,7 @@ def _continue_as_new(
         approval_deadline=approval_deadline,
         give_up_at=give_up_at,
         pending_approval=s.pending.decision if s.pending else None,
+        place=s.place,
     )
     workflow.continue_as_new(s.job.model_copy(update={"carry": carry}))
 

@@ -21,11 +21,14 @@ from temporalio.exceptions import TimeoutError as ActivityTimeout
 with workflow.unsafe.imports_passed_through():
     from spillway import names
     from spillway import search_attributes as sa
+    from spillway.gpu_pool import PoolAnswer
     from spillway.models import (
         ApprovalDecision,
         AwaitCarry,
         HostRef,
+        JobPlace,
         JobState,
+        LoadStatus,
         Plan,
         Policy,
         VideoJob,
@@ -95,6 +98,11 @@ class VideoJobState:
     pending: Ticket | None = None  # a person's decision, until it is used
     approval_deadline: datetime = datetime.max  # decisions are judged against it
     next_host: str | None = None  # where the latest measurement would run it locally
+    readings: dict[str, LoadStatus] = field(default_factory=dict)  # the latest, per host
+    pooled: bool = False  # a run of 0.5.0 on: it decides with the GPU pool (admission.GPU_POOL)
+    place: JobPlace | None = None  # its ask for a GPU place: in the line, or holding one
+    answer: PoolAnswer | None = None  # the pool's answer to the ask just sent
+    ignored: int = 0  # signals recorded as ignored in this run: each wakes a waiting job
     create_started: datetime = datetime.min
     unused_reservation: bool = False  # reserved, and no create started for it yet
     published: str = ""  # the plan as last published: a publication that changes nothing is skipped
@@ -129,6 +137,8 @@ class VideoJobState:
             worker_policy=carry.policy,
             pending=Ticket(pending) if pending else None,
             approval_deadline=carry.approval_deadline,
+            pooled=carry.place is not None,
+            place=carry.place,
         )
 
     # --- what the policy says, once read ------------------------------------------------------

@@ -177,7 +177,7 @@ def _note_silence(s: VideoJobState, silent_since: datetime) -> float:
 async def _armed_now(s: VideoJobState) -> bool:
     """Armed by the policy in force now, not when the job started: the owner may have armed the
     fallback since (the create checks it once more)."""
-    s.worker_policy = await calls.read_policy(s.job.job_id)
+    s.worker_policy = await calls.read_policy(s.job.job_id, local=not s.pooled)
     return is_armed(s.policy.fallback_enabled, s.policy.key_present, s.job.cloud is not None)
 
 

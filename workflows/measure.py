@@ -20,7 +20,8 @@ with workflow.unsafe.imports_passed_through():
 async def measure(s: VideoJobState) -> LoadStatus:
     """Every GPU host at once; the job takes the one with headroom."""
     readings = await asyncio.gather(*(probe(s, host) for host in s.policy.hosts))
-    choice = pick_host({r.host or "": r for r in readings})
+    s.readings = {r.host or "": r for r in readings}
+    choice = pick_host(s.readings)
     s.next_host = choice.host or choice.fallback
     return choice.load
 

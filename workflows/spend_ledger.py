@@ -3,7 +3,7 @@ budget").
 
 A long-lived entity workflow, started on demand with update-with-start (never again once a ledger
 of its id closed: `spillway ledger restore`). Before it changes anything it vets the request
-with its own local activity (activities/spend/vet.py): the request must come from spillway's own
+with its own activity (activities/spend/vet.py): the request must come from spillway's own
 job, running the activity that asks, and the cost, the budgets and the job's incarnation are
 what the ledger read itself, never what the request says. After that await, "check the budget,
 then record" runs without another, so it is atomic however many jobs race. It continues as new
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -43,6 +44,10 @@ VET_TIMEOUT = timedelta(seconds=20)
 VET_RETRY = RetryPolicy(
     initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=2)
 )
+# A ledger run that began with its vetting as a local activity keeps it; a new run vets by an
+# activity: an update that arrived while a local activity ran replayed in another order than it
+# ran (workflows/activity_calls.py, read_policy).
+VET_BY_ACTIVITY = "vet-by-activity"
 CONTINUING = "SpendLedgerContinuing"  # not a refusal: asked again, it reaches the next run
 
 
@@ -142,13 +147,19 @@ class SpendLedgerWorkflow:
                     "authorised_by": req.authorised_by,
                 }
             )
-        terms = await workflow.execute_local_activity_method(
-            LedgerVetting.vet,
-            ask,
-            start_to_close_timeout=VET_TIMEOUT,
-            schedule_to_close_timeout=timedelta(seconds=40),
-            retry_policy=VET_RETRY,
-        )
+        timeouts: dict[str, Any] = {
+            "start_to_close_timeout": VET_TIMEOUT,
+            "schedule_to_close_timeout": timedelta(seconds=40),
+            "retry_policy": VET_RETRY,
+        }
+        terms: Vetted
+        if workflow.patched(VET_BY_ACTIVITY):
+            queue = names.vet_queue(workflow.info().task_queue)
+            terms = await workflow.execute_activity_method(
+                LedgerVetting.vet, ask, task_queue=queue, **timeouts
+            )
+        else:
+            terms = await workflow.execute_local_activity_method(LedgerVetting.vet, ask, **timeouts)
         if terms.ledger_run not in (None, workflow.info().run_id):
             # An answer recorded by the run this one was reset from, replayed: what it granted
             # stands, and everything after the reset point is unknown here.

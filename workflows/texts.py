@@ -7,6 +7,7 @@ from datetime import datetime, timedelta
 
 from activities.cloud.models import Reconciled
 from activities.cloud.registry import console, key_names, label
+from spillway.gpu_pool import PoolView
 from spillway.models import ApprovalNotice, CloudAttempt, Plan, Policy
 from spillway.spend_book import BudgetShortfall, BudgetView, SpendEntry, describe
 
@@ -63,6 +64,13 @@ def current_details(plan: Plan) -> str:
             f"{_money_text(plan, markdown=True)}"
             "\n\nWithout an answer the job runs locally when the approval window ends; "
             "if a GPU host has headroom earlier, it runs locally at once."
+            f"{_line_text(plan)}"
+        )
+    if state == "queued":
+        why = f" ({_signal_text(plan)})" if plan.overflow.last_signal is not None else ""
+        return (
+            f"**Waiting in the GPU line** for a place on a GPU host{why}; it runs locally as "
+            f"soon as it gets one.{_line_text(plan)}\n\n`spillway queue` shows the line now."
         )
     if state == "probing":
         if plan.overflow.trigger == "unreachable":
@@ -99,6 +107,39 @@ def current_details(plan: Plan) -> str:
     if state == "cancelled":
         return f"**Cancelled**. {plan.error}" if plan.error else "**Cancelled**."
     return f"**Failed**: {plan.error}"
+
+
+def _line_text(plan: Plan) -> str:
+    spot = plan.queue
+    if spot is None:
+        return ""
+    eta = f", about {_duration(spot.eta_s)}" if spot.eta_s is not None else ""
+    return f"\n\n{_ordinal(spot.position)} in line for the GPUs when it joined{eta}."
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def _duration(seconds: float) -> str:
+    return f"{round(seconds)} s" if seconds < 90 else f"{round(seconds / 60)} min"
+
+
+def pool_details(view: PoolView, in_line: int) -> str:
+    """The pool's current details in the UI: each host's places, then the head of the line
+    (`view.line`) of the `in_line` waiting."""
+    lines = ["**GPU places**"]
+    for host in view.hosts:
+        held = ", ".join(f"`{p.job_id}`" for p in host.places) or "free"
+        lines.append(f"- `{host.name}`: {len(host.places)} of {host.max_jobs} ({held})")
+    lines.append(f"\n**In line: {in_line}**")
+    for item in view.line:
+        eta = f", about {_duration(item.eta_s)}" if item.eta_s is not None else ""
+        lines.append(f"{item.position}. `{item.job_id}` (priority {item.priority}{eta})")
+    if in_line > len(view.line):
+        lines.append(f"... and {in_line - len(view.line)} more (`spillway queue`)")
+    return "\n".join(lines)
 
 
 def approval_notice(

@@ -19,7 +19,7 @@ from temporalio.common import RawValue
 from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
 
 from workflows import activity_calls as calls
-from workflows import approval, cloud_route, local_route, measure
+from workflows import admission, approval, cloud_route, local_route, measure
 from workflows.callback import call_back
 from workflows.job_state import (
     ARMED,
@@ -34,8 +34,9 @@ from workflows.job_state import (
 with workflow.unsafe.imports_passed_through():
     from activities.callbacks import EventName
     from spillway import names
-    from spillway.decision import decide, is_armed
-    from spillway.models import ApprovalDecision, IgnoredSignal, Plan
+    from spillway.decision import decide, is_armed, places_taken
+    from spillway.gpu_pool import PoolAnswer
+    from spillway.models import ApprovalDecision, IgnoredSignal, JobPlace, PlaceMode, Plan
 
 
 @workflow.defn(name=names.VIDEO_JOB)
@@ -69,7 +70,8 @@ class VideoJobWorkflow:
                 s.fail(s.input_error)
             if s.carry is None:
                 s.publish()
-                s.worker_policy = await calls.read_policy(s.job.job_id)
+                s.pooled = workflow.patched(admission.GPU_POOL)
+                s.worker_policy = await calls.read_policy(s.job.job_id, local=not s.pooled)
                 choice = await self._decide()
             else:
                 choice = await approval.wait(s, s.carry.approval_deadline, s.carry.give_up_at)
@@ -81,6 +83,7 @@ class VideoJobWorkflow:
                     choice = await approval.ask(s, wait_because)
                 if choice.route == "cloud" or not await local_route.run(s):
                     break
+                await admission.leave(s)
                 choice = ARMED  # its host was lost under it, and the job is armed
         except (asyncio.CancelledError, ActivityError) as err:
             if isinstance(err, ActivityError) and not is_cancelled_exception(err):
@@ -100,6 +103,15 @@ class VideoJobWorkflow:
             load = await measure.measure(s)
         armed = is_armed(policy.fallback_enabled, policy.key_present, job.cloud is not None)
         decision = decide(load, armed=armed)
+        answer: PoolAnswer | None = None
+        if s.pooled and decision.route != "cloud":
+            # A job that may still go to the cloud waits for headroom; one that can only run
+            # here takes the next place on a host that answers.
+            mode: PlaceMode = "any" if job.cloud is None else "headroom"
+            answer = await admission.ask(s, wait=not armed, mode=mode)
+            if answer.host is None:
+                load = places_taken(load, answer.full)
+                decision = decide(load, armed=armed)
         workflow.logger.info(
             "decision job=%s route=%s trigger=%s armed=%s reasons=%s errors=%s why=%r",
             job.job_id,
@@ -113,16 +125,21 @@ class VideoJobWorkflow:
         s.plan.reasons = decision.reasons
         s.plan.overflow.trigger = decision.trigger
         s.plan.overflow.last_signal = load if decision.trigger else None
-        if decision.route == "local":
-            return LOCAL
         if decision.route == "cloud":
             return ARMED
+        if answer is None:  # a run of 0.4.0
+            return LOCAL if decision.route == "local" else await approval.ask(s, None)
+        if admission.admitted(s):
+            return LOCAL
+        if job.cloud is None:  # nobody is asked: it waits for a place
+            return await approval.wait_in_line(s)
         return await approval.ask(s, None)
 
     async def _ended(self, event: EventName) -> None:
         """An accepted decision the job never used hears so; then the job's completion callback,
         when it or the workers name a receiver."""
         s = self._state
+        await admission.leave(s)
         await approval.answer_open_decision(s)
         webhook = s.worker_policy is not None and s.worker_policy.job_webhook_configured
         if s.job.callback_url or webhook:
@@ -133,6 +150,17 @@ class VideoJobWorkflow:
     @workflow.query(name=names.PLAN_QUERY)
     def plan(self) -> Plan:
         return self._state.plan
+
+    @workflow.query(name=names.JOB_PLACE)
+    def pool_place(self) -> JobPlace | None:
+        return self._state.place
+
+    @workflow.signal(name=names.POOL_ANSWER)
+    async def pool_answer(self, answer: PoolAnswer) -> None:
+        """The GPU pool's answer. A place given to an ask the job no longer stands by goes
+        straight back."""
+        if not admission.take(self._state, answer) and answer.host is not None:
+            await admission.give_back(self._state, answer.asked_at)
 
     @workflow.signal(name=names.APPROVAL_SIGNAL)
     def approval_signal(self, raw: RawValue = approval.NO_INPUT) -> None:

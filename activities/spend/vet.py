@@ -1,6 +1,6 @@
 """What the spend ledger learns for itself before it changes anything (docs/design.md, "The spend
-ledger and the budget", Authority): a local activity of SpendLedgerWorkflow, on the worker that
-runs the ledger.
+ledger and the budget", Authority): an activity of SpendLedgerWorkflow, on a queue of its own
+beside the ledger's (`spillway.names.vet_queue`).
 
 Anyone who can reach the namespace can send the ledger an update, so a request is believed only
 as far as Temporal confirms it: the run it names must be a `VideoJobWorkflow` of that job id,
@@ -114,8 +114,9 @@ class LedgerVetting:
             return f"run {req.run_id!r} is not a run of job {req.job_id}", None
         if info.type.name != names.VIDEO_JOB:
             return f"{req.job_id} is a {info.type.name}, not a spillway job", None
-        # A local activity runs where its workflow runs: the ledger's own queue, spillway's.
-        queue = activity.info().task_queue
+        # The ledger schedules this on its vetting queue (names.vet_queue); a ledger run that
+        # vets by a local activity runs it on its own queue.
+        queue = activity.info().task_queue.removesuffix(names.VET_SUFFIX)
         if info.task_queue != queue:
             return f"job {req.job_id} runs on task queue {info.task_queue!r}, not {queue!r}", None
         if info.status != WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_RUNNING:

@@ -176,6 +176,16 @@ async def cmd_budget(args: argparse.Namespace) -> int:
     return OK
 
 
+async def cmd_queue(args: argparse.Namespace) -> int:
+    from spillway.cli.render import render_queue
+    from spillway.client.queue import pool_view
+
+    jobs = await _jobs_client()
+    view = await pool_view(jobs.temporal, jobs.task_queue)
+    print(view.model_dump_json(indent=2) if args.json else render_queue(view))
+    return OK
+
+
 async def cmd_schema(args: argparse.Namespace) -> int:
     import json
 

@@ -46,6 +46,7 @@ class DevOptions:
     minimax_port: int = 8190
     kling_port: int = 8191
     state_dir: Path = STATE_DIR
+    render_s: float = 8.0  # how long the ComfyUI simulator takes per prompt
 
     @property
     def jobs_dir(self) -> Path:
@@ -132,6 +133,7 @@ async def simulators(options: DevOptions) -> AsyncIterator[dict[str, str]]:
         saved = _read_state(state_file)
         vram = saved.get("vram_used_pct", FREE_VRAM_PCT)
         comfyui.set_vram_used_pct(float(vram) if isinstance(vram, int | float) else FREE_VRAM_PCT)
+        comfyui.execution_s = options.render_s  # long enough for a short GPU line to show
         guard.status = saved.get("guard", guard.status)
 
         def current() -> dict[str, object]:

@@ -176,6 +176,17 @@ def build_parser() -> argparse.ArgumentParser:
         "(read from their histories, so as far back as the namespace's retention)",
     )
 
+    command(
+        "queue",
+        cmd.cmd_queue,
+        "show the GPU line: each host's places (who holds them, since when) and who waits",
+        "spillway hands each GPU host at most `max_jobs` of its jobs at once (routing_tiers.json, "
+        "or A40_MAX_JOBS for a single host); the others wait in the GPU pool's line, by priority "
+        "(1 first) then arrival, each with an estimate from the hosts' recent render times. "
+        "Read through a running worker.",
+        json="print the places and the line as JSON",
+    )
+
     ledger = command(
         "ledger",
         cmd.cmd_ledger,
@@ -240,6 +251,14 @@ def build_parser() -> argparse.ArgumentParser:
     dev.add_argument("--guard-port", type=int, default=8189, help="guard simulator (8189)")
     dev.add_argument("--minimax-port", type=int, default=8190, help="MiniMax simulator (8190)")
     dev.add_argument("--kling-port", type=int, default=8191, help="Kling simulator (8191)")
+    dev.add_argument(
+        "--render-s",
+        type=float,
+        default=8.0,
+        metavar="S",
+        help="seconds the ComfyUI simulator renders each prompt (8): a few jobs at once show "
+        "the GPU line (`spillway queue`)",
+    )
     dev.add_argument(
         "--state-dir", type=Path, default=Path(".spillway"), help="where jobs are kept"
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from spillway.cli.health import Health
 from spillway.client.jobs import JobSummary
+from spillway.gpu_pool import PoolView
 from spillway.models import LoadStatus, Plan
 from spillway.spend_book import LedgerSummary, MonthSpend
 
@@ -151,6 +152,13 @@ def render_plan(plan: Plan) -> str:
         )
     if plan.state == "awaiting_approval":
         lines.append(f"  decide    spillway approve|reject {plan.job_id} --by NAME [--reason TEXT]")
+    if plan.queue is not None:
+        q = plan.queue
+        eta = f", about {_eta(q.eta_s)}" if q.eta_s is not None else ""
+        lines.append(
+            f"  line      {q.position} in line for the GPUs ({q.ahead} ahead{eta}); "
+            "`spillway queue` shows it"
+        )
     if plan.budget is not None:
         lines.append("  money     " + _money(plan))
     if plan.progress is not None:
@@ -214,6 +222,31 @@ def render_jobs(jobs: list[JobSummary]) -> str:
             f"{prio:<4}  {j.started:%Y-%m-%d %H:%M:%S}"
         )
     return "\n".join(lines)
+
+
+def render_queue(view: PoolView) -> str:
+    if not view.hosts:
+        return "the GPU pool has not started: no job has asked for a GPU place yet"
+    lines = ["GPU places"]
+    for host in view.hosts:
+        state = "" if host.reachable is not False else "  (not answering)"
+        lines.append(f"  {host.name}: {len(host.places)} of {host.max_jobs} in use{state}")
+        lines += [f"    {p.job_id}  since {p.since:%H:%M:%S}" for p in host.places]
+    if not view.line:
+        lines.append("nobody waits in line")
+        return "\n".join(lines)
+    lines.append(f"in line: {len(view.line)}")
+    for item in view.line:
+        eta = f"  about {_eta(item.eta_s)}" if item.eta_s is not None else ""
+        lines.append(
+            f"  {item.position:>4}. {item.job_id}  priority {item.priority}  "
+            f"since {item.since:%H:%M:%S}{eta}"
+        )
+    return "\n".join(lines)
+
+
+def _eta(seconds: float) -> str:
+    return f"{round(seconds)} s" if seconds < 90 else f"{round(seconds / 60)} min"
 
 
 def render_budget(summary: LedgerSummary) -> str:

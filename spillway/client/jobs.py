@@ -40,6 +40,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from spillway import search_attributes as sa
 from spillway.addresses import Refused, check
+from spillway.client.queue import spot
 from spillway.errors import ConfigError, Failed
 from spillway.models import ApprovalDecision, CloudRequest, JobState, Plan, Progress, VideoJob
 from spillway.names import (
@@ -208,6 +209,8 @@ async def status(client: Client, job_id: str) -> Plan:
             plan.state, plan.error = "failed", await _failure(handle)
         case _:
             plan.progress = await _progress(client, description.raw_description)
+            if plan.state in ("queued", "awaiting_approval"):
+                plan.queue = await spot(client, description.task_queue, job_id) or plan.queue
     return plan
 
 

@@ -23,6 +23,7 @@ from tests.reliability.harness import (
     DevServer,
     Sightings,
     Worker,
+    assert_replay,
     assert_whole_video_fetched_again,
     kill_mid_download,
     posts_of,
@@ -91,6 +92,8 @@ async def workers(
             sightings.add(f"metrics: worker {worker.task_queue}", await worker.metrics())
         await worker.kill()
         sightings.add(f"worker log: {worker.task_queue}", worker.log)
+    for queue in dict.fromkeys(w.task_queue for w in started):
+        await assert_replay(temporal_server.client, queue)
 
 
 @pytest.fixture
@@ -112,10 +115,14 @@ async def armed(
     minimax: MiniMaxSim,
 ) -> tuple[Worker, Jobs]:
     """A worker on the ComfyUI and MiniMax doubles with the cloud fallback armed (a job that went
-    to the cloud would show at MiniMax), and its jobs; ComfyUI renders in 0.1 s."""
+    to the cloud would show at MiniMax), and its jobs; ComfyUI renders in 0.1 s. Three places: the
+    scenarios' three jobs at once all find one (a fourth would rightly overflow to the cloud)."""
     comfyui.execution_s = 0.1
     worker: Worker = await workers(
-        COMFYUI_URL=comfyui.url, MINIMAX_BASE_URL=minimax.url, CLOUD_VIDEO_FALLBACK_ENABLED=1
+        COMFYUI_URL=comfyui.url,
+        MINIMAX_BASE_URL=minimax.url,
+        CLOUD_VIDEO_FALLBACK_ENABLED=1,
+        A40_MAX_JOBS=3,
     )
     return worker, jobs_on(worker)
 

@@ -19,6 +19,7 @@ from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer
 
 from spillway import names
 from spillway.models import LoadStatus, Plan
@@ -30,6 +31,7 @@ from tests.support.comfyui import posts_for
 from tests.support.constants import CANARY_KEY
 from tests.support.waiting import until
 from tests.support.worker_process import FAST_CLOUD, FAST_WORKER, WorkerProcess
+from worker import REPLAYED
 
 # Every worker of this suite holds the canary key: finding it (or its distinctive middle, which
 # would betray a truncated or partly masked key) in anything a person can read is a leak.
@@ -152,6 +154,7 @@ WORKER_DEFAULTS = (
     | {
         "SPILLWAY_SHUTDOWN_GRACE_S": "1",
         "APPROVAL_RECHECK_S": "1",
+        "SPILLWAY_POOL_REPROBE_S": "1",
         "COMFYUI_HISTORY_POLL_S": "0.2",
     }
 )
@@ -222,6 +225,22 @@ async def cli(sightings: Sightings, *args: str, env: dict[str, str]) -> tuple[in
     code, out, err = await spillway(*args, env=env)
     sightings.add(f"cli: spillway {' '.join(args)}", out + err)
     return code, out, err
+
+
+async def assert_replay(client: Client, task_queue: str) -> None:
+    """Every run of a worker's queues (its jobs, their ledger and GPU pool) replays against
+    today's workflow code from its history as the server has it: a run whose live activations
+    differ from its replayed ones (a nondeterminism error) would stall at the next worker that
+    does not hold it in its cache, as after a crash or a deploy."""
+    queues = " OR ".join(f"TaskQueue = '{q}'" for q in (task_queue, names.pool_queue(task_queue)))
+    histories = client.list_workflows(queues).map_histories()
+    replayer = Replayer(workflows=REPLAYED, data_converter=pydantic_data_converter)
+    failures = []
+    async with replayer.workflow_replay_iterator(histories) as results:
+        async for result in results:
+            if result.replay_failure is not None:
+                failures.append(f"{result.history.workflow_id}: {result.replay_failure}")
+    assert not failures, "runs that do not replay:\n" + "\n".join(failures)
 
 
 def posts_of(comfyui: ComfyUISim, job_ids: Iterable[str]) -> dict[str, int]:

@@ -8,7 +8,8 @@ The 50 jobs, all on real worker processes against the doubles:
 - 8 running_local (ComfyUI paused: their prompts sit in its queue);
 - 8 running_cloud (approved; MiniMax keeps answering "Processing");
 - 8 awaiting_approval (the A40 overloaded, the fallback not armed);
-- 8 probing (their ComfyUI down past the approval window: they wait for it to come back).
+- 8 queued (their ComfyUI down past the approval window: they wait in the GPU line for it to
+  come back).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ BEFORE = {
     "running_local": 8,
     "running_cloud": 8,
     "awaiting_approval": 8,
-    "probing": 8,
+    "queued": 8,
 }
 # What MiniMax answers while a task renders: the approved jobs stay running_cloud meanwhile.
 STILL_PROCESSING = {
@@ -66,8 +67,13 @@ async def _scenario(
     sightings: Sightings,
 ) -> None:
     comfyui.execution_s = 0.02
+    # Eight places: the eight running_local prompts sit in ComfyUI's queue together.
     local = await workers(
-        server, COMFYUI_URL=comfyui.url, MINIMAX_BASE_URL=minimax.url, APPROVAL_TIMEOUT_S=600
+        server,
+        COMFYUI_URL=comfyui.url,
+        MINIMAX_BASE_URL=minimax.url,
+        APPROVAL_TIMEOUT_S=600,
+        A40_MAX_JOBS=8,
     )
     async with ComfyUISim() as gone:
         gone.set_vram_used_pct(FREE_VRAM_PCT)
@@ -86,7 +92,7 @@ async def _scenario(
         await asyncio.gather(
             put("completed", on_local, 10),
             put("failed", on_local, 8, graph=graph_without(VIDEO_GRAPH, "2", "fps")),
-            put("probing", on_waiting, 8),
+            put("queued", on_waiting, 8),
         )
         comfyui.pause()
         await put("running_local", on_local, 8)
@@ -155,14 +161,14 @@ async def _scenario(
         "failed": {("failed", "local")},
         "running_local": {("completed", "local")},
         "running_cloud": {("completed", "cloud")},
-        "probing": {("completed", "local")},
+        "queued": {("completed", "local")},
         "approved": {("completed", "cloud")},
         "rejected": {("completed", "local")},
     }
 
     cloud = set(by_state["running_cloud"] + to_approve)
     local_jobs = [j for j in before if j not in cloud]
-    assert posts_of(comfyui, local_jobs) | posts_of(gone, by_state["probing"]) == dict.fromkeys(
+    assert posts_of(comfyui, local_jobs) | posts_of(gone, by_state["queued"]) == dict.fromkeys(
         local_jobs, 1
     )
     assert sum(comfyui.prompt_posts.values()) + sum(gone.prompt_posts.values()) == 38

@@ -32,12 +32,14 @@ import pytest
 from temporalio import activity
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle, WorkflowHistory
 from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities.approvals import ApprovalActivities
 from activities.callbacks import CallbackActivities
 from activities.policy import PolicyActivities
+from activities.pool import PoolActivities
 from activities.spend.activities import SpendActivities, SpendRequest
 from activities.spend.guard import CreateGuard
 from activities.spend.ledger import SpendLedger
@@ -52,7 +54,7 @@ from tests.support.graphs import VIDEO_GRAPH
 from tests.support.route_stubs import RouteStubs
 from tests.support.settings import make_settings
 from tests.support.waiting import until
-from worker import WORKFLOWS
+from worker import POOL, WORKFLOWS
 from workflows.video_job import VideoJobWorkflow
 
 PROMPT = "a lighthouse at dusk, slow pan"
@@ -173,12 +175,16 @@ def job_runner(environment: WorkflowEnvironment) -> RunJobs:
     async def run(
         stubs: RouteStubs, task_queue: str | None = None, **settings: Any
     ) -> AsyncIterator[Jobs]:
+        # The pool re-probes as often as a waiting job of 0.4.0 did: on the time-skipping server
+        # every probe of a skipped hour would run for real.
+        settings.setdefault("SPILLWAY_POOL_REPROBE_S", 60)
         config = make_settings(**settings)
         tiers = load_tiers(config.SPILLWAY_ROUTING_TIERS)
         policy = PolicyActivities(config, tiers)
         task_queue = task_queue or f"jobs-{uuid.uuid4()}"
         ledger = SpendLedger(environment.client, task_queue)
         spend = SpendActivities(ledger, config, tiers)
+        places = PoolActivities(environment.client)
         stubs.guard = CreateGuard(ledger, config)
         # The stand-ins serve every queue a job uses: the worker's, its waits queue, and the
         # GPU hosts' agents' queues (docs/design.md, "GPU hosts and agents").
@@ -189,6 +195,7 @@ def job_runner(environment: WorkflowEnvironment) -> RunJobs:
         async with contextlib.AsyncExitStack() as stack:
             http = await stack.enter_async_context(httpx.AsyncClient())
             callbacks = CallbackActivities(http, config)
+            vetting = LedgerVetting(environment.client, config, tiers)
             for queue in host_queues:
                 await stack.enter_async_context(
                     Worker(environment.client, task_queue=queue, activities=stubs.activities())
@@ -206,13 +213,47 @@ def job_runner(environment: WorkflowEnvironment) -> RunJobs:
                         spend.settle,
                         *_held_reads(spend, stubs),
                         callbacks.job_callback,
-                        LedgerVetting(environment.client, config, tiers).vet,
+                        vetting.vet,
+                        places.start,
                     ],
                 )
             )
-            yield Jobs(environment.client, task_queue, stubs)
+            await stack.enter_async_context(
+                Worker(
+                    environment.client,
+                    task_queue=names.vet_queue(task_queue),
+                    activities=[vetting.vet],
+                )
+            )
+            await stack.enter_async_context(
+                Worker(
+                    environment.client,
+                    task_queue=names.pool_queue(task_queue),
+                    workflows=[POOL],
+                    activities=[policy.read_policy, places.check_holders],
+                )
+            )
+            jobs = Jobs(environment.client, task_queue, stubs, started=[])
+            try:
+                yield jobs
+            finally:
+                if environment.supports_time_skipping:
+                    await _end_left_behind(environment.client, task_queue, jobs.started or [])
 
     return run
+
+
+async def _end_left_behind(client: Client, task_queue: str, job_ids: list[str]) -> None:
+    """The test server skips no time while any workflow has a task no worker will pick up: a job
+    a test left waiting (its timers fire in a later test's skipped hours) or its pool (probes on
+    queues nobody serves) would stall every test after it. Ended while the workers still run."""
+
+    async def end(workflow_id: str) -> None:
+        with contextlib.suppress(RPCError):
+            await client.get_workflow_handle(workflow_id).terminate("test over")
+
+    await asyncio.gather(*(end(job_id) for job_id in job_ids))
+    await end(names.pool_id(task_queue))
 
 
 @pytest.fixture

@@ -1,0 +1,42 @@
+"""The GPU pool as people see it (docs/design.md, "GPU admission"): each host's places and the
+line (`spillway queue`), and one job's position in it (`status --json`'s `queue`). Read by a
+query, so a worker must be running; a pool that never started means nobody asked for a place."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio.client import Client
+from temporalio.service import RPCError, RPCStatusCode
+
+from spillway import names
+from spillway.errors import Failed
+from spillway.gpu_pool import PoolView
+from spillway.models import QueueSpot
+
+QUERY_TIMEOUT = timedelta(seconds=10)
+
+
+async def pool_view(client: Client, task_queue: str) -> PoolView:
+    handle = client.get_workflow_handle(names.pool_id(task_queue))
+    try:
+        view: PoolView = await handle.query(
+            names.POOL_VIEW, result_type=PoolView, rpc_timeout=QUERY_TIMEOUT
+        )
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            return PoolView(hosts=[], line=[])  # no job has asked for a place yet
+        raise Failed(f"the GPU pool did not answer ({exc.message}): is a worker running?") from None
+    return view
+
+
+async def spot(client: Client, task_queue: str, job_id: str) -> QueueSpot | None:
+    """Where the job stands in the line now; None when it is not in it or nobody can say."""
+    handle = client.get_workflow_handle(names.pool_id(task_queue))
+    try:
+        found: QueueSpot | None = await handle.query(
+            names.POOL_SPOT, job_id, result_type=QueueSpot, rpc_timeout=QUERY_TIMEOUT
+        )
+    except Exception:  # no worker, no pool: the plan's own figure stands
+        return None
+    return found

@@ -1,0 +1,348 @@
+"""The GPU pool's book (docs/design.md, "GPU admission"): every host's places, who holds them, the
+line of jobs waiting for one, and what the pool last knew of each host. Pure and deterministic:
+the pool workflow (workflows/gpu_pool.py) is its one owner and applies the jobs' messages to it
+one at a time, so a place is never counted in one place and taken in another.
+
+A job is known by its id and the moment it asked (`asked_at`): an answer or a give-back for an
+earlier ask of the same job changes nothing of a later one.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from datetime import datetime, timedelta
+
+from pydantic import BaseModel
+
+from spillway.models import HostRef, QueueSpot
+from spillway.models import PlaceMode as Mode
+
+RECENT_HOLDS = 20  # hold durations per host the ETA is computed from
+
+
+class HostSeen(BaseModel):
+    """One host as the asking job's own probe found it."""
+
+    name: str
+    reachable: bool
+    headroom: bool
+
+
+class PoolAsk(BaseModel):
+    job_id: str
+    asked_at: datetime
+    priority: int = 3
+    mode: Mode = "any"
+    wait: bool = True  # False: a place now or the answer "full" (an armed job goes to the cloud)
+    seen: list[HostSeen] = []  # the job's probe, hosts in the order it prefers them
+
+
+class PoolLeave(BaseModel):
+    """A job gives its place back, or leaves the line."""
+
+    job_id: str
+    asked_at: datetime
+
+
+class PoolAnswer(BaseModel):
+    """To the job: admitted on `host`; or `position` in the line; or neither (full, not lined).
+    `full` names each host whose places were all taken."""
+
+    asked_at: datetime
+    host: str | None = None
+    position: int | None = None
+    full: list[str] = []
+
+
+class Holder(BaseModel):
+    job_id: str
+    asked_at: datetime
+    host: str
+    since: datetime
+    checked_at: datetime
+
+
+class Reading(BaseModel):
+    reachable: bool
+    headroom: bool
+    at: datetime
+
+
+class PoolHost(BaseModel):
+    ref: HostRef
+    max_jobs: int
+
+
+class Message(BaseModel):
+    """An ask or a give-back the pool received and has not applied yet."""
+
+    ask: PoolAsk | None = None
+    leave: PoolLeave | None = None
+
+
+class PoolInput(BaseModel):
+    """What the pool carries across continue-as-new: the book, and the messages that arrived
+    while it was ending its run (applied first by the next)."""
+
+    inbox: list[Message] = []
+    holders: list[Holder] = []
+    line: list[PoolAsk] = []
+    readings: dict[str, Reading] = {}
+    holds_s: dict[str, list[float]] = {}  # recent hold durations per host, newest last
+    # Temporal takes 10,000 signals per run at most, and a short history is quick to replay.
+    signals_per_run: int = 500
+
+
+class PlaceView(BaseModel):
+    job_id: str
+    since: datetime
+
+
+class HostPlaces(BaseModel):
+    name: str
+    max_jobs: int
+    places: list[PlaceView]
+    reachable: bool | None  # as last seen; None: not yet seen
+    headroom: bool | None
+
+
+class InLine(BaseModel):
+    job_id: str
+    priority: int
+    since: datetime
+    mode: Mode
+    position: int
+    eta_s: float | None
+
+
+class PoolView(BaseModel):
+    """`spillway queue --json`."""
+
+    hosts: list[HostPlaces]
+    line: list[InLine]
+
+
+Sent = tuple[str, PoolAnswer]  # (job id, answer)
+
+
+def _key(ask: PoolAsk) -> tuple[int, datetime, str]:
+    return ask.priority, ask.asked_at, ask.job_id
+
+
+def full_reason(host: str, taken: int, max_jobs: int) -> str:
+    return f"gpu_places_full_{host}_{taken}of{max_jobs}"
+
+
+class PoolBook:
+    def __init__(self, inp: PoolInput) -> None:
+        self.hosts: dict[str, PoolHost] = {}
+        self.holders: dict[str, Holder] = {h.job_id: h for h in inp.holders}
+        self.line: list[PoolAsk] = sorted(inp.line, key=_key)
+        self._lined = {a.job_id: a for a in self.line}
+        self.readings = dict(inp.readings)
+        self.holds_s = {name: list(v) for name, v in inp.holds_s.items()}
+
+    def configure(self, hosts: list[PoolHost]) -> None:
+        """The hosts in force (the workers' policy). Holders of a host no longer configured keep
+        their place until they give it back."""
+        self.hosts = {h.ref.name: h for h in hosts}
+
+    # --- what jobs say ---------------------------------------------------------------------
+
+    def ask(self, ask: PoolAsk, now: datetime) -> list[Sent]:
+        for seen in ask.seen:
+            self._note(seen.name, Reading(reachable=seen.reachable, headroom=seen.headroom, at=now))
+        held = self.holders.get(ask.job_id)
+        if held is not None:
+            if held.asked_at == ask.asked_at:  # asked again (its answer may be lost): the same
+                return [(ask.job_id, PoolAnswer(asked_at=ask.asked_at, host=held.host))]
+            self.give_back(PoolLeave(job_id=held.job_id, asked_at=held.asked_at), now)
+        lined = self._in_line(ask.job_id)
+        if lined is not None:
+            self._unline(lined)
+            if lined.asked_at == ask.asked_at:  # a changed mode; its position is kept
+                ask = ask.model_copy(update={"asked_at": lined.asked_at, "wait": True})
+        host = self._place_for(ask, [s.name for s in ask.seen if self._usable(s, ask.mode)])
+        if host is not None:
+            return [self._admit(ask, host, now)]
+        full = self.full_reasons()
+        if not ask.wait:
+            return [(ask.job_id, PoolAnswer(asked_at=ask.asked_at, full=full))]
+        position = bisect.bisect_left(self.line, _key(ask), key=_key) + 1
+        self.line.insert(position - 1, ask)
+        self._lined[ask.job_id] = ask
+        return [
+            (ask.job_id, PoolAnswer(asked_at=ask.asked_at, position=position, full=full)),
+            *self.admit(now, freshness=timedelta(0)),
+        ]
+
+    def give_back(self, leave: PoolLeave, now: datetime) -> bool:
+        """True when it changed something (a place freed or the line shortened)."""
+        held = self.holders.get(leave.job_id)
+        if held is not None and held.asked_at == leave.asked_at:
+            del self.holders[leave.job_id]
+            holds = self.holds_s.setdefault(held.host, [])
+            holds.append((now - held.since).total_seconds())
+            del holds[:-RECENT_HOLDS]
+            return True
+        lined = self._in_line(leave.job_id)
+        if lined is not None and lined.asked_at == leave.asked_at:
+            self._unline(lined)
+            return True
+        return False
+
+    def note_probe(self, host: str, reading: Reading) -> None:
+        self._note(host, reading)
+
+    # --- handing out places ----------------------------------------------------------------
+
+    def admit(self, now: datetime, freshness: timedelta) -> list[Sent]:
+        """Free places to the line in order. A job that waits for headroom takes a place only on
+        a host whose reading is at most `freshness` old and shows headroom."""
+        sent: list[Sent] = []
+        for ask in list(self.line):
+            if not self._free_hosts():
+                break
+            usable = [
+                name
+                for name, r in self.readings.items()
+                if r.reachable and (ask.mode == "any" or (r.headroom and now - r.at <= freshness))
+            ]
+            host = self._place_for(ask, usable)
+            if host is not None:
+                self._unline(ask)
+                sent.append(self._admit(ask, host, now))
+        return sent
+
+    def to_probe(self, now: datetime, every: timedelta) -> list[HostRef]:
+        """The hosts worth probing now: someone waits, the host has a free place, and what the
+        pool knows of it is older than `every` (it may have headroom, or answer, again)."""
+        if not self.line:
+            return []
+        due = []
+        for name in self._free_hosts():
+            reading = self.readings.get(name)
+            if reading is None or now - reading.at >= every:
+                due.append(self.hosts[name].ref)
+        return due
+
+    def unheard(self, now: datetime, after: timedelta) -> list[Holder]:
+        return [h for h in self.holders.values() if now - h.checked_at >= after]
+
+    def heard(self, job_id: str, now: datetime) -> None:
+        held = self.holders.get(job_id)
+        if held is not None:
+            held.checked_at = now
+
+    def free(self, holder: Holder, now: datetime) -> bool:
+        """A holder that is gone (terminated, reset away): its place back to the pool."""
+        return self.give_back(PoolLeave(job_id=holder.job_id, asked_at=holder.asked_at), now)
+
+    # --- what people see -------------------------------------------------------------------
+
+    def spot(self, job_id: str) -> QueueSpot | None:
+        ask = self._lined.get(job_id)
+        if ask is None:
+            return None
+        i = bisect.bisect_left(self.line, _key(ask), key=_key)
+        return QueueSpot(position=i + 1, ahead=i, eta_s=self._eta(i + 1))
+
+    def view(self, head: int | None = None) -> PoolView:
+        """Every host's places and the line (its first `head` only, when given)."""
+        hosts = []
+        for name in sorted(set(self.hosts) | {h.host for h in self.holders.values()}):
+            reading = self.readings.get(name)
+            places = sorted(
+                (PlaceView(job_id=h.job_id, since=h.since) for h in self._held_on(name)),
+                key=lambda p: p.since,
+            )
+            hosts.append(
+                HostPlaces(
+                    name=name,
+                    max_jobs=self.hosts[name].max_jobs if name in self.hosts else 0,
+                    places=places,
+                    reachable=reading.reachable if reading else None,
+                    headroom=reading.headroom if reading else None,
+                )
+            )
+        line = [
+            InLine(
+                job_id=a.job_id,
+                priority=a.priority,
+                since=a.asked_at,
+                mode=a.mode,
+                position=i + 1,
+                eta_s=self._eta(i + 1),
+            )
+            for i, a in enumerate(self.line[:head])
+        ]
+        return PoolView(hosts=hosts, line=line)
+
+    def in_use(self) -> dict[str, int]:
+        return {name: len(self._held_on(name)) for name in self.hosts}
+
+    def full_reasons(self) -> list[str]:
+        return [
+            full_reason(name, len(self._held_on(name)), h.max_jobs)
+            for name, h in sorted(self.hosts.items())
+            if len(self._held_on(name)) >= h.max_jobs
+        ]
+
+    def carried(self, signals_per_run: int, inbox: list[Message]) -> PoolInput:
+        return PoolInput(
+            inbox=inbox,
+            holders=list(self.holders.values()),
+            line=list(self.line),
+            readings=self.readings,
+            holds_s=self.holds_s,
+            signals_per_run=signals_per_run,
+        )
+
+    # --- inside ----------------------------------------------------------------------------
+
+    def _note(self, host: str, reading: Reading) -> None:
+        known = self.readings.get(host)
+        if known is None or reading.at >= known.at:
+            self.readings[host] = reading
+
+    def _usable(self, seen: HostSeen, mode: Mode) -> bool:
+        return seen.reachable and (seen.headroom or mode == "any")
+
+    def _held_on(self, host: str) -> list[Holder]:
+        return [h for h in self.holders.values() if h.host == host]
+
+    def _free_hosts(self) -> list[str]:
+        counts = self.in_use()
+        return [n for n, h in sorted(self.hosts.items()) if counts[n] < h.max_jobs]
+
+    def _place_for(self, ask: PoolAsk, usable: list[str]) -> str | None:
+        """Among `usable` hosts with a free place, the one with the most free places (the job's
+        own preference, then the name, break ties)."""
+        free = set(self._free_hosts())
+        order = [n for n in usable if n in free]
+        if not order:
+            return None
+        counts = self.in_use()
+        return max(order, key=lambda n: (self.hosts[n].max_jobs - counts[n], -order.index(n)))
+
+    def _admit(self, ask: PoolAsk, host: str, now: datetime) -> Sent:
+        self.holders[ask.job_id] = Holder(
+            job_id=ask.job_id, asked_at=ask.asked_at, host=host, since=now, checked_at=now
+        )
+        return ask.job_id, PoolAnswer(asked_at=ask.asked_at, host=host)
+
+    def _in_line(self, job_id: str) -> PoolAsk | None:
+        return self._lined.get(job_id)
+
+    def _unline(self, ask: PoolAsk) -> None:
+        del self.line[bisect.bisect_left(self.line, _key(ask), key=_key)]
+        del self._lined[ask.job_id]
+
+    def _eta(self, position: int) -> float | None:
+        """Rounds of every place ahead of it, each as long as the hosts' recent holds."""
+        holds = [s for v in self.holds_s.values() for s in v]
+        places = sum(h.max_jobs for h in self.hosts.values())
+        if not holds or not places:
+            return None
+        return round(math.ceil(position / places) * sum(holds) / len(holds), 1)

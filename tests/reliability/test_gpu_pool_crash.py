@@ -1,0 +1,59 @@
+"""The worker that runs the GPU pool SIGKILLed while one job holds the only place and three wait
+in line, then started again (docs/design.md, "GPU admission"): every job completes locally,
+ComfyUI never held more than one of them and saw one POST each, every job was admitted once,
+and the pool ends with no place held and nobody in line."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from spillway import names
+from spillway.client.queue import pool_view
+from spillway.sim.comfyui import ComfyUISim
+from tests.reliability.harness import posts_of
+from tests.support.graphs import VIDEO_GRAPH
+from tests.support.waiting import until
+
+
+async def test_the_pool_s_worker_killed_with_places_held_and_a_line_loses_nothing(
+    workers, jobs_on, comfyui: ComfyUISim
+):
+    comfyui.execution_s = 2.0
+    worker = await workers(COMFYUI_URL=comfyui.url, A40_MAX_JOBS=1)
+    jobs = jobs_on(worker)
+    most = 0
+
+    async def sample() -> None:
+        nonlocal most
+        while True:
+            most = max(most, len(comfyui.queue_running) + len(comfyui.queue_pending))
+            await asyncio.sleep(0.01)
+
+    sampler = asyncio.create_task(sample())
+    ids = [await jobs.submit(None, VIDEO_GRAPH) for _ in range(4)]
+    client = jobs.client
+
+    async def line() -> list[str]:
+        return [i.job_id for i in (await pool_view(client, worker.task_queue)).line]
+
+    await until(line, lambda waiting: len(waiting) == 3, timeout_s=60, what="three in line")
+    await worker.kill()
+    await asyncio.sleep(1)
+    await worker.start()
+    plans = [await jobs.finished(job_id, timeout_s=60) for job_id in ids]
+    sampler.cancel()
+
+    assert [(p.state, p.route, p.local_attempts) for p in plans] == [("completed", "local", 1)] * 4
+    assert most <= 1
+    assert posts_of(comfyui, ids) == dict.fromkeys(ids, 1)
+    for job_id in ids:
+        admissions = 0
+        async for event in client.get_workflow_handle(job_id).fetch_history_events():
+            signal = event.workflow_execution_signaled_event_attributes
+            if signal.signal_name == names.POOL_ANSWER:
+                answer = json.loads(signal.input.payloads[0].data)
+                admissions += answer.get("host") is not None
+        assert admissions == 1, job_id
+    view = await pool_view(client, worker.task_queue)
+    assert view.line == [] and [p for h in view.hosts for p in h.places] == []

@@ -1,0 +1,314 @@
+"""GPU admission end to end (docs/design.md, "GPU admission"): the worker with its agent on the real
+dev server, the ComfyUI double rendering for a while, the MiniMax double for the cloud. A sampler
+reads the double's queue all along, so "never more than max_jobs in ComfyUI" is what ComfyUI
+itself held, not what spillway thinks it sent."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.client import Client, WorkflowHandle
+from temporalio.testing import WorkflowEnvironment
+
+from spillway import names
+from spillway.client import jobs as job_ops
+from spillway.client.queue import pool_view
+from spillway.gpu_pool import PoolInput, PoolView
+from spillway.models import CloudRequest, Plan, VideoJob
+from spillway.settings import Settings
+from spillway.sim.comfyui import ComfyUISim
+from spillway.sim.minimax import MiniMaxSim
+from spillway.tiers import load_tiers
+from tests.support.cli import spillway as cli
+from tests.support.graphs import VIDEO_GRAPH
+from tests.support.jobs import Jobs
+from tests.support.settings import comfyui_values, make_settings, minimax_values, two_host_tiers
+from tests.support.waiting import until
+from worker import serving
+
+pytestmark = pytest.mark.full
+
+
+class Sampler:
+    """The most prompts the ComfyUI doubles held at once (running + pending), read every 10 ms."""
+
+    def __init__(self, *sims: ComfyUISim) -> None:
+        self.sims, self.most = sims, 0
+
+    async def run(self) -> None:
+        while True:
+            held = sum(len(s.queue_running) + len(s.queue_pending) for s in self.sims)
+            self.most = max(self.most, held)
+            await asyncio.sleep(0.01)
+
+
+class Spillway:
+    def __init__(self, client: Client, settings: Settings) -> None:
+        self.client, self.settings = client, settings
+        self.queue = settings.SPILLWAY_TASK_QUEUE
+        self.jobs = Jobs(client, self.queue)
+
+    async def start(
+        self, *, cloud: bool = True, priority: int = 3, job_id: str | None = None
+    ) -> WorkflowHandle[Any, Plan]:
+        job = VideoJob(
+            job_id=job_id or f"adm-{uuid.uuid4().hex[:10]}",
+            graph=VIDEO_GRAPH,
+            cloud=CloudRequest(prompt="a lighthouse at dusk") if cloud else None,
+            priority=priority,
+        )
+        return await job_ops.submit(self.client, job, self.queue)
+
+    async def view(self) -> PoolView:
+        return await pool_view(self.client, self.queue)
+
+    async def line(self) -> list[str]:
+        return [i.job_id for i in (await self.view()).line]
+
+    async def line_is(self, want: Callable[[list[str]], bool]) -> list[str]:
+        return await until(self.line, want, timeout_s=30, what="the GPU line")
+
+
+@pytest.fixture
+def spillway(
+    dev_env: WorkflowEnvironment, comfyui: ComfyUISim, minimax: MiniMaxSim, gpu: Any, tmp_path: Path
+) -> Callable[..., Any]:
+    comfyui.execution_s = 1.0
+
+    @asynccontextmanager
+    async def run(tiers: Path | None = None, **overrides: Any) -> AsyncIterator[Spillway]:
+        values = comfyui_values(comfyui, tmp_path / "out") | minimax_values(minimax, tmp_path / "o")
+        if tiers is not None:
+            values["SPILLWAY_ROUTING_TIERS"] = tiers
+        settings = make_settings(values, SPILLWAY_TASK_QUEUE=f"adm-{uuid.uuid4()}", **overrides)
+        async with serving(
+            dev_env.client, settings, load_tiers(settings.SPILLWAY_ROUTING_TIERS), gpu=gpu
+        ):
+            yield Spillway(dev_env.client, settings)
+
+    return run
+
+
+@asynccontextmanager
+async def sampling(*sims: ComfyUISim) -> AsyncIterator[Sampler]:
+    sampler = Sampler(*sims)
+    task = asyncio.create_task(sampler.run())
+    try:
+        yield sampler
+    finally:
+        task.cancel()
+
+
+ARMED = {"CLOUD_VIDEO_FALLBACK_ENABLED": True}  # the MiniMax double's key is there
+
+
+def posted(sim: ComfyUISim, plan: Plan) -> int:
+    return sim.prompt_posts[plan.prompt_id] if plan.prompt_id else 0
+
+
+async def test_an_armed_burst_at_an_idle_gpu_fills_the_places_and_overflows_to_the_cloud(
+    spillway, comfyui: ComfyUISim, minimax: MiniMaxSim
+):
+    comfyui.execution_s = 2.0
+    async with spillway(**ARMED) as sw, sampling(comfyui) as s:
+        handles = await asyncio.gather(*(sw.start() for _ in range(8)))
+        plans = await asyncio.gather(*(h.result() for h in handles))
+    local = [p for p in plans if p.route == "local"]
+    cloud = [p for p in plans if p.route == "cloud"]
+    assert s.most <= 2
+    assert len(local) + len(cloud) == 8 and len(local) >= 2 and len(cloud) >= 4
+    assert all(p.state == "completed" for p in plans)
+    assert all(
+        any(r.startswith("gpu_places_full_a40_local_2of2") for r in p.reasons) for p in cloud
+    )
+    assert sum(minimax.create_calls_by_prompt.values()) == len(cloud)  # one create each
+    assert all(posted(comfyui, p) == 1 for p in local)
+
+
+async def test_local_only_jobs_wait_in_line_with_positions_and_run_in_line_order(
+    spillway, comfyui: ComfyUISim
+):
+    async with spillway() as sw, sampling(comfyui) as s:
+        handles = await asyncio.gather(*(sw.start(cloud=False) for _ in range(6)))
+        line = await sw.line_is(lambda line: len(line) == 4)
+        for position, job_id in enumerate(line, 1):
+            plan = await sw.jobs.until(job_id, "queued")
+            assert plan.queue is not None and plan.queue.position == position
+        plans = {p.job_id: p for p in await asyncio.gather(*(h.result() for h in handles))}
+    assert s.most <= 2
+    assert all(p.state == "completed" and p.route == "local" for p in plans.values())
+    assert all(posted(comfyui, p) == 1 for p in plans.values())
+    order = list(comfyui.prompt_posts)
+    assert [order.index(plans[j].prompt_id) for j in line] == [2, 3, 4, 5]
+
+
+async def test_a_priority_1_job_behind_three_queued_ones_runs_next(
+    spillway, comfyui: ComfyUISim, cli_env, dev_env
+):
+    comfyui.execution_s = 2.0
+    async with spillway(A40_MAX_JOBS=1) as sw:
+        holder = await sw.start(cloud=False)
+        await sw.jobs.until(holder, "running_local")
+        waiting = []
+        for n in range(1, 4):  # one after another: the line is in the order the jobs asked
+            waiting.append(await sw.start(cloud=False))
+            await sw.line_is(lambda line, n=n: len(line) == n)
+        urgent = await sw.start(cloud=False, priority=1)
+        assert (await sw.line_is(lambda line: len(line) == 4))[0] == urgent.id
+        # What an operator sees: the CLI's queue, as text and JSON, and the queued jobs' list.
+        for job in waiting:
+            await sw.jobs.until(job, "queued")
+        env = cli_env(
+            TEMPORAL_ADDRESS=dev_env.client.service_client.config.target_host,
+            SPILLWAY_TASK_QUEUE=sw.queue,
+        )
+        code, out, err = await cli("queue", env=env)
+        assert code == 0, err
+        assert "a40_local: 1 of 1 in use" in out and f"   1. {urgent.id}  priority 1" in out
+        code, out, err = await cli("queue", "--json", env=env)
+        shown = json.loads(out)
+        assert [p["job_id"] for p in shown["hosts"][0]["places"]] == [holder.id]
+        assert [i["job_id"] for i in shown["line"]] == [urgent.id, *(w.id for w in waiting)]
+        code, out, err = await cli("list", "--state", "queued", "--json", env=env)
+        assert {j["job_id"] for j in json.loads(out)} >= {w.id for w in waiting}
+        plans = await asyncio.gather(*(h.result() for h in [holder, urgent, *waiting]))
+    order = list(comfyui.prompt_posts)
+    assert [order.index(p.prompt_id) for p in plans] == [0, 1, 2, 3, 4]
+
+
+async def test_a_queued_job_cancelled_ends_at_once_and_never_reaches_comfyui(
+    spillway, comfyui: ComfyUISim
+):
+    comfyui.execution_s = 3.0
+    async with spillway(A40_MAX_JOBS=1) as sw:
+        holder = await sw.start(cloud=False)
+        await sw.jobs.until(holder, "running_local")
+        queued = await sw.start(cloud=False)
+        await sw.jobs.until(queued, "queued")
+        plan = await sw.jobs.cancel(queued)
+        assert plan.state == "cancelled" and plan.prompt_id is None
+        assert await sw.line_is(lambda line: line == []) == []
+        assert (await holder.result()).state == "completed"
+        assert len(comfyui.prompt_posts) == 1
+        assert [p for h in (await sw.view()).hosts for p in h.places] == []
+
+
+async def test_a_holder_terminated_by_an_operator_frees_its_place_within_90_s(
+    spillway, comfyui: ComfyUISim
+):
+    comfyui.execution_s = 600.0
+    async with spillway(A40_MAX_JOBS=1) as sw:
+        holder = await sw.start(cloud=False)
+        await sw.jobs.until(holder, "running_local")
+        comfyui.execution_s = 0.5
+        nxt = await sw.start(cloud=False)
+        await sw.jobs.until(nxt, "queued")
+        await holder.terminate(reason="operator")
+        started = asyncio.get_running_loop().time()
+        await sw.jobs.until(nxt, "running_local", timeout_s=95)
+        assert asyncio.get_running_loop().time() - started <= 90
+
+
+async def test_a_comfyui_restart_costs_the_jobs_in_line_nothing(spillway, comfyui: ComfyUISim):
+    comfyui.execution_s = 600.0  # the first render is still running when ComfyUI restarts
+    async with spillway(A40_MAX_JOBS=1) as sw:
+        handles = [await sw.start(cloud=False)]
+        await sw.jobs.until(handles[0], "running_local")
+        await until(lambda: comfyui.queue_running, bool, what="the first render")
+        handles += [await sw.start(cloud=False) for _ in range(2)]
+        await sw.line_is(lambda line: len(line) == 2)
+        comfyui.execution_s = 1.0
+        await comfyui.restart()
+        plans = await asyncio.gather(*(h.result() for h in handles))
+    assert all(p.state == "completed" for p in plans)
+    assert "comfyui_lost_prompt" in " ".join(plans[0].reasons)
+    # The line's jobs reached ComfyUI once each, after the restart.
+    assert [p.local_attempts for p in plans[1:]] == [1, 1]
+    assert all(posted(comfyui, p) == 1 for p in plans[1:])
+
+
+async def test_two_hosts_places_on_both_are_used_before_the_cloud(
+    spillway, comfyui: ComfyUISim, tmp_path: Path
+):
+    comfyui.execution_s = 3.0
+    async with ComfyUISim() as gpu_b:
+        gpu_b.execution_s = 3.0
+        tiers = two_host_tiers(
+            tmp_path,
+            {"name": "gpu-a", "comfyui_url": comfyui.url, "max_jobs": 1},
+            {"comfyui_url": gpu_b.url, "max_jobs": 1},
+        )
+        async with (
+            spillway(tiers, **ARMED) as sw,
+            sampling(comfyui, gpu_b) as s,
+        ):
+            handles = [await sw.start() for _ in range(4)]
+            plans = await asyncio.gather(*(h.result() for h in handles))
+    assert sorted(str(p.host) for p in plans if p.route == "local") == ["gpu-a", "gpu-b"]
+    cloud = [p for p in plans if p.route == "cloud"]
+    assert len(cloud) == 2 and s.most <= 2
+    assert any("gpu_places_full_gpu-a_1of1" in r for r in cloud[0].reasons)
+
+
+async def test_approved_while_in_line_it_goes_to_the_cloud_and_the_line_moves_up(
+    spillway, comfyui: ComfyUISim, minimax: MiniMaxSim
+):
+    comfyui.execution_s = 4.0
+    async with spillway(A40_MAX_JOBS=1) as sw:
+        holder = await sw.start(cloud=False)
+        await sw.jobs.until(holder, "running_local")
+        asking = await sw.start(cloud=True)
+        await sw.jobs.until(asking, "awaiting_approval")
+        behind = await sw.start(cloud=False)
+        assert await sw.line_is(lambda line: len(line) == 2) == [asking.id, behind.id]
+        before = await sw.jobs.until(behind.id, "queued")
+        assert before.queue is not None and before.queue.position == 2
+        client_answer = await job_ops.decide(
+            sw.client, asking.id, _decision(approved=True, by="ops")
+        )
+        assert client_answer.startswith("approved")
+        assert await sw.line_is(lambda line: line == [behind.id]) == [behind.id]
+        after = await sw.jobs.status(behind.id)
+        assert after.queue is not None and after.queue.position == 1
+        plans = await asyncio.gather(*(h.result() for h in (holder, asking, behind)))
+    assert [p.route for p in plans] == ["local", "cloud", "local"]
+    assert sum(minimax.create_calls_by_prompt.values()) == 1
+
+
+def _decision(approved: bool, by: str) -> Any:
+    from spillway.client.new_jobs import make_decision
+
+    return make_decision(approved, by, "", False)
+
+
+async def test_the_pool_continues_as_new_under_traffic_and_loses_no_ask(
+    spillway, comfyui: ComfyUISim
+):
+    # A pool started beforehand ends its run every 5 signals: 12 jobs through one place make it
+    # continue as new again and again while asks and give-backs keep arriving.
+    comfyui.execution_s = 0.2
+    async with spillway(A40_MAX_JOBS=1) as sw:
+        await sw.client.start_workflow(
+            names.GPU_POOL,
+            PoolInput(signals_per_run=5),
+            id=names.pool_id(sw.queue),
+            task_queue=names.pool_queue(sw.queue),
+        )
+        handles = await asyncio.gather(*(sw.start(cloud=False) for _ in range(12)))
+        async with asyncio.timeout(90):  # an ask lost would wait ASK_AGAIN (2 min) for a resend
+            plans = await asyncio.gather(*(h.result() for h in handles))
+        view = await sw.view()
+        runs = 0
+        async for _ in sw.client.list_workflows(f"WorkflowId = '{names.pool_id(sw.queue)}'"):
+            runs += 1
+    assert all(p.state == "completed" for p in plans)
+    assert all(posted(comfyui, p) == 1 for p in plans)
+    assert view.line == [] and all(not h.places for h in view.hosts)
+    assert runs >= 4

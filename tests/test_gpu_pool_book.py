@@ -1,0 +1,130 @@
+"""The GPU pool's book (spillway/gpu_pool.py) without a server: places per host, the line in
+priority then arrival order, asks and give-backs that belong to an earlier ask changing nothing,
+and what people see."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from spillway.gpu_pool import (
+    HostSeen,
+    PoolAnswer,
+    PoolAsk,
+    PoolBook,
+    PoolHost,
+    PoolInput,
+    PoolLeave,
+    Reading,
+)
+from spillway.hosts import ref
+
+T0 = datetime(2026, 12, 3, 8, 0, tzinfo=UTC)
+FREE = [HostSeen(name="a40", reachable=True, headroom=True)]
+BUSY = [HostSeen(name="a40", reachable=True, headroom=False)]
+DOWN = [HostSeen(name="a40", reachable=False, headroom=False)]
+
+
+def book(*hosts: tuple[str, int]) -> PoolBook:
+    b = PoolBook(PoolInput())
+    b.configure([PoolHost(ref=ref("q", name, n), max_jobs=n) for name, n in hosts or [("a40", 2)]])
+    return b
+
+
+def ask(job: str, s: int = 0, **fields: object) -> PoolAsk:
+    return PoolAsk.model_validate(
+        {"job_id": job, "asked_at": T0 + timedelta(seconds=s), "seen": FREE} | fields
+    )
+
+
+def answers(sent: list[tuple[str, PoolAnswer]]) -> dict[str, PoolAnswer]:
+    return dict(sent)
+
+
+def test_a_host_is_handed_at_most_max_jobs_and_an_armed_ask_hears_full():
+    b = book()
+    assert answers(b.ask(ask("j1"), T0))["j1"].host == "a40"
+    assert answers(b.ask(ask("j2", 1), T0))["j2"].host == "a40"
+    full = answers(b.ask(ask("j3", 2, wait=False), T0))["j3"]
+    assert full.host is None and full.position is None
+    assert full.full == ["gpu_places_full_a40_2of2"]
+    assert b.line == [] and len(b.holders) == 2
+
+
+def test_the_line_goes_by_priority_then_arrival_and_a_freed_place_goes_to_its_head():
+    b = book(("a40", 1))
+    b.ask(ask("holder"), T0)
+    for job, s, prio in [("p3-a", 1, 3), ("p3-b", 2, 3), ("p3-c", 3, 3), ("p1", 4, 1)]:
+        lined = answers(b.ask(ask(job, s, priority=prio), T0))[job]
+        assert lined.position is not None
+    assert [a.job_id for a in b.line] == ["p1", "p3-a", "p3-b", "p3-c"]
+    spot = b.spot("p3-b")
+    assert spot is not None and spot.position == 3
+    assert b.give_back(PoolLeave(job_id="holder", asked_at=T0), T0 + timedelta(seconds=60))
+    sent = answers(b.admit(T0 + timedelta(seconds=60), freshness=timedelta(seconds=2)))
+    assert sent == {"p1": PoolAnswer(asked_at=T0 + timedelta(seconds=4), host="a40")}
+    # The ETA counts rounds of the places ahead, each as long as the recent holds (60 s).
+    spot = b.spot("p3-b")
+    assert spot is not None and (spot.position, spot.eta_s) == (2, 120.0)
+
+
+def test_a_job_waiting_for_headroom_takes_a_place_only_on_a_fresh_reading_that_shows_it():
+    b = book(("a40", 1))
+    b.ask(ask("holder"), T0)
+    b.ask(ask("waits", 1, mode="headroom", seen=BUSY), T0)
+    b.give_back(PoolLeave(job_id="holder", asked_at=T0), T0)
+    later = T0 + timedelta(seconds=5)
+    assert b.admit(later, freshness=timedelta(seconds=2)) == []
+    assert [h.name for h in b.to_probe(later, timedelta(seconds=2))] == ["a40"]
+    b.note_probe("a40", Reading(reachable=True, headroom=True, at=later))
+    assert answers(b.admit(later, freshness=timedelta(seconds=2)))["waits"].host == "a40"
+
+
+def test_a_rejected_job_asks_again_keeping_its_position_and_takes_a_place_whatever_the_load():
+    b = book(("a40", 1))
+    b.ask(ask("holder"), T0)
+    b.ask(ask("first", 1, mode="headroom", seen=BUSY), T0)
+    b.ask(ask("second", 2, mode="any", seen=BUSY), T0)
+    b.ask(ask("first", 1, mode="any", seen=[]), T0)
+    assert [a.job_id for a in b.line] == ["first", "second"]
+    b.give_back(PoolLeave(job_id="holder", asked_at=T0), T0)
+    assert answers(b.admit(T0, freshness=timedelta(0)))["first"].host == "a40"
+
+
+def test_messages_of_an_earlier_ask_change_nothing_and_asking_again_gets_the_same_answer():
+    b = book()
+    b.ask(ask("j1"), T0)
+    assert not b.give_back(PoolLeave(job_id="j1", asked_at=T0 - timedelta(seconds=1)), T0)
+    assert answers(b.ask(ask("j1"), T0))["j1"].host == "a40"
+    assert len(b.holders) == 1
+    # A new ask of the same job (a reset run) lets the old place go first.
+    assert answers(b.ask(ask("j1", 9), T0))["j1"].host == "a40"
+    assert [h.asked_at for h in b.holders.values()] == [T0 + timedelta(seconds=9)]
+
+
+def test_an_unreachable_host_takes_nobody_until_it_answers():
+    b = book()
+    lined = answers(b.ask(ask("j1", seen=DOWN), T0))["j1"]
+    assert lined.position == 1 and not b.holders
+    assert b.admit(T0, freshness=timedelta(seconds=2)) == []
+    b.note_probe("a40", Reading(reachable=True, headroom=False, at=T0 + timedelta(seconds=2)))
+    assert answers(b.admit(T0, freshness=timedelta(seconds=2)))["j1"].host == "a40"
+
+
+def test_two_hosts_fill_the_one_with_more_free_places_first_then_say_both_are_full():
+    b = book(("a", 1), ("b", 2))
+    seen = [HostSeen(name=n, reachable=True, headroom=True) for n in ("a", "b")]
+    hosts = [answers(b.ask(ask(f"j{i}", i, seen=seen, wait=False), T0))[f"j{i}"] for i in range(4)]
+    assert sorted(str(a.host) for a in hosts[:3]) == ["a", "b", "b"]
+    assert hosts[3].host is None
+    assert hosts[3].full == ["gpu_places_full_a_1of1", "gpu_places_full_b_2of2"]
+
+
+def test_the_book_survives_continue_as_new_and_the_view_lists_places_and_line():
+    b = book(("a40", 1))
+    b.ask(ask("holder"), T0)
+    b.ask(ask("next", 1), T0)
+    again = PoolBook(PoolInput.model_validate_json(b.carried(100, []).model_dump_json()))
+    again.configure(list(b.hosts.values()))
+    view = again.view()
+    assert [p.job_id for p in view.hosts[0].places] == ["holder"]
+    assert [(i.job_id, i.position) for i in view.line] == [("next", 1)]

@@ -1,0 +1,119 @@
+"""A job's side of GPU admission (docs/design.md, "GPU admission"): it asks the GPU pool for a
+place by signal (a pool that is not running is started by an activity, with that ask), learns
+the answer by the pool's signal, waits in the line holding nothing (no activity, no heartbeat,
+no timer of its own), and gives its place back at every end. An answer to an ask the job no
+longer stands by (it went to the cloud, was cancelled, asked again) is given back at once.
+Workflow code.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from temporalio import workflow
+from temporalio.exceptions import ApplicationError
+
+from workflows import activity_calls as calls
+from workflows.job_state import VideoJobState
+
+with workflow.unsafe.imports_passed_through():
+    from spillway import names
+    from spillway.gpu_pool import HostSeen, PoolAnswer, PoolAsk, PoolLeave
+    from spillway.models import JobPlace, PlaceMode, QueueSpot
+
+# Runs of 0.4.0 decide without the pool (a waiting job of theirs re-probes on its own) and read
+# the policy as a local activity.
+GPU_POOL = "gpu-pool"
+# An ask the pool has not answered by then is sent again (the same ask: its place in the line is
+# kept); a pool that was terminated is started again by it. Not sooner: under a burst of
+# thousands, asks sent again would only lengthen the pool's work.
+ASK_AGAIN = timedelta(minutes=2)
+
+
+async def ask(s: VideoJobState, *, wait: bool, mode: PlaceMode, fresh: bool = True) -> PoolAnswer:
+    """A place now, a position in the line (`wait`), or "full". `fresh`: the job's own probe
+    just ran, and the pool may use it."""
+    if s.place is None:
+        s.place = JobPlace(asked_at=workflow.now(), mode=mode)
+    place = s.place.model_copy(update={"mode": mode})
+    s.place = place
+    s.answer = None
+    request = PoolAsk(
+        job_id=s.job.job_id,
+        asked_at=place.asked_at,
+        priority=s.job.priority,
+        mode=mode,
+        wait=wait,
+        seen=_seen(s) if fresh else [],
+    )
+    while True:
+        if not await _signal_pool(names.POOL_ASK, request):
+            await calls.pool_start(request)
+        try:
+            await workflow.wait_condition(lambda: s.answer is not None, timeout=ASK_AGAIN)
+            break
+        except TimeoutError:
+            workflow.logger.info("gpu pool did not answer job %s: asking again", s.job.job_id)
+    answer = s.answer
+    assert answer is not None
+    s.answer = None
+    if answer.host is None and answer.position is None:
+        s.place = None  # not in the line: full, and the job goes elsewhere
+    return answer
+
+
+def take(s: VideoJobState, answer: PoolAnswer) -> bool:
+    """The pool's answer, if it is to the job's standing ask. False: it is not (a place given
+    to an ask the job left must go back)."""
+    place = s.place
+    if place is None or place.asked_at != answer.asked_at:
+        return False
+    if place.host is not None:  # the same answer again (it asked twice): it holds that place
+        return True
+    if answer.host is not None:
+        s.place = place.model_copy(update={"host": answer.host})
+        s.next_host = answer.host
+        s.plan.queue = None
+    elif answer.position is not None:
+        s.plan.queue = QueueSpot(position=answer.position, ahead=answer.position - 1, eta_s=None)
+    s.answer = answer
+    return True
+
+
+def admitted(s: VideoJobState) -> bool:
+    return s.place is not None and s.place.host is not None
+
+
+async def leave(s: VideoJobState) -> None:
+    """Gives the place back, or leaves the line; nothing when it has neither."""
+    place = s.place
+    if place is None:
+        return
+    s.place = None
+    s.plan.queue = None
+    await give_back(s, place.asked_at)
+
+
+async def give_back(s: VideoJobState, asked_at: datetime) -> None:
+    """A pool that is not running holds nothing to give back: none is started for it."""
+    await _signal_pool(names.POOL_LEAVE, PoolLeave(job_id=s.job.job_id, asked_at=asked_at))
+
+
+async def _signal_pool(name: str, message: PoolAsk | PoolLeave) -> bool:
+    """False: no pool runs for the job's task queue (the server found none to signal)."""
+    pool = workflow.get_external_workflow_handle(names.pool_id(workflow.info().task_queue))
+    try:
+        await pool.signal(name, message)
+    except ApplicationError as err:
+        workflow.logger.info("gpu pool not signalled: %s", err)
+        return False
+    return True
+
+
+def _seen(s: VideoJobState) -> list[HostSeen]:
+    """The hosts as the job's latest probe found them, the one it would take first."""
+    readings = sorted(s.readings.items(), key=lambda item: (item[0] != s.next_host, item[0]))
+    return [
+        HostSeen(name=name, reachable=r.reachable, headroom=r.reachable and not r.overloaded)
+        for name, r in readings
+    ]

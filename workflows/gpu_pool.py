@@ -1,0 +1,236 @@
+"""GpuPoolWorkflow: the one owner of the GPU hosts' places and the line (docs/design.md, "GPU
+admission").
+
+A long-lived entity workflow per namespace and task queue, started by the first job's ask
+(signal-with-start). Its signal handlers only queue what arrived; the run applies it to the
+`PoolBook` in order, answers each job by a signal (a place, a position, or "full"), probes the
+hosts with a free place while someone waits (one probe per host every SPILLWAY_POOL_REPROBE_S,
+however many wait), checks the holders it has not heard from (a terminated or reset-away holder's
+place comes back) and continues as new with its places and line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Coroutine
+from datetime import timedelta
+from typing import Any
+
+from temporalio import workflow
+from temporalio.exceptions import ActivityError
+
+from workflows import activity_calls as calls
+
+with workflow.unsafe.imports_passed_through():
+    from activities.pool import HolderCheck
+    from spillway import names
+    from spillway.gpu_pool import (
+        Message,
+        PoolAnswer,
+        PoolAsk,
+        PoolBook,
+        PoolHost,
+        PoolInput,
+        PoolLeave,
+        PoolView,
+        Reading,
+        Sent,
+    )
+    from spillway.models import Policy, QueueSpot
+    from workflows import texts
+
+POOL_JOB = "gpu-pool"  # the job id the pool's own probes and policy reads carry
+# A holder not heard from this long is asked whether it still holds its place: a closed one's
+# place is free again within CHECK_AFTER + CHECK_EVERY (90 s).
+CHECK_AFTER = timedelta(seconds=60)
+CHECK_EVERY = timedelta(seconds=30)
+POLICY_EVERY = timedelta(minutes=5)  # the hosts and their places as the workers have them now
+DETAILS_HEAD = 20  # jobs of the line the UI's current details name
+
+
+@workflow.defn(name=names.GPU_POOL)
+class GpuPoolWorkflow:
+    @workflow.init
+    def __init__(self, inp: PoolInput) -> None:
+        self._book = PoolBook(inp)
+        self._inbox: list[PoolAsk | PoolLeave] = [
+            m for carried in inp.inbox for m in (carried.ask, carried.leave) if m is not None
+        ]
+        self._received = 0
+        self._policy: Policy | None = None
+        # Answers on their way, and the probe and the holder check under way: the pool goes on
+        # taking asks and give-backs meanwhile (a host's agent that is down costs its probe 10 s).
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._probing = self._checking = False
+        self._woken = False  # a probe or a check ended
+
+    @workflow.run
+    async def run(self, inp: PoolInput) -> None:
+        book = self._book
+        policy_at = checked_at = workflow.now()
+        await self._read_policy()
+        while True:
+            now = workflow.now()
+            if now - policy_at >= POLICY_EVERY:
+                policy_at = now
+                await self._read_policy()
+            self._apply()
+            if not self._probing and book.to_probe(workflow.now(), self._reprobe):
+                self._probing = True
+                self._start(self._probe())
+            if not self._checking and book.holders and workflow.now() - checked_at >= CHECK_EVERY:
+                checked_at = workflow.now()
+                self._checking = True
+                self._start(self._check_holders())
+            self._publish()
+            if (
+                self._received >= inp.signals_per_run
+                or workflow.info().is_continue_as_new_suggested()
+            ):
+                break
+            self._woken = False
+            with contextlib.suppress(TimeoutError):
+                await workflow.wait_condition(
+                    lambda: bool(self._inbox) or self._woken, timeout=self._idle()
+                )
+        # What is under way ends first (answers reach their jobs); what arrives meanwhile is
+        # carried, never applied here: an answer sent now could not be followed up.
+        await workflow.wait_condition(lambda: not self._tasks and workflow.all_handlers_finished())
+        inbox = [
+            Message(ask=m) if isinstance(m, PoolAsk) else Message(leave=m) for m in self._inbox
+        ]
+        workflow.continue_as_new(book.carried(inp.signals_per_run, inbox))
+
+    def _start(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # --- what jobs send, and what the pool answers ---------------------------------------------
+
+    @workflow.signal(name=names.POOL_ASK)
+    def ask(self, ask: PoolAsk) -> None:
+        self._inbox.append(ask)
+        self._received += 1
+
+    @workflow.signal(name=names.POOL_LEAVE)
+    def give_back(self, leave: PoolLeave) -> None:
+        self._inbox.append(leave)
+        self._received += 1
+
+    @workflow.query(name=names.POOL_VIEW)
+    def view(self) -> PoolView:
+        return self._book.view()
+
+    @workflow.query(name=names.POOL_SPOT)
+    def spot(self, job_id: str) -> QueueSpot | None:
+        return self._book.spot(job_id)
+
+    def _apply(self) -> None:
+        book, now = self._book, workflow.now()
+        inbox, self._inbox = self._inbox, []
+        sent: list[Sent] = []
+        freed = False
+        for message in inbox:
+            if isinstance(message, PoolAsk):
+                sent += book.ask(message, now)
+            elif book.give_back(message, now):
+                freed = True
+        if freed:
+            sent += book.admit(now, freshness=self._reprobe)
+        for job_id, answer in sent:
+            self._send(job_id, answer)
+
+    def _send(self, job_id: str, answer: PoolAnswer) -> None:
+        if answer.host is not None:
+            waited = (workflow.now() - answer.asked_at).total_seconds()
+            workflow.metric_meter().create_histogram_float(
+                "spillway_gpu_admission_wait", "seconds from a job's ask to its place", "s"
+            ).record(waited, {"host": answer.host})
+        self._start(self._signal(job_id, answer))
+
+    async def _signal(self, job_id: str, answer: PoolAnswer) -> None:
+        try:
+            handle = workflow.get_external_workflow_handle(job_id)
+            await handle.signal(names.POOL_ANSWER, answer)
+        except Exception as err:  # the job is gone: the place it was given is free again
+            workflow.logger.info("gpu pool: job %s did not take its answer: %s", job_id, err)
+            if answer.host is not None:
+                self._inbox.append(PoolLeave(job_id=job_id, asked_at=answer.asked_at))
+
+    # --- the hosts -----------------------------------------------------------------------------
+
+    @property
+    def _reprobe(self) -> timedelta:
+        return timedelta(seconds=self._policy.pool_reprobe_s if self._policy else 2.0)
+
+    def _idle(self) -> timedelta | None:
+        """How long to sleep when nothing arrives: until the next probe while someone waits,
+        the next holder check while anyone holds a place, or until a message."""
+        waits = []
+        if self._book.line:
+            waits.append(self._reprobe)
+        if self._book.holders:
+            waits.append(CHECK_EVERY)
+        return min(waits) if waits else None
+
+    async def _read_policy(self) -> None:
+        self._policy = await calls.read_policy(POOL_JOB)
+        self._book.configure([PoolHost(ref=h, max_jobs=h.max_jobs) for h in self._policy.hosts])
+
+    async def _probe(self) -> None:
+        try:
+            due = self._book.to_probe(workflow.now(), self._reprobe)
+            readings = await asyncio.gather(
+                *(calls.probe(POOL_JOB, host) for host in due), return_exceptions=True
+            )
+            now = workflow.now()
+            for host, load in zip(due, readings, strict=True):
+                if isinstance(load, BaseException):
+                    if not isinstance(load, ActivityError):
+                        raise load
+                    reading = Reading(reachable=False, headroom=False, at=now)
+                else:
+                    headroom = load.reachable and not load.overloaded
+                    reading = Reading(reachable=load.reachable, headroom=headroom, at=now)
+                self._book.note_probe(host.name, reading)
+            for job_id, answer in self._book.admit(now, freshness=self._reprobe):
+                self._send(job_id, answer)
+        finally:
+            self._probing, self._woken = False, True
+
+    async def _check_holders(self) -> None:
+        try:
+            book = self._book
+            unheard = book.unheard(workflow.now(), CHECK_AFTER)
+            if not unheard:
+                return
+            checked = await calls.pool_check(HolderCheck(holders=unheard))
+            now = workflow.now()
+            for job_id in checked.answered:
+                book.heard(job_id, now)
+            freed = False
+            for holder in unheard:
+                if holder.job_id in checked.gone:
+                    workflow.logger.info("gpu pool: %s is gone, its place is free", holder.job_id)
+                    freed = book.free(holder, now) or freed
+            if freed:
+                for job_id, answer in book.admit(now, freshness=self._reprobe):
+                    self._send(job_id, answer)
+        except ActivityError as err:
+            workflow.logger.warning("gpu pool: holders not checked: %s", err.cause or err)
+        finally:
+            self._checking, self._woken = False, True
+
+    def _publish(self) -> None:
+        book = self._book
+        meter = workflow.metric_meter()
+        in_use = meter.create_gauge("spillway_gpu_places_in_use", "places held per GPU host")
+        for host, n in book.in_use().items():
+            in_use.set(n, {"host": host})
+        meter.create_gauge("spillway_gpu_line_length", "jobs waiting for a GPU place").set(
+            len(book.line)
+        )
+        # The head of the line only: this runs after every batch of messages, whatever its length.
+        workflow.set_current_details(texts.pool_details(book.view(DETAILS_HEAD), len(book.line)))
