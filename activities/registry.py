@@ -71,7 +71,6 @@ def main_work(
         spend.view,
         spend.recorded,
         callbacks.job_callback,
-        vetting.vet,
     ]
     waits: list[Callable[..., Any]] = []
     for provider in clouds.PROVIDERS.values():

@@ -45,7 +45,7 @@ LEDGER_BUDGETS = "budgets"
 LEDGER_MONTH = "month_spent"
 LEDGER_CREATED = "created_before"
 LEDGER_RESET_FROM = "reset_from"
-LEDGER_VET = "spend_ledger_vet"  # the ledger's own local activity
+LEDGER_VET = "spend_ledger_vet_batch"  # the ledger's own activity, one per inbox batch
 LEDGER_ID = "spillway-spend-ledger"
 
 # The GPU pool's handlers (docs/design.md, "GPU admission"): jobs reach it by signal-with-start,

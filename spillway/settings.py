@@ -88,7 +88,7 @@ class Settings(BaseSettings):
     # Runs of 0.4.0 only: a job waiting for approval re-probed this often. The GPU pool re-probes
     # the hosts instead, every SPILLWAY_POOL_REPROBE_S while jobs wait.
     APPROVAL_RECHECK_S: Seconds = 60.0
-    SPILLWAY_POOL_REPROBE_S: Annotated[float, Field(ge=0.2, le=300)] = 2.0
+    SPILLWAY_POOL_REPROBE_S: Annotated[float, Field(ge=0.5, le=300)] = 2.0
     # Places of the single GPU host (routing_tiers.json's `max_jobs` per host otherwise): one
     # rendering, one ready behind it so the card never idles between two jobs.
     A40_MAX_JOBS: Annotated[int, Field(ge=1, le=1000)] = 2

@@ -86,6 +86,7 @@ class Vetted(BaseModel):
     from spillway's own job, and the terms it is judged by."""
 
     refused: str | None = None  # why the ledger must not take it (then nothing else is set)
+    failed: str | None = None  # the vet could not finish: nothing is decided, the caller asks again
     incarnation: str | None = None
     cost_usd: float | None = None  # routing_tiers.json's figure for the job's own clip
     budgets: Budgets = Budgets()  # the workers' CLOUD_*_BUDGET_USD

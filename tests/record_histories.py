@@ -112,11 +112,11 @@ async def record(run_jobs: RunJobs, name: str) -> WorkflowHandle[Any, Any]:
             handle = await jobs.start(job_id=name)
             await handle.result()
     elif name == "spend-ledger":
-        # The ledger's own history: an armed job's reservation, begin and settle, each vetted
-        # by the ledger's local activity.
+        # The ledger's own history: three armed jobs at once, their reservations, begins and
+        # settles queued in its inbox and vetted a batch at a time.
         async with run_jobs(RouteStubs(BUSY), **ARMED) as jobs:
-            paid = await jobs.start(job_id=name)
-            await paid.result()
+            paid = [await jobs.start(job_id=f"{name}-{n}") for n in range(3)]
+            await asyncio.gather(*(job.result() for job in paid))
             handle = jobs.client.get_workflow_handle(names.ledger_id(jobs.task_queue))
     elif name in ("queued-then-local", "gpu-pool"):
         # One place (A40_MAX_JOBS=1): a local-only job holds it while a second waits `queued`

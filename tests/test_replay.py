@@ -16,9 +16,14 @@ from temporalio.worker import Replayer
 from tests.record_histories import NAMES, VERSION
 from worker import REPLAYED
 
+# A spend ledger of 0.4.0 is not carried over: its handlers awaited a local activity, and 0.5.0's
+# only queue requests (other commands), so the upgrade terminates it and restores its entries
+# (README, "Releases and running jobs").
+LEDGER_REPLACED = {"0.4.0/spend-ledger"}
 HISTORIES = {
     f"{path.parent.name}/{path.stem}": path.read_text()
     for path in sorted((Path(__file__).parent / "histories").glob("*/*.json"))
+    if f"{path.parent.name}/{path.stem}" not in LEDGER_REPLACED
 }
 
 

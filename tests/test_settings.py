@@ -75,6 +75,9 @@ BAD_SETTINGS = [
     ("A40_NVML_INDEX", "first"),
     ("COMFYUI_URL", "not a url"),
     ("CLOUD_VIDEO_FALLBACK_ENABLED", "maybe"),
+    ("A40_MAX_JOBS", "0"),
+    ("A40_MAX_JOBS", "two"),
+    ("SPILLWAY_POOL_REPROBE_S", "0.4"),
     *SECRET_URLS,
 ]
 
@@ -112,6 +115,9 @@ def _committed() -> Any:
         (lambda t: t["video_tiers"][2].update(tier=1), "unique"),
         (lambda t: t.pop("video_tiers"), "video_tiers"),
         (lambda t: t["video_tiers"][0].update(colour="red"), "video_tiers.0.colour"),
+        (lambda t: t["video_tiers"][0].update(max_jobs=-1), "video_tiers.0.max_jobs"),
+        (lambda t: t["video_tiers"][0].update(max_jobs=0), "video_tiers.0.max_jobs"),
+        (lambda t: t["video_tiers"][0].update(max_jobs=1.5), "video_tiers.0.max_jobs"),
     ],
 )
 def test_broken_routing_tiers_name_the_field(tmp_path, mutate, named):

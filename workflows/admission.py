@@ -8,6 +8,7 @@ Workflow code.
 
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime, timedelta
 
 from temporalio import workflow
@@ -103,7 +104,10 @@ async def _signal_pool(name: str, message: PoolAsk | PoolLeave) -> bool:
     """False: no pool runs for the job's task queue (the server found none to signal)."""
     pool = workflow.get_external_workflow_handle(names.pool_id(workflow.info().task_queue))
     try:
-        await pool.signal(name, message)
+        # Shielded: a cancel of the job must not cancel a signal the server may already have
+        # (the SDK then sends a core-only cancel for a recorded signal, and the job's workflow
+        # task failed with "Invalid transition in state machine"); the job still sees the cancel.
+        await asyncio.shield(asyncio.ensure_future(pool.signal(name, message)))
     except ApplicationError as err:
         workflow.logger.info("gpu pool not signalled: %s", err)
         return False

@@ -2,26 +2,31 @@
 budget").
 
 A long-lived entity workflow, started on demand with update-with-start (never again once a ledger
-of its id closed: `spillway ledger restore`). Before it changes anything it vets the request
-with its own activity (activities/spend/vet.py): the request must come from spillway's own
-job, running the activity that asks, and the cost, the budgets and the job's incarnation are
-what the ledger read itself, never what the request says. After that await, "check the budget,
-then record" runs without another, so it is atomic however many jobs race. It continues as new
-with the entries it still needs.
+of its id closed: `spillway ledger restore`). Its update handlers start no work: each validates,
+puts its request in the inbox and waits for the answer. The run loop takes the inbox in arrival
+order, vets the whole batch with one activity (activities/spend/vet.py: the request must come
+from spillway's own job, running the activity that asks; the cost, the budgets and the job's
+incarnation are what the ledger read itself, never what the request says), then applies and
+answers each request in order without another await, so "check the budget, then record" is
+atomic however many jobs race. A regular activity's events replay the same however updates
+interleave with it; a handler that awaited a local activity did not (0.4.0's wedged ledger,
+docs/design.md, "Facts found while building"). It continues as new with the entries it still
+needs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Generic, TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from activities.spend.vet import LedgerVetting, Purpose, VetRequest
+    from activities.spend.vet import LedgerVetting, VetBatch, VetRequest
     from spillway import names
     from spillway.spend_book import (
         REFUSED,
@@ -38,17 +43,27 @@ with workflow.unsafe.imports_passed_through():
         Vetted,
     )
 
-# Retried for a while (a describe the server cannot answer now), then the caller hears that the
-# ledger did not answer and sends nothing.
-VET_TIMEOUT = timedelta(seconds=20)
+# Retried for a while (a describe the server cannot answer now), then the callers hear that the
+# ledger did not answer and send nothing (they ask again).
+VET_TIMEOUT = timedelta(seconds=30)
 VET_RETRY = RetryPolicy(
     initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=2)
 )
-# A ledger run that began with its vetting as a local activity keeps it; a new run vets by an
-# activity: an update that arrived while a local activity ran replayed in another order than it
-# ran (workflows/activity_calls.py, read_policy).
-VET_BY_ACTIVITY = "vet-by-activity"
 CONTINUING = "SpendLedgerContinuing"  # not a refusal: asked again, it reaches the next run
+UNVETTED = "SpendLedgerUnvetted"  # not a refusal: nothing was decided, asked again
+
+_Answer = TypeVar("_Answer", SpendEntry, Budgets)
+
+
+@dataclass
+class _Request(Generic[_Answer]):
+    """A request in the inbox: what the vet is asked, and what the book does with its answer."""
+
+    ask: VetRequest
+    apply: Callable[[Vetted], _Answer]
+    answer: _Answer | None = None
+    error: ApplicationError | None = None
+    done: bool = field(default=False)
 
 
 @workflow.defn(name=names.SPEND_LEDGER)
@@ -56,6 +71,7 @@ class SpendLedgerWorkflow:
     @workflow.init
     def __init__(self, inp: LedgerInput) -> None:
         self._book = SpendBook.of(inp)
+        self._inbox: list[_Request[SpendEntry] | _Request[Budgets]] = []
         self._accepted = 0
         self._continuing = False
         # The run this one was reset from by an operator (its answers after the reset point are
@@ -64,15 +80,87 @@ class SpendLedgerWorkflow:
 
     @workflow.run
     async def run(self, inp: LedgerInput) -> None:
-        await workflow.wait_condition(
-            lambda: (
+        def due() -> bool:
+            return (
                 self._accepted >= inp.updates_per_run
                 or workflow.info().is_continue_as_new_suggested()
             )
-        )
+
+        while not due():
+            await workflow.wait_condition(lambda: bool(self._inbox) or due())
+            if self._inbox:
+                await self._serve()
         self._continuing = True  # new updates wait for the next run instead of starving this end
-        await workflow.wait_condition(workflow.all_handlers_finished)
+        while True:  # what was accepted before is answered here
+            await workflow.wait_condition(
+                lambda: bool(self._inbox) or workflow.all_handlers_finished()
+            )
+            if not self._inbox:
+                break
+            await self._serve()
         workflow.continue_as_new(self._book.carried(workflow.now(), inp.updates_per_run))
+
+    async def _serve(self) -> None:
+        """One batch: vetted by one activity, then each request applied and answered in arrival
+        order, with no await between the first check and the last record."""
+        batch, self._inbox = self._inbox, []
+        try:
+            vetted = await workflow.execute_activity_method(
+                LedgerVetting.vet,
+                VetBatch(requests=[r.ask for r in batch]),
+                task_queue=names.vet_queue(workflow.info().task_queue),
+                start_to_close_timeout=VET_TIMEOUT,
+                schedule_to_close_timeout=timedelta(seconds=60),
+                retry_policy=VET_RETRY,
+            )
+            answers = vetted.answers
+        except ActivityError as err:
+            why = f"the spend ledger could not vet it ({err.cause or err}): nothing was decided"
+            answers = [Vetted(failed=why)] * len(batch)
+        for request, terms in zip(batch, answers, strict=True):
+            try:
+                request.answer = request.apply(self._judged(request.ask, terms))
+            except SpendRefused as refused:
+                request.error = _error(refused)
+            except ApplicationError as err:
+                request.error = err
+            request.done = True
+
+    def _judged(self, ask: VetRequest, terms: Vetted) -> Vetted:
+        """The terms, once the vet's answer allows the request at all."""
+        if terms.failed is not None:
+            raise ApplicationError(terms.failed, type=UNVETTED)
+        if terms.ledger_run not in (None, workflow.info().run_id):
+            # An answer recorded by the run this one was reset from, replayed: what it granted
+            # stands, and everything after the reset point is unknown here.
+            self._reset_from = terms.ledger_run
+        elif self._reset_from is not None:
+            raise SpendRefused(
+                f"the spend ledger was reset (from run {self._reset_from}): it grants "
+                "nothing until `spillway ledger restore` brings back what that run held; "
+                "nothing was sent",
+                "reset",
+            )
+        self._book.budgets = terms.budgets
+        if terms.refused is not None:
+            raise SpendRefused(
+                f"the spend ledger refuses this {ask.purpose}: {terms.refused}", "foreign"
+            )
+        return terms
+
+    async def _asked(self, request: _Request[_Answer]) -> _Answer:
+        self._inbox.append(request)
+        await workflow.wait_condition(lambda: request.done)
+        if request.error is not None:
+            raise request.error
+        assert request.answer is not None
+        return request.answer
+
+    def _entry(self, change: Callable[[], SpendEntry]) -> SpendEntry:
+        self._accepted += 1
+        return change().model_copy()
+
+    # --- queries ----------------------------------------------------------------------------
 
     @workflow.query(name=names.LEDGER_SUMMARY)
     def summary(self) -> LedgerSummary:
@@ -99,10 +187,24 @@ class SpendLedgerWorkflow:
     def budgets(self) -> Budgets:
         return self._book.budgets
 
+    # --- updates: each only queues its request -------------------------------------------------
+
     @workflow.update(name=names.LEDGER_RESERVE)
     async def reserve(self, req: ReserveRequest) -> SpendEntry:
-        terms = await self._vet("reserve", req.job_id, req.run_id, req)
-        return self._apply(lambda: self._book.reserve(req, terms, workflow.now()))
+        ask = VetRequest(
+            purpose="reserve",
+            job_id=req.job_id,
+            run_id=req.run_id,
+            provider=req.provider,
+            authorisation=req.authorisation,
+            authorised_by=req.authorised_by,
+        )
+        return await self._asked(
+            _Request(
+                ask,
+                lambda terms: self._entry(lambda: self._book.reserve(req, terms, workflow.now())),
+            )
+        )
 
     @reserve.validator
     def _check_reserve(self, req: ReserveRequest) -> None:
@@ -110,8 +212,12 @@ class SpendLedgerWorkflow:
 
     @workflow.update(name=names.LEDGER_BEGIN)
     async def begin(self, req: BeginCreate) -> SpendEntry:
-        terms = await self._vet("begin", req.job_id, req.run_id)
-        return self._apply(lambda: self._book.begin(req, terms, workflow.now()))
+        ask = VetRequest(purpose="begin", job_id=req.job_id, run_id=req.run_id)
+        return await self._asked(
+            _Request(
+                ask, lambda terms: self._entry(lambda: self._book.begin(req, terms, workflow.now()))
+            )
+        )
 
     @begin.validator
     def _check_begin(self, req: BeginCreate) -> None:
@@ -119,8 +225,13 @@ class SpendLedgerWorkflow:
 
     @workflow.update(name=names.LEDGER_SETTLE)
     async def settle(self, req: SettleRequest) -> SpendEntry:
-        terms = await self._vet("settle", req.job_id, req.run_id)
-        return self._apply(lambda: self._book.settle(req, terms, workflow.now()))
+        ask = VetRequest(purpose="settle", job_id=req.job_id, run_id=req.run_id)
+        return await self._asked(
+            _Request(
+                ask,
+                lambda terms: self._entry(lambda: self._book.settle(req, terms, workflow.now())),
+            )
+        )
 
     @settle.validator
     def _check_settle(self, req: SettleRequest) -> None:
@@ -131,65 +242,15 @@ class SpendLedgerWorkflow:
         """Re-reads the budgets in force off the workers' settings (workers ask when they
         start, so `spillway budget` shows them before anything was reserved). Whatever the
         request carries is ignored: budgets are the workers' to set."""
-        terms = await self._vet("terms", "", "")
-        self._book.budgets = terms.budgets
-        return terms.budgets
+        return await self._asked(_Request(VetRequest(purpose="terms"), lambda terms: terms.budgets))
 
-    async def _vet(
-        self, purpose: Purpose, job_id: str, run_id: str, req: ReserveRequest | None = None
-    ) -> Vetted:
-        ask = VetRequest(purpose=purpose, job_id=job_id, run_id=run_id)
-        if req is not None:
-            ask = ask.model_copy(
-                update={
-                    "provider": req.provider,
-                    "authorisation": req.authorisation,
-                    "authorised_by": req.authorised_by,
-                }
-            )
-        timeouts: dict[str, Any] = {
-            "start_to_close_timeout": VET_TIMEOUT,
-            "schedule_to_close_timeout": timedelta(seconds=40),
-            "retry_policy": VET_RETRY,
-        }
-        terms: Vetted
-        if workflow.patched(VET_BY_ACTIVITY):
-            queue = names.vet_queue(workflow.info().task_queue)
-            terms = await workflow.execute_activity_method(
-                LedgerVetting.vet, ask, task_queue=queue, **timeouts
-            )
-        else:
-            terms = await workflow.execute_local_activity_method(LedgerVetting.vet, ask, **timeouts)
-        if terms.ledger_run not in (None, workflow.info().run_id):
-            # An answer recorded by the run this one was reset from, replayed: what it granted
-            # stands, and everything after the reset point is unknown here.
-            self._reset_from = terms.ledger_run
-        elif self._reset_from is not None:
-            raise _error(
-                SpendRefused(
-                    f"the spend ledger was reset (from run {self._reset_from}): it grants "
-                    "nothing until `spillway ledger restore` brings back what that run held; "
-                    "nothing was sent",
-                    "reset",
-                )
-            )
-        self._book.budgets = terms.budgets
-        if terms.refused is not None:
-            raise _error(
-                SpendRefused(f"the spend ledger refuses this {purpose}: {terms.refused}", "foreign")
-            )
-        return terms
+    @configure.validator
+    def _check_configure(self, _ignored: Budgets | None = None) -> None:
+        self._open()
 
     def _open(self) -> None:
         if self._continuing:
             raise ApplicationError("the spend ledger is continuing as new", type=CONTINUING)
-
-    def _apply(self, change: Callable[[], SpendEntry]) -> SpendEntry:
-        self._accepted += 1
-        try:
-            return change().model_copy()
-        except SpendRefused as refused:
-            raise _error(refused) from None
 
 
 def _error(refused: SpendRefused) -> ApplicationError:

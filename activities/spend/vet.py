@@ -1,6 +1,7 @@
 """What the spend ledger learns for itself before it changes anything (docs/design.md, "The spend
 ledger and the budget", Authority): an activity of SpendLedgerWorkflow, on a queue of its own
-beside the ledger's (`spillway.names.vet_queue`).
+beside the ledger's (`spillway.names.vet_queue`), that vets every request the ledger's inbox
+held, in one go.
 
 Anyone who can reach the namespace can send the ledger an update, so a request is believed only
 as far as Temporal confirms it: the run it names must be a `VideoJobWorkflow` of that job id,
@@ -13,6 +14,7 @@ history), the budgets from this worker's settings, the incarnation from Temporal
 
 from __future__ import annotations
 
+import asyncio
 from typing import Literal
 
 from pydantic import BaseModel
@@ -38,6 +40,23 @@ class VetRequest(BaseModel):
     provider: str = ""
     authorisation: Authorisation = "armed"
     authorised_by: str = ""
+
+
+class VetBatch(BaseModel):
+    """The requests the ledger took from its inbox, in arrival order."""
+
+    requests: list[VetRequest]
+
+
+class VetAnswers(BaseModel):
+    """One answer per request, in the same order."""
+
+    answers: list[Vetted]
+
+
+# Describes, queries and history reads a batch may have in flight at once (300 jobs racing
+# put 300 requests in one batch).
+VET_CONCURRENCY = 20
 
 
 def budgets_of(settings: Settings) -> Budgets:
@@ -71,7 +90,24 @@ class LedgerVetting:
         self._client, self._settings, self._tiers = client, settings, tiers
 
     @activity.defn(name=names.LEDGER_VET)
-    async def vet(self, req: VetRequest) -> Vetted:
+    async def vet(self, batch: VetBatch) -> VetAnswers:
+        gate = asyncio.Semaphore(VET_CONCURRENCY)
+
+        async def one(req: VetRequest) -> Vetted:
+            async with gate:
+                try:
+                    return await self._vet(req)
+                except Exception as exc:  # one request's trouble never fails the others
+                    activity.logger.warning("spend ledger could not vet a %s: %s", req.purpose, exc)
+                    return Vetted(
+                        failed=f"{type(exc).__name__}: {exc}",
+                        budgets=budgets_of(self._settings),
+                        ledger_run=activity.info().workflow_run_id,
+                    )
+
+        return VetAnswers(answers=await asyncio.gather(*(one(r) for r in batch.requests)))
+
+    async def _vet(self, req: VetRequest) -> Vetted:
         terms = Vetted(
             budgets=budgets_of(self._settings), ledger_run=activity.info().workflow_run_id
         )
@@ -114,8 +150,7 @@ class LedgerVetting:
             return f"run {req.run_id!r} is not a run of job {req.job_id}", None
         if info.type.name != names.VIDEO_JOB:
             return f"{req.job_id} is a {info.type.name}, not a spillway job", None
-        # The ledger schedules this on its vetting queue (names.vet_queue); a ledger run that
-        # vets by a local activity runs it on its own queue.
+        # The ledger schedules this on its vetting queue (names.vet_queue).
         queue = activity.info().task_queue.removesuffix(names.VET_SUFFIX)
         if info.task_queue != queue:
             return f"job {req.job_id} runs on task queue {info.task_queue!r}, not {queue!r}", None

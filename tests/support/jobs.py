@@ -213,7 +213,6 @@ def job_runner(environment: WorkflowEnvironment) -> RunJobs:
                         spend.settle,
                         *_held_reads(spend, stubs),
                         callbacks.job_callback,
-                        vetting.vet,
                         places.start,
                     ],
                 )
