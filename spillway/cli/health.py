@@ -5,6 +5,7 @@ from"). Never shows a key, only whether one is present."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from pydantic import BaseModel
@@ -18,6 +19,9 @@ from spillway.models import LoadStatus, WorkersView
 from spillway.settings import Settings, shown
 from spillway.spend_book import PeriodTotals
 from spillway.tiers import RoutingTiers
+
+if TYPE_CHECKING:
+    from temporalio.client import Client
 
 TRIGGER = (
     "overloaded = VRAM busy OR (GPU util busy AND queue backlog) OR guard busy; "
@@ -120,6 +124,21 @@ class TemporalHealth(BaseModel):
     awaiting_approval: int | None = None
 
 
+class WedgedWorkflow(BaseModel):
+    """A running workflow whose workflow task fails and is retried (a nondeterminism error after
+    a deploy, a bug in its code): it answers no update, query or signal until someone steps in.
+    Read off DescribeWorkflowExecution (the pending workflow task's attempt) and the tail of its
+    history (the last WorkflowTaskFailed event: the retries themselves write no events)."""
+
+    workflow_id: str
+    run_id: str
+    attempt: int  # the pending workflow task's attempt: 2 = it failed once and is retried
+    failing_since: datetime | None = None  # when the failing task was first scheduled
+    cause: str | None = None  # e.g. NON_DETERMINISTIC_ERROR, WORKFLOW_WORKER_UNHANDLED_FAILURE
+    failure: str | None = None  # the failure's message, its first line
+    remedy: str
+
+
 class BudgetHealth(BaseModel):
     """The budgets and what the spend ledger says is left (None when it could not be read)."""
 
@@ -130,6 +149,8 @@ class BudgetHealth(BaseModel):
     error: str | None = None
     # Set when what the ledger carries across continue-as-new nears Temporal's payload limit.
     warning: str | None = None
+    # Set when the ledger's workflow task fails and is retried (`error` then says so too).
+    wedged: WedgedWorkflow | None = None
 
 
 class WorkersHealth(BaseModel):
@@ -243,6 +264,7 @@ async def workers_health(settings: Settings, timeout_s: float = 20) -> WorkersHe
 
 
 async def budget_health(settings: Settings) -> BudgetHealth:
+    from spillway import names
     from spillway.client.budget import ledger_summary
     from spillway.spend_book import CARRY_WARN_BYTES
     from spillway.temporal import TemporalUnreachable, connect
@@ -251,7 +273,14 @@ async def budget_health(settings: Settings) -> BudgetHealth:
         daily_usd=settings.CLOUD_DAILY_BUDGET_USD, monthly_usd=settings.CLOUD_MONTHLY_BUDGET_USD
     )
     try:
-        summary = await ledger_summary(await connect(), settings)
+        client = await connect()
+        # First: a wedged ledger answers no query either (the summary would only time out).
+        ledger_id = names.ledger_id(settings.SPILLWAY_TASK_QUEUE)
+        report.wedged = await wedged(client, ledger_id, ledger_remedy(ledger_id))
+        if report.wedged is not None:
+            report.error = wedged_ledger(report.wedged)
+            return report
+        summary = await ledger_summary(client, settings)
     except (TemporalUnreachable, Failed) as exc:
         report.error = str(exc)
         return report
@@ -268,6 +297,107 @@ async def budget_health(settings: Settings) -> BudgetHealth:
             "(Temporal refuses payloads over 2 MiB by default): settle or restore what is open"
         )
     return report
+
+
+# How far back from a history's end the last failed workflow task is looked for (events).
+HISTORY_TAIL = 100
+
+
+def ledger_remedy(ledger_id: str) -> str:
+    return (
+        f"terminate it (`temporal workflow terminate --workflow-id {ledger_id}`), start the new "
+        "workers (spillway worker), then `spillway ledger restore` (its entries come back from "
+        "its history)"
+    )
+
+
+def wedged_ledger(found: WedgedWorkflow) -> str:
+    """The error `health` reports for a wedged spend ledger."""
+    since = found.failing_since
+    when = f", failing since {since:%Y-%m-%d %H:%M:%S} UTC" if since is not None else ""
+    why = "".join(f": {w}" for w in (found.cause, found.failure) if w)
+    return (
+        f"the spend ledger ({found.workflow_id}, run {found.run_id}) is wedged: its workflow "
+        f"task failed and is being retried (attempt {found.attempt}{when}){why}; every update "
+        f"answers 'Workflow Task in failed state', so no cloud job can run: {found.remedy}"
+    )
+
+
+async def wedged(client: Client, workflow_id: str, remedy: str) -> WedgedWorkflow | None:
+    """The workflow, if it runs with a workflow task that failed and is being retried; None when
+    it runs normally, is closed or unknown, or cannot be read (the other checks say why)."""
+    from temporalio.api.enums.v1 import WorkflowExecutionStatus
+    from temporalio.service import RPCError
+
+    from activities.spend.ledger import RPC_TIMEOUT
+
+    try:
+        described = await client.get_workflow_handle(workflow_id).describe(rpc_timeout=RPC_TIMEOUT)
+    except RPCError:
+        return None
+    info = described.raw_description
+    task = info.pending_workflow_task
+    running = WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_RUNNING
+    if (
+        info.workflow_execution_info.status != running
+        or not info.HasField("pending_workflow_task")
+        or task.attempt <= 1
+    ):
+        return None
+    run_id = info.workflow_execution_info.execution.run_id
+    cause, failure = await _last_task_failure(client, workflow_id, run_id)
+    return WedgedWorkflow(
+        workflow_id=workflow_id,
+        run_id=run_id,
+        attempt=task.attempt,
+        failing_since=task.original_scheduled_time.ToDatetime(tzinfo=UTC)
+        if task.HasField("original_scheduled_time")
+        else None,
+        cause=cause,
+        failure=failure,
+        remedy=remedy,
+    )
+
+
+async def _last_task_failure(
+    client: Client, workflow_id: str, run_id: str
+) -> tuple[str | None, str | None]:
+    """(cause, the failure's first line) of the run's last failed or timed-out workflow task,
+    read backwards from the history's end, at most HISTORY_TAIL events; (None, None) if none."""
+    from temporalio.api.common.v1 import WorkflowExecution
+    from temporalio.api.enums.v1 import EventType, TimeoutType, WorkflowTaskFailedCause
+    from temporalio.api.workflowservice.v1 import GetWorkflowExecutionHistoryReverseRequest
+    from temporalio.service import RPCError
+
+    from activities.spend.ledger import RPC_TIMEOUT
+
+    try:
+        page = await client.workflow_service.get_workflow_execution_history_reverse(
+            GetWorkflowExecutionHistoryReverseRequest(
+                namespace=client.namespace,
+                execution=WorkflowExecution(workflow_id=workflow_id, run_id=run_id),
+                maximum_page_size=HISTORY_TAIL,
+            ),
+            timeout=RPC_TIMEOUT,
+        )
+    except RPCError:
+        return None, None
+    for event in page.history.events:
+        if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
+            failed = event.workflow_task_failed_event_attributes
+            message = failed.failure.message.strip().splitlines()
+            cause = _enum_name(WorkflowTaskFailedCause, failed.cause, "WORKFLOW_TASK_FAILED_CAUSE_")
+            return cause, message[0][:300] if message else None
+        if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT:
+            timeout = event.workflow_task_timed_out_event_attributes.timeout_type
+            return "TIMED_OUT", _enum_name(TimeoutType, timeout, "TIMEOUT_TYPE_")
+    return None, None
+
+
+def _enum_name(enum: Any, value: int, prefix: str) -> str:
+    """A protobuf enum value's name without its prefix; the number when this SDK does not know
+    it (a newer server)."""
+    return enum.Name(value).removeprefix(prefix) if value in enum.values() else str(value)
 
 
 def health_report(
