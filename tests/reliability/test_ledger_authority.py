@@ -9,6 +9,9 @@ namespace: a raw client and a foreign worker of its own.
 - a terminated ledger: the next cloud job fails closed naming `spillway ledger restore`; restore
   brings the entries back; a reset job then follows its recorded task, creates stay 1;
 - a job id used again after its execution was deleted is rendered anew, never the old video.
+
+Each runs twice (`ledger_workers`): with the workers' workflow cache and without one, where every
+workflow task of the jobs and the ledger replays its whole history.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ from workflows.spend_ledger import SpendLedgerWorkflow
 from workflows.video_job import VideoJobWorkflow
 
 BUDGET = {"CLOUD_DAILY_BUDGET_USD": 0.01}  # less than one clip
-MARKER = EventType.EVENT_TYPE_MARKER_RECORDED
+VETTED = EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED  # the ledger vets each batch by an activity
 TASK_COMPLETED = EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
 
 
@@ -94,9 +97,9 @@ async def ledger_started(client: Client, task_queue: str) -> None:
 
 
 async def test_a_foreign_workflow_named_like_spillways_job_cannot_spend(
-    workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim
+    ledger_workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim
 ):
-    worker = await workers(COMFYUI_URL=comfyui.url, MINIMAX_BASE_URL=minimax.url, **BUDGET)
+    worker = await ledger_workers(COMFYUI_URL=comfyui.url, MINIMAX_BASE_URL=minimax.url, **BUDGET)
     client = jobs_on(worker).client
     await ledger_started(client, worker.task_queue)
     foreign_queue, foreign_id = f"foreign-{uuid.uuid4()}", f"foreign-{uuid.uuid4().hex[:8]}"
@@ -132,10 +135,10 @@ async def test_a_foreign_workflow_named_like_spillways_job_cannot_spend(
 
 
 async def test_forged_ledger_updates_change_no_budget_and_no_entry(
-    workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim
+    ledger_workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim
 ):
     comfyui.set_vram_used_pct(BUSY_VRAM_PCT)
-    worker = await workers(
+    worker = await ledger_workers(
         COMFYUI_URL=comfyui.url,
         MINIMAX_BASE_URL=minimax.url,
         CLOUD_VIDEO_FALLBACK_ENABLED=1,
@@ -183,9 +186,9 @@ async def test_forged_ledger_updates_change_no_budget_and_no_entry(
 
 @pytest.mark.slow
 async def test_a_terminated_ledger_fails_closed_until_restored_then_a_reset_job_follows_its_task(
-    workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim, sightings
+    ledger_workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim, sightings
 ):
-    worker = await busy_and_armed(workers, comfyui, minimax)
+    worker = await busy_and_armed(ledger_workers, comfyui, minimax)
     jobs = jobs_on(worker)
     first = await jobs.submit("before the operator's cleanup")
     done = await jobs.until(first, "completed")
@@ -219,9 +222,9 @@ async def test_a_terminated_ledger_fails_closed_until_restored_then_a_reset_job_
 
 @pytest.mark.slow
 async def test_a_job_id_used_again_after_its_execution_was_deleted_is_rendered_anew(
-    workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim
+    ledger_workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim
 ):
-    worker = await busy_and_armed(workers, comfyui, minimax)
+    worker = await busy_and_armed(ledger_workers, comfyui, minimax)
     jobs = jobs_on(worker)
     job_id = f"reused-{uuid.uuid4().hex[:8]}"
     await jobs.submit("last month's video", job_id=job_id)
@@ -252,11 +255,11 @@ async def test_a_job_id_used_again_after_its_execution_was_deleted_is_rendered_a
 
 
 async def test_a_job_reset_after_the_ledger_continued_as_new_follows_its_task_from_history(
-    workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim
+    ledger_workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim
 ):
     """The continued ledger no longer holds the settled entry, only its incarnation's tag: the
     reset job finds the entry in the history of the run that settled it, and creates nothing."""
-    worker = await busy_and_armed(workers, comfyui, minimax)
+    worker = await busy_and_armed(ledger_workers, comfyui, minimax)
     jobs = jobs_on(worker)
     await ledger_started(jobs.client, worker.task_queue)
     ledger_id = names.ledger_id(worker.task_queue)
@@ -287,14 +290,14 @@ async def test_a_job_reset_after_the_ledger_continued_as_new_follows_its_task_fr
 
 
 async def test_a_ledger_reset_by_an_operator_sends_nothing_more_and_restore_follows_the_reset(
-    workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim, sightings
+    ledger_workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim, sightings
 ):
     """Reset to just after its first reservation, the ledger holds less than it granted. It
     either notices (it replays an answer its earlier run gave) and grants nothing, or its tasks
     fail after the reset (Temporal's reset of a workflow with updates in flight does that at
     times): either way no create is sent. Terminated and restored, it gets back everything the
     run it was reset from held."""
-    worker = await busy_and_armed(workers, comfyui, minimax)
+    worker = await busy_and_armed(ledger_workers, comfyui, minimax)
     jobs = jobs_on(worker)
     first = await jobs.submit("before the reset")
     done = await jobs.until(first, "completed")
@@ -302,9 +305,9 @@ async def test_a_ledger_reset_by_an_operator_sends_nothing_more_and_restore_foll
     ledger_id = names.ledger_id(worker.task_queue)
     handle_of_ledger = jobs.client.get_workflow_handle(ledger_id)
     history = await handle_of_ledger.fetch_history()
-    marker = next(e.event_id for e in history.events if e.event_type == MARKER)
+    vetted = next(e.event_id for e in history.events if e.event_type == VETTED)
     after = next(
-        e.event_id for e in history.events if e.event_type == TASK_COMPLETED and e.event_id > marker
+        e.event_id for e in history.events if e.event_type == TASK_COMPLETED and e.event_id > vetted
     )
     old_run = (await handle_of_ledger.describe()).run_id
     await jobs.client.workflow_service.reset_workflow_execution(

@@ -7,6 +7,9 @@ worker processes on the session's dev server, creates counted at the MiniMax dou
 - a job cancelled while its (slow) create is in flight: one create, its task id in the plan;
 - the fallback disarmed and the worker restarted between the decision and the create: none;
 - a job decided by a simulated worker that reaches a real one: the real key sends nothing.
+
+All but the 300 jobs run twice (`ledger_workers`): with the workers' workflow cache and without
+one, where every workflow task of the jobs and the ledger replays its whole history.
 """
 
 from __future__ import annotations
@@ -111,10 +114,10 @@ async def reset_to_first_workflow_task(client: Client, job_id: str) -> str:
 
 @pytest.mark.parametrize("authorised", ["armed", "approved"])
 async def test_a_completed_cloud_job_reset_to_its_first_workflow_task_creates_nothing_more(
-    workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim, authorised: str
+    ledger_workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim, authorised: str
 ):
     comfyui.set_vram_used_pct(BUSY_VRAM_PCT)
-    worker = await workers(
+    worker = await ledger_workers(
         COMFYUI_URL=comfyui.url,
         MINIMAX_BASE_URL=minimax.url,
         CLOUD_VIDEO_FALLBACK_ENABLED=int(authorised == "armed"),
@@ -142,11 +145,11 @@ async def test_a_completed_cloud_job_reset_to_its_first_workflow_task_creates_no
 
 
 async def test_a_job_cancelled_during_a_slow_create_records_the_task_it_ordered(
-    workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim
+    ledger_workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim
 ):
     comfyui.set_vram_used_pct(BUSY_VRAM_PCT)
     minimax.create_delay_s = 3  # MiniMax takes its time; the task exists once it answers
-    worker = await workers(
+    worker = await ledger_workers(
         COMFYUI_URL=comfyui.url,
         MINIMAX_BASE_URL=minimax.url,
         CLOUD_VIDEO_FALLBACK_ENABLED=1,
@@ -168,11 +171,11 @@ async def test_a_job_cancelled_during_a_slow_create_records_the_task_it_ordered(
 
 
 async def test_a_worker_disarmed_and_restarted_before_the_create_sends_nothing(
-    workers, jobs_on, minimax: MiniMaxSim, refused_url: str
+    ledger_workers, jobs_on, minimax: MiniMaxSim, refused_url: str
 ):
     # ComfyUI unreachable: the job reads an ARMED policy, probes, and sleeps before the second
     # probe; the worker is disarmed and restarted in that sleep.
-    armed = await workers(
+    armed = await ledger_workers(
         COMFYUI_URL=refused_url,
         MINIMAX_BASE_URL=minimax.url,
         CLOUD_VIDEO_FALLBACK_ENABLED=1,
@@ -193,14 +196,14 @@ async def test_a_worker_disarmed_and_restarted_before_the_create_sends_nothing(
 
 
 async def test_a_simulated_job_that_reaches_a_real_worker_sends_nothing_with_the_real_key(
-    workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim
+    ledger_workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim
 ):
     # `spillway dev --simulate` and a real worker pointed at one server and one task queue (the
     # mistake the separate `-sim` queue prevents): the simulated job waits for approval, then
     # only the real worker is left to run it.
     comfyui.set_vram_used_pct(BUSY_VRAM_PCT)
     async with MiniMaxSim(api_key=SIM_API_KEY) as simulator:
-        simulated = await workers(
+        simulated = await ledger_workers(
             COMFYUI_URL=comfyui.url,
             MINIMAX_BASE_URL=simulator.url,
             MINIMAX_API_KEY=SIM_API_KEY,
@@ -212,7 +215,7 @@ async def test_a_simulated_job_that_reaches_a_real_worker_sends_nothing_with_the
         await jobs.until(job_id, "awaiting_approval")
         await simulated.kill()
         real: dict[str, Any] = {"MINIMAX_BASE_URL": minimax.url, "COMFYUI_URL": comfyui.url}
-        await workers(SPILLWAY_TASK_QUEUE=simulated.task_queue, **real)
+        await ledger_workers(SPILLWAY_TASK_QUEUE=simulated.task_queue, **real)
         decision = ApprovalDecision(approved=True, by="owner")
         await jobs.client.get_workflow_handle(job_id).signal(APPROVAL_SIGNAL, decision)
         plan = await jobs.until(job_id, "failed")
