@@ -17,7 +17,7 @@ needs.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Generic, TypeVar
 
@@ -63,7 +63,7 @@ class _Request(Generic[_Answer]):
     apply: Callable[[Vetted], _Answer]
     answer: _Answer | None = None
     error: ApplicationError | None = None
-    done: bool = field(default=False)
+    done: bool = False
 
 
 @workflow.defn(name=names.SPEND_LEDGER)
@@ -118,8 +118,11 @@ class SpendLedgerWorkflow:
             why = f"the spend ledger could not vet it ({err.cause or err}): nothing was decided"
             answers = [Vetted(failed=why)] * len(batch)
         for request, terms in zip(batch, answers, strict=True):
+            if request.ask.purpose != "terms":  # what changes the book counts towards its run's end
+                self._accepted += 1
             try:
-                request.answer = request.apply(self._judged(request.ask, terms))
+                # A copy: the book keeps changing its own entry after the answer left.
+                request.answer = request.apply(self._judged(request.ask, terms)).model_copy()
             except SpendRefused as refused:
                 request.error = _error(refused)
             except ApplicationError as err:
@@ -155,10 +158,6 @@ class SpendLedgerWorkflow:
             raise request.error
         assert request.answer is not None
         return request.answer
-
-    def _entry(self, change: Callable[[], SpendEntry]) -> SpendEntry:
-        self._accepted += 1
-        return change().model_copy()
 
     # --- queries ----------------------------------------------------------------------------
 
@@ -200,10 +199,7 @@ class SpendLedgerWorkflow:
             authorised_by=req.authorised_by,
         )
         return await self._asked(
-            _Request(
-                ask,
-                lambda terms: self._entry(lambda: self._book.reserve(req, terms, workflow.now())),
-            )
+            _Request(ask, lambda terms: self._book.reserve(req, terms, workflow.now()))
         )
 
     @reserve.validator
@@ -214,9 +210,7 @@ class SpendLedgerWorkflow:
     async def begin(self, req: BeginCreate) -> SpendEntry:
         ask = VetRequest(purpose="begin", job_id=req.job_id, run_id=req.run_id)
         return await self._asked(
-            _Request(
-                ask, lambda terms: self._entry(lambda: self._book.begin(req, terms, workflow.now()))
-            )
+            _Request(ask, lambda terms: self._book.begin(req, terms, workflow.now()))
         )
 
     @begin.validator
@@ -227,10 +221,7 @@ class SpendLedgerWorkflow:
     async def settle(self, req: SettleRequest) -> SpendEntry:
         ask = VetRequest(purpose="settle", job_id=req.job_id, run_id=req.run_id)
         return await self._asked(
-            _Request(
-                ask,
-                lambda terms: self._entry(lambda: self._book.settle(req, terms, workflow.now())),
-            )
+            _Request(ask, lambda terms: self._book.settle(req, terms, workflow.now()))
         )
 
     @settle.validator
