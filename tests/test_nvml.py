@@ -17,7 +17,9 @@ GIB = 1024**3
 
 @pytest.fixture
 def fake_nvml(monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
-    state = SimpleNamespace(inits=0, util=73, used=31 * GIB, total=48 * GIB, fail=None)
+    state = SimpleNamespace(
+        inits=0, util=73, used=31 * GIB, total=48 * GIB, reserved=GIB // 2, v2=True, fail=None
+    )
 
     def init() -> None:
         state.inits += 1
@@ -33,13 +35,20 @@ def fake_nvml(monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
     monkeypatch.setattr(
         pynvml, "nvmlDeviceGetUtilizationRates", lambda h: SimpleNamespace(gpu=state.util, memory=5)
     )
-    monkeypatch.setattr(
-        pynvml,
-        "nvmlDeviceGetMemoryInfo",
-        lambda h: SimpleNamespace(
-            used=state.used, total=state.total, free=state.total - state.used
-        ),
-    )
+
+    def memory(h: object, version: int | None = None) -> SimpleNamespace:
+        if version is None:  # v1 counts the driver's reserved memory as used
+            used = state.used + state.reserved
+            return SimpleNamespace(used=used, total=state.total, free=state.total - used)
+        if not state.v2:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        assert version == pynvml.nvmlMemory_v2
+        free = state.total - state.used - state.reserved
+        return SimpleNamespace(
+            used=state.used, reserved=state.reserved, total=state.total, free=free
+        )
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetMemoryInfo", memory)
     monkeypatch.setattr(pynvml, "nvmlDeviceGetName", lambda h: "NVIDIA A40")
     return state
 
@@ -52,6 +61,12 @@ def test_reads_utilisation_and_memory_of_the_configured_gpu(fake_nvml):
     fake_nvml.util = 99
     assert reader.read(0).util_pct == 99.0
     assert fake_nvml.inits == 1  # initialised once, then kept
+
+
+def test_memory_used_leaves_out_what_the_driver_reserves_as_nvidia_smi_does(fake_nvml):
+    assert NvmlReader().read(0).memory_used_bytes == 31 * GIB
+    fake_nvml.v2 = False  # a driver before R510: only the original call
+    assert NvmlReader().read(0).memory_used_bytes == 31 * GIB + GIB // 2
 
 
 def test_bytes_device_names_from_older_drivers_are_decoded(fake_nvml, monkeypatch):
