@@ -153,11 +153,15 @@ class PoolBook:
     def ask(self, ask: PoolAsk, now: datetime) -> list[Sent]:
         for seen in ask.seen:
             self._note(seen.name, Reading(reachable=seen.reachable, headroom=seen.headroom, at=now))
+        sent: list[Sent] = []
         held = self.holders.get(ask.job_id)
         if held is not None:
             if held.asked_at == ask.asked_at:  # asked again (its answer may be lost): the same
                 return [(ask.job_id, PoolAnswer(asked_at=ask.asked_at, host=held.host))]
+            # A run reset to before its ask asks anew: the place its earlier run held goes to
+            # the line first, and the new ask comes after everyone already waiting.
             self.give_back(PoolLeave(job_id=held.job_id, asked_at=held.asked_at), now)
+            sent += self.admit(now, freshness=timedelta(0))
         lined = self._in_line(ask.job_id)
         if lined is not None:
             self._unline(lined)
@@ -165,14 +169,18 @@ class PoolBook:
                 ask = ask.model_copy(update={"asked_at": lined.asked_at, "wait": True})
         host = self._place_for(ask, [s.name for s in ask.seen if self._usable(s, ask.mode)])
         if host is not None:
-            return [self._admit(ask, host, now)]
+            return [*sent, self._admit(ask, host, now)]
         full = self.full_reasons()
         if not ask.wait:
-            return [(ask.job_id, PoolAnswer(asked_at=ask.asked_at, full=full))]
+            return [*sent, (ask.job_id, PoolAnswer(asked_at=ask.asked_at, full=full))]
+        # What the line carries across continue-as-new stays small: the probe it came with has
+        # been noted above.
+        ask = ask.model_copy(update={"seen": []})
         position = bisect.bisect_left(self.line, _key(ask), key=_key) + 1
         self.line.insert(position - 1, ask)
         self._lined[ask.job_id] = ask
         return [
+            *sent,
             (ask.job_id, PoolAnswer(asked_at=ask.asked_at, position=position, full=full)),
             *self.admit(now, freshness=timedelta(0)),
         ]

@@ -10,6 +10,7 @@ import json
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from temporalio.testing import WorkflowEnvironment
 from spillway import names
 from spillway.client import jobs as job_ops
 from spillway.client.queue import pool_view
-from spillway.gpu_pool import PoolInput, PoolView
+from spillway.gpu_pool import PoolInput, PoolLeave, PoolView
 from spillway.models import CloudRequest, Plan, VideoJob
 from spillway.settings import Settings
 from spillway.sim.comfyui import ComfyUISim
@@ -28,7 +29,7 @@ from spillway.sim.minimax import MiniMaxSim
 from spillway.tiers import load_tiers
 from tests.support.cli import spillway as cli
 from tests.support.graphs import VIDEO_GRAPH
-from tests.support.jobs import Jobs
+from tests.support.jobs import Jobs, reset_to_first_workflow_task
 from tests.support.settings import comfyui_values, make_settings, minimax_values, two_host_tiers
 from tests.support.waiting import until
 from worker import serving
@@ -217,21 +218,26 @@ async def test_a_holder_terminated_by_an_operator_frees_its_place_within_90_s(
 
 
 async def test_a_comfyui_restart_costs_the_jobs_in_line_nothing(spillway, comfyui: ComfyUISim):
-    comfyui.execution_s = 600.0  # the first render is still running when ComfyUI restarts
-    async with spillway(A40_MAX_JOBS=1) as sw:
-        handles = [await sw.start(cloud=False)]
-        await sw.jobs.until(handles[0], "running_local")
-        await until(lambda: comfyui.queue_running, bool, what="the first render")
+    comfyui.execution_s = 600.0  # the admitted renders are still on when ComfyUI restarts
+    async with spillway(A40_MAX_JOBS=2) as sw:
+        handles = [await sw.start(cloud=False) for _ in range(2)]
+        for handle in handles:
+            await sw.jobs.until(handle, "running_local")
+        await until(
+            lambda: len(comfyui.queue_running) + len(comfyui.queue_pending),
+            lambda held: held == 2,
+            what="both admitted prompts in ComfyUI",
+        )
         handles += [await sw.start(cloud=False) for _ in range(2)]
         await sw.line_is(lambda line: len(line) == 2)
         comfyui.execution_s = 1.0
         await comfyui.restart()
         plans = await asyncio.gather(*(h.result() for h in handles))
     assert all(p.state == "completed" for p in plans)
-    assert "comfyui_lost_prompt" in " ".join(plans[0].reasons)
+    assert all("comfyui_lost_prompt" in " ".join(p.reasons) for p in plans[:2])
     # The line's jobs reached ComfyUI once each, after the restart.
-    assert [p.local_attempts for p in plans[1:]] == [1, 1]
-    assert all(posted(comfyui, p) == 1 for p in plans[1:])
+    assert [p.local_attempts for p in plans[2:]] == [1, 1]
+    assert all(posted(comfyui, p) == 1 for p in plans[2:])
 
 
 async def test_two_hosts_places_on_both_are_used_before_the_cloud(
@@ -312,3 +318,79 @@ async def test_the_pool_continues_as_new_under_traffic_and_loses_no_ask(
     assert all(posted(comfyui, p) == 1 for p in plans)
     assert view.line == [] and all(not h.places for h in view.hosts)
     assert runs >= 4
+
+
+async def _admitted_asks(run: WorkflowHandle[Any, Any]) -> list[str]:
+    """The asks (their `asked_at`) a run's history says the pool gave a place to."""
+    found = []
+    async for event in run.fetch_history_events():
+        signal = event.workflow_execution_signaled_event_attributes
+        if signal.signal_name == names.POOL_ANSWER:
+            answer = json.loads(signal.input.payloads[0].data)
+            if answer.get("host") is not None:
+                found.append(answer["asked_at"])
+    return found
+
+
+async def test_a_holder_reset_to_before_its_admission_gives_its_place_to_the_line(
+    spillway, comfyui: ComfyUISim
+):
+    comfyui.execution_s = 0.5
+    comfyui.pause()  # prompts stay pending in ComfyUI: the holder holds its place meanwhile
+    async with spillway(A40_MAX_JOBS=1) as sw:
+        holder = await sw.start(cloud=False)
+        await sw.jobs.until(holder, "running_local")
+        nxt = await sw.start(cloud=False)
+        await sw.jobs.until(nxt, "queued")
+        first_run = (await holder.describe()).run_id
+        started = asyncio.get_running_loop().time()
+        new_run = await reset_to_first_workflow_task(sw.client, holder.id)
+        # The reset run asks anew: the earlier run's place goes to the line, the reset run
+        # waits behind it.
+        await sw.jobs.until(nxt, "running_local", timeout_s=95)
+        assert asyncio.get_running_loop().time() - started <= 90
+        comfyui.resume()
+        plans = await asyncio.gather(
+            nxt.result(),
+            sw.client.get_workflow_handle(holder.id, run_id=new_run, result_type=Plan).result(),
+        )
+        view = await sw.view()
+    assert [p.state for p in plans] == ["completed", "completed"]
+    before = await _admitted_asks(sw.client.get_workflow_handle(holder.id, run_id=first_run))
+    after = await _admitted_asks(sw.client.get_workflow_handle(holder.id, run_id=new_run))
+    assert len(before) == 1
+    # The reset run was given a place once, for its own ask (the earlier run's admission,
+    # reapplied by the reset, went straight back).
+    assert len([a for a in after if a not in before]) == 1
+    assert posted(comfyui, plans[1]) == 1
+    assert view.line == [] and all(not h.places for h in view.hosts)
+
+
+async def test_a_continue_as_new_in_the_middle_of_the_line_keeps_its_order_and_places(
+    spillway, comfyui: ComfyUISim
+):
+    comfyui.execution_s = 0.2
+    comfyui.pause()  # the holder's prompt stays pending: nothing frees while the line is read
+    async with spillway(A40_MAX_JOBS=1) as sw:
+        # Six signals to a run: five asks, then the sixth (a give-back of nobody's) ends it.
+        pool = await sw.client.start_workflow(
+            names.GPU_POOL,
+            PoolInput(signals_per_run=6),
+            id=names.pool_id(sw.queue),
+            task_queue=names.pool_queue(sw.queue),
+        )
+        holder = await sw.start(cloud=False)
+        await sw.jobs.until(holder, "running_local")
+        waiting = [await sw.start(cloud=False, priority=p) for p in (3, 3, 1, 3)]
+        await sw.line_is(lambda line: len(line) == 4)
+        before = await sw.view()
+        assert [i.job_id for i in before.line] == [waiting[i].id for i in (2, 0, 1, 3)]
+        await pool.signal(names.POOL_LEAVE, PoolLeave(job_id="nobody", asked_at=datetime.now(UTC)))
+        latest = sw.client.get_workflow_handle(pool.id)
+        await until(latest.describe, lambda d: d.run_id != pool.run_id, what="the pool's next run")
+        after = await sw.view()
+        assert after.line == before.line and after.hosts == before.hosts
+        comfyui.resume()
+        plans = await asyncio.gather(*(h.result() for h in (holder, *waiting)))
+    assert all(p.state == "completed" for p in plans)
+    assert all(posted(comfyui, p) == 1 for p in plans)

@@ -128,3 +128,23 @@ def test_the_book_survives_continue_as_new_and_the_view_lists_places_and_line():
     view = again.view()
     assert [p.job_id for p in view.hosts[0].places] == ["holder"]
     assert [(i.job_id, i.position) for i in view.line] == [("next", 1)]
+
+
+def test_a_reset_run_asking_anew_gives_its_old_place_to_the_line_and_waits_behind_it():
+    b = book(("a40", 1))
+    b.ask(ask("holder"), T0)
+    b.ask(ask("next", 1), T0)
+    sent = answers(b.ask(ask("holder", 5), T0))
+    assert sent["next"].host == "a40"
+    assert sent["holder"].position == 1 and sent["holder"].asked_at == T0 + timedelta(seconds=5)
+    assert [h.job_id for h in b.holders.values()] == ["next"]
+
+
+def test_two_thousand_in_line_carry_less_than_temporal_warns_about():
+    # Temporal warns at 512 KB per payload and refuses 2 MB. 2,000 uuid-named jobs carried
+    # 264 KB (132 bytes each) once the probe each came with was no longer carried.
+    b = book()
+    for i in range(2002):
+        b.ask(ask(f"{i:08d}-7f3c-4a1e-9b2d-0c5e8a7d6f41", i, seen=BUSY), T0)
+    carried = b.carried(500, []).model_dump_json()
+    assert len(b.line) == 2000 and len(carried) < 512 * 1024, len(carried)

@@ -42,8 +42,9 @@ from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
 from spillway.spend_book import LedgerInput
 from tests.reliability.harness import cli
-from tests.reliability.test_money import ledger, reset_to_first_workflow_task
+from tests.reliability.test_money import ledger
 from tests.support.constants import BUSY_VRAM_PCT, CLIP_USD
+from tests.support.jobs import reset_to_first_workflow_task
 from tests.support.waiting import until
 from workflows.spend_ledger import SpendLedgerWorkflow
 from workflows.video_job import VideoJobWorkflow

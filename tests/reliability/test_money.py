@@ -15,13 +15,9 @@ one, where every workflow task of the jobs and the ledger replays its whole hist
 from __future__ import annotations
 
 import asyncio
-import uuid
 from typing import Any
 
 import pytest
-from temporalio.api.common.v1 import WorkflowExecution
-from temporalio.api.enums.v1 import EventType
-from temporalio.api.workflowservice.v1 import ResetWorkflowExecutionRequest
 from temporalio.client import Client
 
 from activities.spend.ledger import SpendLedger
@@ -33,6 +29,7 @@ from spillway.sim.minimax import SIM_API_KEY, MiniMaxSim
 from spillway.spend_book import LedgerSummary
 from tests.reliability.harness import probes
 from tests.support.constants import BUSY_VRAM_PCT, CLIP_USD
+from tests.support.jobs import reset_to_first_workflow_task
 from tests.support.waiting import until
 from workflows.video_job import VideoJobWorkflow
 
@@ -88,28 +85,6 @@ async def test_300_armed_jobs_racing_for_a_budget_of_10_clips_make_exactly_10_cr
     for plan in waiting:
         assert "budget_exhausted" in plan.reasons and plan.budget is not None
         assert (plan.budget.exhausted, plan.budget.estimate_usd) == ("day", CLIP_USD)
-
-
-async def reset_to_first_workflow_task(client: Client, job_id: str) -> str:
-    handle = client.get_workflow_handle(job_id)
-    history = await handle.fetch_history()
-    first = next(
-        e.event_id
-        for e in history.events
-        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
-    )
-    run_id = (await handle.describe()).run_id
-    reset = await client.workflow_service.reset_workflow_execution(
-        ResetWorkflowExecutionRequest(
-            namespace=client.namespace,
-            workflow_execution=WorkflowExecution(workflow_id=job_id, run_id=run_id),
-            reason="test: an operator resets a finished cloud job",
-            workflow_task_finish_event_id=first,
-            request_id=str(uuid.uuid4()),
-        )
-    )
-    assert reset.run_id != run_id
-    return reset.run_id
 
 
 @pytest.mark.parametrize("authorised", ["armed", "approved"])

@@ -13,6 +13,8 @@ in-process job runner; loaded by conftest.
   queue.
 - `cause_message(failed)`: the message of the ApplicationError a failed job ended with.
 - `history_text(history)`: a job's history as text, its payloads decoded.
+- `reset_to_first_workflow_task(client, job_id)`: what an operator's reset to the job's first
+  workflow task does; returns the new run's id.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ from typing import Any
 import httpx
 import pytest
 from temporalio import activity
+from temporalio.api.common.v1 import WorkflowExecution
+from temporalio.api.enums.v1 import EventType
+from temporalio.api.workflowservice.v1 import ResetWorkflowExecutionRequest
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle, WorkflowHistory
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
@@ -265,3 +270,25 @@ def run_jobs(env: WorkflowEnvironment) -> RunJobs:
 def run_dev_jobs(dev_env: WorkflowEnvironment) -> RunJobs:
     """A worker on the real dev server (visibility: lists, metadata, the temporal CLI)."""
     return job_runner(dev_env)
+
+
+async def reset_to_first_workflow_task(client: Client, job_id: str) -> str:
+    handle = client.get_workflow_handle(job_id)
+    history = await handle.fetch_history()
+    first = next(
+        e.event_id
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
+    )
+    run_id = (await handle.describe()).run_id
+    reset = await client.workflow_service.reset_workflow_execution(
+        ResetWorkflowExecutionRequest(
+            namespace=client.namespace,
+            workflow_execution=WorkflowExecution(workflow_id=job_id, run_id=run_id),
+            reason="test: an operator resets a job",
+            workflow_task_finish_event_id=first,
+            request_id=str(uuid.uuid4()),
+        )
+    )
+    assert reset.run_id != run_id
+    return reset.run_id
