@@ -1,12 +1,13 @@
 """The GPU pool's activities (docs/design.md, "GPU admission"): the start of a pool that is not
 running, by signal-with-start with the ask of the job that found none (a job signals a running
-pool from its own workflow code); and the pool's check of the holders it has not heard from: a
-holder that is closed, reset away or no longer holding this place gives it back."""
+pool from its own workflow code); the pool's check of the holders it has not heard from: a
+holder that is closed, reset away or no longer holding this place gives it back; and, for a pool
+that starts after an earlier one ended (terminated, failed), the places its jobs still hold."""
 
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from pydantic import BaseModel
 from temporalio import activity
@@ -14,6 +15,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
 from spillway import names
+from spillway import search_attributes as sa
 from spillway.gpu_pool import Holder, PoolAsk, PoolInput
 from spillway.models import JobPlace
 
@@ -28,6 +30,25 @@ class HolderCheck(BaseModel):
 class HoldersChecked(BaseModel):
     gone: list[str]  # job ids whose place is free again
     answered: list[str]  # job ids that still hold their place
+
+
+class FindHolders(BaseModel):
+    task_queue: str  # the jobs' queue
+
+
+class Held(BaseModel):
+    job_id: str
+    asked_at: datetime
+    host: str
+
+
+class HoldersFound(BaseModel):
+    held: list[Held]
+
+
+# A job holds a place from its admission to its end; between the two it is queued (the answer
+# has just come), probing (it asked at its first decision) or running_local.
+HOLDING_STATES = ("probing", "queued", "running_local")
 
 
 class PoolActivities:
@@ -61,6 +82,48 @@ class PoolActivities:
             gone=[h.job_id for h, r in zip(check.holders, results, strict=True) if r is False],
             answered=[h.job_id for h, r in zip(check.holders, results, strict=True) if r],
         )
+
+    @activity.defn(name=names.POOL_FIND)
+    async def find_holders(self, find: FindHolders) -> HoldersFound:
+        """The places the running jobs of `find.task_queue` hold, as each job says. Nothing when
+        no pool ran before this one (the first start: nobody can hold a place yet), and nothing
+        when the server cannot list (the time-skipping test server)."""
+        pool = names.pool_id(find.task_queue)
+        try:
+            earlier = await self._client.count_workflows(
+                f"WorkflowId = '{pool}' AND ExecutionStatus != 'Running'"
+            )
+            if not earlier.count:
+                return HoldersFound(held=[])
+            states = ", ".join(f"'{state}'" for state in HOLDING_STATES)
+            running = [
+                execution.id
+                async for execution in self._client.list_workflows(
+                    f"WorkflowType = '{names.VIDEO_JOB}' AND TaskQueue = '{find.task_queue}' "
+                    f"AND ExecutionStatus = 'Running' AND {sa.STATE.name} IN ({states})"
+                )
+            ]
+        except RPCError as err:
+            if err.status != RPCStatusCode.UNIMPLEMENTED:
+                raise
+            return HoldersFound(held=[])
+        limit = asyncio.Semaphore(CHECKS_AT_ONCE)
+
+        async def place_of(job_id: str) -> Held | None:
+            async with limit:
+                try:
+                    place = await self._client.get_workflow_handle(job_id).query(
+                        names.JOB_PLACE, result_type=JobPlace, rpc_timeout=ASK_TIMEOUT
+                    )
+                except Exception as err:  # ended meanwhile, or cannot answer now
+                    activity.logger.info("job %s not asked for its place: %s", job_id, err)
+                    return None
+            if place is None or place.host is None:
+                return None
+            return Held(job_id=job_id, asked_at=place.asked_at, host=place.host)
+
+        found = await asyncio.gather(*(place_of(job_id) for job_id in running))
+        return HoldersFound(held=[h for h in found if h is not None])
 
     async def _still_holds(self, holder: Holder) -> bool | None:
         """False: the place is free again; None: unknown now (asked again later, never freed on

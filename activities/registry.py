@@ -82,7 +82,11 @@ def main_work(
         QueueWork(queue, decisions, workflows),
         QueueWork(queue + WAITS_SUFFIX, waits, max_activities=settings.SPILLWAY_MAX_WAITS),
         QueueWork(vet_queue(queue), [vetting.vet]),
-        QueueWork(pool_queue(queue), [policy.read_policy, places.check_holders], [pool]),
+        QueueWork(
+            pool_queue(queue),
+            [policy.read_policy, places.check_holders, places.find_holders],
+            [pool],
+        ),
     ]
 
 

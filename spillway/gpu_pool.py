@@ -92,6 +92,9 @@ class PoolInput(BaseModel):
     holds_s: dict[str, list[float]] = {}  # recent hold durations per host, newest last
     # Temporal takes 10,000 signals per run at most, and a short history is quick to replay.
     signals_per_run: int = 500
+    # False: a first run, or one started after an earlier pool ended: it asks the running jobs
+    # which places they hold before it hands out any.
+    continued: bool = False
 
 
 class PlaceView(BaseModel):
@@ -243,6 +246,13 @@ class PoolBook:
         if held is not None:
             held.checked_at = now
 
+    def adopt(self, job_id: str, asked_at: datetime, host: str, now: datetime) -> None:
+        """A place a job holds from an earlier pool: counted as held until it is given back."""
+        if job_id not in self.holders:
+            self.holders[job_id] = Holder(
+                job_id=job_id, asked_at=asked_at, host=host, since=now, checked_at=now
+            )
+
     def free(self, holder: Holder, now: datetime) -> bool:
         """A holder that is gone (terminated, reset away): its place back to the pool."""
         return self.give_back(PoolLeave(job_id=holder.job_id, asked_at=holder.asked_at), now)
@@ -305,6 +315,7 @@ class PoolBook:
             readings=self.readings,
             holds_s=self.holds_s,
             signals_per_run=signals_per_run,
+            continued=True,
         )
 
     # --- inside ----------------------------------------------------------------------------

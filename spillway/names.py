@@ -108,3 +108,4 @@ SPEND_RECORDED = "spend_recorded"
 
 POOL_START = "gpu_pool_start"
 POOL_CHECK = "gpu_pool_check_holders"
+POOL_FIND = "gpu_pool_find_holders"

@@ -66,8 +66,8 @@ class Settings(BaseSettings):
 
     # Caps on cloud spending per UTC day / month (the estimates in routing_tiers.json); unset =
     # no cap of that kind. Only `spillway approve --over-budget` goes past them.
-    CLOUD_DAILY_BUDGET_USD: Annotated[float, Field(ge=0)] | None = None
-    CLOUD_MONTHLY_BUDGET_USD: Annotated[float, Field(ge=0)] | None = None
+    CLOUD_DAILY_BUDGET_USD: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+    CLOUD_MONTHLY_BUDGET_USD: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
 
     # Kling, the second cloud provider (docs/design.md, "Kling facts"): both keys or none.
     KLING_ACCESS_KEY: SecretStr | None = None

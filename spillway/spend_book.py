@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import hashlib
 from datetime import datetime, timedelta
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 SpendState = Literal["reserved", "charged", "maybe_charged", "released", "refused"]
 # What a reservation became.
@@ -39,13 +39,17 @@ ENDED_FREE = ("released", "refused")  # nothing was made: no money, no block on 
 # budget), or a person explicitly over the budget (`spillway approve --over-budget`).
 Authorisation = Literal["armed", "approved", "approved_over_budget"]
 Period = Literal["day", "month"]
+# Every sum of money the ledger takes in or carries. A negative cost erased what a day and a
+# month had spent; NaN made every budget comparison false, and once carried (as null) the
+# ledger's next run could not read its own input.
+Usd = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 
 class Budgets(BaseModel):
     """CLOUD_DAILY_BUDGET_USD / CLOUD_MONTHLY_BUDGET_USD in force; None = no cap of that kind."""
 
-    daily_usd: float | None = None
-    monthly_usd: float | None = None
+    daily_usd: Usd | None = None
+    monthly_usd: Usd | None = None
 
     def of(self, period: Period) -> float | None:
         return self.daily_usd if period == "day" else self.monthly_usd
@@ -58,7 +62,7 @@ class SpendEntry(BaseModel):
     # in entries written before 0.4.0, which match any incarnation of their job id.
     incarnation: str | None = None
     provider: str
-    cost_usd: float | None  # the estimate from routing_tiers.json (None: none known)
+    cost_usd: Usd | None  # the estimate from routing_tiers.json (None: none known)
     state: SpendState
     task_id: str | None = None
     authorised_by: str  # "armed" or the approver's name
@@ -88,7 +92,7 @@ class Vetted(BaseModel):
     refused: str | None = None  # why the ledger must not take it (then nothing else is set)
     failed: str | None = None  # the vet could not finish: nothing is decided, the caller asks again
     incarnation: str | None = None
-    cost_usd: float | None = None  # routing_tiers.json's figure for the job's own clip
+    cost_usd: Usd | None = None  # routing_tiers.json's figure for the job's own clip
     budgets: Budgets = Budgets()  # the workers' CLOUD_*_BUDGET_USD
     # The ledger run that asked, as the activity saw it. Recorded in the ledger's history, so a
     # ledger reset by an operator replays answers naming the run it was reset from.
@@ -112,7 +116,7 @@ class SettleRequest(BaseModel):
     state: SettleState
     task_id: str | None = None
     note: str = ""
-    cost_usd: float | None = None  # the provider's own figure replaces the estimate
+    cost_usd: Usd | None = None  # the provider's own figure replaces the estimate
 
 
 class BudgetShortfall(BaseModel):
@@ -179,10 +183,10 @@ class LedgerInput(BaseModel):
 
     entries: list[SpendEntry] = []
     budgets: Budgets = Budgets()
-    spent: dict[str, float] = {}
+    spent: dict[str, Usd] = {}
     created: dict[str, str] = {}  # "YYYY-MM" -> space-separated `create_tag`s
     # Continue as new after this many accepted updates (or when the server suggests it).
-    updates_per_run: int = 2000
+    updates_per_run: Annotated[int, Field(ge=1)] = 2000
 
 
 # --- what the workflow gets back from the `spend_reserve` activity ---------------------------
@@ -208,7 +212,7 @@ class SpendSettle(BaseModel):
     state: SettleState
     task_id: str | None = None
     note: str = ""
-    cost_usd: float | None = None
+    cost_usd: Usd | None = None
 
 
 class BudgetView(BaseModel):

@@ -394,3 +394,53 @@ async def test_a_continue_as_new_in_the_middle_of_the_line_keeps_its_order_and_p
         plans = await asyncio.gather(*(h.result() for h in (holder, *waiting)))
     assert all(p.state == "completed" for p in plans)
     assert all(posted(comfyui, p) == 1 for p in plans)
+
+
+async def test_with_no_host_answering_a_local_job_waits_queued_until_one_does(
+    spillway, comfyui: ComfyUISim
+):
+    comfyui.execution_s = 0.2
+    await comfyui.stop()
+    async with spillway(UNREACHABLE_CONFIRM_S=0.5) as sw:
+        job = await sw.start(cloud=False)
+        plan = await sw.jobs.until(job, "queued", timeout_s=30)
+        assert plan.overflow.trigger == "unreachable" and plan.queue is not None
+        assert (await sw.view()).hosts[0].reachable is False
+        await comfyui.start()  # the pool's next probe finds it: the job takes a place
+        plan = await job.result()
+    assert (plan.state, plan.route) == ("completed", "local")
+    assert posted(comfyui, plan) == 1
+
+
+async def test_with_no_host_answering_a_local_job_gives_up_after_unreachable_give_up_s(
+    spillway, comfyui: ComfyUISim
+):
+    await comfyui.stop()
+    async with spillway(UNREACHABLE_CONFIRM_S=0.5, UNREACHABLE_GIVE_UP_S=5) as sw:
+        job = await sw.start(cloud=False)
+        plan = await sw.jobs.until(job, "failed", timeout_s=60)
+        view = await sw.view()
+    assert plan.error is not None and "ComfyUI did not answer for 0:00:05" in plan.error
+    assert "asks for no cloud" in plan.error
+    assert view.line == []
+
+
+async def test_a_pool_started_after_one_was_terminated_counts_the_places_still_held(
+    spillway, comfyui: ComfyUISim
+):
+    comfyui.execution_s = 0.2
+    comfyui.pause()  # the holder's prompt stays pending in ComfyUI: its place stays held
+    async with spillway(A40_MAX_JOBS=1) as sw:
+        holder = await sw.start(cloud=False)
+        await sw.jobs.until(holder, "running_local")
+        await sw.client.get_workflow_handle(names.pool_id(sw.queue)).terminate("operator")
+        # The next ask starts a new pool: it finds the holder's place before it admits anyone.
+        nxt = await sw.start(cloud=False)
+        plan = await sw.jobs.until(nxt, "queued")
+        assert plan.queue is not None and plan.queue.position == 1
+        view = await sw.view()
+        assert [p.job_id for h in view.hosts for p in h.places] == [holder.id]
+        comfyui.resume()
+        plans = await asyncio.gather(holder.result(), nxt.result())
+    assert [p.state for p in plans] == ["completed", "completed"]
+    assert comfyui.most_held == 1

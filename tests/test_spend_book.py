@@ -7,11 +7,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Literal
 
 import pytest
+from pydantic import ValidationError
 
 from spillway.spend_book import (
     Authorisation,
     BeginCreate,
     Budgets,
+    LedgerInput,
     ReserveRequest,
     SettleRequest,
     SpendBook,
@@ -281,3 +283,16 @@ def test_a_task_id_turns_a_refused_entry_charged_a_refusal_never_unchanges_a_cha
     assert book.settle(*settle("charged", task="task-3"), NOW).state == "charged"
     assert book.totals("day", NOW).spent_usd == CLIP_USD
     refused("settled", lambda: book.settle(*settle("refused"), NOW))
+
+
+@pytest.mark.parametrize("cost", [-1e9, float("nan"), float("inf"), -0.01])
+def test_a_cost_that_is_negative_or_not_finite_is_refused_before_the_ledger_sees_it(cost):
+    with pytest.raises(ValidationError, match="cost_usd"):
+        SettleRequest(job_id="j", run_id="r", state="maybe_charged", cost_usd=cost)
+    with pytest.raises(ValidationError, match="spent"):
+        LedgerInput.model_validate({"spent": {"2026-12": cost}})
+
+
+def test_a_ledger_input_that_would_never_continue_is_refused():
+    with pytest.raises(ValidationError, match="updates_per_run"):
+        LedgerInput(updates_per_run=0)

@@ -36,7 +36,13 @@ with workflow.unsafe.imports_passed_through():
     from activities.comfyui.activities import ComfyUIActivities
     from activities.notify import NotifyActivities
     from activities.policy import PolicyActivities, PolicyRequest
-    from activities.pool import HolderCheck, HoldersChecked, PoolActivities
+    from activities.pool import (
+        FindHolders,
+        HolderCheck,
+        HoldersChecked,
+        HoldersFound,
+        PoolActivities,
+    )
     from activities.probe.activities import LoadProbeRequest, LoadStatusActivities
     from activities.spend.activities import SpendActivities, SpendRequest
     from spillway.gpu_pool import PoolAsk
@@ -137,6 +143,15 @@ async def pool_check(check: HolderCheck) -> HoldersChecked:
         PoolActivities.check_holders,
         check,
         start_to_close_timeout=timedelta(seconds=60),
+        retry_policy=RetryPolicy(maximum_attempts=2),
+    )
+
+
+async def pool_find(find: FindHolders) -> HoldersFound:
+    return await workflow.execute_activity_method(
+        PoolActivities.find_holders,
+        find,
+        start_to_close_timeout=timedelta(minutes=2),
         retry_policy=RetryPolicy(maximum_attempts=2),
     )
 

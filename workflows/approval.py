@@ -187,7 +187,8 @@ async def wait_in_line(
             continue
         unreachable = s.plan.overflow.trigger == "unreachable"
         if unreachable and now >= give_up_at:
-            s.fail(texts.gave_up_waiting(policy.unreachable_give_up_s, s.plan))
+            cloud_asked = s.job.cloud is not None
+            s.fail(texts.gave_up_waiting(policy.unreachable_give_up_s, s.plan, cloud_asked))
         s.publish()
         # Its history grows only by what it is sent (answers, decisions, ignored signals):
         # each of them wakes it, so a flood of signals still ends in continue-as-new.

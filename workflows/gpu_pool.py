@@ -23,7 +23,7 @@ from temporalio.exceptions import ActivityError
 from workflows import activity_calls as calls
 
 with workflow.unsafe.imports_passed_through():
-    from activities.pool import HolderCheck
+    from activities.pool import FindHolders, HolderCheck
     from spillway import names
     from spillway.gpu_pool import (
         Message,
@@ -45,6 +45,8 @@ POOL_JOB = "gpu-pool"  # the job id the pool's own probes and policy reads carry
 # place is free again within CHECK_AFTER + CHECK_EVERY (90 s).
 CHECK_AFTER = timedelta(seconds=60)
 CHECK_EVERY = timedelta(seconds=30)
+# Runs of 0.5.0 start without asking the jobs which places they hold.
+FIND_HOLDERS = "gpu-pool-find-holders"
 POLICY_EVERY = timedelta(minutes=5)  # the hosts and their places as the workers have them now
 DETAILS_HEAD = 20  # jobs of the line the UI's current details name
 
@@ -70,6 +72,8 @@ class GpuPoolWorkflow:
         book = self._book
         policy_at = checked_at = workflow.now()
         await self._read_policy()
+        if not inp.continued and workflow.patched(FIND_HOLDERS):
+            await self._find_holders()
         while True:
             now = workflow.now()
             if now - policy_at >= POLICY_EVERY:
@@ -178,6 +182,19 @@ class GpuPoolWorkflow:
     async def _read_policy(self) -> None:
         self._policy = await calls.read_policy(POOL_JOB)
         self._book.configure([PoolHost(ref=h, max_jobs=h.max_jobs) for h in self._policy.hosts])
+
+    async def _find_holders(self) -> None:
+        """An earlier pool ended (an operator terminated it, say) while jobs held places: they
+        render on, and their places count before anyone is admitted, or the card is overbooked.
+        Jobs in its line ask this pool again by themselves."""
+        queue = workflow.info().task_queue.removesuffix(names.POOL_SUFFIX)
+        try:
+            found = await calls.pool_find(FindHolders(task_queue=queue))
+        except ActivityError as err:
+            workflow.logger.warning("gpu pool: places held before it were not found: %s", err)
+            return
+        for held in found.held:
+            self._book.adopt(held.job_id, held.asked_at, held.host, workflow.now())
 
     async def _probe(self) -> None:
         try:

@@ -180,10 +180,11 @@ def approved_without_key(by: str) -> str:
     )
 
 
-def gave_up_waiting(seconds: float, plan: Plan) -> str:
+def gave_up_waiting(seconds: float, plan: Plan, cloud_asked: bool = True) -> str:
+    why = "nobody approved the cloud" if cloud_asked else "the job asks for no cloud"
     return (
-        f"ComfyUI did not answer for {timedelta(seconds=round(seconds))} and nobody approved the "
-        f"cloud: the job was not run ({_signal_text(plan)}). Resubmit it when ComfyUI is back "
+        f"ComfyUI did not answer for {timedelta(seconds=round(seconds))} and {why}: the job was "
+        f"not run ({_signal_text(plan)}). Resubmit it when ComfyUI is back "
         "(UNREACHABLE_GIVE_UP_S sets how long a job waits)."
     )
 

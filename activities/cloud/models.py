@@ -14,7 +14,7 @@ from typing import Literal
 from pydantic import BaseModel
 
 from spillway.models import CloudRequest, JobId, JobInput
-from spillway.spend_book import Authorisation
+from spillway.spend_book import Authorisation, Usd
 
 CreateOutcome = Literal["created", "retry", "refused", "ambiguous"]
 
@@ -92,7 +92,7 @@ class CloudDone(BaseModel):
     video_url: str | None = None  # where the video is (Kling; no key goes there)
     video_width: int | None = None
     video_height: int | None = None
-    cost_usd: float | None = None  # the provider's own figure, when it gives one
+    cost_usd: Usd | None = None  # the provider's own figure, when it gives one
     units: float | None = None  # what the task used in the provider's own units (not dollars)
 
 

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from spillway.cli.health import Health
+from spillway.cli.health import Health, PoolHealth
 from spillway.client.jobs import JobSummary
 from spillway.gpu_pool import PoolView
 from spillway.models import LoadStatus, Plan
@@ -50,6 +50,7 @@ def render_health(health: Health) -> str:
             f"{temporal.task_queue!r} polled by {len(workers)} worker(s)"
             + (f" ({', '.join(workers)})" if workers else ": start one (spillway worker)"),
             f"Jobs awaiting approval: {temporal.awaiting_approval}",
+            *_pool_lines(temporal.gpu_pool),
         ]
     else:
         lines = [f"Temporal: NOT reachable: {temporal.error}"]
@@ -77,6 +78,28 @@ def render_health(health: Health) -> str:
         render_load(health.load),
     ]
     return "\n".join(lines)
+
+
+def _pool_lines(pool: PoolHealth | None) -> list[str]:
+    if pool is None:
+        return []
+    if pool.state == "not_started":
+        return [
+            "GPU pool: not started (no job has asked for a GPU place yet; the first ask starts it)"
+        ]
+    if pool.wedged is not None:
+        line = "GPU pool: WEDGED"
+    elif pool.state != "running":
+        line = f"GPU pool: {pool.state.upper()}" + (f" ({pool.status})" if pool.status else "")
+    else:
+        line = (
+            f"GPU pool: running ({pool.workflow_id}, run {pool.run_id}, {pool.history_length} "
+            "events in this run)"
+        )
+        if pool.places_in_use is not None:
+            line += f"; {pool.places_in_use} place(s) in use, {pool.line_length} job(s) in line"
+    # The error names the pool, its run and what to do.
+    return [line] + ([f"  {pool.error}"] if pool.error else [])
 
 
 def _workers_lines(health: Health) -> list[str]:

@@ -13,7 +13,8 @@ Knobs: `execution_s` (whole prompt; 0 = instant), `progress_steps` / `progress_n
 `lose_prompt_answers`, `hang_prompt_answers`, `lose_upload_answers`, `restart()`,
 `set_vram_used_pct`, `set_queue` (inert placeholders, counted but never run), and the faults of
 SimServer. Observations:
-`prompt_posts` (POST /prompt per prompt_id), `hits`, `ws_withheld`, `state_of()`,
+`prompt_posts` (POST /prompt per prompt_id), `most_held` (the most prompts it held at once,
+running and pending), `hits`, `ws_withheld`, `state_of()`,
 `wait_until()`, `expected_sha256()`, `inputs.files` (uploaded images by "<subfolder>/<name>").
 """
 
@@ -62,6 +63,7 @@ class ComfyUISim(SimServer):
         self.hang_prompt_answers = 0  # POST /prompt queued, then no answer until stop()
         self.lose_upload_answers = 0  # POST /upload/image stored, then the connection dropped
         self.prompt_posts: Counter[str] = Counter()
+        self.most_held = 0
         # Generated output files, key -> size; like files on disk they survive restart().
         self.files: dict[str, int] = {}
         self.inputs = InputFolder()  # uploaded images; they survive restart() too
@@ -240,6 +242,8 @@ class ComfyUISim(SimServer):
             extra["client_id"] = body["client_id"]
         self.queue_pending.append([number, prompt_id, prompt, extra, result.outputs])
         self.queue_pending.sort(key=lambda item: item[0])
+        held = len(self.queue_running) + len(self.queue_pending)
+        self.most_held = max(self.most_held, held)
         self._changed.set()
         self._touch()
         await self._broadcast("status", {"status": self._queue_info()})

@@ -185,6 +185,36 @@ async def test_forged_ledger_updates_change_no_budget_and_no_entry(
     assert minimax.create_calls == 1
 
 
+async def test_forged_settles_with_a_negative_or_nan_cost_during_a_create_change_nothing(
+    ledger_workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim
+):
+    minimax.create_delay_s = 3.0  # the job's create is in flight while the forgeries arrive
+    comfyui.set_vram_used_pct(BUSY_VRAM_PCT)
+    worker = await ledger_workers(
+        COMFYUI_URL=comfyui.url,
+        MINIMAX_BASE_URL=minimax.url,
+        CLOUD_VIDEO_FALLBACK_ENABLED=1,
+        MINIMAX_CREATE_TIMEOUT_S=30,
+    )
+    jobs = jobs_on(worker)
+    job = await jobs.submit("a slow create")
+    await until(lambda: minimax.create_calls, lambda n: n == 1, what="the create in flight")
+    run_id = (await jobs.client.get_workflow_handle(job).describe()).run_id
+    refusals = []
+    for cost in (-1e9, float("nan"), float("inf")):
+        settle = {"job_id": job, "run_id": run_id, "state": "maybe_charged", "cost_usd": cost}
+        refusals.append(await forged(jobs.client, worker.task_queue, names.LEDGER_SETTLE, settle))
+    plan = await jobs.until(job, "completed")
+    summary = await ledger(jobs.client, worker.task_queue)
+
+    # Refused as it arrives: the request does not decode (SettleRequest.cost_usd is finite, >= 0).
+    assert all("Failed decoding arguments" in why for why in refusals), refusals
+    assert plan.route == "cloud" and (minimax.create_calls, minimax.tasks_created) == (1, 1)
+    assert summary.day.spent_usd == pytest.approx(CLIP_USD)
+    assert summary.month.spent_usd == pytest.approx(CLIP_USD)
+    assert [e.state for e in summary.entries] == ["charged"]
+
+
 @pytest.mark.slow
 async def test_a_terminated_ledger_fails_closed_until_restored_then_a_reset_job_follows_its_task(
     ledger_workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim, sightings

@@ -234,7 +234,7 @@ def job_runner(environment: WorkflowEnvironment) -> RunJobs:
                     environment.client,
                     task_queue=names.pool_queue(task_queue),
                     workflows=[POOL],
-                    activities=[policy.read_policy, places.check_holders],
+                    activities=[policy.read_policy, places.check_holders, places.find_holders],
                 )
             )
             jobs = Jobs(environment.client, task_queue, stubs, started=[])
