@@ -15,10 +15,11 @@ from datetime import datetime, timedelta
 
 from pydantic import BaseModel
 
-from spillway.models import HostRef, QueueSpot
+from spillway.models import HostRef, JobState, QueueSpot
 from spillway.models import PlaceMode as Mode
 
 RECENT_HOLDS = 20  # hold durations per host the ETA is computed from
+HEADROOM_WHY = "approval, or a host with headroom"
 
 
 class HostSeen(BaseModel):
@@ -100,6 +101,9 @@ class PoolInput(BaseModel):
 class PlaceView(BaseModel):
     job_id: str
     since: datetime
+    # The holder's own state, as `spillway queue` reads it off Temporal (the pool does not keep
+    # it); None where it was not read.
+    state: JobState | None = None
 
 
 class HostPlaces(BaseModel):
@@ -117,10 +121,13 @@ class InLine(BaseModel):
     mode: Mode
     position: int
     eta_s: float | None
+    # A job that waits for headroom is also waiting for a person (approve: the cloud).
+    state: JobState = "queued"
+    why: str = ""  # what it waits for, in a few words
 
 
 class PoolView(BaseModel):
-    """`spillway queue --json`."""
+    """`spillway queue --json` (docs/schema/queue.json)."""
 
     hosts: list[HostPlaces]
     line: list[InLine]
@@ -284,6 +291,7 @@ class PoolBook:
                     headroom=reading.headroom if reading else None,
                 )
             )
+        waits_for = self._waits_for()
         line = [
             InLine(
                 job_id=a.job_id,
@@ -292,10 +300,26 @@ class PoolBook:
                 mode=a.mode,
                 position=i + 1,
                 eta_s=self._eta(i + 1),
+                state="awaiting_approval" if a.mode == "headroom" else "queued",
+                why=HEADROOM_WHY if a.mode == "headroom" else waits_for,
             )
             for i, a in enumerate(self.line[:head])
         ]
         return PoolView(hosts=hosts, line=line)
+
+    def _waits_for(self) -> str:
+        """Why a job that takes any free place waits: no host answers, or every place of those
+        that answer is taken (then the jobs ahead of it take the next ones)."""
+        answering = [n for n in self.hosts if self._reachable(n)]
+        if not answering:
+            return "no GPU host answers"
+        counts = self.in_use()
+        taken = ", ".join(f"{n} {counts[n]}/{self.hosts[n].max_jobs}" for n in answering)
+        return f"places taken ({taken})"
+
+    def _reachable(self, host: str) -> bool:
+        reading = self.readings.get(host)
+        return reading is None or reading.reachable
 
     def in_use(self) -> dict[str, int]:
         return {name: len(self._held_on(name)) for name in self.hosts}

@@ -172,7 +172,10 @@ async def test_a_priority_1_job_behind_three_queued_ones_runs_next(
         )
         code, out, err = await cli("queue", env=env)
         assert code == 0, err
-        assert "a40_local: 1 of 1 in use" in out and f"   1. {urgent.id}  priority 1" in out
+        assert "a40_local: 1 of 1 in use" in out
+        assert max(len(line) for line in out.splitlines()) <= 100
+        head = next(line for line in out.splitlines() if line.startswith("     1  "))
+        assert urgent.id[:31] in head and "places taken (a40_local 1/1)" in head
         code, out, err = await cli("queue", "--json", env=env)
         shown = json.loads(out)
         assert [p["job_id"] for p in shown["hosts"][0]["places"]] == [holder.id]
@@ -444,3 +447,48 @@ async def test_a_pool_started_after_one_was_terminated_counts_the_places_still_h
         plans = await asyncio.gather(holder.result(), nxt.result())
     assert [p.state for p in plans] == ["completed", "completed"]
     assert comfyui.most_held == 1
+
+
+async def test_the_queue_as_json_with_two_places_held_and_three_in_line_then_one_render_ended(
+    spillway, comfyui: ComfyUISim, cli_env, dev_env
+):
+    comfyui.execution_s = 0.2
+    comfyui.pause()  # the holders' prompts stay pending: the places stay held while it is read
+    async with spillway(A40_MAX_JOBS=2) as sw:
+        holders = [await sw.start(cloud=False) for _ in range(2)]
+        for holder in holders:
+            await sw.jobs.until(holder, "running_local")
+        waiting = []
+        for n, priority in enumerate((3, 3, 1), start=1):
+            waiting.append(await sw.start(cloud=False, priority=priority))
+            await sw.line_is(lambda line, n=n: len(line) == n)
+        env = cli_env(
+            TEMPORAL_ADDRESS=dev_env.client.service_client.config.target_host,
+            SPILLWAY_TASK_QUEUE=sw.queue,
+        )
+        code, out, err = await cli("queue", "--json", env=env)
+        assert code == 0, err
+        shown = json.loads(out)
+        [host] = shown["hosts"]
+        assert (host["name"], host["max_jobs"], host["reachable"]) == ("a40_local", 2, True)
+        assert sorted(p["job_id"] for p in host["places"]) == sorted(h.id for h in holders)
+        assert {p["state"] for p in host["places"]} == {"running_local"}
+        line = [(i["position"], i["job_id"], i["priority"], i["state"]) for i in shown["line"]]
+        assert line == [
+            (1, waiting[2].id, 1, "queued"),
+            (2, waiting[0].id, 3, "queued"),
+            (3, waiting[1].id, 3, "queued"),
+        ]
+        assert {i["why"] for i in shown["line"]} == {"places taken (a40_local 2/2)"}
+        # One render ends: its place goes to the head of the line, the rest move up.
+        comfyui.execution_s = 2.0
+        comfyui.resume()
+        await until(lambda: comfyui.queue_running, bool, every_s=0.01, what="one render")
+        comfyui.pause()  # that render finishes; nothing starts after it
+        await sw.line_is(lambda line: len(line) == 2)
+        code, out, err = await cli("queue", "--json", env=env)
+        positions = [(i["position"], i["job_id"]) for i in json.loads(out)["line"]]
+        comfyui.resume()
+        plans = await asyncio.gather(*(h.result() for h in [*holders, *waiting]))
+    assert positions == [(1, waiting[0].id), (2, waiting[1].id)]
+    assert all(p.state == "completed" for p in plans) and comfyui.most_held == 2

@@ -148,3 +148,16 @@ def test_two_thousand_in_line_carry_less_than_temporal_warns_about():
         b.ask(ask(f"{i:08d}-7f3c-4a1e-9b2d-0c5e8a7d6f41", i, seen=BUSY), T0)
     carried = b.carried(500, []).model_dump_json()
     assert len(b.line) == 2000 and len(carried) < 512 * 1024, len(carried)
+
+
+def test_the_line_says_why_each_job_waits_and_in_which_state():
+    b = book(("a40", 1))
+    b.ask(ask("holder"), T0)
+    b.ask(ask("local", 1), T0)
+    b.ask(ask("asks-a-person", 2, mode="headroom"), T0)
+    line = {i.job_id: i for i in b.view().line}
+    assert (line["local"].state, line["local"].why) == ("queued", "places taken (a40 1/1)")
+    assert line["asks-a-person"].state == "awaiting_approval"
+    assert line["asks-a-person"].why == "approval, or a host with headroom"
+    b.note_probe("a40", Reading(reachable=False, headroom=False, at=T0))
+    assert b.view().line[0].why == "no GPU host answers"

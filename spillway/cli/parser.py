@@ -209,11 +209,12 @@ def build_parser() -> argparse.ArgumentParser:
     schema = command(
         "schema",
         cmd.cmd_schema,
-        "print the JSON Schemas of a job's input, an approval and a plan",
+        "print the JSON Schemas of a job's input, an approval, a plan and the GPU line",
         "The contract for clients in any language: video-job (the input of the workflow "
         "VideoJobWorkflow: workflow id = job_id, task queue SPILLWAY_TASK_QUEUE), approval (the "
-        "`approval` signal) and plan (status --json, the workflow's result). Without NAME all "
-        "three as one JSON object keyed by name. Committed as docs/schema/NAME.json.",
+        "`approval` signal), plan (status --json, the workflow's result) and queue (queue "
+        "--json). Without NAME all four as one JSON object keyed by name. Committed as "
+        "docs/schema/NAME.json.",
     )
     schema.add_argument(
         "name",

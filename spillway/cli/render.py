@@ -248,24 +248,35 @@ def render_jobs(jobs: list[JobSummary]) -> str:
 
 
 def render_queue(view: PoolView) -> str:
+    """Each host's places, then the line as a table that fits 100 columns (job ids cut short:
+    `--json` has them whole)."""
     if not view.hosts:
         return "the GPU pool has not started: no job has asked for a GPU place yet"
     lines = ["GPU places"]
     for host in view.hosts:
         state = "" if host.reachable is not False else "  (not answering)"
         lines.append(f"  {host.name}: {len(host.places)} of {host.max_jobs} in use{state}")
-        lines += [f"    {p.job_id}  since {p.since:%H:%M:%S}" for p in host.places]
+        lines += [
+            f"    {_cut(p.job_id, 40):<40}  {p.state or '':<17}  since {p.since:%H:%M:%S}"
+            for p in host.places
+        ]
     if not view.line:
         lines.append("nobody waits in line")
         return "\n".join(lines)
     lines.append(f"in line: {len(view.line)}")
+    lines.append(f"  {'#':>4}  {'job':<32}  {'prio':>4}  {'since':<8}  {'ETA':>7}  why")
     for item in view.line:
-        eta = f"  about {_eta(item.eta_s)}" if item.eta_s is not None else ""
-        lines.append(
-            f"  {item.position:>4}. {item.job_id}  priority {item.priority}  "
-            f"since {item.since:%H:%M:%S}{eta}"
+        eta = "-" if item.eta_s is None else f"~{_eta(item.eta_s)}"
+        row = (
+            f"  {item.position:>4}  {_cut(item.job_id, 32):<32}  {item.priority:>4}  "
+            f"{item.since:%H:%M:%S}  {eta:>7}  {item.why}"
         )
+        lines.append(_cut(row, 100))
     return "\n".join(lines)
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _eta(seconds: float) -> str:

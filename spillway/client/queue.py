@@ -5,14 +5,16 @@ query, so a worker must be running; a pool that never started means nobody asked
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import cast
 
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
 from spillway import names
+from spillway import search_attributes as sa
 from spillway.errors import Failed
 from spillway.gpu_pool import PoolView
-from spillway.models import QueueSpot
+from spillway.models import JobState, QueueSpot
 
 QUERY_TIMEOUT = timedelta(seconds=10)
 
@@ -27,7 +29,26 @@ async def pool_view(client: Client, task_queue: str) -> PoolView:
         if exc.status == RPCStatusCode.NOT_FOUND:
             return PoolView(hosts=[], line=[])  # no job has asked for a place yet
         raise Failed(f"the GPU pool did not answer ({exc.message}): is a worker running?") from None
+    await _holders_states(client, view)
     return view
+
+
+async def _holders_states(client: Client, view: PoolView) -> None:
+    """Each place's holder's state, from Temporal's visibility in one list (the pool keeps none
+    of it). A server that cannot list leaves them unknown (None)."""
+    places = {p.job_id: p for host in view.hosts for p in host.places}
+    if not places:
+        return
+    ids = ", ".join(f"'{job_id}'" for job_id in places)
+    query = f"WorkflowType = '{names.VIDEO_JOB}' AND WorkflowId IN ({ids})"
+    try:
+        async for execution in client.list_workflows(query):
+            state = execution.typed_search_attributes.get(sa.STATE)
+            place = places.get(execution.id)
+            if place is not None and state is not None and execution.close_time is None:
+                place.state = cast(JobState, state)
+    except RPCError:
+        return
 
 
 async def spot(client: Client, task_queue: str, job_id: str) -> QueueSpot | None:
