@@ -30,6 +30,10 @@ async def test_the_worker_serves_job_probe_and_sdk_metrics_then_stops_on_sigterm
     assert "spillway_load_probe_seconds_count" in metrics
     assert "spillway_jobs_awaiting_approval" in metrics
     assert "temporal_workflow_completed" in metrics  # the SDK's own
+    gpu = [line for line in metrics.splitlines() if line.startswith("spillway_gpu_")]
+    assert any(line.startswith("spillway_gpu_admission_wait_bucket") for line in gpu), gpu
+    assert any(line.startswith("spillway_gpu_places_in_use{") for line in gpu), gpu
+    assert any(line.startswith("spillway_gpu_line_length") for line in gpu), gpu
 
     await worker.stop()  # SIGTERM
     assert "shutting down: waits hand over now, a create in flight gets" in worker.log
