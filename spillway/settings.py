@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 from pathlib import Path
 from typing import Annotated, Literal, Self
 from urllib.parse import urlsplit, urlunsplit
@@ -17,6 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 from pydantic import (
     AliasChoices,
     AnyHttpUrl,
+    BeforeValidator,
     Field,
     SecretStr,
     ValidationError,
@@ -38,12 +40,26 @@ Percent = Annotated[float, Field(gt=0, le=100)]
 Seconds = Annotated[float, Field(gt=0)]
 
 
+def _user_info_encoded(value: object) -> object:
+    if isinstance(value, str) and unencoded_user_info(value):
+        # Never the value: its user-info is a password, and where it ends is the question.
+        raise ValueError(
+            "its user-info (before the @) holds an unencoded /, ?, #, [, ] or @: "
+            "percent-encode them (/ as %2F, @ as %40)"
+        )
+    return value
+
+
+# A URL whose user-info every client splits the same way (`unencoded_user_info`).
+CheckedUrl = Annotated[AnyHttpUrl, BeforeValidator(_user_info_encoded)]
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(case_sensitive=True, extra="ignore", frozen=True)
 
-    COMFYUI_URL: AnyHttpUrl = AnyHttpUrl("http://127.0.0.1:8188")
+    COMFYUI_URL: CheckedUrl = AnyHttpUrl("http://127.0.0.1:8188")
     # Base URL of the host that serves /api/burst/a40-guard/status; unset = source skipped.
-    A40_GUARD_URL: AnyHttpUrl | None = None
+    A40_GUARD_URL: CheckedUrl | None = None
     A40_VRAM_BUSY_PCT: Percent = 85.0
     A40_UTIL_BUSY_PCT: Percent = 95.0
     A40_NVML_INDEX: Annotated[int, Field(ge=0)] = 0
@@ -59,7 +75,7 @@ class Settings(BaseSettings):
 
     CLOUD_VIDEO_FALLBACK_ENABLED: bool = False
     MINIMAX_API_KEY: SecretStr | None = None
-    MINIMAX_BASE_URL: AnyHttpUrl = AnyHttpUrl("https://api.minimax.io")
+    MINIMAX_BASE_URL: CheckedUrl = AnyHttpUrl("https://api.minimax.io")
     MINIMAX_POLL_INTERVAL_S: Seconds = 10.0
     # No answer to a create within this is ambiguous (a charge may exist): never retried.
     MINIMAX_CREATE_TIMEOUT_S: Annotated[float, Field(gt=0, le=60)] = 60.0
@@ -72,7 +88,7 @@ class Settings(BaseSettings):
     # Kling, the second cloud provider (docs/design.md, "Kling facts"): both keys or none.
     KLING_ACCESS_KEY: SecretStr | None = None
     KLING_SECRET_KEY: SecretStr | None = None
-    KLING_BASE_URL: AnyHttpUrl = AnyHttpUrl("https://api-singapore.klingai.com")
+    KLING_BASE_URL: CheckedUrl = AnyHttpUrl("https://api-singapore.klingai.com")
     KLING_MODEL: Annotated[str, Field(min_length=1)] = "kling-v2-6"
     KLING_MODE: Literal["std", "pro"] = "std"
     KLING_POLL_INTERVAL_S: Seconds = 10.0
@@ -92,7 +108,7 @@ class Settings(BaseSettings):
     # Places of the single GPU host (routing_tiers.json's `max_jobs` per host otherwise): one
     # rendering, one ready behind it so the card never idles between two jobs.
     A40_MAX_JOBS: Annotated[int, Field(ge=1, le=1000)] = 2
-    APPROVAL_WEBHOOK_URL: AnyHttpUrl | None = None
+    APPROVAL_WEBHOOK_URL: CheckedUrl | None = None
     # Set on the workers and on the approvers' machines: only decisions signed with it are used
     # (spillway/approvals.py), so signalling the namespace no longer approves spending. Unset:
     # anyone who can signal the namespace can approve.
@@ -114,7 +130,7 @@ class Settings(BaseSettings):
     AWS_REGION: str | None = Field(
         None, validation_alias=AliasChoices("AWS_REGION", "AWS_DEFAULT_REGION")
     )
-    AWS_ENDPOINT_URL: AnyHttpUrl | None = None  # MinIO / R2 / SeaweedFS: path-style addressing
+    AWS_ENDPOINT_URL: CheckedUrl | None = None  # MinIO / R2 / SeaweedFS: path-style addressing
     # Where every job's completion events go unless it named its own (submit --callback-url);
     # a Slack or Mattermost URL is a credential. The secret signs deliveries to it only
     # (webhook_key below), never to a URL a client chose.
@@ -138,7 +154,7 @@ class Settings(BaseSettings):
     # job waiting in the GPU line that is not among them costs no memory, and replays its short
     # history when it is admitted (bench/admission.py measures both).
     SPILLWAY_MAX_CACHED_WORKFLOWS: Annotated[int, Field(ge=0)] = 1000
-    SPILLWAY_UI_URL: AnyHttpUrl = AnyHttpUrl("http://localhost:8233")  # links in notifications
+    SPILLWAY_UI_URL: CheckedUrl = AnyHttpUrl("http://localhost:8233")  # links in notifications
 
     @field_validator("JOB_WEBHOOK_URL")
     @classmethod
@@ -261,11 +277,34 @@ def describe_validation_error(exc: ValidationError, source: str) -> str:
     return f"invalid {source}: " + "; ".join(parts)
 
 
+def _after_user_info(url: str) -> tuple[str, str | None]:
+    """(the URL without its user-info, the user-info or None). The user-info runs to the last
+    `@` before the query, not to the first `/`: in `http://ops:2024/Secret@comfy:8188` a
+    password with an unencoded `/` would otherwise read as a host, a port and a path."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url, None
+    user_info, at, _ = re.split(r"[?#]", rest, maxsplit=1)[0].rpartition("@")
+    if not at:
+        return url, None
+    return f"{scheme}://{rest[len(user_info) + 1 :]}", user_info
+
+
+USER_INFO_RESERVED = set("/?#[]@")
+
+
+def unencoded_user_info(url: str) -> bool:
+    """A user-info with a reserved character left unencoded: clients split such a URL in
+    different places (a password taken for a host, or shown in a path)."""
+    _, user_info = _after_user_info(url)
+    return user_info is not None and bool(USER_INFO_RESERVED & set(user_info))
+
+
 def shown(url: object) -> str:
     """A URL as any text may show it (errors, logs, history, webhooks, `health`): without
     user-info (`http://ops:password@host`) or query (a signature, a token)."""
     try:
-        parts = urlsplit(str(url))
+        parts = urlsplit(_after_user_info(str(url))[0])
         port = parts.port
     except ValueError:
         return "<a URL that is not well formed>"

@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from spillway.errors import ConfigError
-from spillway.settings import describe_validation_error
+from spillway.settings import CheckedUrl, describe_validation_error
 
 
 class VideoTier(BaseModel):
@@ -25,11 +25,11 @@ class VideoTier(BaseModel):
     description: str = ""
     enabled: bool = True
     # Planning figure per clip, keyed "<resolution>/<duration>s", e.g. "768P/6s".
-    estimated_cost_usd: dict[str, Annotated[float, Field(ge=0)]] = {}
+    estimated_cost_usd: dict[str, Annotated[float, Field(ge=0, allow_inf_nan=False)]] = {}
     # A local tier is a GPU host (docs/design.md, "GPU hosts and agents"); unset fields come from
     # the environment's COMFYUI_URL, A40_GUARD_URL and A40_* when it is the only local tier.
-    comfyui_url: AnyHttpUrl | None = None
-    guard_url: AnyHttpUrl | None = None
+    comfyui_url: CheckedUrl | None = None
+    guard_url: CheckedUrl | None = None
     nvml_index: Annotated[int, Field(ge=0)] = 0
     vram_busy_pct: Annotated[float, Field(gt=0, le=100)] | None = None
     util_busy_pct: Annotated[float, Field(gt=0, le=100)] | None = None

@@ -121,6 +121,10 @@ def _committed() -> Any:
         (lambda t: t["video_tiers"][0].update(max_jobs=-1), "video_tiers.0.max_jobs"),
         (lambda t: t["video_tiers"][0].update(max_jobs=0), "video_tiers.0.max_jobs"),
         (lambda t: t["video_tiers"][0].update(max_jobs=1.5), "video_tiers.0.max_jobs"),
+        (
+            lambda t: t["video_tiers"][0].update(comfyui_url="http://ops:2024/Secret@gpu:8188"),
+            "video_tiers.0.comfyui_url",
+        ),
     ],
 )
 def test_broken_routing_tiers_name_the_field(tmp_path, mutate, named):
@@ -129,6 +133,7 @@ def test_broken_routing_tiers_name_the_field(tmp_path, mutate, named):
     with pytest.raises(ConfigError) as raised:
         load_tiers(_write(tmp_path, json.dumps(tiers)))
     assert named in str(raised.value) and "\n" not in str(raised.value)
+    assert "Secret" not in str(raised.value)
 
 
 def test_a_cloud_provider_spillway_does_not_know_stops_the_worker_naming_it(tmp_path):
@@ -165,10 +170,41 @@ def test_a_bad_storage_or_webhook_url_is_named_but_never_shown(clean_env, name, 
         ("https://token@[::1]/", "https://[::1]/"),
         ("http://127.0.0.1:8188", "http://127.0.0.1:8188"),
         ("http://ops:hunter2@host:notaport", "<a URL that is not well formed>"),
+        # Unencoded `/` and `@` in a password: the user-info runs to the last `@`.
+        ("http://ops:2024/Secret@comfy:8188", "http://comfy:8188"),
+        ("http://ops:p@ss/w@comfy:8188/prompt?sig=a@b", "http://comfy:8188/prompt"),
     ],
 )
 def test_a_url_is_shown_without_its_user_info_or_query(url: str, seen: str):
     assert shown(url) == seen
+
+
+@pytest.mark.parametrize(
+    "url", ["http://ops:2024/Secret@comfy:8188", "http://ops:p@Secret@comfy:8188"]
+)
+@pytest.mark.parametrize("name", ["COMFYUI_URL", "A40_GUARD_URL", "MINIMAX_BASE_URL"])
+def test_a_url_whose_password_holds_an_unencoded_slash_or_at_is_refused_showing_none_of_it(
+    clean_env, name: str, url: str
+):
+    message = settings_error(clean_env, name, url)
+    assert name in message and "percent-encode" in message and "\n" not in message
+    assert "Secret" not in message and "2024" not in message and "ops" not in message
+
+
+def test_an_encoded_password_is_taken_and_shown_without_its_user_info(clean_env):
+    clean_env.setenv("COMFYUI_URL", "http://ops:2024%2FSecret%40x@comfy:8188")
+    settings = load_settings()
+    assert shown(settings.COMFYUI_URL) == "http://comfy:8188/"
+
+
+def test_an_http_error_quoting_a_url_shows_none_of_its_user_info():
+    import httpx
+
+    from activities.http import why
+
+    for url in ("http://ops:2024/Secret@comfy:8188/prompt", "http://ops:p@Secret@comfy/x?a=1"):
+        text = why(httpx.ConnectError(f"Client error for url '{url}'"))
+        assert "Secret" not in text and "ops" not in text and "comfy" in text, text
 
 
 def test_a_bad_url_setting_is_named_without_its_password(monkeypatch: pytest.MonkeyPatch):
