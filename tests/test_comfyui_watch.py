@@ -10,6 +10,7 @@ from collections import Counter
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import httpx
 import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
@@ -253,3 +254,21 @@ async def test_closing_the_agent_ends_waits_still_following_with_a_retryable_err
     [result] = (await asyncio.wait_for(waiting.results(), 5)).values()
     assert isinstance(result, ApplicationError)
     assert result.type == "ComfyUIUnavailable" and not result.non_retryable
+
+
+async def test_a_host_whose_every_poll_hangs_is_silent_from_the_first_failed_round(
+    comfyui: ComfyUIDouble, comfyui_activities, run_activity
+):
+    # A partition: no answer and no refusal; each round lasts its timeout, longer than the
+    # interval between rounds, and the silence still counts from the first.
+    comfyui.pause()
+    acts = comfyui_activities(
+        COMFYUI_HISTORY_POLL_S=POLL_S, request_timeout=httpx.Timeout(3 * POLL_S)
+    )
+    [req] = await submitted(acts, run_activity, 1)
+    comfyui.faults["/queue"] = "hang"
+    before = datetime.now(UTC)
+    silent = wait_request(req).model_copy(update={"report_silence_after_s": 2.0})
+    reported, _ = await asyncio.wait_for(run_activity(acts.wait, silent), 30)
+    assert reported.outcome == "unreachable" and reported.silent_since is not None
+    assert before <= reported.silent_since <= before + timedelta(seconds=1)

@@ -112,7 +112,8 @@ class ComfyUIWatcher:
         self._wake = asyncio.Event()
         self._reads = asyncio.Semaphore(HISTORY_READS)
         self._running: str | None = None  # the prompt ComfyUI runs, as far as we know
-        self._last_round = float("-inf")
+        self._last_round = float("-inf")  # when the last round began
+        self._round_ended = float("-inf")
         self._silent_since: float | None = None
 
     def start(self) -> None:
@@ -169,13 +170,18 @@ class ComfyUIWatcher:
                 await self._round(loop.time())
             except Exception:  # a bug here must not end every wait's watch
                 _log.exception("ComfyUI poll round failed")
+            finally:
+                self._round_ended = loop.time()
 
     async def _round(self, at: float) -> None:
         watched = dict(self._watched)
         if not watched:
             return
-        if at - self._last_round > 2 * self._poll_s:
-            self._silent_since = None  # nobody watched for a while: what came between is unknown
+        # Nobody watched for a while: what came between is unknown. Measured from the end of
+        # the last round, not its start: a host that hangs makes each failed round last its
+        # connect timeout, and the silence must keep counting through them.
+        if at - self._round_ended > 2 * self._poll_s:
+            self._silent_since = None
         self._last_round = at
         began = time.time()
         try:
