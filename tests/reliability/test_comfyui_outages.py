@@ -144,6 +144,29 @@ async def test_comfyui_gone_mid_render_sends_an_armed_job_to_the_cloud_once(
     assert posts_of(comfyui, [job_id]) == {job_id: 1}
 
 
+async def test_comfyui_partitioned_mid_render_sends_an_armed_job_to_the_cloud_once(
+    workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim
+):
+    # Not refused but silent: every request hangs (a partition, a power cut), so each of the
+    # watcher's polls lasts its whole timeout; the silence still counts from the first.
+    comfyui.execution_s = 30
+    worker = await workers(
+        COMFYUI_URL=comfyui.url,
+        MINIMAX_BASE_URL=minimax.url,
+        CLOUD_VIDEO_FALLBACK_ENABLED=1,
+        HOST_LOST_AFTER_S=3,
+    )
+    jobs = jobs_on(worker)
+    job_id = await rendering(jobs, comfyui, "comfyui partitioned, armed")
+    comfyui.faults["*"] = "hang"
+
+    plan = await jobs.finished(job_id, timeout_s=150)
+    assert (plan.state, plan.route, plan.overflow.trigger) == ("completed", "cloud", "unreachable")
+    assert silence_shown(plan) and "host_lost=a40_local" in plan.reasons
+    assert creates_of(minimax, {job_id: "comfyui partitioned, armed"}) == {job_id: 1}
+    assert posts_of(comfyui, [job_id]) == {job_id: 1}
+
+
 async def test_comfyui_restarted_mid_render_gets_the_prompt_resubmitted_once(
     workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim
 ):
