@@ -28,10 +28,32 @@ def allow_list(text: str) -> frozenset[str]:
     return frozenset(h.strip().lower().strip("[]") for h in text.split(",") if h.strip())
 
 
+# IPv6 forms that carry an IPv4 address a translator or tunnel delivers to: NAT64 (RFC 6052,
+# and the local-use prefix of RFC 8215) and IPv4-compatible addresses (deprecated, ::/96).
+# Python's is_global calls them global whatever IPv4 address they carry.
+NAT64 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))
+IPV4_COMPATIBLE = ipaddress.ip_network("::/96")
+
+
+def _carried_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 address reaches in the end: mapped, 6to4, Teredo (its client),
+    NAT64 or IPv4-compatible; None for a plain IPv6 address."""
+    if ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    if ip.sixtofour is not None:
+        return ip.sixtofour
+    if ip.teredo is not None:
+        return ip.teredo[1]
+    if any(ip in net for net in NAT64) or (ip in IPV4_COMPATIBLE and int(ip) > 1):
+        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    return None
+
+
 def _global(address: str) -> bool:
+    ip: ipaddress.IPv4Address | ipaddress.IPv6Address
     ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+    if isinstance(ip, ipaddress.IPv6Address):
+        ip = _carried_ipv4(ip) or ip
     return ip.is_global and not ip.is_multicast
 
 

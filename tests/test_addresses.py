@@ -87,6 +87,13 @@ async def fetch(url: str, allow: frozenset[str], tmp_path: Any) -> bytes | Input
         "http://192.168.1.20/image.png",
         "http://[::1]/image.png",
         "http://[::ffff:127.0.0.1]/image.png",
+        # IPv6 forms that deliver to an internal IPv4 address: NAT64 (well-known and local
+        # prefixes), IPv4-compatible, 6to4 and Teredo (its client).
+        "http://[64:ff9b::a00:5]/image.png",
+        "http://[64:ff9b:1::a9fe:a9fe]/image.png",
+        "http://[::127.0.0.1]/image.png",
+        "http://[2002:7f00:1::]/image.png",
+        "http://[2001:0:4136:e378:8000:63bf:f5ff:fffe]/image.png",
         "http://localhost/image.png",  # a name that resolves to loopback
         "ftp://images.example.com/image.png",
     ],
@@ -98,6 +105,7 @@ async def test_internal_addresses_are_refused_before_any_connection(url: str):
 
 async def test_a_global_address_and_a_listed_host_pass():
     await check("https://8.8.8.8/image.png", NOBODY)
+    await check("https://[64:ff9b::808:808]/image.png", NOBODY)  # NAT64 of a global address
     await check("http://10.0.0.1/image.png", allow_list(" files.studio.lan , 10.0.0.1"))
     await check("http://files.studio.lan/image.png", allow_list("files.studio.lan"))
 
