@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from spillway import names
 from spillway.models import Plan
 from spillway.sim.comfyui import ComfyUISim
@@ -122,8 +124,9 @@ async def test_comfyui_gone_mid_render_shows_on_the_plan_and_an_unarmed_job_fail
     assert minimax.create_calls == 0
 
 
+@pytest.mark.parametrize("gone", ["stopped", "partitioned"])
 async def test_comfyui_gone_mid_render_sends_an_armed_job_to_the_cloud_once(
-    workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim
+    workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim, gone: str
 ):
     comfyui.execution_s = 30
     worker = await workers(
@@ -133,37 +136,18 @@ async def test_comfyui_gone_mid_render_sends_an_armed_job_to_the_cloud_once(
         HOST_LOST_AFTER_S=3,
     )
     jobs = jobs_on(worker)
-    job_id = await rendering(jobs, comfyui, "comfyui gone, armed")
-    await comfyui.stop()
-
-    plan = await jobs.finished(job_id)
-    assert (plan.state, plan.route, plan.overflow.trigger) == ("completed", "cloud", "unreachable")
-    assert silence_shown(plan) and "host_lost=a40_local" in plan.reasons
-    assert plan.cloud is not None and plan.cloud.authorised_by == "armed"
-    assert creates_of(minimax, {job_id: "comfyui gone, armed"}) == {job_id: 1}
-    assert posts_of(comfyui, [job_id]) == {job_id: 1}
-
-
-async def test_comfyui_partitioned_mid_render_sends_an_armed_job_to_the_cloud_once(
-    workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim
-):
-    # Not refused but silent: every request hangs (a partition, a power cut), so each of the
-    # watcher's polls lasts its whole timeout; the silence still counts from the first.
-    comfyui.execution_s = 30
-    worker = await workers(
-        COMFYUI_URL=comfyui.url,
-        MINIMAX_BASE_URL=minimax.url,
-        CLOUD_VIDEO_FALLBACK_ENABLED=1,
-        HOST_LOST_AFTER_S=3,
-    )
-    jobs = jobs_on(worker)
-    job_id = await rendering(jobs, comfyui, "comfyui partitioned, armed")
-    comfyui.faults["*"] = "hang"
+    prompt = f"comfyui {gone}, armed"
+    job_id = await rendering(jobs, comfyui, prompt)
+    if gone == "stopped":  # refused at once
+        await comfyui.stop()
+    else:  # not refused but silent, as after a power cut: each poll lasts its whole timeout,
+        comfyui.faults["*"] = "hang"  # and the silence still counts from the first
 
     plan = await jobs.finished(job_id, timeout_s=150)
     assert (plan.state, plan.route, plan.overflow.trigger) == ("completed", "cloud", "unreachable")
     assert silence_shown(plan) and "host_lost=a40_local" in plan.reasons
-    assert creates_of(minimax, {job_id: "comfyui partitioned, armed"}) == {job_id: 1}
+    assert plan.cloud is not None and plan.cloud.authorised_by == "armed"
+    assert creates_of(minimax, {job_id: prompt}) == {job_id: 1}
     assert posts_of(comfyui, [job_id]) == {job_id: 1}
 
 
