@@ -39,9 +39,10 @@ from temporalio import activity
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ApplicationError
 
+from activities import pinned
 from activities.storage.opening import presign_outputs
 from spillway import names
-from spillway.addresses import Refused, check
+from spillway.addresses import Checked, Refused, check
 from spillway.models import JobId, Plan, plan_json
 from spillway.settings import Settings, webhook_key
 
@@ -153,9 +154,10 @@ class CallbackActivities:
         if url is None:
             return CallbackResult(status_code=None, signed=False)
         event = delivery.event.event
+        checked: Checked | None = None
         if delivery.url is not None:  # the client's choice, unlike the workers' own URL
             try:
-                await check(delivery.url, self._settings.input_allow_hosts)
+                checked = await check(delivery.url, self._settings.input_allow_hosts)
             except Refused as exc:
                 raise ApplicationError(
                     f"callback {event} not sent: {exc}", type=CALLBACK_BAD_URL, non_retryable=True
@@ -172,7 +174,8 @@ class CallbackActivities:
         try:
             async with (
                 asyncio.timeout(REQUEST_TIMEOUT_S),
-                self._http.stream(
+                pinned.client(checked, self._http) as http,
+                http.stream(
                     "POST", url, content=body, headers=headers, timeout=REQUEST_TIMEOUT_S
                 ) as response,
             ):

@@ -5,9 +5,9 @@ client gave. The ComfyUI upload and the cloud creates use it.
 The bytes stay in memory only as long as the activity needs them and appear in no message: errors
 name the input's node and where it is, never its content (nor a URL's query, which may be a
 signature). A URL is fetched only if spillway.addresses allows it, checked again at every
-redirect, and a failed fetch says "could not fetch", never how (which ports answer is not for a
-client to learn). What was read must be an image of the kinds spillway takes before anything is
-uploaded or sent.
+redirect, and only from the addresses that check resolved (activities/pinned.py); a failed fetch
+says "could not fetch", never how (which ports answer is not for a client to learn). What was
+read must be an image of the kinds spillway takes before anything is uploaded or sent.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import hashlib
 
 import httpx
 
+from activities import pinned
 from activities.storage.store import OutputStore, StoreError
 from spillway.addresses import Refused, check
 from spillway.images import ACCEPTED, MAX_INPUT_BYTES, sniff
@@ -79,14 +80,17 @@ async def _fetch(
 ) -> bytes:
     for _ in range(MAX_REDIRECTS + 1):
         try:
-            await check(url, allow)
+            checked = await check(url, allow)
         except Refused as exc:
             raise InputUnreadable(f"{label}: {exc}", retryable=False) from None
         unreadable = InputUnreadable(f"{label}: could not fetch {shown(url)}", retryable=True)
         try:
-            async with http.stream(
-                "GET", url, timeout=URL_TIMEOUT, follow_redirects=False
-            ) as response:
+            async with (
+                pinned.client(checked, http) as reaching,
+                reaching.stream(
+                    "GET", url, timeout=URL_TIMEOUT, follow_redirects=False
+                ) as response,
+            ):
                 if response.is_redirect and "location" in response.headers:
                     url = str(response.url.join(response.headers["location"]))
                     continue

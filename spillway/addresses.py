@@ -6,6 +6,12 @@ host resolves to must be global, unless the host is listed in SPILLWAY_INPUT_ALL
 studio's own file server). Checked at submit and again right before each request, redirects
 included: a name can resolve differently later.
 
+The check reads the URL as httpx does and resolves the very name httpx would connect to: its
+IDNA 2008 form (straße is xn--strae-oqa), not the IDNA 2003 one (strasse) that Python's socket
+module makes of a name passed as text, which may be another host. It resolves once and returns
+what it checked; activities/pinned.py connects to those addresses and nowhere else, so an answer
+that changes after the check (DNS rebinding) is never used.
+
 A refusal names the host and the setting, never which ports answer: the same rule says no
 before any connection is made.
 """
@@ -15,7 +21,9 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
-from urllib.parse import urlsplit
+from dataclasses import dataclass
+
+import httpx
 
 
 class Refused(Exception):
@@ -23,9 +31,28 @@ class Refused(Exception):
     query or user-info)."""
 
 
+@dataclass(frozen=True)
+class Checked:
+    """A URL that passed: its host as httpx sends it (lower case, IDNA 2008, an IPv6 literal
+    without brackets), its port, and the addresses the host resolved to, every one checked;
+    `addresses` is empty for a listed host, which is not resolved here."""
+
+    host: str
+    port: int
+    addresses: tuple[str, ...]
+
+
 def allow_list(text: str) -> frozenset[str]:
-    """SPILLWAY_INPUT_ALLOW_HOSTS: host names or IP literals, comma-separated."""
-    return frozenset(h.strip().lower().strip("[]") for h in text.split(",") if h.strip())
+    """SPILLWAY_INPUT_ALLOW_HOSTS: host names or IP literals, comma-separated; kept in the form
+    `check` compares, so a listed straße.lan is the xn--strae-oqa.lan that httpx reaches."""
+    return frozenset(_wire_host(h.strip()) for h in text.split(",") if h.strip())
+
+
+def _wire_host(host: str) -> str:
+    try:
+        return httpx.URL(scheme="http", host=host).raw_host.decode("ascii")
+    except httpx.InvalidURL:  # matches no URL's host
+        return host.lower()
 
 
 # IPv6 forms that carry an IPv4 address a translator or tunnel delivers to: NAT64 (RFC 6052,
@@ -65,27 +92,32 @@ def _refused(host: str) -> Refused:
     )
 
 
-async def check(url: str, allow: frozenset[str]) -> None:
+async def resolve(host: str, port: int) -> tuple[str, ...]:
+    """The addresses `host` (already IDNA-encoded) resolves to, as the system resolver answers."""
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return tuple(str(info[4][0]) for info in infos)
+
+
+async def check(url: str, allow: frozenset[str]) -> Checked:
     """Refused unless `url` is http(s) and its host is listed or resolves to global addresses
     only; a name that does not resolve is refused too (nothing to fetch)."""
     try:
-        parts = urlsplit(url)
-        host, port = parts.hostname, parts.port
-    except ValueError:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL:
         raise Refused("refused: not a well-formed URL") from None
-    if parts.scheme not in ("http", "https") or not host:
+    host = parsed.raw_host.decode("ascii")
+    if parsed.scheme not in ("http", "https") or not host:
         raise Refused("refused: only http(s) URLs with a host are fetched")
-    if host.lower() in allow:
-        return
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    if host in allow:
+        return Checked(host, port, ())
     try:
-        addresses = [str(ipaddress.ip_address(host))]
+        addresses: tuple[str, ...] = (str(ipaddress.ip_address(host)),)
     except ValueError:
         try:
-            infos = await asyncio.get_running_loop().getaddrinfo(
-                host, port or (443 if parts.scheme == "https" else 80), type=socket.SOCK_STREAM
-            )
+            addresses = await resolve(host, port)
         except (OSError, UnicodeError):
             raise Refused(f"refused: {host} does not resolve") from None
-        addresses = [str(info[4][0]) for info in infos]
     if not addresses or not all(_global(a) for a in addresses):
         raise _refused(host)
+    return Checked(host, port, addresses)

@@ -1,23 +1,37 @@
 """Fetch only what was meant (spillway/addresses.py): an input URL or a job's own callback URL
 that is, or resolves to, a loopback, private or link-local address is refused at submit and
 again where it would be fetched or posted, redirects included, unless its host is listed in
-SPILLWAY_INPUT_ALLOW_HOSTS; what is fetched must be an image before anything is uploaded; and no
-failure tells which ports answer. Real HTTP servers on 127.0.0.1 count what reaches them."""
+SPILLWAY_INPUT_ALLOW_HOSTS; the name checked is the one httpx connects to, and the connection
+goes to an address the check saw, whatever the name resolves to later; what is fetched must be an
+image before anything is uploaded; and no failure tells which ports answer. Real HTTP servers on
+127.0.0.1 count what reaches them; made-up names resolve through a double of the system
+resolver."""
 
 from __future__ import annotations
 
+import errno
+import ipaddress
+import socket
 from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 from aiohttp import web
 
-from activities.callbacks import CALLBACK_BAD_URL, CallbackActivities, CallbackDelivery, JobEvent
+from activities import pinned
+from activities.callbacks import (
+    CALLBACK_BAD_URL,
+    CALLBACK_UNREACHABLE,
+    CallbackActivities,
+    CallbackDelivery,
+    JobEvent,
+)
 from activities.inputs import InputUnreadable, read_input
 from activities.storage.local import LocalOutputStore
-from spillway.addresses import Refused, allow_list, check
+from spillway.addresses import Checked, Refused, allow_list, check
 from spillway.client import jobs
 from spillway.errors import ConfigError
 from spillway.models import JobInput, VideoJob
@@ -29,6 +43,7 @@ from tests.support.images import png
 
 NOBODY: frozenset[str] = frozenset()  # the rule as shipped: SPILLWAY_INPUT_ALLOW_HOSTS unset
 IMAGE = png(640, 480)
+PUBLIC = "8.8.8.8"  # global to the check; Network refuses it, nothing is sent
 
 
 class Server:
@@ -37,10 +52,12 @@ class Server:
 
     def __init__(self) -> None:
         self.hits: Counter[str] = Counter()
+        self.hosts: list[str] = []  # each request's Host header
         self.port = 0
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         self.hits[request.path] += 1
+        self.hosts.append(request.host)
         if request.path == "/image.png":
             return web.Response(body=IMAGE, content_type="image/png")
         if request.path == "/text":
@@ -67,6 +84,48 @@ async def server() -> AsyncIterator[Server]:
     served.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     yield served
     await runner.cleanup()
+
+
+class Resolver:
+    """socket.getaddrinfo, which the check (through asyncio) and httpx (through anyio) both call,
+    with made-up names: a name answers its addresses in turn, one per lookup, the last one from
+    then on; other names go to the real resolver. A name passed as text is encoded the way the
+    socket module does before it asks the system: Python's IDNA 2003 codec (straße: strasse)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, names: dict[str, list[str]]) -> None:
+        self.names, self.asked = names, list[str]()
+        self._real = socket.getaddrinfo
+        monkeypatch.setattr(socket, "getaddrinfo", self)
+
+    def __call__(self, host: Any, port: Any, *args: Any) -> Any:
+        name = host.decode() if isinstance(host, bytes) else str(host).encode("idna").decode()
+        if name not in self.names:
+            return self._real(host, port, *args)
+        self.asked.append(name)
+        answers = self.names[name]
+        address = answers[min(self.asked.count(name), len(answers)) - 1]
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, port))]
+
+
+class Network:
+    """anyio.connect_tcp, which every httpx connection goes through, recording where it was
+    asked to connect: an IP address other than loopback fails at once, as an unreachable one
+    would (nothing leaves the machine); loopback and names connect as usual."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.tried = list[str]()
+        self._real = anyio.connect_tcp
+        monkeypatch.setattr(anyio, "connect_tcp", self.connect)
+
+    async def connect(self, remote_host: str, remote_port: int, **options: Any) -> Any:
+        self.tried.append(remote_host)
+        try:
+            unreachable = not ipaddress.ip_address(remote_host).is_loopback
+        except ValueError:
+            unreachable = False
+        if unreachable:
+            raise OSError(errno.ENETUNREACH, "no network in a test")
+        return await self._real(remote_host, remote_port, **options)
 
 
 async def fetch(url: str, allow: frozenset[str], tmp_path: Any) -> bytes | InputUnreadable:
@@ -192,3 +251,68 @@ async def test_a_jobs_callback_url_on_loopback_is_not_posted(server: Server):
         allowing = CallbackActivities(http, Settings(SPILLWAY_INPUT_ALLOW_HOSTS="127.0.0.1"))
         result, _ = await run_activity(allowing.job_callback, delivery)
     assert result.status_code == 200 and server.hits["/hook"] == 1
+
+
+# --- the name httpx connects to, and the address it connects to -------------------------------
+
+
+async def test_a_name_is_resolved_in_the_idna_2008_form_httpx_connects_to(
+    server: Server, tmp_path, monkeypatch: pytest.MonkeyPatch
+):
+    # straße.example is strasse.example in IDNA 2003 and xn--strae-oqa.example in IDNA 2008,
+    # which httpx uses: two names, which may point anywhere.
+    resolver = Resolver(
+        monkeypatch, {"strasse.example": [PUBLIC], "xn--strae-oqa.example": ["127.0.0.1"]}
+    )
+    network = Network(monkeypatch)
+    url = server.url("/image.png", "straße.example")
+    result = await fetch(url, NOBODY, tmp_path)
+    assert isinstance(result, InputUnreadable) and not result.retryable
+    assert "refused: xn--strae-oqa.example is not allowed" in str(result)
+    assert network.tried == []
+    # The other way round, the name httpx reaches is global: fetched from there only.
+    resolver.names = {"strasse.example": ["127.0.0.1"], "xn--strae-oqa.example": [PUBLIC]}
+    result = await fetch(url, NOBODY, tmp_path)
+    assert isinstance(result, InputUnreadable) and result.retryable
+    assert "could not fetch" in str(result)
+    assert network.tried == [PUBLIC]
+    assert "strasse.example" not in resolver.asked
+    assert sum(server.hits.values()) == 0
+
+
+async def test_a_name_that_resolves_to_loopback_after_the_check_is_never_connected_to(
+    server: Server, tmp_path, monkeypatch: pytest.MonkeyPatch
+):
+    # Global for the check, loopback for every lookup after it (DNS rebinding).
+    resolver = Resolver(monkeypatch, {"rebind.example": [PUBLIC, "127.0.0.1"]})
+    network = Network(monkeypatch)
+    result = await fetch(server.url("/image.png", "rebind.example"), NOBODY, tmp_path)
+    assert isinstance(result, InputUnreadable) and result.retryable
+    assert "could not fetch" in str(result)
+    assert network.tried == [PUBLIC]
+    delivery = CallbackDelivery(
+        url=server.url("/hook", "rebind.example"),
+        delivery_id="job-1:run:job.completed",
+        event=JobEvent(event="job.completed", job_id="job-1", plan={}),
+    )
+    resolver.asked.clear()
+    async with httpx.AsyncClient() as http:
+        acts = CallbackActivities(http, Settings(SPILLWAY_INPUT_ALLOW_HOSTS=""))
+        result, _ = await run_activity(acts.job_callback, delivery)
+    assert getattr(result, "type", None) == CALLBACK_UNREACHABLE
+    assert resolver.asked == ["rebind.example"]  # once: by the check
+    assert network.tried == [PUBLIC, PUBLIC]
+    assert sum(server.hits.values()) == 0
+
+
+async def test_a_checked_url_is_reached_at_the_checked_address_under_its_own_name(
+    server: Server,
+):
+    checked = Checked("images.example", server.port, ("127.0.0.1",))
+    async with httpx.AsyncClient() as shared, pinned.client(checked, shared) as http:
+        answer = await http.get(server.url("/image.png", "images.example"))
+        assert answer.content == IMAGE
+        assert server.hosts == [f"images.example:{server.port}"]
+        with pytest.raises(httpx.ConnectError, match="not checked"):
+            await http.get(server.url("/image.png", "other.example"))
+    assert server.hits["/image.png"] == 1
