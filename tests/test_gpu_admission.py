@@ -384,8 +384,11 @@ async def test_a_continue_as_new_in_the_middle_of_the_line_keeps_its_order_and_p
         )
         holder = await sw.start(cloud=False)
         await sw.jobs.until(holder, "running_local")
-        waiting = [await sw.start(cloud=False, priority=p) for p in (3, 3, 1, 3)]
-        await sw.line_is(lambda line: len(line) == 4)
+        waiting = []
+        for n, priority in enumerate((3, 3, 1, 3), start=1):
+            # One after another: the line is in the order the jobs asked, not were started.
+            waiting.append(await sw.start(cloud=False, priority=priority))
+            await sw.line_is(lambda line, n=n: len(line) == n)
         before = await sw.view()
         assert [i.job_id for i in before.line] == [waiting[i].id for i in (2, 0, 1, 3)]
         await pool.signal(names.POOL_LEAVE, PoolLeave(job_id="nobody", asked_at=datetime.now(UTC)))
