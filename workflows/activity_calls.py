@@ -16,7 +16,7 @@ from typing import Any, Generic, TypeVar
 
 from temporalio import workflow
 from temporalio.common import Priority, RetryPolicy
-from temporalio.exceptions import ActivityError, TimeoutType
+from temporalio.exceptions import ActivityError, ApplicationError, TimeoutType
 from temporalio.exceptions import TimeoutError as ActivityTimeout
 from temporalio.workflow import ActivityHandle
 
@@ -208,6 +208,15 @@ class HostCall(Generic[_Req, _Result]):
         if agent_bound is not None:
             options["schedule_to_start_timeout"] = agent_bound
         return await workflow.execute_activity_method(self.method, req, **options)
+
+
+def host_silence(err: ActivityError) -> comfyui.Silence | None:
+    """What a host call hands on when the host's silence ended it (HOST_SILENT); None for any
+    other failure."""
+    cause = err.cause
+    if not (isinstance(cause, ApplicationError) and cause.type == comfyui.HOST_SILENT):
+        return None
+    return comfyui.Silence.model_validate(cause.details[0])
 
 
 def agent_gone(err: ActivityError) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -27,6 +27,7 @@ with workflow.unsafe.imports_passed_through():
         ComfyUISubmit,
         ComfyUIUpload,
         ComfyUIWait,
+        HostBound,
         prompt_id_for,
     )
     from spillway.decision import is_armed
@@ -36,6 +37,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows import texts
 
 _T = TypeVar("_T")
+_Bound = TypeVar("_Bound", bound="HostBound")
 # The plan shows a silent host within a minute: 30 s of silence, plus a poll that timed out.
 REPORT_SILENCE_AFTER_S = 30.0
 # While a host stays silent the job looks again at most this far apart: a day of it is a few
@@ -67,6 +69,8 @@ async def run(s: VideoJobState) -> bool:
     # run's prompt (and its video) under the old one.
     tag = run_tag()
     graph = await _with_uploaded_inputs(s, host)
+    if graph is None:
+        return True
     while plan.local_attempts < s.policy.comfyui_max_attempts:
         plan.local_attempts += 1
         prompt_id = prompt_id_for(job.job_id, plan.local_attempts, tag)
@@ -78,14 +82,24 @@ async def run(s: VideoJobState) -> bool:
         silent_since = None
         try:
             # Never abandoned: a job cancelled mid-submit waits for it, then takes it back out.
-            await to_the_end(
-                calls.comfyui_submit(submit, s.heartbeat, host, s.priority, agent_bound=s.host_lost)
+            submitted = await _through_silence(
+                s,
+                host,
+                submit,
+                lambda req: to_the_end(
+                    calls.comfyui_submit(
+                        req, s.heartbeat, host, s.priority, agent_bound=s.host_lost
+                    )
+                ),
             )
         except ActivityError as err:
             if not calls.agent_gone(err):
                 raise
             # An earlier attempt may have posted before its agent died: the wait finds out.
             silent_since = workflow.now() - s.host_lost
+        else:
+            if submitted is None:
+                return True
         finished = await _follow(s, host, prompt_id, silent_since)
         if finished is None:
             return True
@@ -94,11 +108,45 @@ async def run(s: VideoJobState) -> bool:
             s.reason(f"comfyui_lost_prompt={prompt_id}")
             continue
         download = ComfyUIDownload(job_id=job.job_id, files=finished.files)
-        plan.outputs = (
-            await calls.comfyui_download(download, s.heartbeat, host, s.priority)
-        ).outputs
+        downloaded = await _through_silence(
+            s,
+            host,
+            download,
+            lambda req: calls.comfyui_download(req, s.heartbeat, host, s.priority),
+        )
+        if downloaded is None:
+            return True
+        plan.outputs = downloaded.outputs
         return False
     s.fail(texts.lost_too_often(plan.local_attempts))
+
+
+async def _through_silence(
+    s: VideoJobState, host: HostRef, req: _Bound, call: Callable[[_Bound], Awaitable[_T]]
+) -> _T | None:
+    """`call(req)` until it succeeds, through any silence of the host: each call ends once the
+    host has been silent until the job's next decision (HOST_SILENT), which the job then takes
+    as for a wait. None: the host is lost and the job armed."""
+    while True:
+        req = req.model_copy(update={"report_silence_after_s": _next_look(s, req.silent_since)})
+        try:
+            done = await call(req)
+        except ActivityError as err:
+            silence = calls.host_silence(err)
+            if silence is None:
+                raise
+        else:
+            if texts.silent_since(s.plan) is not None:  # a silence the plan shows is over
+                s.reason(texts.ANSWERS_AGAIN)
+                s.publish()
+            return done
+        update: dict[str, Any] = {"silent_since": silence.silent_since}
+        if isinstance(req, ComfyUISubmit) and silence.posted_at is not None:
+            update["posted_at"] = silence.posted_at
+        req = req.model_copy(update=update)
+        silent_s = _note_silence(s, silence.silent_since)
+        if await _host_lost(s, host, silence.silent_since, silent_s):
+            return None
 
 
 async def _follow(
@@ -134,22 +182,30 @@ async def _follow(
             silent_since = silent_since or finished.silent_since
         assert silent_since is not None
         silent_s = _note_silence(s, silent_since)
-        if silent_s >= s.policy.host_lost_after_s and await _armed_now(s):
-            s.reason(f"host_lost={host.name}")
-            s.plan.overflow.trigger = "unreachable"
-            why = f"its ComfyUI has not answered since {silent_since:%H:%M:%S} UTC"
-            s.plan.overflow.last_signal = no_answer(
-                host.name, s.policy.thresholds, workflow.now(), why
-            )
+        if await _host_lost(s, host, silent_since, silent_s):
             return None
         give_up_s = s.policy.unreachable_give_up_s
-        if silent_s >= give_up_s:
-            s.fail(texts.host_gave_no_answer(host.name, silent_since, silent_s))
         if finished is None and silent_s >= 2 * s.policy.host_lost_after_s:
             # The agent is gone (each try already took host_lost): look again less often.
             pause = min(LOOK_AGAIN_S - s.policy.host_lost_after_s, give_up_s - silent_s)
             if pause > 0:
                 await workflow.sleep(timedelta(seconds=pause))
+
+
+async def _host_lost(
+    s: VideoJobState, host: HostRef, silent_since: datetime, silent_s: float
+) -> bool:
+    """The host-lost rule: silent for HOST_LOST_AFTER_S and armed, the job goes to the cloud
+    (True); silent for UNREACHABLE_GIVE_UP_S, it fails naming the host."""
+    if silent_s >= s.policy.host_lost_after_s and await _armed_now(s):
+        s.reason(f"host_lost={host.name}")
+        s.plan.overflow.trigger = "unreachable"
+        why = f"its ComfyUI has not answered since {silent_since:%H:%M:%S} UTC"
+        s.plan.overflow.last_signal = no_answer(host.name, s.policy.thresholds, workflow.now(), why)
+        return True
+    if silent_s >= s.policy.unreachable_give_up_s:
+        s.fail(texts.host_gave_no_answer(host.name, silent_since, silent_s))
+    return False
 
 
 def _next_look(s: VideoJobState, silent_since: datetime | None) -> float:
@@ -181,13 +237,21 @@ async def _armed_now(s: VideoJobState) -> bool:
     return is_armed(s.policy.fallback_enabled, s.policy.key_present, s.job.cloud is not None)
 
 
-async def _with_uploaded_inputs(s: VideoJobState, host: HostRef) -> dict[str, Any]:
+async def _with_uploaded_inputs(s: VideoJobState, host: HostRef) -> dict[str, Any] | None:
     """The graph with each input image uploaded to the host that renders it, its loader
-    pointing at the uploaded file. Nothing to do (and no history event) without inputs."""
+    pointing at the uploaded file. Nothing to do (and no history event) without inputs. None:
+    the host is lost and the job armed."""
     uploaded: dict[str, str] = {}
     for item in s.job.inputs:
         upload = ComfyUIUpload(job_id=s.job.job_id, input=item)
-        done = await calls.comfyui_upload(upload, s.heartbeat, host, s.priority)
+        done = await _through_silence(
+            s,
+            host,
+            upload,
+            lambda req: calls.comfyui_upload(req, s.heartbeat, host, s.priority),
+        )
+        if done is None:
+            return None
         uploaded[done.node] = done.name
     return with_inputs(s.job.graph, uploaded) if uploaded else s.job.graph
 

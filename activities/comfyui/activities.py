@@ -48,6 +48,7 @@ from activities.comfyui.models import (
     ComfyUIUploaded,
     ComfyUIWait,
 )
+from activities.comfyui.silence import Retried, bounded_by_silence
 from activities.comfyui.watch import ComfyUIWatcher, Ended, Silent
 from activities.heartbeat import Heartbeat, unless_shutting_down
 from activities.storage.opening import OwnsOutputStore
@@ -65,7 +66,7 @@ _RUNNING = Progress(phase="running")
 _SILENT = Progress(phase="ComfyUI not answering")
 
 
-class SubmitProgress(Progress):
+class SubmitProgress(Retried):
     """A submit's heartbeat details. `posted_at`: when an attempt sent a POST /prompt that got
     no answer, so the next attempt, on whichever agent, knows it may still land."""
 
@@ -96,7 +97,6 @@ class ComfyUIActivities(OwnsOutputStore):
             self._client,
             self._use_store(settings, store),
             http,
-            self._heartbeat_every_s,
             settings.input_allow_hosts,
         )
 
@@ -118,15 +118,15 @@ class ComfyUIActivities(OwnsOutputStore):
         """Posts under the agent's client id: ComfyUI sends a prompt's messages only to the
         client that submitted it, and the agent's one socket listens under its own id."""
         self._watcher.start()  # the socket is open before the prompt can start
-        earlier = self._earlier_post(req.prompt_id)
+        earlier = self._earlier_post(req)
         async with Heartbeat(self._heartbeat_every_s) as heartbeat:
             # Not beaten on entry: the "posting" beat below must be this attempt's first.
             heartbeat.update(SubmitProgress(phase="looking", posted_at=earlier))
-            with activity_errors():
+            with activity_errors(), bounded_by_silence(self._client, heartbeat, req):
                 # Absent while an earlier POST may still land: give it its grace first.
                 until = None if earlier is None else earlier.timestamp() + self._post_grace_s
                 waiting = SubmitProgress(phase="waiting for an earlier POST", posted_at=earlier)
-                if self._first_post(earlier):
+                if self._first_post(earlier, req):
                     seen = Seen("absent")  # saves a GET /queue (MBs behind a backlog) per job
                 else:
                     seen = await self._located(req.prompt_id, until, heartbeat, waiting)
@@ -194,22 +194,25 @@ class ComfyUIActivities(OwnsOutputStore):
         return seen
 
     @staticmethod
-    def _first_post(earlier: datetime | None) -> bool:
+    def _first_post(earlier: datetime | None, req: ComfyUISubmit) -> bool:
         """Nothing can hold this prompt yet: its id is its run's own and no attempt before this
-        one existed (Temporal starts each attempt once; a retry is attempt 2 and looks)."""
-        return earlier is None and activity.info().attempt == 1
+        one existed (Temporal starts each attempt once; a retry is attempt 2 and looks; a call
+        after a silence of the host is the workflow's retry)."""
+        return earlier is None and activity.info().attempt == 1 and req.silent_since is None
 
-    def _earlier_post(self, prompt_id: str) -> datetime | None:
+    def _earlier_post(self, req: ComfyUISubmit) -> datetime | None:
         """When an earlier attempt sent a POST of this prompt that got no answer: this agent's
         own record, else the failed attempt's last heartbeat, which Temporal hands to the next
-        attempt (the SDK sends it on failure, throttled or not), wherever that one runs."""
-        if prompt_id in self._client.posts:
-            return self._client.posts[prompt_id]
+        attempt (the SDK sends it on failure, throttled or not), wherever that one runs, else
+        what an earlier call that the host's silence ended handed on."""
+        if req.prompt_id in self._client.posts:
+            return self._client.posts[req.prompt_id]
         details = activity.info().heartbeat_details
         try:
-            return SubmitProgress.model_validate(details[0]).posted_at if details else None
+            carried = SubmitProgress.model_validate(details[0]).posted_at if details else None
         except ValidationError:
-            return None
+            carried = None
+        return carried or req.posted_at
 
     # --- wait --------------------------------------------------------------------------------
 
@@ -256,15 +259,17 @@ class ComfyUIActivities(OwnsOutputStore):
         return await unless_shutting_down(self._download(req))
 
     async def _download(self, req: ComfyUIDownload) -> Downloaded:
-        with activity_errors():
-            return await self._files.download(req)
+        async with Heartbeat(self._heartbeat_every_s) as heartbeat:
+            with activity_errors(), bounded_by_silence(self._client, heartbeat, req):
+                return await self._files.download(req, heartbeat)
 
     @activity.defn(name=names.COMFYUI_UPLOAD)
     async def upload(self, req: ComfyUIUpload) -> ComfyUIUploaded:
         """Puts one input image into this host's ComfyUI under a content-hash name and returns
         the name its LoadImage takes; safe to retry (docs/design.md, "ComfyUI facts")."""
-        with activity_errors():
-            return await self._files.upload(req)
+        async with Heartbeat(self._heartbeat_every_s, Progress(phase="uploading")) as heartbeat:
+            with activity_errors(), bounded_by_silence(self._client, heartbeat, req):
+                return await self._files.upload(req)
 
     # --- cancel ------------------------------------------------------------------------------
 

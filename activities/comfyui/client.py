@@ -9,6 +9,7 @@ import asyncio
 import json
 import logging
 import re
+import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -41,10 +42,12 @@ class ComfyUIError(Exception):
 
 class Unavailable(ComfyUIError):
     """No answer, a 5xx, a 404/405 (not a ComfyUI, or not this version), or an answer that is
-    not ComfyUI's: worth retrying. The message starts with "ComfyUI: "."""
+    not ComfyUI's: worth retrying. The message starts with "ComfyUI: ". `sent_at`: when the
+    request that got no answer at all left (time.time()); None when something answered."""
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, *, sent_at: float | None = None) -> None:
         super().__init__(f"ComfyUI: {message}")
+        self.sent_at = sent_at
 
 
 class Unanswered(Unavailable):
@@ -81,6 +84,12 @@ class ComfyUIClient:
         self._request_timeout, self._download_timeout = request_timeout, download_timeout
         self._no_jobs_api = False  # this ComfyUI has no /api/jobs/{id}/cancel
         self._posts: dict[str, datetime | None] = {}
+        self._answered_at = float("-inf")
+
+    @property
+    def answered_at(self) -> float:
+        """When ComfyUI last answered a request of this client (time.time()), -inf before."""
+        return self._answered_at
 
     @property
     def posts(self) -> Mapping[str, datetime | None]:
@@ -181,10 +190,12 @@ class ComfyUIClient:
         """One output from /view, its body not read yet: the caller streams it. Failures while
         it streams (a dropped connection, a short body) are Unavailable too."""
         params = {"filename": file.filename, "subfolder": file.subfolder, "type": file.type}
+        sent_at: float | None = time.time()
         try:
             async with self._http.stream(
                 "GET", self._base + "/view", params=params, timeout=self._download_timeout
             ) as response:
+                sent_at = None  # answered: what fails from here on is the stream
                 if response.status_code in (400, 403, 404):
                     raise OutputMissing(
                         f"ComfyUI has no output {file.subfolder}/{file.filename} ({file.type}): "
@@ -192,11 +203,13 @@ class ComfyUIClient:
                     )
                 if not response.is_success:
                     raise Unavailable(f"GET /view answered {response.status_code}")
+                self._answered_at = time.time()
                 yield response
         except IncompleteDownload as exc:
             raise Unavailable(f"{file.filename}: {exc}") from exc
         except httpx.HTTPError as exc:
-            raise Unavailable(f"downloading {file.filename}: {why(exc)}") from exc
+            message = f"downloading {file.filename}: {why(exc)}"
+            raise Unavailable(message, sent_at=sent_at) from exc
 
     # --- inputs --------------------------------------------------------------------------------
 
@@ -255,16 +268,18 @@ class ComfyUIClient:
             raise Unanswered(f"{method} {url} answered {response.status_code}")
         if response.status_code >= 500 or response.status_code in (404, 405):
             raise Unavailable(f"{method} {url} answered {response.status_code}")
+        self._answered_at = time.time()
         return response
 
     async def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         url = self._base + path
+        sent_at = time.time()
         try:
             return await self._http.request(method, url, timeout=self._request_timeout, **kwargs)
         except MAYBE_SENT as exc:
-            raise Unanswered(f"no answer from {shown(url)} ({why(exc)})") from exc
+            raise Unanswered(f"no answer from {shown(url)} ({why(exc)})", sent_at=sent_at) from exc
         except httpx.HTTPError as exc:
-            raise Unavailable(f"no answer from {shown(url)} ({why(exc)})") from exc
+            raise Unavailable(f"no answer from {shown(url)} ({why(exc)})", sent_at=sent_at) from exc
 
     @staticmethod
     def _json(response: httpx.Response, what: str) -> dict[str, Any]:

@@ -40,26 +40,23 @@ class ComfyUIFiles:
         client: ComfyUIClient,
         store: OutputStore,
         http: httpx.AsyncClient,
-        heartbeat_every_s: float,
         allow: frozenset[str],
     ) -> None:
         self._client, self._store, self._http = client, store, http
         self._allow = allow  # SPILLWAY_INPUT_ALLOW_HOSTS
-        self._heartbeat_every_s = heartbeat_every_s
 
     # --- outputs -----------------------------------------------------------------------------
 
-    async def download(self, req: ComfyUIDownload) -> Downloaded:
+    async def download(self, req: ComfyUIDownload, heartbeat: Heartbeat) -> Downloaded:
         names = [output_name(f) for f in req.files]  # all checked before any request
         outputs = []
-        async with Heartbeat(self._heartbeat_every_s) as heartbeat:
-            for file, name in zip(req.files, names, strict=True):
-                kept = await self._store.find(req.job_id, name)
-                if kept is None:
-                    kept = await self._fetch(req.job_id, file, name, heartbeat)
-                else:
-                    heartbeat.update(Progress(phase="downloaded", node=file.filename))
-                outputs.append(kept.output_file())
+        for file, name in zip(req.files, names, strict=True):
+            kept = await self._store.find(req.job_id, name)
+            if kept is None:
+                kept = await self._fetch(req.job_id, file, name, heartbeat)
+            else:
+                heartbeat.update(Progress(phase="downloaded", node=file.filename))
+            outputs.append(kept.output_file())
         return Downloaded(outputs=outputs)
 
     async def _fetch(
@@ -86,15 +83,14 @@ class ComfyUIFiles:
     # --- inputs ------------------------------------------------------------------------------
 
     async def upload(self, req: ComfyUIUpload) -> ComfyUIUploaded:
-        async with Heartbeat(self._heartbeat_every_s, Progress(phase="uploading")):
-            data = await read_input(self._store, self._http, req.input, allow=self._allow)
-            sha256 = hashlib.sha256(data).hexdigest()
-            info = sniff(data)
-            # The content names the file: the same image is the same name, whichever job or
-            # attempt sends it, and other bytes can never take an existing name.
-            name = f"{sha256}.{info.ext if info is not None else 'png'}"
-            mime = info.mime if info is not None else "application/octet-stream"
-            answer = await self._client.upload_image(data, name, mime, UPLOAD_SUBFOLDER)
+        data = await read_input(self._store, self._http, req.input, allow=self._allow)
+        sha256 = hashlib.sha256(data).hexdigest()
+        info = sniff(data)
+        # The content names the file: the same image is the same name, whichever job or
+        # attempt sends it, and other bytes can never take an existing name.
+        name = f"{sha256}.{info.ext if info is not None else 'png'}"
+        mime = info.mime if info is not None else "application/octet-stream"
+        answer = await self._client.upload_image(data, name, mime, UPLOAD_SUBFOLDER)
         image = uploaded_name(answer)
         if image is None:
             raise UploadRefused(f"ComfyUI answered the upload of {name} without a name")

@@ -22,6 +22,8 @@ OUTPUT_MISSING = "ComfyUIOutputMissing"  # /view answered 400/403/404 for an out
 UNSAFE_PATH = "ComfyUIUnsafePath"  # an output name that would land outside the job's folder
 UNSUPPORTED = "ComfyUIUnsupported"  # a ComfyUI that ignores the caller's prompt_id
 UNAVAILABLE = "ComfyUIUnavailable"  # retryable: no answer, 5xx, or an answer that is not JSON
+# Unavailable for the call's report_silence_after_s: the workflow applies the host-lost rule.
+HOST_SILENT = "ComfyUIHostSilent"
 INPUT_UNREADABLE = "ComfyUIInputUnreadable"  # an input image not readable where it is stored
 UPLOAD_REFUSED = "ComfyUIUploadRefused"  # POST /upload/image answered 400 (or no name)
 UPLOAD_SUBFOLDER = "spillway"  # inputs go to ComfyUI's input/spillway/, under content-hash names
@@ -34,11 +36,30 @@ def prompt_id_for(job_id: str, attempt: int, run_tag: str) -> str:
     return f"spillway-{job_id}-{run_tag}-{attempt}"
 
 
-class ComfyUISubmit(BaseModel):
+class HostBound(BaseModel):
+    """A call that is not a wait (submit, upload, download), bounded by the host-lost rule: once
+    ComfyUI has not answered it for `report_silence_after_s`, counted from `silent_since` when the
+    workflow already knows of the silence, it fails with HOST_SILENT (`Silence` as its details)
+    instead of retrying. None: retried for as long as it takes (a job of 0.5.0 or earlier)."""
+
+    report_silence_after_s: float | None = None
+    silent_since: datetime | None = None
+
+
+class Silence(BaseModel):
+    """HOST_SILENT's details."""
+
+    silent_since: datetime
+    # A submit's unanswered POST /prompt: the next submit gives it its grace before posting.
+    posted_at: datetime | None = None
+
+
+class ComfyUISubmit(HostBound):
     job_id: str
     prompt_id: str
     graph: dict[str, Any]  # API format: node id -> {"class_type", "inputs", ...}
     front: bool = False  # sent as "front": true: ComfyUI queues it first (priority 1 jobs)
+    posted_at: datetime | None = None  # an earlier call's POST that got no answer (Silence)
 
 
 class ComfyUISubmitted(BaseModel):
@@ -47,7 +68,7 @@ class ComfyUISubmitted(BaseModel):
     posted: bool  # False: already in /queue or /history from an earlier try, not posted again
 
 
-class ComfyUIUpload(BaseModel):
+class ComfyUIUpload(HostBound):
     """One input image to put into the host's ComfyUI (activity `comfyui_upload`)."""
 
     job_id: str
@@ -92,7 +113,7 @@ class ComfyUIFinished(BaseModel):
     silent_since: datetime | None = None
 
 
-class ComfyUIDownload(BaseModel):
+class ComfyUIDownload(HostBound):
     job_id: str
     files: list[ComfyUIFile]
 

@@ -98,8 +98,9 @@ async def rendering(jobs: Jobs, comfyui: ComfyUISim, prompt: str) -> str:
     return job_id
 
 
+@pytest.mark.parametrize("gone", ["stopped", "partitioned"])
 async def test_comfyui_gone_mid_render_shows_on_the_plan_and_an_unarmed_job_fails_naming_it(
-    workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim
+    workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim, gone: str
 ):
     comfyui.execution_s = 30
     worker = await workers(
@@ -111,10 +112,14 @@ async def test_comfyui_gone_mid_render_shows_on_the_plan_and_an_unarmed_job_fail
         UNREACHABLE_GIVE_UP_S=20,
     )
     jobs = jobs_on(worker)
-    job_id = await rendering(jobs, comfyui, "comfyui gone, not armed")
-    await comfyui.stop()  # and kept down
+    job_id = await rendering(jobs, comfyui, f"comfyui {gone}, not armed")
+    if gone == "stopped":  # and kept down
+        await comfyui.stop()
+    else:
+        comfyui.faults["*"] = "hang"
 
-    plan = await jobs.until(job_id, silence_shown, timeout_s=30)
+    # Partitioned, the first failed poll ends after the client's 30 s timeout.
+    plan = await jobs.until(job_id, silence_shown, timeout_s=60)
     # Seen rendering, silent; on a loaded machine the first read may come after the give-up.
     assert plan.state in ("running_local", "failed")
     plan = await jobs.finished(job_id)
@@ -149,6 +154,58 @@ async def test_comfyui_gone_mid_render_sends_an_armed_job_to_the_cloud_once(
     assert plan.cloud is not None and plan.cloud.authorised_by == "armed"
     assert creates_of(minimax, {job_id: prompt}) == {job_id: 1}
     assert posts_of(comfyui, [job_id]) == {job_id: 1}
+
+
+# A host that hangs outside the wait: its ComfyUI accepts the submit's POST /prompt or the
+# download's GET /view and never answers (30 s and 60 s until the client gives up).
+HANGS = {"submit": "/prompt", "download": "/view"}
+
+
+@pytest.mark.parametrize("during", HANGS)
+async def test_a_host_hanging_during_a_call_sends_an_armed_job_to_the_cloud_once(
+    workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim, during: str
+):
+    comfyui.execution_s = 0.1
+    comfyui.faults[HANGS[during]] = "hang"
+    worker = await workers(
+        COMFYUI_URL=comfyui.url,
+        MINIMAX_BASE_URL=minimax.url,
+        CLOUD_VIDEO_FALLBACK_ENABLED=1,
+        HOST_LOST_AFTER_S=3,
+    )
+    jobs = jobs_on(worker)
+    prompt = f"comfyui hangs during {during}, armed"
+    job_id = await jobs.submit(prompt)
+
+    # The first call gives up after the client's timeout: lost 3 s after the request left.
+    plan = await jobs.finished(job_id, timeout_s=150)
+    assert (plan.state, plan.route, plan.overflow.trigger) == ("completed", "cloud", "unreachable")
+    assert silence_shown(plan) and "host_lost=a40_local" in plan.reasons
+    assert plan.local_attempts == 1
+    assert creates_of(minimax, {job_id: prompt}) == {job_id: 1}
+    # The hanging POST never reached ComfyUI's queue; the rendered one did, once.
+    assert posts_of(comfyui, [job_id]) == {job_id: 0 if during == "submit" else 1}
+
+
+@pytest.mark.parametrize("during", HANGS)
+async def test_a_host_hanging_during_a_call_fails_an_unarmed_job_naming_the_host(
+    workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim, during: str
+):
+    comfyui.execution_s = 0.1
+    comfyui.faults[HANGS[during]] = "hang"
+    worker = await workers(
+        COMFYUI_URL=comfyui.url,
+        MINIMAX_BASE_URL=minimax.url,
+        HOST_LOST_AFTER_S=3,
+        UNREACHABLE_GIVE_UP_S=20,
+    )
+    jobs = jobs_on(worker)
+    job_id = await jobs.submit(f"comfyui hangs during {during}, not armed")
+
+    plan = await jobs.finished(job_id, timeout_s=150)
+    assert plan.state == "failed" and plan.error is not None and silence_shown(plan)
+    assert "GPU host a40_local" in plan.error and "not armed" in plan.error
+    assert minimax.create_calls == 0
 
 
 async def test_comfyui_restarted_mid_render_gets_the_prompt_resubmitted_once(
