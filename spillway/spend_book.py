@@ -97,6 +97,10 @@ class Vetted(BaseModel):
     # The ledger run that asked, as the activity saw it. Recorded in the ledger's history, so a
     # ledger reset by an operator replays answers naming the run it was reset from.
     ledger_run: str | None = None
+    # Another run of the job's incarnation (one it was reset or re-run from) ordered or followed
+    # a cloud task, as its history shows: read for every reservation, so a tag the ledger no
+    # longer carries never lets a reset create again.
+    created_earlier: bool = False
 
 
 class BeginCreate(BaseModel):
@@ -231,8 +235,9 @@ REFUSED = "SpendRefused"  # ApplicationError type of every refusal; details: kin
 # A reservation whose create never began (its job was terminated between the two) stops
 # counting after this, and its run can no longer begin.
 UNSENT_TTL = timedelta(hours=1)
-# A job's created tag is carried this long (longer than a closed job can still be reset in a
-# namespace with 30 days of retention); a day's total for two days, a month's for good.
+# A job's created tag is carried this long, a day's total for two days, a month's for good. A
+# namespace may keep a job, and let it be reset, for longer: past the tag, the vet finds the
+# create in the job's earlier runs (`Vetted.created_earlier`).
 KEEP = timedelta(days=40)
 CENT = 1e-9
 
@@ -350,6 +355,12 @@ class SpendBook:
                 f"job {req.job_id} already has a cloud create: {describe(current)}",
                 "exists",
                 entry=current,
+            )
+        if current is None and terms.created_earlier:
+            raise SpendRefused(
+                f"an earlier run of job {req.job_id} ordered or followed a cloud task (its "
+                "history shows it): none is sent again",
+                "exists",
             )
         if current is None and self.created_before(req.job_id, terms.incarnation):
             raise SpendRefused(

@@ -247,13 +247,24 @@ def test_a_continued_ledger_carries_open_entries_totals_and_tags_never_settled_e
     assert [e.job_id for e in carried.entries] == ["open"]
     assert again.totals("day", NOW) == day and again.totals("month", NOW) == month
     assert carried.spent == {"2026-12-01": CLIP_USD, "2026-12": CLIP_USD, "2026-08": CLIP_USD}
-    assert list(carried.created) == ["2026-12"]  # older than KEEP: no reset can reach it
+    assert list(carried.created) == ["2026-12"]  # older than KEEP: the vet reads earlier runs
     # The settled create is no longer held, and still never reserved again for its incarnation.
     error = refused("exists", lambda: again.reserve(*ask(job="new", incarnation="i-new"), NOW))
     assert "last continued as new" in error.message
     assert again.reserve(*ask(job="new", run="run-z", incarnation="i-reused"), NOW).state == (
         "reserved"
     )
+
+
+def test_a_reset_run_whose_earlier_run_the_vet_found_creating_is_refused_without_a_tag():
+    book = SpendBook([], Budgets())
+    request, terms = ask(incarnation="i-1")
+    error = refused(
+        "exists",
+        lambda: book.reserve(request, terms.model_copy(update={"created_earlier": True}), NOW),
+    )
+    assert "an earlier run of job job-1 ordered or followed a cloud task" in error.message
+    assert book.entries == []
 
 
 def test_a_reset_run_finds_the_create_an_earlier_run_sent_and_nothing_else():

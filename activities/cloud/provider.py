@@ -108,6 +108,7 @@ class CloudActivities(OwnsOutputStore, Generic[TimingT]):
 class CloudProvider:
     name: str  # in CLOUD_PROVIDERS, routing_tiers.json's `provider` and the ledger's entries
     create_activity: str  # the name of its create activity: the ledger vets who runs it
+    poll_activity: str  # a run that polls has a task: the ledger reads earlier runs for it
     label: str  # how messages name it
     console: str  # where a person checks for a task and its charge
     key_names: tuple[str, ...]  # the worker's settings that hold its keys, all needed

@@ -306,6 +306,7 @@ def _cost_key(request: CloudRequest, settings: Settings) -> str:
 PROVIDER = CloudProvider(
     name="kling",
     create_activity=CREATE,
+    poll_activity=POLL,
     label="Kling",
     console="Kling's console (task list and resource pack usage)",
     key_names=KEY_NAMES,

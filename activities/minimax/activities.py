@@ -208,6 +208,7 @@ def _cost_key(request: CloudRequest, settings: Settings) -> str:
 PROVIDER = CloudProvider(
     name="minimax",
     create_activity=CREATE,
+    poll_activity=POLL,
     label="MiniMax",
     console="MiniMax's console (platform.minimax.io: usage / billing, video generation tasks)",
     key_names=("MINIMAX_API_KEY",),

@@ -77,8 +77,9 @@ class SpendActivities:
                 # from the ledger's history, and without it nothing is sent.
                 found = await self._archived(req.job_id)
                 if found is None:
+                    # Its kind stays in the job's history: a reset of this run is refused too.
                     raise ApplicationError(
-                        refused.message, type=REFUSED, non_retryable=True
+                        refused.message, {"kind": "exists"}, type=REFUSED, non_retryable=True
                     ) from None
                 return Reservation(existing=found)
             if refused.kind == "exists":

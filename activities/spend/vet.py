@@ -20,6 +20,7 @@ from typing import Literal
 from pydantic import BaseModel
 from temporalio import activity
 from temporalio.api.enums.v1 import WorkflowExecutionStatus
+from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -27,7 +28,7 @@ from activities.cloud import registry
 from spillway import names
 from spillway.models import CloudRequest, Plan, VideoJob
 from spillway.settings import Settings
-from spillway.spend_book import Authorisation, Budgets, Vetted
+from spillway.spend_book import REFUSED, Authorisation, Budgets, Vetted
 from spillway.tiers import RoutingTiers
 
 Purpose = Literal["reserve", "begin", "settle", "terms"]
@@ -133,6 +134,7 @@ class LedgerVetting:
         if job is None or job.cloud is None:
             return terms.model_copy(update={"refused": "the job has no cloud request"})
         terms.cost_usd = estimate_usd(self._tiers, s, req.provider, job.cloud)
+        terms.created_earlier = await self._created_earlier(req, incarnation)
         return terms
 
     async def _caller(self, req: VetRequest) -> tuple[str | None, str | None]:
@@ -174,6 +176,51 @@ class LedgerVetting:
         if self._settings.SPILLWAY_APPROVAL_SECRET is not None and not approval.signed:
             return f"job {req.job_id}'s approval by {approval.by} is not signed"
         return None
+
+    async def _created_earlier(self, req: VetRequest, incarnation: str | None) -> bool:
+        """Whether another run of the job's incarnation ordered a cloud task (its create) or
+        followed one (its poll). The ledger's tags of created jobs are carried for KEEP only,
+        while a run can be reset as long as the namespace keeps it, and each reset run refused
+        for a task follows it, so the evidence passes down a chain of resets. A server that
+        cannot list runs (the time-skipping test server) leaves it to the tags."""
+        wanted = {
+            n for p in registry.PROVIDERS.values() for n in (p.create_activity, p.poll_activity)
+        }
+        try:
+            runs = [r async for r in self._client.list_workflows(f"WorkflowId = '{req.job_id}'")]
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.UNIMPLEMENTED:
+                return False
+            raise
+        for run in runs:
+            if run.run_id == req.run_id or run.workflow_type != names.VIDEO_JOB:
+                continue
+            handle = self._client.get_workflow_handle(req.job_id, run_id=run.run_id)
+            try:
+                described = await handle.describe()
+            except RPCError as exc:
+                if exc.status == RPCStatusCode.NOT_FOUND:
+                    continue  # deleted since it was listed: its visibility entry goes last
+                raise
+            info = described.raw_description.workflow_execution_info
+            if (info.first_run_id or run.run_id) != incarnation:
+                continue  # the job id used before: another incarnation's task is not this one's
+            async for event in handle.fetch_history_events():
+                if event.activity_task_scheduled_event_attributes.activity_type.name in wanted:
+                    return True
+                if await self._refused_as_created(event):
+                    return True
+        return False
+
+    async def _refused_as_created(self, event: HistoryEvent) -> bool:
+        """A reservation the ledger refused because a create went out, whose task the run could
+        not follow: the evidence that run leaves for a reset of it."""
+        failure = event.activity_task_failed_event_attributes.failure
+        if failure.application_failure_info.type != REFUSED:
+            return False
+        payloads = failure.application_failure_info.details.payloads
+        details = await self._client.data_converter.decode(payloads) if payloads else []
+        return bool(details) and isinstance(details[0], dict) and details[0].get("kind") == "exists"
 
     async def _job(self, req: VetRequest) -> VideoJob | None:
         """The run's own input: the clip the estimate is for."""
