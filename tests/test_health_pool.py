@@ -22,12 +22,8 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from spillway import names
-from spillway.cli.health import (
-    Health,
-    pool_health,
-    pool_remedy,
-    pool_start_command,
-)
+from spillway.cli.health import Health
+from spillway.cli.pool_health import pool_health, pool_remedy, pool_start_command
 from spillway.cli.render import render_health
 from spillway.gpu_pool import Holder, PoolAsk, PoolInput
 from spillway.hosts import gpu_hosts

@@ -5,7 +5,7 @@ from"). Never shows a key, only whether one is present."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING
 
 import httpx
 from pydantic import BaseModel
@@ -13,6 +13,8 @@ from pydantic import BaseModel
 from activities.cloud import registry as clouds
 from activities.probe.activities import LoadStatusActivities
 from activities.probe.nvml import NvmlReader
+from spillway.cli.pool_health import PoolHealth, pool_health
+from spillway.cli.wedged import WedgedWorkflow, failing, wedged
 from spillway.decision import table_rows
 from spillway.errors import Failed
 from spillway.models import LoadStatus, WorkersView
@@ -21,9 +23,7 @@ from spillway.spend_book import PeriodTotals
 from spillway.tiers import RoutingTiers
 
 if TYPE_CHECKING:
-    from temporalio.api.history.v1 import HistoryEvent
-    from temporalio.api.workflowservice.v1 import DescribeWorkflowExecutionResponse
-    from temporalio.client import Client
+    pass
 
 TRIGGER = (
     "overloaded = VRAM busy OR (GPU util busy AND queue backlog) OR guard busy; "
@@ -108,45 +108,6 @@ def approval_health(settings: Settings, workers: WorkersHealth | None) -> Approv
         workers_signed=workers_signed,
         who_can_approve=who_can_approve(signed, workers_signed),
     )
-
-
-class WedgedWorkflow(BaseModel):
-    """A running workflow whose workflow task fails and is retried (a nondeterminism error after
-    a deploy, a bug in its code): it answers no update, query or signal until someone steps in.
-    Read off DescribeWorkflowExecution (the pending workflow task's attempt) and the tail of its
-    history (the last WorkflowTaskFailed event: the retries themselves write no events)."""
-
-    workflow_id: str
-    run_id: str
-    attempt: int  # the pending workflow task's attempt: 2 = it failed once and is retried
-    failing_since: datetime | None = None  # when the failing task was first scheduled
-    cause: str | None = None  # e.g. NON_DETERMINISTIC_ERROR, WORKFLOW_WORKER_UNHANDLED_FAILURE
-    failure: str | None = None  # the failure's message, its first line
-    remedy: str
-
-
-PoolState = Literal["running", "not_started", "closed", "unknown"]
-
-
-class PoolHealth(BaseModel):
-    """The GPU pool's workflow (docs/design.md, "GPU admission"), read off
-    DescribeWorkflowExecution, the tail of its history and its `view` query. Jobs start it by
-    their first ask, so "not_started" is normal until a job has asked for a GPU place."""
-
-    # running; not_started: no run ever had its id; closed: its latest run ended (`status` says
-    # how); unknown: it could not be described, or it is neither running nor closed (paused).
-    state: PoolState
-    workflow_id: str
-    run_id: str | None = None
-    status: str | None = None  # the latest run's: RUNNING, TERMINATED, FAILED, TIMED_OUT, ...
-    history_length: int | None = None  # events in the current run
-    long_history: bool = False  # over LONG_HISTORY events: it is not continuing as new
-    # What Temporal told the run at its last workflow task (describe does not carry it).
-    continue_as_new_suggested: bool | None = None
-    places_in_use: int | None = None  # from the `view` query; None when it did not answer
-    line_length: int | None = None
-    wedged: WedgedWorkflow | None = None
-    error: str | None = None
 
 
 class Poller(BaseModel):
@@ -326,10 +287,6 @@ async def budget_health(settings: Settings) -> BudgetHealth:
     return report
 
 
-# How far back from a history's end the last failed workflow task is looked for (events).
-HISTORY_TAIL = 100
-
-
 def ledger_remedy(ledger_id: str) -> str:
     return (
         f"terminate it (`temporal workflow terminate --workflow-id {ledger_id}`), start the new "
@@ -342,235 +299,9 @@ def wedged_ledger(found: WedgedWorkflow) -> str:
     """The error `health` reports for a wedged spend ledger."""
     return (
         f"the spend ledger ({found.workflow_id}, run {found.run_id}) is wedged: "
-        f"{_failing(found)}; every update answers 'Workflow Task in failed state', so no cloud "
+        f"{failing(found)}; every update answers 'Workflow Task in failed state', so no cloud "
         f"job can run: {found.remedy}"
     )
-
-
-def _failing(found: WedgedWorkflow) -> str:
-    since = found.failing_since
-    when = f", failing since {since:%Y-%m-%d %H:%M:%S} UTC" if since is not None else ""
-    why = "".join(f": {w}" for w in (found.cause, found.failure) if w)
-    return f"its workflow task failed and is being retried (attempt {found.attempt}{when}){why}"
-
-
-# The pool ends its run after PoolInput.signals_per_run (500) signals or when Temporal suggests
-# it (at 4,096 events by default: limit.historyCount.suggestContinueAsNew), whichever comes first,
-# once what is under way has ended (a probe takes 10 s at most). A run well past both is not
-# continuing as new, and every replay of it grows slower: Temporal warns at 10,240 events and
-# terminates the run at 51,200.
-LONG_HISTORY = 5_000
-# A pool answers its `view` query at once from its book: a longer wait means no worker serves
-# its queue, and `health` should not hang on it.
-POOL_QUERY_TIMEOUT = timedelta(seconds=5)
-
-
-def _ask_again() -> str:
-    """How long a job in the line waits for an answer before it asks again."""
-    from workflows.admission import ASK_AGAIN
-
-    return f"{ASK_AGAIN.total_seconds() / 60:g} minutes"
-
-
-def pool_remedy(pool_id: str) -> str:
-    return (
-        f"terminate it (`temporal workflow terminate --workflow-id {pool_id}`): nothing is lost, "
-        "its state is only the places and the line; the jobs in its line ask again within "
-        f"{_ask_again()} and the next ask starts a fresh pool"
-    )
-
-
-def pool_start_command(task_queue: str) -> str:
-    """The `temporal` command that starts the pool before any job asks (an empty PoolInput)."""
-    from spillway import names
-
-    return (
-        f"temporal workflow start --type {names.GPU_POOL} --task-queue "
-        f"{names.pool_queue(task_queue)} --workflow-id {names.pool_id(task_queue)} --input '{{}}'"
-    )
-
-
-async def pool_health(
-    client: Client,
-    task_queue: str,
-    *,
-    long_history: int = LONG_HISTORY,
-    query_timeout: timedelta = POOL_QUERY_TIMEOUT,
-) -> PoolHealth:
-    """The GPU pool of `task_queue`: whether it runs, its current run's length, its places and
-    line, and whether its workflow task keeps failing; what is wrong, or what Temporal refused or
-    did not answer, is in `error`."""
-    from temporalio.api.enums.v1 import WorkflowExecutionStatus as Status
-    from temporalio.client import WorkflowQueryFailedError
-    from temporalio.service import RPCError, RPCStatusCode
-
-    from activities.spend.ledger import RPC_TIMEOUT
-    from spillway import names
-    from spillway.gpu_pool import PoolView
-
-    pool_id = names.pool_id(task_queue)
-    report = PoolHealth(state="unknown", workflow_id=pool_id)
-    handle = client.get_workflow_handle(pool_id)
-    try:
-        described = await handle.describe(rpc_timeout=RPC_TIMEOUT)
-    except RPCError as exc:
-        if exc.status == RPCStatusCode.NOT_FOUND:
-            report.state = "not_started"
-        else:
-            report.error = f"the GPU pool ({pool_id}) could not be described: {exc.message}"
-        return report
-    info = described.raw_description
-    run = info.workflow_execution_info
-    report.run_id = run.execution.run_id
-    report.status = _enum_name(Status, run.status, "WORKFLOW_EXECUTION_STATUS_")
-    report.history_length = run.history_length
-    report.long_history = run.history_length > long_history
-    where = f"the GPU pool ({pool_id}, run {report.run_id})"
-    if run.status != Status.WORKFLOW_EXECUTION_STATUS_RUNNING:
-        if not run.HasField("close_time"):  # paused, or a status newer than this SDK
-            report.error = f"{where} is {report.status}: it answers no job until it runs again"
-            return report
-        report.state = "closed"
-        report.error = (
-            f"{where} is closed ({report.status}): nothing is lost, the next job's ask starts a "
-            "new pool, which first asks the running jobs which places they hold, but the jobs "
-            f"that waited in its line ask again only {_ask_again()} after their last ask (in "
-            f"their order); to start it before the next ask: {pool_start_command(task_queue)}"
-        )
-        return report
-    report.state = "running"
-    report.wedged = await _wedged_run(client, info, pool_remedy(pool_id))
-    if report.wedged is not None:
-        # A wedged pool answers no query either (it would only time out).
-        report.error = (
-            f"{where} is wedged: {_failing(report.wedged)}; it answers no ask, so no job gets "
-            f"a GPU place: {report.wedged.remedy}"
-        )
-        return report
-    report.continue_as_new_suggested = await _continue_as_new_suggested(
-        client, pool_id, report.run_id
-    )
-    problems = []
-    try:
-        view = await handle.query(names.POOL_VIEW, result_type=PoolView, rpc_timeout=query_timeout)
-    except (RPCError, WorkflowQueryFailedError) as exc:
-        problems.append(
-            f"{where} did not answer its query within {query_timeout.total_seconds():g}s "
-            f"({exc}): is a worker running (spillway worker)?"
-        )
-    else:
-        report.places_in_use = sum(len(h.places) for h in view.hosts)
-        report.line_length = len(view.line)
-    if report.long_history:
-        suggested = ", though Temporal suggests it" if report.continue_as_new_suggested else ""
-        problems.append(
-            f"{where} has {run.history_length} events in its current run (over {long_history}): "
-            f"it is not continuing as new{suggested}, and Temporal terminates a run at 51,200 "
-            f"events; {pool_remedy(pool_id)}"
-        )
-    report.error = "; ".join(problems) or None
-    return report
-
-
-async def _continue_as_new_suggested(client: Client, workflow_id: str, run_id: str) -> bool | None:
-    """What the run's last started workflow task said; None when it is not among the last
-    events (a flood of signals since) or they cannot be read."""
-    from temporalio.api.enums.v1 import EventType
-
-    for event in await _history_tail(client, workflow_id, run_id):
-        if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED:
-            return event.workflow_task_started_event_attributes.suggest_continue_as_new
-    return None
-
-
-async def wedged(client: Client, workflow_id: str, remedy: str) -> WedgedWorkflow | None:
-    """The workflow, if it runs with a workflow task that failed and is being retried; None when
-    it runs normally, is closed or unknown, or cannot be read (the other checks say why)."""
-    from temporalio.service import RPCError
-
-    from activities.spend.ledger import RPC_TIMEOUT
-
-    try:
-        described = await client.get_workflow_handle(workflow_id).describe(rpc_timeout=RPC_TIMEOUT)
-    except RPCError:
-        return None
-    return await _wedged_run(client, described.raw_description, remedy)
-
-
-async def _wedged_run(
-    client: Client, info: DescribeWorkflowExecutionResponse, remedy: str
-) -> WedgedWorkflow | None:
-    from temporalio.api.enums.v1 import WorkflowExecutionStatus
-
-    workflow_id = info.workflow_execution_info.execution.workflow_id
-    task = info.pending_workflow_task
-    running = WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_RUNNING
-    if (
-        info.workflow_execution_info.status != running
-        or not info.HasField("pending_workflow_task")
-        or task.attempt <= 1
-    ):
-        return None
-    run_id = info.workflow_execution_info.execution.run_id
-    cause, failure = await _last_task_failure(client, workflow_id, run_id)
-    return WedgedWorkflow(
-        workflow_id=workflow_id,
-        run_id=run_id,
-        attempt=task.attempt,
-        failing_since=task.original_scheduled_time.ToDatetime(tzinfo=UTC)
-        if task.HasField("original_scheduled_time")
-        else None,
-        cause=cause,
-        failure=failure,
-        remedy=remedy,
-    )
-
-
-async def _last_task_failure(
-    client: Client, workflow_id: str, run_id: str
-) -> tuple[str | None, str | None]:
-    """(cause, the failure's first line) of the run's last failed or timed-out workflow task,
-    read backwards from the history's end, at most HISTORY_TAIL events; (None, None) if none."""
-    from temporalio.api.enums.v1 import EventType, TimeoutType, WorkflowTaskFailedCause
-
-    for event in await _history_tail(client, workflow_id, run_id):
-        if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
-            failed = event.workflow_task_failed_event_attributes
-            message = failed.failure.message.strip().splitlines()
-            cause = _enum_name(WorkflowTaskFailedCause, failed.cause, "WORKFLOW_TASK_FAILED_CAUSE_")
-            return cause, message[0][:300] if message else None
-        if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT:
-            timeout = event.workflow_task_timed_out_event_attributes.timeout_type
-            return "TIMED_OUT", _enum_name(TimeoutType, timeout, "TIMEOUT_TYPE_")
-    return None, None
-
-
-async def _history_tail(client: Client, workflow_id: str, run_id: str) -> list[HistoryEvent]:
-    """The run's last HISTORY_TAIL events, newest first; none when they cannot be read."""
-    from temporalio.api.common.v1 import WorkflowExecution
-    from temporalio.api.workflowservice.v1 import GetWorkflowExecutionHistoryReverseRequest
-    from temporalio.service import RPCError
-
-    from activities.spend.ledger import RPC_TIMEOUT
-
-    try:
-        page = await client.workflow_service.get_workflow_execution_history_reverse(
-            GetWorkflowExecutionHistoryReverseRequest(
-                namespace=client.namespace,
-                execution=WorkflowExecution(workflow_id=workflow_id, run_id=run_id),
-                maximum_page_size=HISTORY_TAIL,
-            ),
-            timeout=RPC_TIMEOUT,
-        )
-    except RPCError:
-        return []
-    return list(page.history.events)
-
-
-def _enum_name(enum: Any, value: int, prefix: str) -> str:
-    """A protobuf enum value's name without its prefix; the number when this SDK does not know
-    it (a newer server)."""
-    return enum.Name(value).removeprefix(prefix) if value in enum.values() else str(value)
 
 
 def health_report(

@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from spillway.cli.health import Health, PoolHealth
+from spillway.cli.health import Health
+from spillway.cli.pool_health import PoolHealth
 from spillway.client.jobs import JobSummary
 from spillway.gpu_pool import PoolView
 from spillway.models import LoadStatus, Plan
