@@ -21,6 +21,9 @@ The rules (docs/design.md, money invariants 2, 5 and 6):
   starts clean and never inherits the old task.
 - `released` is only for a create that never began; a begun create the provider provably
   refused is `refused` (nothing made, nothing spent; the next provider may be reserved).
+- A signed approval pays for one create: the ledger records a digest of each signature it
+  granted a reservation on, and refuses it once a create under it went out (kept until the
+  signature expires, across continue-as-new).
 """
 
 from __future__ import annotations
@@ -70,6 +73,9 @@ class SpendEntry(BaseModel):
     at: datetime  # reserved at (UTC); it counts in this day's and month's totals
     sent_at: datetime | None = None  # the create request was about to leave (begin)
     sent_by: str | None = None  # which activity attempt began it (run/activity/attempt)
+    # The signed approval it was granted on (spillway.approvals.digest) and that signature's end.
+    approval: str | None = None
+    approval_until: datetime | None = None
     settled_at: datetime | None = None
     note: str = ""
 
@@ -97,6 +103,13 @@ class Vetted(BaseModel):
     # The ledger run that asked, as the activity saw it. Recorded in the ledger's history, so a
     # ledger reset by an operator replays answers naming the run it was reset from.
     ledger_run: str | None = None
+    # Why `refused`: "foreign" (not spillway's job's own request) or APPROVAL_REFUSED (the
+    # approval the request claims is not in the job's history, signed for it).
+    refused_kind: str = "foreign"
+    # The signed approval the vet found in the job's history for this reservation: its digest
+    # and its end (None: armed spending, or workers without SPILLWAY_APPROVAL_SECRET).
+    approval: str | None = None
+    approval_until: datetime | None = None
 
 
 class BeginCreate(BaseModel):
@@ -185,6 +198,9 @@ class LedgerInput(BaseModel):
     budgets: Budgets = Budgets()
     spent: dict[str, Usd] = {}
     created: dict[str, str] = {}  # "YYYY-MM" -> space-separated `create_tag`s
+    # Digests of signed approvals a create went out under -> when each signature expires: kept
+    # only while the signature could still be sent again.
+    approvals: dict[str, datetime] = {}
     # Continue as new after this many accepted updates (or when the server suggests it).
     updates_per_run: Annotated[int, Field(ge=1)] = 2000
 
@@ -222,12 +238,17 @@ class BudgetView(BaseModel):
     day_remaining_usd: float | None = None
     month_remaining_usd: float | None = None
     exhausted: Period | None = None  # set when the budget is why an armed job waits
+    # What an approval is for, as the workers read it: the provider the job would be reserved
+    # for and the key of its clip's figure in routing_tiers.json (`spillway approve` signs both).
+    provider: str | None = None
+    cost_key: str | None = None
 
 
 # --- the book ------------------------------------------------------------------------------
 
 CARRY_WARN_BYTES = 512 * 1024  # a quarter of Temporal's default 2 MB payload limit
 REFUSED = "SpendRefused"  # ApplicationError type of every refusal; details: kind, entry, ...
+APPROVAL_REFUSED = "approval_refused"  # a refusal's kind: the approval does not hold
 # A reservation whose create never began (its job was terminated between the two) stops
 # counting after this, and its run can no longer begin.
 UNSENT_TTL = timedelta(hours=1)
@@ -258,15 +279,17 @@ class SpendBook:
         budgets: Budgets,
         spent: dict[str, float] | None = None,
         created: dict[str, str] | None = None,
+        approvals: dict[str, datetime] | None = None,
     ) -> None:
         self.entries = list(entries)
         self.budgets = budgets
         self.spent = dict(spent or {})
         self.created = {month: set(tags.split()) for month, tags in (created or {}).items()}
+        self.approvals = dict(approvals or {})
 
     @classmethod
     def of(cls, inp: LedgerInput) -> SpendBook:
-        return cls(inp.entries, inp.budgets, inp.spent, inp.created)
+        return cls(inp.entries, inp.budgets, inp.spent, inp.created, inp.approvals)
 
     # --- reading -------------------------------------------------------------------------
 
@@ -309,7 +332,11 @@ class SpendBook:
         and by one short tag per create, never with the settled entries."""
         spent, kept = dict(self.spent), []
         created = {month: set(tags) for month, tags in self.created.items()}
+        approvals = {d: until for d, until in self.approvals.items() if until > now}
         for entry in self.entries:
+            until = entry.approval_until
+            if entry.approval and until is not None and until > now and has_create(entry):
+                approvals[entry.approval] = until
             if entry.state in ("reserved", "maybe_charged"):
                 kept.append(entry)
                 continue
@@ -324,6 +351,7 @@ class SpendBook:
             budgets=self.budgets,
             spent={k: v for k, v in spent.items() if len(k) == len("YYYY-MM") or k >= yesterday},
             created={m: " ".join(sorted(t)) for m, t in created.items() if m >= oldest},
+            approvals=approvals,
             updates_per_run=updates_per_run,
         )
 
@@ -359,11 +387,23 @@ class SpendBook:
             )
         if current is not None and _same_ask(current, req):
             return  # a retried reservation of the same run gets its entry back
+        if terms.approval is not None and self.approval_spent(terms.approval):
+            raise SpendRefused(
+                f"job {req.job_id}: this signed approval by {req.authorised_by} paid for a create "
+                "already; each signature pays for one: approve again",
+                APPROVAL_REFUSED,
+            )
         if req.authorisation == "approved_over_budget":
             return
         shortfall = self.shortfall(terms.cost_usd, now, excluding=current)
         if shortfall is not None:
             raise SpendRefused(shortfall.text(), "budget", shortfall=shortfall)
+
+    def approval_spent(self, approval: str) -> bool:
+        """A create went out under this signature (a reservation that never began spent none)."""
+        if approval in self.approvals:
+            return True
+        return any(e.approval == approval and has_create(e) for e in self.entries)
 
     def shortfall(
         self, cost_usd: float | None, now: datetime, excluding: SpendEntry | None = None
@@ -405,6 +445,8 @@ class SpendBook:
             authorised_by=req.authorised_by,
             authorisation=req.authorisation,
             at=now,
+            approval=terms.approval,
+            approval_until=terms.approval_until,
         )
         self.entries.append(entry)
         return entry

@@ -10,6 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from spillway.spend_book import (
+    APPROVAL_REFUSED,
     Authorisation,
     BeginCreate,
     Budgets,
@@ -296,3 +297,41 @@ def test_a_cost_that_is_negative_or_not_finite_is_refused_before_the_ledger_sees
 def test_a_ledger_input_that_would_never_continue_is_refused():
     with pytest.raises(ValidationError, match="updates_per_run"):
         LedgerInput(updates_per_run=0)
+
+
+def approved_with(
+    signature: str, job: str = "job-1", run: str = "run-a", incarnation: str = "i1"
+) -> tuple[ReserveRequest, Vetted]:
+    """A reservation under a signed approval the vet found in the job's history."""
+    request, terms = ask(job=job, run=run, authorisation="approved", incarnation=incarnation)
+    until = NOW + timedelta(minutes=15)
+    return request, terms.model_copy(update={"approval": signature, "approval_until": until})
+
+
+def test_a_signed_approval_pays_for_one_create_and_is_remembered_until_it_expires():
+    book = SpendBook([], Budgets())
+    entry = book.reserve(*approved_with("sig-1"), NOW)
+    assert book.reserve(*approved_with("sig-1"), NOW) is entry  # the same run asking again
+    book.begin(BeginCreate(job_id="job-1", run_id="run-a"), ANY, NOW)
+    book.settle(*settle("charged", task="task-1"), NOW)
+    # However the request comes (another job, another incarnation), the signature paid already.
+    other = approved_with("sig-1", "job-2", incarnation="i2")
+    error = refused(APPROVAL_REFUSED, lambda: book.reserve(*other, NOW))
+    assert "each signature pays for one" in error.message
+
+    carried = book.carried(NOW + timedelta(minutes=1), 100)
+    assert list(carried.approvals) == ["sig-1"] and carried.entries == []
+    continued = SpendBook.of(carried)
+    later = NOW + timedelta(minutes=2)
+    refused(APPROVAL_REFUSED, lambda: continued.reserve(*other, later))
+    # Past its expiry the signature cannot be sent again at all: it is carried no longer.
+    assert continued.carried(NOW + timedelta(minutes=16), 100).approvals == {}
+
+
+def test_a_signed_approval_whose_create_never_went_out_is_not_spent():
+    book = SpendBook([], Budgets())
+    book.reserve(*approved_with("sig-1"), NOW)
+    book.settle(*settle("released"), NOW)  # the create never began: nothing was sent
+    again = book.reserve(*approved_with("sig-1", run="run-b"), NOW)
+    assert again.state == "reserved" and again.approval == "sig-1"
+    assert book.carried(NOW, 100).approvals == {}

@@ -147,7 +147,7 @@ class SpendLedgerWorkflow:
         self._book.budgets = terms.budgets
         if terms.refused is not None:
             raise SpendRefused(
-                f"the spend ledger refuses this {ask.purpose}: {terms.refused}", "foreign"
+                f"the spend ledger refuses this {ask.purpose}: {terms.refused}", terms.refused_kind
             )
         return terms
 
