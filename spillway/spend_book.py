@@ -21,6 +21,12 @@ The rules (docs/design.md, money invariants 2, 5 and 6):
   starts clean and never inherits the old task.
 - `released` is only for a create that never began; a begun create the provider provably
   refused is `refused` (nothing made, nothing spent; the next provider may be reserved).
+- Settled only by the create attempt that began: the create activity draws a secret nonce and
+  begins with its hash (`token`, kept on the entry); freeing a begun entry (`refused`), calling
+  it `charged` from `reserved`, or changing its cost takes the nonce, which no one else holds
+  until that attempt settles. Without it a request may only say more is spent (`maybe_charged`,
+  or `charged` with a task id after `maybe_charged`), never less. The same attempt beginning
+  again with another token is refused.
 - A signed approval pays for one create: the ledger records a digest of each signature it
   granted a reservation on, and refuses it once a create under it went out (kept until the
   signature expires, across continue-as-new).
@@ -73,6 +79,8 @@ class SpendEntry(BaseModel):
     at: datetime  # reserved at (UTC); it counts in this day's and month's totals
     sent_at: datetime | None = None  # the create request was about to leave (begin)
     sent_by: str | None = None  # which activity attempt began it (run/activity/attempt)
+    # sha256 of the nonce that attempt drew (None: begun by a release without tokens).
+    token: str | None = None
     # The signed approval it was granted on (spillway.approvals.digest) and that signature's end.
     approval: str | None = None
     approval_until: datetime | None = None
@@ -118,9 +126,12 @@ class BeginCreate(BaseModel):
 
     job_id: str
     run_id: str
-    # The activity attempt that begins (run id / activity id / attempt): the same attempt asking
-    # again (its first answer was lost) gets its entry back; any other attempt is refused.
+    # The activity attempt that begins (run id / activity id / attempt), as Temporal shows it
+    # pending (the vet checks): the same attempt asking again (its first answer was lost) gets
+    # its entry back; any other attempt is refused.
     attempt: str = ""
+    # sha256 (hex) of a nonce the attempt drew and keeps: what its settle must show.
+    token: Annotated[str, Field(max_length=64)] = ""
 
 
 class SettleRequest(BaseModel):
@@ -130,6 +141,8 @@ class SettleRequest(BaseModel):
     task_id: str | None = None
     note: str = ""
     cost_usd: Usd | None = None  # the provider's own figure replaces the estimate
+    # The nonce whose hash the create attempt began with: only that attempt knows it.
+    nonce: Annotated[str, Field(max_length=128)] = ""
 
 
 class BudgetShortfall(BaseModel):
@@ -229,6 +242,9 @@ class SpendSettle(BaseModel):
     task_id: str | None = None
     note: str = ""
     cost_usd: Usd | None = None
+    # A create attempt's nonce it gave up with its provable refusal (its own settle did not
+    # reach the ledger): nothing else can free the entry it began.
+    nonce: str = ""
 
 
 class BudgetView(BaseModel):
@@ -461,6 +477,14 @@ class SpendBook:
                 "no_reservation",
             )
         if current.sent_at is not None and req.attempt and current.sent_by == req.attempt:
+            if (current.token or "") != req.token:
+                # Someone who read the attempt off Temporal, not the attempt itself (it keeps
+                # its token): nothing more begins.
+                raise SpendRefused(
+                    f"job {req.job_id}: attempt {req.attempt} began already, with another token",
+                    "exists",
+                    entry=current,
+                )
             return current  # the same attempt asking again: its first answer was lost
         # An unsent reservation of another run is taken over: at most one run of a workflow
         # id is open, and the create that begins first is the only one that may send.
@@ -476,6 +500,7 @@ class SpendBook:
         entry = self.check_begin(req, terms, now)
         if entry.sent_at is None:
             entry.run_id, entry.sent_at, entry.sent_by = req.run_id, now, req.attempt
+            entry.token = req.token or None
         return entry
 
     def check_settle(self, req: SettleRequest, terms: Vetted, now: datetime) -> SpendEntry | None:
@@ -484,8 +509,16 @@ class SpendBook:
         entry = next((e for e in reversed(mine) if e.state not in ENDED_FREE), None)
         if entry is None and req.state == "charged" and req.task_id and mine:
             # A task id proves a charge, whatever was recorded before (a refusal settled by
-            # someone racing the create): counting it is the safe side.
+            # someone racing the create): counting it is the safe side. An entry whose attempt
+            # settled it with its token hears only that attempt.
             entry = mine[-1] if mine[-1].state == "refused" else None
+            if entry is not None and entry.token is not None and _hash(req.nonce) != entry.token:
+                raise SpendRefused(
+                    f"job {req.job_id}: only the create attempt that began may record "
+                    f"charged over {describe(entry)}",
+                    "token",
+                    entry=entry,
+                )
             if entry is not None:
                 return entry
         if entry is None:
@@ -493,6 +526,15 @@ class SpendBook:
                 return None  # released or refused already: a retried settle
             raise SpendRefused(f"job {req.job_id} has no open spend entry", "no_reservation")
         same_cost = req.cost_usd is None or req.cost_usd == entry.cost_usd
+        proven = entry.token is not None and _hash(req.nonce) == entry.token
+        less_spent = req.state in ENDED_FREE or not same_cost
+        if entry.token is not None and not proven and less_spent:
+            raise SpendRefused(
+                f"job {req.job_id}: only the create attempt that began may record {req.state}"
+                f"{'' if same_cost else ' or a cost'} over {describe(entry)}",
+                "token",
+                entry=entry,
+            )
         if entry.state == req.state and entry.task_id == (req.task_id or entry.task_id):
             return None if same_cost else entry  # the provider's own cost, learnt later
         own, sent = entry.run_id == req.run_id, entry.sent_at is not None
@@ -506,6 +548,11 @@ class SpendBook:
             # never left).
             ("reserved", "maybe_charged"): True,
             ("maybe_charged", "charged"): req.task_id is not None,
+            # The attempt's own word: the provider's provable "no" or its task, whatever someone
+            # else said before it.
+            ("maybe_charged", "refused"): proven,
+            ("charged", "refused"): proven,
+            ("charged", "charged"): proven,
         }
         if not allowed.get((entry.state, req.state), False):
             raise SpendRefused(
@@ -563,6 +610,15 @@ def create_tag(entry: SpendEntry) -> str:
     than incarnations): ten hex digits, so a million creates cost 11 MB nowhere and 11 bytes
     each in what a continued ledger carries. A collision refuses a create (the safe side)."""
     return _tag(entry.incarnation) if entry.incarnation else _tag(f"job:{entry.job_id}")
+
+
+def _hash(nonce: str) -> str:
+    return hashlib.sha256(nonce.encode()).hexdigest() if nonce else ""
+
+
+def token_of(nonce: str) -> str:
+    """What a create attempt begins with for the nonce it keeps."""
+    return _hash(nonce)
 
 
 def _tag(text: str) -> str:

@@ -21,6 +21,7 @@ from spillway.spend_book import (
     SpendRefused,
     Vetted,
     recorded_create,
+    token_of,
 )
 from tests.support.constants import CLIP_USD
 
@@ -335,3 +336,41 @@ def test_a_signed_approval_whose_create_never_went_out_is_not_spent():
     again = book.reserve(*approved_with("sig-1", run="run-b"), NOW)
     assert again.state == "reserved" and again.approval == "sig-1"
     assert book.carried(NOW, 100).approvals == {}
+
+
+def begun_with(nonce: str, book: SpendBook, attempt: str = "run-a/1/1") -> None:
+    begin = BeginCreate(job_id="job-1", run_id="run-a", attempt=attempt, token=token_of(nonce))
+    book.begin(begin, ANY, NOW)
+
+
+def test_a_begun_entry_is_freed_or_repriced_only_with_the_nonce_of_the_attempt_that_began():
+    book = SpendBook([], Budgets(daily_usd=1.0))
+    book.reserve(*ask(), NOW)
+    begun_with("the attempt's own", book)
+    forged = SettleRequest(job_id="job-1", run_id="run-a", state="refused")
+    refused("token", lambda: book.settle(forged, ANY, NOW))
+    cheaper = SettleRequest(job_id="job-1", run_id="run-a", state="maybe_charged", cost_usd=0)
+    refused("token", lambda: book.settle(cheaper, ANY, NOW))
+    wrong = forged.model_copy(update={"nonce": "a guess"})
+    refused("token", lambda: book.settle(wrong, ANY, NOW))
+    # Saying more is spent needs no nonce: a task id that may be false, a charge that may exist.
+    book.settle(*settle("charged", task="someone's-task"), NOW)
+    assert book.totals("day", NOW).spent_usd == CLIP_USD
+    # The attempt's own word wins: its task, or the provider's provable "no".
+    real = SettleRequest(
+        job_id="job-1", run_id="run-a", state="charged", task_id="task-1", nonce="the attempt's own"
+    )
+    entry = book.settle(real, ANY, NOW)
+    assert (entry.state, entry.task_id, entry.cost_usd) == ("charged", "task-1", CLIP_USD)
+    no = real.model_copy(update={"state": "refused", "task_id": None})
+    assert book.settle(no, ANY, NOW).state == "refused"
+    assert book.totals("day", NOW).spent_usd == 0
+
+
+def test_the_same_attempt_beginning_again_with_another_token_is_refused():
+    book = SpendBook([], Budgets())
+    book.reserve(*ask(), NOW)
+    begun_with("mine", book)
+    begun_with("mine", book)  # its first answer was lost: it asks again
+    error = refused("exists", lambda: begun_with("read off Temporal", book))
+    assert "with another token" in error.message

@@ -107,6 +107,7 @@ class SpendActivities:
                     task_id=req.task_id,
                     note=req.note,
                     cost_usd=req.cost_usd,
+                    nonce=req.nonce,
                 )
             )
         except SpendRefused as refused:

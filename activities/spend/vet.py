@@ -47,6 +47,7 @@ class VetRequest(BaseModel):
     provider: str = ""
     authorisation: Authorisation = "armed"
     authorised_by: str = ""
+    attempt: str = ""  # a begin's: run id / activity id / attempt of the create that begins
 
 
 class VetBatch(BaseModel):
@@ -180,9 +181,15 @@ class LedgerVetting:
         if info.status != WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_RUNNING:
             return f"run {req.run_id} of job {req.job_id} is not running", None
         wanted = asking_activities(req.purpose)
-        if not any(p.activity_type.name in wanted for p in raw.pending_activities):
-            asking = " or ".join(sorted(wanted))
-            return f"run {req.run_id} of job {req.job_id} is not running {asking}", None
+        asking = [p for p in raw.pending_activities if p.activity_type.name in wanted]
+        if not asking:
+            names_ = " or ".join(sorted(wanted))
+            return f"run {req.run_id} of job {req.job_id} is not running {names_}", None
+        attempts = {f"{req.run_id}/{p.activity_id}/{p.attempt}" for p in asking}
+        if req.purpose == "begin" and req.attempt not in attempts:
+            # Only the attempt Temporal shows running may begin: a begin naming another one
+            # would leave the real create refused and its entry held for good.
+            return f"attempt {req.attempt!r} is not the create job {req.job_id} runs now", None
         return None, info.first_run_id or info.execution.run_id
 
     async def _approval(self, req: VetRequest) -> str | None:
