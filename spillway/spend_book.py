@@ -21,6 +21,15 @@ The rules (docs/design.md, money invariants 2, 5 and 6):
   starts clean and never inherits the old task.
 - `released` is only for a create that never began; a begun create the provider provably
   refused is `refused` (nothing made, nothing spent; the next provider may be reserved).
+- Settled only by the create attempt that began: the create activity draws a secret nonce and
+  begins with its hash (`token`, kept on the entry); freeing a begun entry (`refused`), calling
+  it `charged` from `reserved`, or changing its cost takes the nonce, which no one else holds
+  until that attempt settles. Without it a request may only say more is spent (`maybe_charged`,
+  or `charged` with a task id after `maybe_charged`), never less. The same attempt beginning
+  again with another token is refused.
+- A signed approval pays for one create: the ledger records a digest of each signature it
+  granted a reservation on, and refuses it once a create under it went out (kept until the
+  signature expires, across continue-as-new).
 """
 
 from __future__ import annotations
@@ -70,6 +79,11 @@ class SpendEntry(BaseModel):
     at: datetime  # reserved at (UTC); it counts in this day's and month's totals
     sent_at: datetime | None = None  # the create request was about to leave (begin)
     sent_by: str | None = None  # which activity attempt began it (run/activity/attempt)
+    # sha256 of the nonce that attempt drew (None: begun by a release without tokens).
+    token: str | None = None
+    # The signed approval it was granted on (spillway.approvals.digest) and that signature's end.
+    approval: str | None = None
+    approval_until: datetime | None = None
     settled_at: datetime | None = None
     note: str = ""
 
@@ -101,6 +115,13 @@ class Vetted(BaseModel):
     # a cloud task, as its history shows: read for every reservation, so a tag the ledger no
     # longer carries never lets a reset create again.
     created_earlier: bool = False
+    # Why `refused`: "foreign" (not spillway's job's own request) or APPROVAL_REFUSED (the
+    # approval the request claims is not in the job's history, signed for it).
+    refused_kind: str = "foreign"
+    # The signed approval the vet found in the job's history for this reservation: its digest
+    # and its end (None: armed spending, or workers without SPILLWAY_APPROVAL_SECRET).
+    approval: str | None = None
+    approval_until: datetime | None = None
 
 
 class BeginCreate(BaseModel):
@@ -109,9 +130,12 @@ class BeginCreate(BaseModel):
 
     job_id: str
     run_id: str
-    # The activity attempt that begins (run id / activity id / attempt): the same attempt asking
-    # again (its first answer was lost) gets its entry back; any other attempt is refused.
+    # The activity attempt that begins (run id / activity id / attempt), as Temporal shows it
+    # pending (the vet checks): the same attempt asking again (its first answer was lost) gets
+    # its entry back; any other attempt is refused.
     attempt: str = ""
+    # sha256 (hex) of a nonce the attempt drew and keeps: what its settle must show.
+    token: Annotated[str, Field(max_length=64)] = ""
 
 
 class SettleRequest(BaseModel):
@@ -121,6 +145,8 @@ class SettleRequest(BaseModel):
     task_id: str | None = None
     note: str = ""
     cost_usd: Usd | None = None  # the provider's own figure replaces the estimate
+    # The nonce whose hash the create attempt began with: only that attempt knows it.
+    nonce: Annotated[str, Field(max_length=128)] = ""
 
 
 class BudgetShortfall(BaseModel):
@@ -189,6 +215,9 @@ class LedgerInput(BaseModel):
     budgets: Budgets = Budgets()
     spent: dict[str, Usd] = {}
     created: dict[str, str] = {}  # "YYYY-MM" -> space-separated `create_tag`s
+    # Digests of signed approvals a create went out under -> when each signature expires: kept
+    # only while the signature could still be sent again.
+    approvals: dict[str, datetime] = {}
     # Continue as new after this many accepted updates (or when the server suggests it).
     updates_per_run: Annotated[int, Field(ge=1)] = 2000
 
@@ -217,6 +246,9 @@ class SpendSettle(BaseModel):
     task_id: str | None = None
     note: str = ""
     cost_usd: Usd | None = None
+    # A create attempt's nonce it gave up with its provable refusal (its own settle did not
+    # reach the ledger): nothing else can free the entry it began.
+    nonce: str = ""
 
 
 class BudgetView(BaseModel):
@@ -226,12 +258,17 @@ class BudgetView(BaseModel):
     day_remaining_usd: float | None = None
     month_remaining_usd: float | None = None
     exhausted: Period | None = None  # set when the budget is why an armed job waits
+    # What an approval is for, as the workers read it: the provider the job would be reserved
+    # for and the key of its clip's figure in routing_tiers.json (`spillway approve` signs both).
+    provider: str | None = None
+    cost_key: str | None = None
 
 
 # --- the book ------------------------------------------------------------------------------
 
 CARRY_WARN_BYTES = 512 * 1024  # a quarter of Temporal's default 2 MB payload limit
 REFUSED = "SpendRefused"  # ApplicationError type of every refusal; details: kind, entry, ...
+APPROVAL_REFUSED = "approval_refused"  # a refusal's kind: the approval does not hold
 # A reservation whose create never began (its job was terminated between the two) stops
 # counting after this, and its run can no longer begin.
 UNSENT_TTL = timedelta(hours=1)
@@ -263,15 +300,17 @@ class SpendBook:
         budgets: Budgets,
         spent: dict[str, float] | None = None,
         created: dict[str, str] | None = None,
+        approvals: dict[str, datetime] | None = None,
     ) -> None:
         self.entries = list(entries)
         self.budgets = budgets
         self.spent = dict(spent or {})
         self.created = {month: set(tags.split()) for month, tags in (created or {}).items()}
+        self.approvals = dict(approvals or {})
 
     @classmethod
     def of(cls, inp: LedgerInput) -> SpendBook:
-        return cls(inp.entries, inp.budgets, inp.spent, inp.created)
+        return cls(inp.entries, inp.budgets, inp.spent, inp.created, inp.approvals)
 
     # --- reading -------------------------------------------------------------------------
 
@@ -314,7 +353,11 @@ class SpendBook:
         and by one short tag per create, never with the settled entries."""
         spent, kept = dict(self.spent), []
         created = {month: set(tags) for month, tags in self.created.items()}
+        approvals = {d: until for d, until in self.approvals.items() if until > now}
         for entry in self.entries:
+            until = entry.approval_until
+            if entry.approval and until is not None and until > now and has_create(entry):
+                approvals[entry.approval] = until
             if entry.state in ("reserved", "maybe_charged"):
                 kept.append(entry)
                 continue
@@ -329,6 +372,7 @@ class SpendBook:
             budgets=self.budgets,
             spent={k: v for k, v in spent.items() if len(k) == len("YYYY-MM") or k >= yesterday},
             created={m: " ".join(sorted(t)) for m, t in created.items() if m >= oldest},
+            approvals=approvals,
             updates_per_run=updates_per_run,
         )
 
@@ -370,11 +414,23 @@ class SpendBook:
             )
         if current is not None and _same_ask(current, req):
             return  # a retried reservation of the same run gets its entry back
+        if terms.approval is not None and self.approval_spent(terms.approval):
+            raise SpendRefused(
+                f"job {req.job_id}: this signed approval by {req.authorised_by} paid for a create "
+                "already; each signature pays for one: approve again",
+                APPROVAL_REFUSED,
+            )
         if req.authorisation == "approved_over_budget":
             return
         shortfall = self.shortfall(terms.cost_usd, now, excluding=current)
         if shortfall is not None:
             raise SpendRefused(shortfall.text(), "budget", shortfall=shortfall)
+
+    def approval_spent(self, approval: str) -> bool:
+        """A create went out under this signature (a reservation that never began spent none)."""
+        if approval in self.approvals:
+            return True
+        return any(e.approval == approval and has_create(e) for e in self.entries)
 
     def shortfall(
         self, cost_usd: float | None, now: datetime, excluding: SpendEntry | None = None
@@ -416,6 +472,8 @@ class SpendBook:
             authorised_by=req.authorised_by,
             authorisation=req.authorisation,
             at=now,
+            approval=terms.approval,
+            approval_until=terms.approval_until,
         )
         self.entries.append(entry)
         return entry
@@ -430,6 +488,14 @@ class SpendBook:
                 "no_reservation",
             )
         if current.sent_at is not None and req.attempt and current.sent_by == req.attempt:
+            if (current.token or "") != req.token:
+                # Someone who read the attempt off Temporal, not the attempt itself (it keeps
+                # its token): nothing more begins.
+                raise SpendRefused(
+                    f"job {req.job_id}: attempt {req.attempt} began already, with another token",
+                    "exists",
+                    entry=current,
+                )
             return current  # the same attempt asking again: its first answer was lost
         # An unsent reservation of another run is taken over: at most one run of a workflow
         # id is open, and the create that begins first is the only one that may send.
@@ -445,6 +511,7 @@ class SpendBook:
         entry = self.check_begin(req, terms, now)
         if entry.sent_at is None:
             entry.run_id, entry.sent_at, entry.sent_by = req.run_id, now, req.attempt
+            entry.token = req.token or None
         return entry
 
     def check_settle(self, req: SettleRequest, terms: Vetted, now: datetime) -> SpendEntry | None:
@@ -453,8 +520,16 @@ class SpendBook:
         entry = next((e for e in reversed(mine) if e.state not in ENDED_FREE), None)
         if entry is None and req.state == "charged" and req.task_id and mine:
             # A task id proves a charge, whatever was recorded before (a refusal settled by
-            # someone racing the create): counting it is the safe side.
+            # someone racing the create): counting it is the safe side. An entry whose attempt
+            # settled it with its token hears only that attempt.
             entry = mine[-1] if mine[-1].state == "refused" else None
+            if entry is not None and entry.token is not None and _hash(req.nonce) != entry.token:
+                raise SpendRefused(
+                    f"job {req.job_id}: only the create attempt that began may record "
+                    f"charged over {describe(entry)}",
+                    "token",
+                    entry=entry,
+                )
             if entry is not None:
                 return entry
         if entry is None:
@@ -462,6 +537,15 @@ class SpendBook:
                 return None  # released or refused already: a retried settle
             raise SpendRefused(f"job {req.job_id} has no open spend entry", "no_reservation")
         same_cost = req.cost_usd is None or req.cost_usd == entry.cost_usd
+        proven = entry.token is not None and _hash(req.nonce) == entry.token
+        less_spent = req.state in ENDED_FREE or not same_cost
+        if entry.token is not None and not proven and less_spent:
+            raise SpendRefused(
+                f"job {req.job_id}: only the create attempt that began may record {req.state}"
+                f"{'' if same_cost else ' or a cost'} over {describe(entry)}",
+                "token",
+                entry=entry,
+            )
         if entry.state == req.state and entry.task_id == (req.task_id or entry.task_id):
             return None if same_cost else entry  # the provider's own cost, learnt later
         own, sent = entry.run_id == req.run_id, entry.sent_at is not None
@@ -475,6 +559,11 @@ class SpendBook:
             # never left).
             ("reserved", "maybe_charged"): True,
             ("maybe_charged", "charged"): req.task_id is not None,
+            # The attempt's own word: the provider's provable "no" or its task, whatever someone
+            # else said before it.
+            ("maybe_charged", "refused"): proven,
+            ("charged", "refused"): proven,
+            ("charged", "charged"): proven,
         }
         if not allowed.get((entry.state, req.state), False):
             raise SpendRefused(
@@ -532,6 +621,15 @@ def create_tag(entry: SpendEntry) -> str:
     than incarnations): ten hex digits, so a million creates cost 11 MB nowhere and 11 bytes
     each in what a continued ledger carries. A collision refuses a create (the safe side)."""
     return _tag(entry.incarnation) if entry.incarnation else _tag(f"job:{entry.job_id}")
+
+
+def _hash(nonce: str) -> str:
+    return hashlib.sha256(nonce.encode()).hexdigest() if nonce else ""
+
+
+def token_of(nonce: str) -> str:
+    """What a create attempt begins with for the nonce it keeps."""
+    return _hash(nonce)
 
 
 def _tag(text: str) -> str:

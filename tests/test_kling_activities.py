@@ -405,18 +405,20 @@ async def test_repeated_create_of_the_same_run_is_refused_by_the_ledger_and_make
     assert (kling.create_calls, kling.tasks_created) == (1, 1)
 
 
-async def test_same_attempt_beginning_again_reaches_kling_but_its_external_id_makes_no_second_task(
+async def test_another_create_naming_the_same_attempt_is_refused_before_it_reaches_kling(
     kling, kling_activities
 ):
-    # The ledger lets the same attempt begin again (its first answer may have been lost); Kling's
-    # uniqueness of external_task_id is the second guard: the repeat is reconciled to the task.
+    # The same attempt asking the ledger again (its first answer was lost) holds the token it
+    # began with; a second create naming that attempt (read off Temporal) draws its own and is
+    # refused: nothing reaches Kling.
     ledger = KlingBookLedger()
     acts, req, first = await first_create(kling_activities, ledger)
     second, _ = await run_activity(acts.create, req)
 
-    assert isinstance(first, CloudCreated) and isinstance(second, CloudCreated), (first, second)
-    assert second.task_id == first.task_id
-    assert (kling.create_calls, kling.tasks_created) == (2, 1)
+    assert isinstance(first, CloudCreated), first
+    assert isinstance(second, ApplicationError) and "with another token" in str(second), second
+    assert "nothing was sent" in str(second)
+    assert (kling.create_calls, kling.tasks_created) == (1, 1)
     assert ledger.state_of(req.job_id) == "charged"
 
 

@@ -12,14 +12,17 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from temporalio import activity
 from temporalio.client import WorkflowUpdateFailedError
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Replayer
 
+from activities.approvals import ApprovalCheck, ApprovalVerdict
 from spillway import approvals
 from spillway.cli.health import OPEN_TO_NAMESPACE, who_can_approve
 from spillway.client import SpillwayClient
+from spillway.client import jobs as client_jobs
 from spillway.errors import Failed
 from spillway.models import ApprovalDecision, Plan
 from spillway.names import APPROVAL_SIGNAL, APPROVAL_VERIFY, DECIDE_UPDATE
@@ -33,9 +36,17 @@ from workflows.job_state import SIGNED_APPROVALS
 SECRET = "approval-secret-" + uuid.uuid4().hex  # distinctive: searched for in histories
 OTHER_SECRET = "another-secret-" + uuid.uuid4().hex
 NOW = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
-JOB = "job-42"
+JOB = approvals.Binding(
+    job_id="job-42", incarnation="0193-first-run", provider="minimax", cost_key="768P/6s"
+)
 DECISION = ApprovalDecision(approved=True, by="bär", reason="client deadline")
 SIGNED = approvals.sign(SECRET, JOB, DECISION, NOW)
+REJECTION = ApprovalDecision(approved=False, by="bär", reason="too expensive")
+REJECTED = approvals.sign(SECRET, JOB, REJECTION, NOW)
+
+
+def bound(**update: str) -> approvals.Binding:
+    return JOB.model_copy(update=update)
 
 
 def changed(**update: object) -> ApprovalDecision:
@@ -57,15 +68,28 @@ def changed(**update: object) -> ApprovalDecision:
         (changed(over_budget=True), JOB, SECRET, NOW, "bad signature"),
         (changed(reason="free video"), JOB, SECRET, NOW, "bad signature"),
         (changed(expires_at=NOW + timedelta(days=365)), JOB, SECRET, NOW, "bad signature"),
-        (changed(signature="v1,AAAA"), JOB, SECRET, NOW, "bad signature"),
-        (changed(signature="v1,ünïcode"), JOB, SECRET, NOW, "bad signature"),
-        (SIGNED, "job-43", SECRET, NOW, "bad signature"),
+        (changed(signature="v2,AAAA"), JOB, SECRET, NOW, "bad signature"),
+        (changed(signature="v2,ünïcode"), JOB, SECRET, NOW, "bad signature"),
+        # Signed by a release that bound the job id only.
+        (changed(signature="v1,AAAA"), JOB, SECRET, NOW, "old signature"),
+        (SIGNED, bound(job_id="job-43"), SECRET, NOW, "bad signature"),
+        # The same job id used again: another incarnation, another clip or provider.
+        (SIGNED, bound(incarnation="0194-new-job"), SECRET, NOW, "bad signature"),
+        (SIGNED, bound(cost_key="1080P/6s"), SECRET, NOW, "bad signature"),
+        (SIGNED, bound(provider="kling"), SECRET, NOW, "bad signature"),
+        # A rejection spends nothing: it binds the job incarnation only.
+        (REJECTED, bound(provider="", cost_key=""), SECRET, NOW, None),
+        (REJECTED, bound(incarnation="x"), SECRET, NOW, "bad signature"),
         (SIGNED, JOB, OTHER_SECRET, NOW, "bad signature"),
         (SIGNED, JOB, SECRET, NOW + timedelta(minutes=15), "expired at 2025-06-01 12:15:00 UTC"),
     ],
 )
 def test_a_signature_holds_only_for_its_job_its_decision_its_secret_and_its_time(
-    decision: ApprovalDecision, job_id: str, secret: str, now: datetime, why: str | None
+    decision: ApprovalDecision,
+    job_id: approvals.Binding,
+    secret: str,
+    now: datetime,
+    why: str | None,
 ):
     assert approvals.verify(secret, job_id, decision, now) == why
 
@@ -137,26 +161,32 @@ async def test_a_signed_approval_from_the_client_spends_once_and_the_secret_stay
     assert plan.ignored_signals == []
     assert stubs.creates == 1
     assert '"by":"bär"' in history  # the decoded payloads are searched too
-    assert '"signature":"v1,' in history  # the signature is there: it is no secret
+    assert '"signature":"v2,' in history  # the signature is there: it is no secret
     assert SECRET not in history
 
 
-def by_changed(job_id: str) -> ApprovalDecision:
-    signed = approvals.sign(SECRET, job_id, DECISION, datetime.now(UTC))
+def by_changed(job: approvals.Binding) -> ApprovalDecision:
+    signed = approvals.sign(SECRET, job, DECISION, datetime.now(UTC))
     return signed.model_copy(update={"by": "mallory"})
 
 
-def for_another_job(job_id: str) -> ApprovalDecision:
-    return approvals.sign(SECRET, "another-job", DECISION, datetime.now(UTC))
+def for_another_job(job: approvals.Binding) -> ApprovalDecision:
+    other = job.model_copy(update={"job_id": "another-job"})
+    return approvals.sign(SECRET, other, DECISION, datetime.now(UTC))
 
 
-def with_another_secret(job_id: str) -> ApprovalDecision:
-    return approvals.sign(OTHER_SECRET, job_id, DECISION, datetime.now(UTC))
+def for_another_clip(job: approvals.Binding) -> ApprovalDecision:
+    other = job.model_copy(update={"cost_key": "1080P/10s"})
+    return approvals.sign(SECRET, other, DECISION, datetime.now(UTC))
 
 
-def expired(job_id: str) -> ApprovalDecision:
+def with_another_secret(job: approvals.Binding) -> ApprovalDecision:
+    return approvals.sign(OTHER_SECRET, job, DECISION, datetime.now(UTC))
+
+
+def expired(job: approvals.Binding) -> ApprovalDecision:
     signed_at = datetime.now(UTC) - approvals.DEFAULT_VALIDITY - timedelta(seconds=2)
-    return approvals.sign(SECRET, job_id, DECISION, signed_at)
+    return approvals.sign(SECRET, job, DECISION, signed_at)
 
 
 @pytest.mark.parametrize(
@@ -164,19 +194,21 @@ def expired(job_id: str) -> ApprovalDecision:
     [
         (by_changed, "mallory", "this one: bad signature"),
         (for_another_job, "bär", "this one: bad signature"),
+        (for_another_clip, "bär", "this one: bad signature"),
         (with_another_secret, "bär", "this one: bad signature"),
         (expired, "bär", "this one: expired at"),
     ],
 )
 async def test_a_tampered_misdirected_or_expired_decision_is_refused_and_the_job_waits_on(
-    run_jobs: RunJobs, make: Callable[[str], ApprovalDecision], by: str, named: str
+    run_jobs: RunJobs, make: Callable[[approvals.Binding], ApprovalDecision], by: str, named: str
 ):
     stubs = RouteStubs(BUSY)
     async with run_jobs(stubs, **SIGNING) as jobs:
         handle = await jobs.start()
         await jobs.until(handle, "awaiting_approval")
         with pytest.raises(WorkflowUpdateFailedError) as refused:
-            await handle.execute_update(DECIDE_UPDATE, make(handle.id), result_type=str)
+            binding = await client_jobs.binding(jobs.client, handle.id, approved=True)
+            await handle.execute_update(DECIDE_UPDATE, make(binding), result_type=str)
         still = await jobs.until(handle, "awaiting_approval")
         # The person decides again, properly signed: the refusal spoilt nothing.
         await approver(jobs).reject(handle.id, "bär", "too expensive")
@@ -232,3 +264,58 @@ def test_health_says_who_can_approve(shell: bool, workers: bool | None, says: st
     text = who_can_approve(shell, workers)
     assert says in text
     assert ("Send a Signal" in text) == (workers is not True and not (shell and workers is None))
+
+
+# --- a rogue answering the job's signature check: the spend ledger checks for itself -------------
+
+
+@activity.defn(name=APPROVAL_VERIFY)
+async def rogue_verify(req: ApprovalCheck) -> ApprovalVerdict:
+    """Whoever can poll the job's task queue can answer its `approval_verify`: "signed"."""
+    return ApprovalVerdict(acceptable=True, signed=True)
+
+
+async def test_an_unsigned_approval_the_rogue_calls_signed_creates_nothing_a_signed_one_once(
+    run_dev_jobs: RunJobs,
+):
+    stubs = RouteStubs(BUSY)
+    async with run_dev_jobs(stubs, verify=rogue_verify, **SIGNING) as jobs:
+        handle = await jobs.start()
+        await jobs.until(handle, "awaiting_approval")
+        await handle.signal(APPROVAL_SIGNAL, {"approved": True, "by": "ui-user"})
+        refused = await jobs.until(handle, lambda p: bool(p.ignored_signals))
+        creates_then = stubs.creates
+        # The owner, properly signed: the ledger finds that decision in the history.
+        answer = await approver(jobs).approve(handle.id, "bär", "client deadline")
+        plan: Plan = await handle.result()
+
+    [ignored] = refused.ignored_signals
+    assert (ignored.by, ignored.approved) == ("ui-user", True)
+    assert "is not signed for this job incarnation, minimax and clip 768P/6s (unsigned)" in (
+        ignored.why
+    )
+    assert refused.state == "awaiting_approval" and refused.approval is None
+    assert creates_then == 0
+    assert answer == "approved" and (plan.route, stubs.creates) == ("cloud", 1)
+
+
+async def test_a_signature_for_another_incarnation_the_rogue_calls_signed_creates_nothing(
+    run_dev_jobs: RunJobs,
+):
+    stubs = RouteStubs(BUSY)
+    async with run_dev_jobs(stubs, verify=rogue_verify, **SIGNING) as jobs:
+        handle = await jobs.start()
+        await jobs.until(handle, "awaiting_approval")
+        binding = await client_jobs.binding(jobs.client, handle.id, approved=True)
+        # Signed for this job id when it was another job (an earlier use of the id).
+        earlier = binding.model_copy(update={"incarnation": "an-earlier-first-run-id"})
+        replayed = approvals.sign(SECRET, earlier, DECISION, datetime.now(UTC))
+        await handle.signal(APPROVAL_SIGNAL, replayed)
+        refused = await jobs.until(handle, lambda p: bool(p.ignored_signals))
+        await jobs.cancel(handle)
+
+    [ignored] = refused.ignored_signals
+    assert "is not signed for this job incarnation" in ignored.why
+    assert "(bad signature)" in ignored.why
+    assert refused.state == "awaiting_approval" and refused.approval is None
+    assert stubs.creates == 0

@@ -10,6 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from spillway.spend_book import (
+    APPROVAL_REFUSED,
     Authorisation,
     BeginCreate,
     Budgets,
@@ -20,6 +21,7 @@ from spillway.spend_book import (
     SpendRefused,
     Vetted,
     recorded_create,
+    token_of,
 )
 from tests.support.constants import CLIP_USD
 
@@ -307,3 +309,79 @@ def test_a_cost_that_is_negative_or_not_finite_is_refused_before_the_ledger_sees
 def test_a_ledger_input_that_would_never_continue_is_refused():
     with pytest.raises(ValidationError, match="updates_per_run"):
         LedgerInput(updates_per_run=0)
+
+
+def approved_with(
+    signature: str, job: str = "job-1", run: str = "run-a", incarnation: str = "i1"
+) -> tuple[ReserveRequest, Vetted]:
+    """A reservation under a signed approval the vet found in the job's history."""
+    request, terms = ask(job=job, run=run, authorisation="approved", incarnation=incarnation)
+    until = NOW + timedelta(minutes=15)
+    return request, terms.model_copy(update={"approval": signature, "approval_until": until})
+
+
+def test_a_signed_approval_pays_for_one_create_and_is_remembered_until_it_expires():
+    book = SpendBook([], Budgets())
+    entry = book.reserve(*approved_with("sig-1"), NOW)
+    assert book.reserve(*approved_with("sig-1"), NOW) is entry  # the same run asking again
+    book.begin(BeginCreate(job_id="job-1", run_id="run-a"), ANY, NOW)
+    book.settle(*settle("charged", task="task-1"), NOW)
+    # However the request comes (another job, another incarnation), the signature paid already.
+    other = approved_with("sig-1", "job-2", incarnation="i2")
+    error = refused(APPROVAL_REFUSED, lambda: book.reserve(*other, NOW))
+    assert "each signature pays for one" in error.message
+
+    carried = book.carried(NOW + timedelta(minutes=1), 100)
+    assert list(carried.approvals) == ["sig-1"] and carried.entries == []
+    continued = SpendBook.of(carried)
+    later = NOW + timedelta(minutes=2)
+    refused(APPROVAL_REFUSED, lambda: continued.reserve(*other, later))
+    # Past its expiry the signature cannot be sent again at all: it is carried no longer.
+    assert continued.carried(NOW + timedelta(minutes=16), 100).approvals == {}
+
+
+def test_a_signed_approval_whose_create_never_went_out_is_not_spent():
+    book = SpendBook([], Budgets())
+    book.reserve(*approved_with("sig-1"), NOW)
+    book.settle(*settle("released"), NOW)  # the create never began: nothing was sent
+    again = book.reserve(*approved_with("sig-1", run="run-b"), NOW)
+    assert again.state == "reserved" and again.approval == "sig-1"
+    assert book.carried(NOW, 100).approvals == {}
+
+
+def begun_with(nonce: str, book: SpendBook, attempt: str = "run-a/1/1") -> None:
+    begin = BeginCreate(job_id="job-1", run_id="run-a", attempt=attempt, token=token_of(nonce))
+    book.begin(begin, ANY, NOW)
+
+
+def test_a_begun_entry_is_freed_or_repriced_only_with_the_nonce_of_the_attempt_that_began():
+    book = SpendBook([], Budgets(daily_usd=1.0))
+    book.reserve(*ask(), NOW)
+    begun_with("the attempt's own", book)
+    forged = SettleRequest(job_id="job-1", run_id="run-a", state="refused")
+    refused("token", lambda: book.settle(forged, ANY, NOW))
+    cheaper = SettleRequest(job_id="job-1", run_id="run-a", state="maybe_charged", cost_usd=0)
+    refused("token", lambda: book.settle(cheaper, ANY, NOW))
+    wrong = forged.model_copy(update={"nonce": "a guess"})
+    refused("token", lambda: book.settle(wrong, ANY, NOW))
+    # Saying more is spent needs no nonce: a task id that may be false, a charge that may exist.
+    book.settle(*settle("charged", task="someone's-task"), NOW)
+    assert book.totals("day", NOW).spent_usd == CLIP_USD
+    # The attempt's own word wins: its task, or the provider's provable "no".
+    real = SettleRequest(
+        job_id="job-1", run_id="run-a", state="charged", task_id="task-1", nonce="the attempt's own"
+    )
+    entry = book.settle(real, ANY, NOW)
+    assert (entry.state, entry.task_id, entry.cost_usd) == ("charged", "task-1", CLIP_USD)
+    no = real.model_copy(update={"state": "refused", "task_id": None})
+    assert book.settle(no, ANY, NOW).state == "refused"
+    assert book.totals("day", NOW).spent_usd == 0
+
+
+def test_the_same_attempt_beginning_again_with_another_token_is_refused():
+    book = SpendBook([], Budgets())
+    book.reserve(*ask(), NOW)
+    begun_with("mine", book)
+    begun_with("mine", book)  # its first answer was lost: it asks again
+    error = refused("exists", lambda: begun_with("read off Temporal", book))
+    assert "with another token" in error.message

@@ -43,6 +43,7 @@ with workflow.unsafe.imports_passed_through():
         AwaitCarry,
         IgnoredSignal,
     )
+    from spillway.spend_book import APPROVAL_REFUSED
     from workflows import texts
 
 MAX_IGNORED_SIGNALS = 20
@@ -291,6 +292,11 @@ async def _use(s: VideoJobState, ticket: Ticket) -> RouteChoice | None:
         ticket.refusal = texts.approved_without_key(decision.by)
         s.fail(ticket.refusal)
     reservation = await calls.spend_reserve(cloud_route.spend_request(s, choice, providers[0]))
+    if reservation.refused is not None and reservation.refused_code == APPROVAL_REFUSED:
+        # The ledger's own check of the signature, on the decision as this history holds it.
+        s.plan.approval = None
+        unused(s, ticket, texts.not_signed(s.job.job_id, reservation.refused))
+        return None
     if reservation.refused is not None:
         ticket.refusal = texts.approved_without_key(decision.by)
         s.fail(ticket.refusal)
@@ -305,11 +311,20 @@ async def _use(s: VideoJobState, ticket: Ticket) -> RouteChoice | None:
 
 async def _checked(s: VideoJobState, decision: ApprovalDecision) -> tuple[bool, str | None]:
     """(signed, why it must not be used): the workers hold SPILLWAY_APPROVAL_SECRET, so they
-    say whether the decision is signed for this job; the workflow never sees the secret."""
+    say whether the decision is signed for this job; the workflow never sees the secret. Only
+    the sender hears this early: the spend ledger checks the signature again before it grants
+    anything (whoever can poll the job's queue could answer here)."""
     if not workflow.patched(SIGNED_APPROVALS):
         return False, None
     try:
-        verdict = await calls.approval_verify(ApprovalCheck(job_id=s.job.job_id, decision=decision))
+        check = ApprovalCheck(
+            job_id=s.job.job_id,
+            decision=decision,
+            incarnation=workflow.info().first_execution_run_id,
+            provider=s.policy.providers[0] if s.policy.providers else "",
+            request=s.job.cloud,
+        )
+        verdict = await calls.approval_verify(check)
     except ActivityError as err:
         if is_cancelled_exception(err):
             raise

@@ -259,8 +259,9 @@ async def _create_failed(
         details = cause.details[0] if cause.details else {}
         if isinstance(details, dict) and details.get("settled") is False:
             # The create's own settle did not reach the ledger: until this one does, the entry
-            # blocks the next provider's reservation and counts against the budget.
-            await _settle(s, "refused", None)
+            # blocks the next provider's reservation and counts against the budget. Only the
+            # attempt's nonce frees it; the attempt gave it up with its refusal.
+            await _settle(s, "refused", None, nonce=str(details.get("release") or ""))
         raise Refused(cause.message)
     if kind in (NOT_ARMED, WRONG_WORLD, provider.no_key):
         await _settle(s, "released", None)  # nothing was sent
@@ -336,7 +337,13 @@ def _follow(s: VideoJobState, entry: SpendEntry) -> tuple[CloudProvider, str]:
 
 
 async def _settle(
-    s: VideoJobState, state: SettleState, task_id: str | None, cost_usd: float | None = None
+    s: VideoJobState,
+    state: SettleState,
+    task_id: str | None,
+    cost_usd: float | None = None,
+    nonce: str = "",
 ) -> SpendEntry | None:
-    settle = SpendSettle(job_id=s.job.job_id, state=state, task_id=task_id, cost_usd=cost_usd)
+    settle = SpendSettle(
+        job_id=s.job.job_id, state=state, task_id=task_id, cost_usd=cost_usd, nonce=nonce
+    )
     return await calls.spend_settle(settle)

@@ -147,7 +147,7 @@ class SpendLedgerWorkflow:
         self._book.budgets = terms.budgets
         if terms.refused is not None:
             raise SpendRefused(
-                f"the spend ledger refuses this {ask.purpose}: {terms.refused}", "foreign"
+                f"the spend ledger refuses this {ask.purpose}: {terms.refused}", terms.refused_kind
             )
         return terms
 
@@ -208,7 +208,7 @@ class SpendLedgerWorkflow:
 
     @workflow.update(name=names.LEDGER_BEGIN)
     async def begin(self, req: BeginCreate) -> SpendEntry:
-        ask = VetRequest(purpose="begin", job_id=req.job_id, run_id=req.run_id)
+        ask = VetRequest(purpose="begin", job_id=req.job_id, run_id=req.run_id, attempt=req.attempt)
         return await self._asked(
             _Request(ask, lambda terms: self._book.begin(req, terms, workflow.now()))
         )

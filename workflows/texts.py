@@ -297,6 +297,8 @@ def not_signed(job_id: str, why: str) -> str:
         "that has SPILLWAY_APPROVAL_SECRET (a signal typed into the Temporal UI cannot spend)",
         "bad signature": "it was not signed with the workers' SPILLWAY_APPROVAL_SECRET for this "
         "job, or was changed after signing: decide again with the workers' secret",
+        "old signature": "it was signed by an earlier spillway, for the job id only: decide "
+        "again with `spillway approve|reject` of this release",
     }.get(why, "decide again: a signature is good for 15 minutes")
     return f"not used: job {job_id} takes only signed decisions (this one: {why}): {fix}"
 

@@ -11,6 +11,7 @@ from activities.cloud.provider import CloudProvider
 from activities.kling.activities import PROVIDER as KLING
 from activities.minimax.activities import PROVIDER as MINIMAX
 from spillway.errors import ConfigError
+from spillway.models import CloudRequest
 from spillway.settings import Settings
 from spillway.tiers import RoutingTiers
 
@@ -66,3 +67,10 @@ def label(name: str) -> str:
 def console(name: str) -> str:
     provider = PROVIDERS.get(name)
     return provider.console if provider else f"{name}'s console"
+
+
+def cost_key(name: str, request: CloudRequest, settings: Settings) -> str:
+    """The key of the clip's figure in routing_tiers.json for this provider ("" for a provider
+    spillway does not know): what an approval is signed over and the ledger prices."""
+    provider = PROVIDERS.get(name)
+    return provider.cost_key(request, settings) if provider is not None else ""

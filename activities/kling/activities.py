@@ -100,6 +100,7 @@ class KlingActivities(CloudActivities[KlingTiming]):
             "code": verdict.code,
             "create_calls": verdict.attempts,
             "settled": done.settled,
+            "release": done.release,
         }
         if verdict.outcome == "refused" and verdict.code in REFUSED_CODES:
             raise ApplicationError(

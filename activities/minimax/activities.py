@@ -85,14 +85,24 @@ class MiniMaxActivities(CloudActivities[MiniMaxTiming]):
         if verdict.outcome == "refused" and verdict.code in PERMANENT_CODES:
             raise ApplicationError(
                 permanent_message(verdict.code, verdict.message, task_id=None),
-                {"job_id": req.job_id, "code": verdict.code, "settled": done.settled},
+                {
+                    "job_id": req.job_id,
+                    "code": verdict.code,
+                    "settled": done.settled,
+                    "release": done.release,
+                },
                 type=PERMANENT,
                 non_retryable=True,
             )
         if verdict.outcome == "refused":
             raise ApplicationError(
                 verdict.message,
-                {"job_id": req.job_id, "create_calls": verdict.attempts, "settled": done.settled},
+                {
+                    "job_id": req.job_id,
+                    "create_calls": verdict.attempts,
+                    "settled": done.settled,
+                    "release": done.release,
+                },
                 type=CREATE_GAVE_UP,
                 non_retryable=True,
             )

@@ -18,6 +18,7 @@ from spillway import names
 from spillway.models import CloudRequest
 from spillway.settings import Settings
 from spillway.spend_book import (
+    APPROVAL_REFUSED,
     REFUSED,
     Authorisation,
     BudgetView,
@@ -86,6 +87,9 @@ class SpendActivities:
                 return Reservation(existing=refused.entry)
             if refused.kind == "budget":
                 return Reservation(shortfall=refused.shortfall)
+            if refused.kind == APPROVAL_REFUSED:
+                # The person is told and may decide again; the job waits on.
+                return Reservation(refused=refused.message, refused_code=APPROVAL_REFUSED)
             # The ledger's "no" (not spillway's request, a reset ledger): asking again changes
             # nothing, and the job fails saying why.
             raise ApplicationError(refused.message, type=REFUSED, non_retryable=True) from None
@@ -104,6 +108,7 @@ class SpendActivities:
                     task_id=req.task_id,
                     note=req.note,
                     cost_usd=req.cost_usd,
+                    nonce=req.nonce,
                 )
             )
         except SpendRefused as refused:
@@ -151,4 +156,6 @@ class SpendActivities:
             estimate_usd=estimate_usd(self._tiers, self._settings, req.provider, req.request),
             day_remaining_usd=left(budgets.daily_usd, summary.day if summary else None),
             month_remaining_usd=left(budgets.monthly_usd, summary.month if summary else None),
+            provider=req.provider or None,
+            cost_key=registry.cost_key(req.provider, req.request, self._settings) or None,
         )

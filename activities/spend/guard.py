@@ -6,6 +6,7 @@ recorded the moment it is known."""
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -23,6 +24,7 @@ from spillway.spend_book import (
     SettleRequest,
     SpendEntry,
     SpendRefused,
+    token_of,
 )
 
 NOT_ARMED = "SpendNotArmed"
@@ -36,6 +38,10 @@ Send = Callable[[], Awaitable[CreateVerdict]]
 class CreatedOnce:
     verdict: CreateVerdict
     settled: bool  # False: the ledger did not take the outcome; the workflow records it again
+    # The attempt's nonce, given up only with a provable refusal the ledger did not take: the
+    # workflow frees the entry with it (a task that exists is never freed by anyone but this
+    # attempt, so its nonce never leaves it).
+    release: str = ""
 
 
 class CreateGuard:
@@ -75,9 +81,13 @@ class CreateGuard:
             )
         run_id = info.workflow_run_id or ""
         attempt = f"{run_id}/{info.activity_id}/{info.attempt}"
+        # Held by this attempt alone until it settles: a begun entry is freed, charged or
+        # re-priced only by whoever shows it (the ledger keeps its hash).
+        nonce = secrets.token_hex(32)
+        begin = BeginCreate(job_id=job_id, run_id=run_id, attempt=attempt, token=token_of(nonce))
         try:
             await self.ledger.check_home()
-            await self.ledger.begin(BeginCreate(job_id=job_id, run_id=run_id, attempt=attempt))
+            await self.ledger.begin(begin)
         except SpendRefused as refused:
             raise ApplicationError(
                 f"{refused.message}: nothing was sent",
@@ -95,6 +105,7 @@ class CreateGuard:
             state=state[verdict.outcome],
             task_id=verdict.task_id,
             note=verdict.message[:300],
+            nonce=nonce,
         )
         try:
             await self.ledger.settle(settle)
@@ -104,7 +115,8 @@ class CreateGuard:
             # create for this job, which is the safe side.
             activity.logger.warning("spend ledger: settling job %s failed: %s", job_id, exc)
             settled = False
-        return CreatedOnce(verdict=verdict, settled=settled)
+        release = nonce if verdict.outcome == "refused" and not settled else ""
+        return CreatedOnce(verdict=verdict, settled=settled, release=release)
 
 
 def _dump(entry: SpendEntry | None) -> object:

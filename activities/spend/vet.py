@@ -7,28 +7,34 @@ Anyone who can reach the namespace can send the ledger an update, so a request i
 as far as Temporal confirms it: the run it names must be a `VideoJobWorkflow` of that job id,
 running on spillway's own task queue, and must be running the very activity that asks (a
 reservation from `spend_reserve`, a create's begin from the provider's create activity, a
-settle from one of those or `spend_settle`). An approval must be the job's own, as its plan
-shows it. The cost comes from routing_tiers.json for the job's own clip (its input, read off its
-history), the budgets from this worker's settings, the incarnation from Temporal's first run id.
+settle from one of those or `spend_settle`). An approval must be the job's own: with
+SPILLWAY_APPROVAL_SECRET on the workers, a decision the job's own history holds (its `approval`
+signals, its accepted `decide_approval` updates, the one its run was carried) signed for this
+job incarnation, the provider asked and the clip's cost key, and not expired; without it, as the
+job's plan shows it. The cost comes from routing_tiers.json for the job's own clip (its input,
+read off its history), the budgets from this worker's settings, the incarnation from Temporal's
+first run id.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Literal
+from datetime import UTC, datetime
+from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from temporalio import activity
+from temporalio.api.common.v1 import Payload
 from temporalio.api.enums.v1 import WorkflowExecutionStatus
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.cloud import registry
-from spillway import names
-from spillway.models import CloudRequest, Plan, VideoJob
+from spillway import approvals, names
+from spillway.models import ApprovalDecision, CloudRequest, Plan, VideoJob
 from spillway.settings import Settings
-from spillway.spend_book import REFUSED, Authorisation, Budgets, Vetted
+from spillway.spend_book import APPROVAL_REFUSED, REFUSED, Authorisation, Budgets, Vetted
 from spillway.tiers import RoutingTiers
 
 Purpose = Literal["reserve", "begin", "settle", "terms"]
@@ -41,6 +47,7 @@ class VetRequest(BaseModel):
     provider: str = ""
     authorisation: Authorisation = "armed"
     authorised_by: str = ""
+    attempt: str = ""  # a begin's: run id / activity id / attempt of the create that begins
 
 
 class VetBatch(BaseModel):
@@ -128,11 +135,27 @@ class LedgerVetting:
             return terms.model_copy(update={"refused": f"no key for {req.provider} on the worker"})
         if req.authorisation == "armed" and not registry.armed(s):
             return terms.model_copy(update={"refused": "the cloud fallback is not armed"})
-        if req.authorisation != "armed" and (why := await self._approval(req)) is not None:
-            return terms.model_copy(update={"refused": why})
-        job = await self._job(req)
+        job, decisions = await self._history(req)
         if job is None or job.cloud is None:
             return terms.model_copy(update={"refused": "the job has no cloud request"})
+        if req.authorisation != "armed":
+            secret = s.SPILLWAY_APPROVAL_SECRET
+            if secret is None:
+                why = await self._approval(req)
+            else:
+                binding = approvals.Binding(
+                    job_id=req.job_id,
+                    incarnation=incarnation or "",
+                    provider=req.provider,
+                    cost_key=registry.cost_key(req.provider, job.cloud, s),
+                )
+                why, signed = _signed(secret.get_secret_value(), req, binding, decisions)
+                if signed is not None:
+                    terms.approval = approvals.digest(signed)
+                    terms.approval_until = signed.expires_at
+            if why is not None:
+                refused = {"refused": why, "refused_kind": APPROVAL_REFUSED}
+                return terms.model_copy(update=refused)
         terms.cost_usd = estimate_usd(self._tiers, s, req.provider, job.cloud)
         terms.created_earlier = await self._created_earlier(req, incarnation)
         return terms
@@ -159,13 +182,20 @@ class LedgerVetting:
         if info.status != WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_RUNNING:
             return f"run {req.run_id} of job {req.job_id} is not running", None
         wanted = asking_activities(req.purpose)
-        if not any(p.activity_type.name in wanted for p in raw.pending_activities):
-            asking = " or ".join(sorted(wanted))
-            return f"run {req.run_id} of job {req.job_id} is not running {asking}", None
+        asking = [p for p in raw.pending_activities if p.activity_type.name in wanted]
+        if not asking:
+            names_ = " or ".join(sorted(wanted))
+            return f"run {req.run_id} of job {req.job_id} is not running {names_}", None
+        attempts = {f"{req.run_id}/{p.activity_id}/{p.attempt}" for p in asking}
+        if req.purpose == "begin" and req.attempt not in attempts:
+            # Only the attempt Temporal shows running may begin: a begin naming another one
+            # would leave the real create refused and its entry held for good.
+            return f"attempt {req.attempt!r} is not the create job {req.job_id} runs now", None
         return None, info.first_run_id or info.execution.run_id
 
     async def _approval(self, req: VetRequest) -> str | None:
-        """Why the job's own plan does not show the approval the request claims."""
+        """Why the job's own plan does not show the approval the request claims (workers
+        without SPILLWAY_APPROVAL_SECRET: anyone who can signal the namespace can approve)."""
         handle = self._client.get_workflow_handle(req.job_id, run_id=req.run_id)
         plan: Plan = await handle.query(names.PLAN_QUERY, result_type=Plan)
         approval = plan.approval
@@ -173,8 +203,6 @@ class LedgerVetting:
             return f"job {req.job_id} shows no approval by {req.authorised_by}"
         if req.authorisation == "approved_over_budget" and not approval.over_budget:
             return f"job {req.job_id}'s approval by {approval.by} is not over the budget"
-        if self._settings.SPILLWAY_APPROVAL_SECRET is not None and not approval.signed:
-            return f"job {req.job_id}'s approval by {approval.by} is not signed"
         return None
 
     async def _created_earlier(self, req: VetRequest, incarnation: str | None) -> bool:
@@ -222,14 +250,72 @@ class LedgerVetting:
         details = await self._client.data_converter.decode(payloads) if payloads else []
         return bool(details) and isinstance(details[0], dict) and details[0].get("kind") == "exists"
 
-    async def _job(self, req: VetRequest) -> VideoJob | None:
-        """The run's own input: the clip the estimate is for."""
+    async def _history(self, req: VetRequest) -> tuple[VideoJob | None, list[ApprovalDecision]]:
+        """The run's own input (the clip the estimate is for) and every decision its history
+        holds, in the order it got them: what the job was sent, not what a request claims. An
+        armed reservation reads the input only."""
         handle = self._client.get_workflow_handle(req.job_id, run_id=req.run_id)
-        async for event in handle.fetch_history_events(page_size=1):
-            payloads = event.workflow_execution_started_event_attributes.input.payloads
-            if not payloads:
-                return None
-            (job,) = await self._client.data_converter.decode(payloads, [VideoJob])
-            assert isinstance(job, VideoJob)
-            return job
-        return None
+        job: VideoJob | None = None
+        decisions: list[ApprovalDecision] = []
+        page_size = 1 if req.authorisation == "armed" else 0
+        async for event in handle.fetch_history_events(page_size=page_size):
+            if event.HasField("workflow_execution_started_event_attributes"):
+                payloads = event.workflow_execution_started_event_attributes.input.payloads
+                if not payloads:
+                    return None, []
+                (job,) = await self._client.data_converter.decode(payloads, [VideoJob])
+                assert isinstance(job, VideoJob)
+                if job.carry is not None and job.carry.pending_approval is not None:
+                    decisions.append(job.carry.pending_approval)
+                if req.authorisation == "armed":
+                    break
+                continue
+            decision = await self._decision(_decision_payload(event))
+            if decision is not None:
+                decisions.append(decision)
+        return job, decisions
+
+    async def _decision(self, payload: Payload | None) -> ApprovalDecision | None:
+        if payload is None:
+            return None
+        try:
+            (value,) = await self._client.data_converter.decode([payload])
+            return ApprovalDecision.model_validate(value)
+        except (ValidationError, ValueError, TypeError, RuntimeError):
+            return None  # what the UI's "Send a Signal" may carry: no decision at all
+
+
+def _decision_payload(event: HistoryEvent) -> Payload | None:
+    """The decision an `approval` signal or an accepted `decide_approval` update carried."""
+    if event.HasField("workflow_execution_signaled_event_attributes"):
+        signaled = event.workflow_execution_signaled_event_attributes
+        if signaled.signal_name == names.APPROVAL_SIGNAL and signaled.input.payloads:
+            return signaled.input.payloads[0]
+    if event.HasField("workflow_execution_update_accepted_event_attributes"):
+        accepted = event.workflow_execution_update_accepted_event_attributes.accepted_request
+        if accepted.input.name == names.DECIDE_UPDATE and accepted.input.args.payloads:
+            return accepted.input.args.payloads[0]
+    return None
+
+
+def _signed(
+    secret: str, req: VetRequest, binding: approvals.Binding, decisions: list[Any]
+) -> tuple[str | None, ApprovalDecision | None]:
+    """(why no decision of the job's history allows this reservation, the newest that does)."""
+    over = req.authorisation == "approved_over_budget"
+    why = f"job {req.job_id}'s history holds no approval by {req.authorised_by}"
+    now = datetime.now(UTC)
+    for decision in reversed(decisions):
+        if not decision.approved or decision.by != req.authorised_by:
+            continue
+        if decision.over_budget != over:
+            why = f"job {req.job_id}'s approval by {decision.by} does not say over the budget"
+            continue
+        problem = approvals.verify(secret, binding, decision, now)
+        if problem is None:
+            return None, decision
+        why = (
+            f"job {req.job_id}'s approval by {decision.by} is not signed for this job "
+            f"incarnation, {req.provider} and clip {binding.cost_key} ({problem})"
+        )
+    return why, None

@@ -186,7 +186,10 @@ class SpillwayClient:
         Temporal UI's signal takes: ApprovalDecision.model_validate_json(...)). Signed for the
         job when `settings` hold SPILLWAY_APPROVAL_SECRET (workers that have it use only signed
         decisions); a decision that carries a signature already goes as it is."""
-        return await jobs.decide(self.temporal, job_id, signed_for(job_id, decision, self.settings))
+        if self.settings.SPILLWAY_APPROVAL_SECRET is not None and decision.signature is None:
+            binding = await jobs.binding(self.temporal, job_id, decision.approved)
+            decision = signed_for(binding, decision, self.settings)
+        return await jobs.decide(self.temporal, job_id, decision)
 
     async def wait(self, job_id: str, on_progress: Callable[[Plan], None] | None = None) -> Plan:
         """The job's final plan (completed, failed or cancelled), read every POLL_S seconds;

@@ -11,7 +11,9 @@ an execution's priority).
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -38,6 +40,7 @@ from temporalio.common import (
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
+from spillway import approvals
 from spillway import search_attributes as sa
 from spillway.addresses import Refused, check
 from spillway.client.queue import spot
@@ -267,6 +270,40 @@ async def _priority(execution: WorkflowExecution) -> int | None:
     if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 5:
         return value
     return None
+
+
+BINDING_PATIENCE_S = 10.0
+
+
+async def binding(client: Client, job_id: str, approved: bool) -> approvals.Binding:
+    """What a decision for this job is signed for: its incarnation (Temporal's first run id of
+    the job) and, for an approval, the provider and clip cost key its plan shows it waits for
+    (the workers read them). Failed when the job is not there or shows neither yet."""
+    handle = client.get_workflow_handle(job_id)
+    try:
+        description = await handle.describe()
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            raise Failed(f"job {job_id} not found") from None
+        raise
+    info = description.raw_description.workflow_execution_info
+    bound = approvals.Binding(job_id=job_id, incarnation=info.first_run_id or description.run_id)
+    if not approved:
+        return bound
+    # The job says it waits a moment before it has read what it waits for.
+    give_up = time.monotonic() + BINDING_PATIENCE_S
+    while True:
+        plan = await status(client, job_id)
+        view = plan.budget
+        if view is not None and view.provider and view.cost_key:
+            break
+        if plan.state != "awaiting_approval" or time.monotonic() > give_up:
+            raise Failed(
+                f"job {job_id} does not show which provider and clip it waits for (state: "
+                f"{plan.state}): an approval is signed for both; try again in a moment"
+            )
+        await asyncio.sleep(0.2)
+    return bound.model_copy(update={"provider": view.provider, "cost_key": view.cost_key})
 
 
 async def decide(client: Client, job_id: str, decision: ApprovalDecision) -> str:

@@ -65,13 +65,16 @@ def make_decision(
         raise ConfigError(describe_validation_error(exc, "decision")) from None
 
 
-def signed_for(job_id: str, decision: ApprovalDecision, settings: Settings) -> ApprovalDecision:
-    """`decision` signed for `job_id` with this machine's SPILLWAY_APPROVAL_SECRET (good for
-    15 minutes); as it is without the secret, or when it carries a signature already."""
+def signed_for(
+    binding: approvals.Binding, decision: ApprovalDecision, settings: Settings
+) -> ApprovalDecision:
+    """`decision` signed for what `binding` names (`jobs.binding`: the job, its incarnation, the
+    provider and clip it waits for) with this machine's SPILLWAY_APPROVAL_SECRET (good for 15
+    minutes); as it is without the secret, or when it carries a signature already."""
     secret = settings.SPILLWAY_APPROVAL_SECRET
     if secret is None or decision.signature is not None:
         return decision
-    return approvals.sign(secret.get_secret_value(), job_id, decision, datetime.now(UTC))
+    return approvals.sign(secret.get_secret_value(), binding, decision, datetime.now(UTC))
 
 
 def new_job_id() -> str:

@@ -215,6 +215,65 @@ async def test_forged_settles_with_a_negative_or_nan_cost_during_a_create_change
     assert [e.state for e in summary.entries] == ["charged"]
 
 
+async def test_forged_frees_and_begins_during_a_create_change_nothing_and_the_create_goes_on(
+    ledger_workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim
+):
+    """While a job's create is in flight, someone who reads Temporal (the job's run, its pending
+    create's activity id and attempt) asks the ledger to free the entry, to re-price it, and to
+    begin it again, as that very attempt or as another: only the attempt holding the nonce it
+    began with may, so each is refused and the real create settles as it would have."""
+    minimax.create_delay_s = 3.0
+    comfyui.set_vram_used_pct(BUSY_VRAM_PCT)
+    worker = await ledger_workers(
+        COMFYUI_URL=comfyui.url,
+        MINIMAX_BASE_URL=minimax.url,
+        CLOUD_VIDEO_FALLBACK_ENABLED=1,
+        MINIMAX_CREATE_TIMEOUT_S=30,
+    )
+    jobs = jobs_on(worker)
+    job = await jobs.submit("a slow create")
+    await until(lambda: minimax.create_calls, lambda n: n == 1, what="the create in flight")
+    described = (await jobs.client.get_workflow_handle(job).describe()).raw_description
+    run_id = described.workflow_execution_info.execution.run_id
+    [create] = [p for p in described.pending_activities if p.activity_type.name == "minimax_create"]
+    attempt = f"{run_id}/{create.activity_id}/{create.attempt}"
+    queue, before = worker.task_queue, await ledger(jobs.client, worker.task_queue)
+    forgeries = {
+        "refused": (names.LEDGER_SETTLE, {"job_id": job, "run_id": run_id, "state": "refused"}),
+        "released": (names.LEDGER_SETTLE, {"job_id": job, "run_id": run_id, "state": "released"}),
+        "cheaper": (
+            names.LEDGER_SETTLE,
+            {"job_id": job, "run_id": run_id, "state": "maybe_charged", "cost_usd": 0},
+        ),
+        "nonce guessed": (
+            names.LEDGER_SETTLE,
+            {"job_id": job, "run_id": run_id, "state": "refused", "nonce": "0" * 64},
+        ),
+        "another attempt": (
+            names.LEDGER_BEGIN,
+            {"job_id": job, "run_id": run_id, "attempt": f"{run_id}/{create.activity_id}/9"},
+        ),
+        "its attempt": (
+            names.LEDGER_BEGIN,
+            {"job_id": job, "run_id": run_id, "attempt": attempt, "token": "f" * 64},
+        ),
+    }
+    why = {name: await forged(jobs.client, queue, u, arg) for name, (u, arg) in forgeries.items()}
+    plan = await jobs.until(job, "completed")
+    after = await ledger(jobs.client, queue)
+
+    for name in ("refused", "released", "cheaper", "nonce guessed"):
+        assert "only the create attempt that began may record" in why[name], why[name]
+    assert "is not the create job" in why["another attempt"]
+    assert "began already, with another token" in why["its attempt"]
+    assert [(e.state, e.cost_usd) for e in before.entries] == [("reserved", CLIP_USD)]
+    assert plan.route == "cloud" and (minimax.create_calls, minimax.tasks_created) == (1, 1)
+    [entry] = after.entries
+    assert (entry.state, entry.task_id, entry.cost_usd) == ("charged", plan.cloud.task_id, CLIP_USD)
+    assert after.day.spent_usd == pytest.approx(CLIP_USD)
+    assert after.month.spent_usd == pytest.approx(CLIP_USD)
+
+
 @pytest.mark.slow
 async def test_a_terminated_ledger_fails_closed_until_restored_then_a_reset_job_follows_its_task(
     ledger_workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim, sightings

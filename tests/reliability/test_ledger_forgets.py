@@ -17,6 +17,7 @@ from temporalio.common import WorkflowIDReusePolicy
 from temporalio.service import RPCError, RPCStatusCode
 
 from spillway import names
+from spillway.models import Plan
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
 from spillway.spend_book import LedgerInput
@@ -25,7 +26,6 @@ from tests.reliability.test_money import ledger
 from tests.support.jobs import reset_to_first_workflow_task
 from tests.support.waiting import until
 from workflows.spend_ledger import SpendLedgerWorkflow
-from workflows.video_job import VideoJobWorkflow
 
 
 async def test_a_job_reset_after_the_ledger_forgot_its_create_is_granted_none(
@@ -68,7 +68,7 @@ async def test_a_job_reset_after_the_ledger_forgot_its_create_is_granted_none(
 
 async def reset_and_see_it_refused(client: Client, job_id: str, task_id: str) -> None:
     new_run = await reset_to_first_workflow_task(client, job_id)
-    handle = client.get_workflow_handle_for(VideoJobWorkflow.run, job_id, run_id=new_run)
+    handle = client.get_workflow_handle(job_id, run_id=new_run, result_type=Plan)
     try:  # it follows the task the terminated ledger's history records, or fails saying why
         again = await asyncio.wait_for(handle.result(), 90)
         assert again.cloud is not None and again.cloud.task_id == task_id

@@ -178,8 +178,13 @@ def _held_reads(spend: SpendActivities, stubs: RouteStubs) -> list[Callable[...,
 def job_runner(environment: WorkflowEnvironment) -> RunJobs:
     @asynccontextmanager
     async def run(
-        stubs: RouteStubs, task_queue: str | None = None, **settings: Any
+        stubs: RouteStubs,
+        task_queue: str | None = None,
+        verify: Callable[..., Any] | None = None,
+        **settings: Any,
     ) -> AsyncIterator[Jobs]:
+        """`verify`: what answers `approval_verify` on the job's queue instead of spillway's
+        own activity (a rogue that can poll that queue)."""
         # The pool re-probes as often as a waiting job of 0.4.0 did: on the time-skipping server
         # every probe of a skipped hour would run for real.
         settings.setdefault("SPILLWAY_POOL_REPROBE_S", 60)
@@ -213,7 +218,7 @@ def job_runner(environment: WorkflowEnvironment) -> RunJobs:
                     activities=[
                         *stubs.activities(),
                         policy.read_policy,
-                        ApprovalActivities(config).verify,
+                        verify or ApprovalActivities(config).verify,
                         spend.reserve,
                         spend.settle,
                         *_held_reads(spend, stubs),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -28,7 +29,7 @@ from activities.probe.activities import LoadProbeRequest
 from activities.spend.guard import CreateGuard
 from spillway import names
 from spillway.models import ApprovalNotice, Downloaded, LoadStatus, OutputFile, Thresholds
-from spillway.spend_book import BeginCreate
+from spillway.spend_book import BeginCreate, token_of
 from tests.support.constants import BUSY_VRAM_PCT, FREE_VRAM_PCT
 
 SEED = Thresholds(vram_busy_pct=85, util_busy_pct=95)
@@ -199,14 +200,21 @@ class RouteStubs:
         assert self.guard is not None, "the job runner sets the guard"
         if name == MINIMAX_CREATE and self.refused_unsettled:
             self.refused_unsettled -= 1
+            # As the guard begins, then the provider's "no" whose settle never reached the ledger.
             info = activity.info()
-            await self.guard.ledger.begin(
-                BeginCreate(job_id=req.job_id, run_id=info.workflow_run_id or "", attempt="x")
+            run_id = info.workflow_run_id or ""
+            nonce = uuid.uuid4().hex
+            begin = BeginCreate(
+                job_id=req.job_id,
+                run_id=run_id,
+                attempt=f"{run_id}/{info.activity_id}/{info.attempt}",
+                token=token_of(nonce),
             )
+            await self.guard.ledger.begin(begin)
             self.creates += 1
             raise ApplicationError(
                 "MiniMax refused: insufficient balance (1008)",
-                {"job_id": req.job_id, "settled": False},
+                {"job_id": req.job_id, "settled": False, "release": nonce},
                 type=MINIMAX_GAVE_UP,
                 non_retryable=True,
             )
