@@ -164,7 +164,9 @@ async def run_worker(
         _fewer_full_collections()
         gauge = None
         if only_host is None:
-            ledger = SpendLedger(client, settings.SPILLWAY_TASK_QUEUE)
+            ledger = SpendLedger(
+                client, settings.SPILLWAY_TASK_QUEUE, seal_with=settings.SPILLWAY_LEDGER_SECRET
+            )
             gauge = asyncio.create_task(_gauges(client, ledger))
             await _announce_budgets(ledger, settings)
         await stop.wait()

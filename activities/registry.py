@@ -53,7 +53,9 @@ def main_work(
     spend ledger's vetting on a queue of its own (and on the main queue for ledger runs that vet
     by a local activity); the long cloud waits in a slot pool of their own; the GPU pool (`pool`)
     on its own queue, with its policy read and holder check."""
-    ledger = SpendLedger(client, settings.SPILLWAY_TASK_QUEUE)
+    ledger = SpendLedger(
+        client, settings.SPILLWAY_TASK_QUEUE, seal_with=settings.SPILLWAY_LEDGER_SECRET
+    )
     policy = PolicyActivities(settings, tiers)
     notify = NotifyActivities(http, settings)
     spend = SpendActivities(ledger, settings, tiers)

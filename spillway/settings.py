@@ -113,6 +113,10 @@ class Settings(BaseSettings):
     # (spillway/approvals.py), so signalling the namespace no longer approves spending. Unset:
     # anyone who can signal the namespace can approve.
     SPILLWAY_APPROVAL_SECRET: SecretStr | None = None
+    # Set on the workers and where `spillway ledger restore` runs: a spend ledger then grants
+    # only on input spillway made (spillway/ledger_seal.py), so starting one is no longer
+    # enough to spend. Unset: any start of the ledger on spillway's queue is believed.
+    SPILLWAY_LEDGER_SECRET: SecretStr | None = None
     # A waiting job continues as new after this many wake-ups (signals it was sent; re-probes of
     # a job started by 0.4.0, ~11 history events each).
     SPILLWAY_AWAIT_LOOPS_PER_RUN: Annotated[int, Field(ge=1)] = 200
@@ -170,7 +174,7 @@ class Settings(BaseSettings):
             webhook_key(value.get_secret_value())  # a malformed whsec_ fails here, not per event
         return value
 
-    @field_validator("SPILLWAY_APPROVAL_SECRET")
+    @field_validator("SPILLWAY_APPROVAL_SECRET", "SPILLWAY_LEDGER_SECRET")
     @classmethod
     def _long_enough(cls, value: SecretStr | None) -> SecretStr | None:
         if value is not None and len(value.get_secret_value()) < MIN_APPROVAL_SECRET:
@@ -201,6 +205,7 @@ class Settings(BaseSettings):
         "JOB_WEBHOOK_URL",
         "JOB_WEBHOOK_SECRET",
         "SPILLWAY_APPROVAL_SECRET",
+        "SPILLWAY_LEDGER_SECRET",
         "SPILLWAY_METRICS_PORT",
         "CLOUD_DAILY_BUDGET_USD",
         "CLOUD_MONTHLY_BUDGET_USD",

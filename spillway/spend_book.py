@@ -115,6 +115,9 @@ class Vetted(BaseModel):
     # a cloud task, as its history shows: read for every reservation, so a tag the ledger no
     # longer carries never lets a reset create again.
     created_earlier: bool = False
+    # False: the ledger run itself is not one spillway made (its input neither continued from a
+    # trusted run nor sealed); `refused` says why, and it grants nothing.
+    ledger_trusted: bool = True
     # Why `refused`: "foreign" (not spillway's job's own request) or APPROVAL_REFUSED (the
     # approval the request claims is not in the job's history, signed for it).
     refused_kind: str = "foreign"
@@ -182,6 +185,8 @@ class LedgerSummary(BaseModel):
     carried_bytes: int | None = None
     # Set (TERMINATED, FAILED, ...) when the ledger is closed: it sends nothing until restored.
     closed_as: str | None = None
+    # Why this ledger run grants nothing: its input is not one spillway made (ledger_seal.py).
+    untrusted: str | None = None
 
 
 class IncarnationAsk(BaseModel):
@@ -220,6 +225,11 @@ class LedgerInput(BaseModel):
     approvals: dict[str, datetime] = {}
     # Continue as new after this many accepted updates (or when the server suggests it).
     updates_per_run: Annotated[int, Field(ge=1)] = 2000
+    # Who made it (spillway/ledger_seal.py): set by a continue-as-new, True when the run that
+    # continued was trusted; sealed by a worker's first start or `spillway ledger restore`.
+    trusted: bool | None = None
+    sealed_at: datetime | None = None
+    seal: str | None = None
 
 
 # --- what the workflow gets back from the `spend_reserve` activity ---------------------------
@@ -581,6 +591,9 @@ class SpendBook:
             return next(
                 e for e in reversed(self.entries) if _mine(e, req.job_id, terms.incarnation)
             )
+        if entry.token is not None and _hash(req.nonce) == entry.token:
+            # Once used, the nonce is in the ledger's history for anyone who can read it.
+            entry.token = NONCE_USED
         unsent = entry.state == "reserved" and entry.sent_at is None
         entry.state = "released" if unsent else req.state
         entry.settled_at = now
@@ -621,6 +634,10 @@ def create_tag(entry: SpendEntry) -> str:
     than incarnations): ten hex digits, so a million creates cost 11 MB nowhere and 11 bytes
     each in what a continued ledger carries. A collision refuses a create (the safe side)."""
     return _tag(entry.incarnation) if entry.incarnation else _tag(f"job:{entry.job_id}")
+
+
+# What a begun entry's token becomes once its attempt settled with the nonce: no sha256 hex.
+NONCE_USED = "used"
 
 
 def _hash(nonce: str) -> str:

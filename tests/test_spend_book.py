@@ -373,9 +373,26 @@ def test_a_begun_entry_is_freed_or_repriced_only_with_the_nonce_of_the_attempt_t
     )
     entry = book.settle(real, ANY, NOW)
     assert (entry.state, entry.task_id, entry.cost_usd) == ("charged", "task-1", CLIP_USD)
+    assert book.settle(real, ANY, NOW) is entry  # retried: nothing changes
+    # Used once, the nonce is in the ledger's history: it frees nothing afterwards.
     no = real.model_copy(update={"state": "refused", "task_id": None})
+    refused("token", lambda: book.settle(no, ANY, NOW))
+    assert book.totals("day", NOW).spent_usd == CLIP_USD
+
+
+def test_the_attempts_provable_refusal_frees_its_entry_once_whatever_was_said_before():
+    book = SpendBook([], Budgets(daily_usd=1.0))
+    book.reserve(*ask(), NOW)
+    begun_with("the attempt's own", book)
+    book.settle(*settle("maybe_charged"), NOW)  # anyone may say a charge may exist
+    no = SettleRequest(job_id="job-1", run_id="run-a", state="refused", nonce="the attempt's own")
     assert book.settle(no, ANY, NOW).state == "refused"
+    assert book.settle(no, ANY, NOW).state == "refused"  # retried: a no-op
     assert book.totals("day", NOW).spent_usd == 0
+    again = SettleRequest(
+        job_id="job-1", run_id="run-a", state="charged", task_id="t", nonce="the attempt's own"
+    )
+    refused("token", lambda: book.settle(again, ANY, NOW))
 
 
 def test_the_same_attempt_beginning_again_with_another_token_is_refused():

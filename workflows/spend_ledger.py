@@ -77,6 +77,11 @@ class SpendLedgerWorkflow:
         # The run this one was reset from by an operator (its answers after the reset point are
         # not in this run): it grants nothing until `spillway ledger restore`.
         self._reset_from: str | None = None
+        # Whether this run is one spillway made (the vet's word, spillway/ledger_seal.py): only
+        # a trusted run hands trust on to the run it continues as. Until the vet has spoken, a
+        # continued run holds what its predecessor handed on, any other nothing.
+        self._trusted = inp.trusted is True and workflow.info().continued_run_id is not None
+        self._untrusted: str | None = None  # why the vet refuses everything
 
     @workflow.run
     async def run(self, inp: LedgerInput) -> None:
@@ -98,7 +103,8 @@ class SpendLedgerWorkflow:
             if not self._inbox:
                 break
             await self._serve()
-        workflow.continue_as_new(self._book.carried(workflow.now(), inp.updates_per_run))
+        carried = self._book.carried(workflow.now(), inp.updates_per_run)
+        workflow.continue_as_new(carried.model_copy(update={"trusted": self._trusted}))
 
     async def _serve(self) -> None:
         """One batch: vetted by one activity, then each request applied and answered in arrival
@@ -145,6 +151,8 @@ class SpendLedgerWorkflow:
                 "reset",
             )
         self._book.budgets = terms.budgets
+        self._trusted = terms.ledger_trusted
+        self._untrusted = None if terms.ledger_trusted else terms.refused
         if terms.refused is not None:
             raise SpendRefused(
                 f"the spend ledger refuses this {ask.purpose}: {terms.refused}", terms.refused_kind
@@ -167,6 +175,7 @@ class SpendLedgerWorkflow:
         carried = self._book.carried(now, LedgerInput().updates_per_run)
         summary = self._book.summary(now)
         summary.carried_bytes = len(carried.model_dump_json())
+        summary.untrusted = self._untrusted
         return summary
 
     @workflow.query(name=names.LEDGER_MONTH)

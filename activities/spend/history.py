@@ -2,12 +2,13 @@
 one run of SpendLedgerWorkflow held when it ended (`rebuilt`: its input, and every update's
 recorded answer, each reservation, begin and settle answering with the whole entry as it then
 stood, the last answer for an entry winning), and the create of a job incarnation that an
-earlier run settled (`archived_create`). Used by `spillway ledger restore`, `spillway budget
+earlier run settled (`archived_create`), and whether a run is one spillway made
+(`not_made_by_spillway`). Used by `spillway ledger restore`, `spillway budget
 --month` and `spend_recorded` for a job whose entry the ledger no longer holds."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import ValidationError
@@ -17,7 +18,29 @@ from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client, WorkflowHandle
 
 from spillway import names
+from spillway.ledger_seal import why_not_sealed
 from spillway.spend_book import Budgets, LedgerInput, SpendEntry, recorded_create
+
+
+async def not_made_by_spillway(
+    client: Client, ledger_id: str, run_id: str, secret: str
+) -> str | None:
+    """Why a run of the ledger is not one spillway made (spillway/ledger_seal.py): its input
+    neither carried on from a trusted run by continue-as-new nor sealed with `secret` just
+    before it started. None when it is. Read off its first event, which nothing sent to the run
+    can change."""
+    handle = client.get_workflow_handle(ledger_id, run_id=run_id)
+    async for first in handle.fetch_history_events(page_size=1):
+        started = first.workflow_execution_started_event_attributes
+        inp = LedgerInput()
+        if started.input.payloads:
+            (inp,) = await client.data_converter.decode(started.input.payloads, [LedgerInput])
+        if started.continued_execution_run_id:
+            if inp.trusted:
+                return None
+            return f"it continued from run {started.continued_execution_run_id}, not trusted"
+        return why_not_sealed(secret, ledger_id, inp, first.event_time.ToDatetime(tzinfo=UTC))
+    return "its history could not be read"
 
 
 async def rebuilt(client: Client, handle: WorkflowHandle[Any, Any]) -> LedgerInput:

@@ -13,9 +13,10 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, TypeVar
 
+from pydantic import SecretStr
 from temporalio.api.enums.v1 import WorkflowExecutionStatus
 from temporalio.client import (
     Client,
@@ -29,6 +30,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.spend.history import archived_create
 from spillway import names
+from spillway.ledger_seal import sealed
 from spillway.spend_book import (
     REFUSED,
     BeginCreate,
@@ -89,8 +91,12 @@ class Ledger(Protocol):
 class SpendLedger:
     """A client of SpendLedgerWorkflow (update-with-start for what may come first)."""
 
-    def __init__(self, client: Client, task_queue: str) -> None:
+    def __init__(
+        self, client: Client, task_queue: str, *, seal_with: SecretStr | None = None
+    ) -> None:
+        """`seal_with`: SPILLWAY_LEDGER_SECRET, which seals the input of a ledger this starts."""
         self._client, self._task_queue = client, task_queue
+        self._seal_with = seal_with
         self.workflow_id = names.ledger_id(task_queue)
         # Queued here, in order, rather than refused by the server and retried: a burst of
         # hundreds of jobs then costs the server LEDGER_IN_FLIGHT calls at a time, not a storm.
@@ -200,9 +206,13 @@ class SpendLedger:
     def _start(self) -> WithStartWorkflowOperation[Any, Any]:
         # Never started again empty once a ledger of this id closed (terminated, failed): its
         # entries are the only record of what was spent (`spillway ledger restore`).
+        first = LedgerInput()
+        if self._seal_with is not None:
+            secret = self._seal_with.get_secret_value()
+            first = sealed(secret, self.workflow_id, first, datetime.now(UTC))
         return WithStartWorkflowOperation(
             names.SPEND_LEDGER,
-            LedgerInput(),
+            first,
             id=self.workflow_id,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,

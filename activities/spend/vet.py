@@ -31,10 +31,17 @@ from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.cloud import registry
+from activities.spend.history import not_made_by_spillway
 from spillway import approvals, names
 from spillway.models import ApprovalDecision, CloudRequest, Plan, VideoJob
 from spillway.settings import Settings
-from spillway.spend_book import APPROVAL_REFUSED, REFUSED, Authorisation, Budgets, Vetted
+from spillway.spend_book import (
+    APPROVAL_REFUSED,
+    REFUSED,
+    Authorisation,
+    Budgets,
+    Vetted,
+)
 from spillway.tiers import RoutingTiers
 
 Purpose = Literal["reserve", "begin", "settle", "terms"]
@@ -62,6 +69,8 @@ class VetAnswers(BaseModel):
     answers: list[Vetted]
 
 
+# Ledger runs whose origin a worker remembers (one at a time runs; a few across resets).
+TRUST_REMEMBERED = 16
 # Describes, queries and history reads a batch may have in flight at once (300 jobs racing
 # put 300 requests in one batch).
 VET_CONCURRENCY = 20
@@ -96,10 +105,27 @@ def asking_activities(purpose: Purpose) -> frozenset[str]:
 class LedgerVetting:
     def __init__(self, client: Client, settings: Settings, tiers: RoutingTiers) -> None:
         self._client, self._settings, self._tiers = client, settings, tiers
+        self._untrusted: dict[str, str | None] = {}  # ledger run id -> why it grants nothing
 
     @activity.defn(name=names.LEDGER_VET)
     async def vet(self, batch: VetBatch) -> VetAnswers:
         gate = asyncio.Semaphore(VET_CONCURRENCY)
+        base = Vetted(
+            budgets=budgets_of(self._settings), ledger_run=activity.info().workflow_run_id
+        )
+
+        def failed(exc: Exception) -> Vetted:
+            return base.model_copy(update={"failed": f"{type(exc).__name__}: {exc}"})
+
+        try:
+            untrusted = await self._ledger_untrusted()
+        except Exception as exc:  # nothing is decided: the callers ask again
+            activity.logger.warning("spend ledger could not read its own start: %s", exc)
+            return VetAnswers(answers=[failed(exc)] * len(batch.requests))
+        if untrusted is not None:
+            activity.logger.warning("spend ledger refuses everything: %s", untrusted)
+            refused = {"refused": untrusted, "refused_kind": "untrusted", "ledger_trusted": False}
+            return VetAnswers(answers=[base.model_copy(update=refused)] * len(batch.requests))
 
         async def one(req: VetRequest) -> Vetted:
             async with gate:
@@ -107,11 +133,7 @@ class LedgerVetting:
                     return await self._vet(req)
                 except Exception as exc:  # one request's trouble never fails the others
                     activity.logger.warning("spend ledger could not vet a %s: %s", req.purpose, exc)
-                    return Vetted(
-                        failed=f"{type(exc).__name__}: {exc}",
-                        budgets=budgets_of(self._settings),
-                        ledger_run=activity.info().workflow_run_id,
-                    )
+                    return failed(exc)
 
         return VetAnswers(answers=await asyncio.gather(*(one(r) for r in batch.requests)))
 
@@ -159,6 +181,29 @@ class LedgerVetting:
         terms.cost_usd = estimate_usd(self._tiers, s, req.provider, job.cloud)
         terms.created_earlier = await self._created_earlier(req, incarnation)
         return terms
+
+    async def _ledger_untrusted(self) -> str | None:
+        """Why the ledger run that asks must grant nothing: with SPILLWAY_LEDGER_SECRET, it is
+        not a run spillway made (activities/spend/history.py). Read once per run."""
+        secret = self._settings.SPILLWAY_LEDGER_SECRET
+        info = activity.info()
+        if secret is None or info.workflow_id is None or info.workflow_run_id is None:
+            return None
+        run_id = info.workflow_run_id
+        if run_id not in self._untrusted:
+            why = await not_made_by_spillway(
+                self._client, info.workflow_id, run_id, secret.get_secret_value()
+            )
+            if len(self._untrusted) >= TRUST_REMEMBERED:
+                self._untrusted.pop(next(iter(self._untrusted)))
+            self._untrusted[run_id] = why
+        why = self._untrusted[run_id]
+        if why is None:
+            return None
+        return (
+            f"this spend ledger run was not started by spillway ({why}): it grants nothing; "
+            "terminate it and run `spillway ledger restore` with SPILLWAY_LEDGER_SECRET set"
+        )
 
     async def _caller(self, req: VetRequest) -> tuple[str | None, str | None]:
         """(why the request is not spillway's own job's, the job's incarnation)."""

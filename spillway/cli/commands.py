@@ -140,8 +140,18 @@ async def cmd_decide(args: argparse.Namespace) -> int:
 async def cmd_ledger(args: argparse.Namespace) -> int:
     from spillway.client.ledger_restore import restore
 
-    jobs = await _jobs_client()
-    done = await restore(jobs.temporal, jobs.task_queue, empty=args.empty)
+    settings, _ = _config()
+    jobs = await _jobs_client(settings)
+    secret = settings.SPILLWAY_LEDGER_SECRET
+    done = await restore(
+        jobs.temporal, jobs.task_queue, empty=args.empty, seal_with=secret, from_run=args.from_run
+    )
+    if secret is None:
+        print(
+            "spillway: the restored ledger is not sealed (no SPILLWAY_LEDGER_SECRET here): "
+            "workers that have one refuse everything it would grant",
+            file=sys.stderr,
+        )
     if args.json:
         print(done.model_dump_json(indent=2))
     elif done.from_run is None:

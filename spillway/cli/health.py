@@ -273,6 +273,8 @@ async def budget_health(settings: Settings) -> BudgetHealth:
         report.error = str(exc)
         return report
     report.day, report.month = summary.day, summary.month
+    if summary.untrusted is not None:
+        report.error = summary.untrusted
     if summary.closed_as is not None:
         report.warning = (
             f"the spend ledger is closed ({summary.closed_as}): no cloud create is sent until "

@@ -195,7 +195,10 @@ def build_parser() -> argparse.ArgumentParser:
         "until it is restored, no cloud create is sent (jobs that need one fail saying so). "
         "`spillway ledger restore` starts it again with every entry of its last run, rebuilt "
         "from that run's history; with --i-know-it-is-empty it starts an empty one instead "
-        "(what was spent before is then forgotten by the budget).",
+        "(what was spent before is then forgotten by the budget). With SPILLWAY_LEDGER_SECRET "
+        "set (as on the workers) the new ledger is sealed, and the entries come from the newest "
+        "run spillway made, passing over runs someone else started; --from-run names the run "
+        "instead (the first time the secret is set, every earlier run is unsealed).",
         json="print what was restored as JSON",
     )
     ledger.add_argument("action", choices=["restore"], help="restore: start it again")
@@ -204,6 +207,11 @@ def build_parser() -> argparse.ArgumentParser:
         dest="empty",
         action="store_true",
         help="start an empty ledger on purpose (no closed run to restore, or its entries unwanted)",
+    )
+    ledger.add_argument(
+        "--from-run",
+        metavar="RUN_ID",
+        help="restore the entries of this closed run of the ledger, whoever started it",
     )
 
     schema = command(

@@ -12,15 +12,16 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from pydantic import BaseModel
+from pydantic import BaseModel, SecretStr
 from temporalio.api.enums.v1 import WorkflowExecutionStatus
 from temporalio.client import Client, WorkflowQueryFailedError
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.spend.history import rebuilt
+from activities.spend.history import not_made_by_spillway, rebuilt
 from spillway import names
 from spillway.errors import Failed
+from spillway.ledger_seal import sealed
 from spillway.spend_book import LedgerInput, SpendBook
 
 
@@ -35,14 +36,30 @@ class Restored(BaseModel):
     spent_usd: float  # this month's charged and maybe charged, as the new ledger counts it
 
 
-async def restore(client: Client, task_queue: str, *, empty: bool = False) -> Restored:
+async def restore(
+    client: Client,
+    task_queue: str,
+    *,
+    empty: bool = False,
+    seal_with: SecretStr | None = None,
+    from_run: str | None = None,
+) -> Restored:
+    """`seal_with`: SPILLWAY_LEDGER_SECRET, without which workers that have one trust the
+    restored ledger with nothing (spillway/ledger_seal.py); with it, the entries come from the
+    newest run spillway made. `from_run`: from this closed run instead, whoever made it."""
     ledger_id = names.ledger_id(task_queue)
     closed = await _closed_run(client, ledger_id, empty)
+    if closed is not None and from_run is not None:
+        closed = await _chosen(client, ledger_id, from_run)
+    elif closed is not None and not empty and seal_with is not None:
+        closed = await _made_by_spillway(client, ledger_id, closed, seal_with.get_secret_value())
     held = LedgerInput()
     if closed is not None and not empty:
         held = await rebuilt(client, client.get_workflow_handle(ledger_id, run_id=closed[0]))
     now = datetime.now(UTC)
     book = SpendBook.of(held)
+    if seal_with is not None:
+        held = sealed(seal_with.get_secret_value(), ledger_id, held, now)
     await client.start_workflow(
         names.SPEND_LEDGER,
         held,  # the state it closed in, entries and all: a reset job finds its entry
@@ -60,6 +77,43 @@ async def restore(client: Client, task_queue: str, *, empty: bool = False) -> Re
         open_entries=sum(1 for e in held.entries if e.state in ("reserved", "maybe_charged")),
         spent_usd=book.totals("month", now).spent_usd,
     )
+
+
+async def _made_by_spillway(
+    client: Client, ledger_id: str, latest: tuple[str, str], secret: str
+) -> tuple[str, str]:
+    """The newest run spillway made, from `latest` back: a run someone else started (it granted
+    nothing) holds what they chose, not what was spent. Failed when there is none, e.g. every
+    run predates SPILLWAY_LEDGER_SECRET."""
+    runs = [latest]
+    listed = [r async for r in client.list_workflows(f"WorkflowId = '{ledger_id}'")]
+    for run in sorted(listed, key=lambda r: r.start_time, reverse=True):
+        if run.run_id != latest[0] and run.status is not None:
+            runs.append((run.run_id, run.status.name))
+    skipped = []
+    for run_id, how in runs:
+        why = await not_made_by_spillway(client, ledger_id, run_id, secret)
+        if why is None:
+            return run_id, how
+        skipped.append(f"{run_id} ({why})")
+    raise Failed(
+        f"no run of the spend ledger {ledger_id} was made by spillway, as SPILLWAY_LEDGER_SECRET "
+        f"tells: {'; '.join(skipped)}. Runs from before the secret was set are unsealed: "
+        "`spillway ledger restore --from-run RUN_ID` restores the one you trust"
+    )
+
+
+async def _chosen(client: Client, ledger_id: str, run_id: str) -> tuple[str, str]:
+    try:
+        described = await client.get_workflow_handle(ledger_id, run_id=run_id).describe()
+    except RPCError as exc:
+        if exc.status not in (RPCStatusCode.NOT_FOUND, RPCStatusCode.INVALID_ARGUMENT):
+            raise
+        raise Failed(f"--from-run: {ledger_id} has no run {run_id}") from None
+    status = described.raw_description.workflow_execution_info.status
+    if status == WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_RUNNING:
+        raise Failed(f"--from-run: run {run_id} of {ledger_id} is running")
+    return run_id, WorkflowExecutionStatus.Name(status).removeprefix("WORKFLOW_EXECUTION_STATUS_")
 
 
 async def _closed_run(client: Client, ledger_id: str, empty: bool) -> tuple[str, str] | None:

@@ -1,0 +1,98 @@
+"""Who starts the spend ledger (issue 35, item 2; spillway/ledger_seal.py): with
+SPILLWAY_LEDGER_SECRET on the workers, a ledger someone else started on spillway's queue, after
+terminating spillway's, grants nothing whatever its input says, and `spillway health` names it;
+`spillway ledger restore` then brings back what spillway's own run held, never what the intruder
+chose. A real worker process on the session's dev server, creates counted at the MiniMax double.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+from temporalio.client import Client
+from temporalio.common import WorkflowIDReusePolicy
+
+from spillway import names
+from spillway.ledger_seal import sealed
+from spillway.sim.comfyui import ComfyUISim
+from spillway.sim.minimax import MiniMaxSim
+from spillway.spend_book import LedgerInput
+from tests.reliability.harness import cli
+from tests.reliability.test_ledger_authority import ledger_started
+from tests.reliability.test_money import ledger
+from tests.support.constants import BUSY_VRAM_PCT, CANARY_KEY, CLIP_USD
+from tests.support.waiting import until
+from workflows.spend_ledger import SpendLedgerWorkflow
+
+# The canary inside: the secrets check looks for it in every log, history and CLI output.
+SECRET = f"{CANARY_KEY}-ledger"
+
+
+async def test_a_ledger_someone_else_started_grants_nothing_and_restore_skips_it(
+    workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim, sightings
+):
+    comfyui.set_vram_used_pct(BUSY_VRAM_PCT)
+    worker = await workers(
+        COMFYUI_URL=comfyui.url,
+        MINIMAX_BASE_URL=minimax.url,
+        CLOUD_VIDEO_FALLBACK_ENABLED=1,
+        SPILLWAY_LEDGER_SECRET=SECRET,
+    )
+    jobs = jobs_on(worker)
+    await ledger_started(jobs.client, worker.task_queue)  # the worker's own, sealed
+    # Started again as an operator's restore would, sealed, continuing as new after each create
+    # (reserve, begin, settle): trust passes from run to run.
+    ledger_id = names.ledger_id(worker.task_queue)
+    handle = jobs.client.get_workflow_handle(ledger_id)
+    await handle.terminate(reason="test: a ledger that continues as new often")
+    short = sealed(SECRET, ledger_id, LedgerInput(updates_per_run=3), datetime.now(UTC))
+    started = await jobs.client.start_workflow(
+        SpendLedgerWorkflow.run,
+        short,
+        id=ledger_id,
+        task_queue=worker.task_queue,
+        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+    )
+    first = await jobs.submit("before the intruder")
+    assert (await jobs.until(first, "completed")).route == "cloud"
+    own_run = await until(
+        lambda: current_run(jobs.client, ledger_id), lambda run: run != started.result_run_id
+    )
+    assert (await ledger(jobs.client, worker.task_queue)).untrusted is None
+
+    # Someone who may start workflows: spillway's ledger terminated, theirs started with the
+    # month's spending gone and a claim to be trusted.
+    await jobs.client.get_workflow_handle(ledger_id).terminate(reason="test: an intruder")
+    await jobs.client.start_workflow(
+        SpendLedgerWorkflow.run,
+        LedgerInput(trusted=True, updates_per_run=3),
+        id=ledger_id,
+        task_queue=worker.task_queue,
+        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+    )
+    second = await jobs.submit("after the intruder")
+    refused = await jobs.until(second, "failed")
+    assert refused.error is not None and "not started by spillway" in refused.error
+    assert minimax.create_calls == 1
+    summary = await ledger(jobs.client, worker.task_queue)
+    assert summary.untrusted is not None and "its input carries no seal" in summary.untrusted
+    code, out, _ = await cli(sightings, "health", "--json", env=worker.env)
+    assert "not started by spillway" in json.loads(out)["budget"]["error"], (code, out)
+
+    await jobs.client.get_workflow_handle(ledger_id).terminate(reason="test: found out")
+    code, out, err = await cli(sightings, "ledger", "restore", "--json", env=worker.env)
+    assert code == 0, err
+    restored = json.loads(out)
+    assert restored["from_run"] == own_run and restored["closed_as"] == "TERMINATED"
+    assert restored["spent_usd"] == CLIP_USD
+
+    third = await jobs.submit("after the restore")
+    assert (await jobs.until(third, "completed")).route == "cloud"
+    assert minimax.create_calls == 2
+    summary = await ledger(jobs.client, worker.task_queue)
+    assert summary.untrusted is None and summary.day.spent_usd == 2 * CLIP_USD
+
+
+async def current_run(client: Client, ledger_id: str) -> str:
+    return (await client.get_workflow_handle(ledger_id).describe()).run_id or ""
