@@ -5,9 +5,11 @@ input sealed with that secret just before the run started: the first start, whic
 and `spillway ledger restore`, which the operator runs. Anyone else who can start workflows in
 the namespace can start a ledger, with any input, on spillway's queue; such a run grants nothing.
 
-The seal is an HMAC over the ledger's id and the input as JSON, the time of sealing included.
-A sealed input is in the started run's history for anyone who can read it, so a seal counts only
-for a run started within SEAL_FRESH of it: copied into a later start, it is stale.
+The seal is an HMAC over the ledger's id and the input as JSON, which names the time of sealing
+and the run the new one follows. A sealed input is in the started run's history for anyone who
+can read it, so a seal counts only for a run started within SEAL_FRESH of it, right after the run
+it names (the reader checks that against the ledger's runs): copied into a later start, it is
+stale or follows the wrong run.
 """
 
 from __future__ import annotations
@@ -26,9 +28,14 @@ CLOCK_SKEW = timedelta(minutes=1)
 _VERSION = "v1"
 
 
-def sealed(secret: str, ledger_id: str, inp: LedgerInput, at: datetime) -> LedgerInput:
-    """`inp`, sealed at `at` for the ledger `ledger_id`."""
-    bare = inp.model_copy(update={"sealed_at": at, "seal": None, "trusted": None})
+def sealed(
+    secret: str, ledger_id: str, inp: LedgerInput, at: datetime, after: str | None = None
+) -> LedgerInput:
+    """`inp`, sealed at `at` for the run of `ledger_id` that follows its run `after` (None: for
+    its first run)."""
+    bare = inp.model_copy(
+        update={"sealed_at": at, "sealed_after": after, "seal": None, "trusted": None}
+    )
     return bare.model_copy(update={"seal": _seal(secret, ledger_id, bare)})
 
 

@@ -229,6 +229,7 @@ class LedgerInput(BaseModel):
     # continued was trusted; sealed by a worker's first start or `spillway ledger restore`.
     trusted: bool | None = None
     sealed_at: datetime | None = None
+    sealed_after: str | None = None  # the ledger's run the sealed one follows (None: the first)
     seal: str | None = None
 
 

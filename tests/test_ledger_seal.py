@@ -31,6 +31,7 @@ def test_a_fresh_seal_of_the_workers_secret_holds_after_a_trip_through_json():
         {"spent": {"2026-12": 0.0}},  # a month's spending erased
         {"created": {}},  # the created tags dropped
         {"updates_per_run": 1},
+        {"sealed_after": "another-run"},  # made to follow another run
     ],
 )
 def test_an_input_changed_after_sealing_is_not_sealed(forged: dict[str, object]):

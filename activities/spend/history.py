@@ -39,8 +39,27 @@ async def not_made_by_spillway(
             if inp.trusted:
                 return None
             return f"it continued from run {started.continued_execution_run_id}, not trusted"
-        return why_not_sealed(secret, ledger_id, inp, first.event_time.ToDatetime(tzinfo=UTC))
+        at = first.event_time.ToDatetime(tzinfo=UTC)
+        why = why_not_sealed(secret, ledger_id, inp, at)
+        if why is None and (before := await _run_before(client, ledger_id, at)) != (
+            inp.sealed_after
+        ):
+            why = (
+                f"its input was sealed to follow run {inp.sealed_after or '(none)'}, but it "
+                f"follows {before or 'no run'}: a seal copied from another start"
+            )
+        return why
     return "its history could not be read"
+
+
+async def _run_before(client: Client, ledger_id: str, started_at: datetime) -> str | None:
+    """The ledger's run that started last before `started_at`."""
+    earlier = [
+        run
+        async for run in client.list_workflows(f"WorkflowId = '{ledger_id}'")
+        if run.start_time < started_at
+    ]
+    return max(earlier, key=lambda run: run.start_time).run_id if earlier else None
 
 
 async def rebuilt(client: Client, handle: WorkflowHandle[Any, Any]) -> LedgerInput:

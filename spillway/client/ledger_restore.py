@@ -34,6 +34,8 @@ class Restored(BaseModel):
     entries: int  # carried into the new ledger
     open_entries: int  # reserved, or maybe charged: what still blocks a second create
     spent_usd: float  # this month's charged and maybe charged, as the new ledger counts it
+    run_id: str | None = None  # the new ledger's run
+    sealed: bool = False  # its input sealed with SPILLWAY_LEDGER_SECRET
 
 
 async def restore(
@@ -59,8 +61,10 @@ async def restore(
     now = datetime.now(UTC)
     book = SpendBook.of(held)
     if seal_with is not None:
-        held = sealed(seal_with.get_secret_value(), ledger_id, held, now)
-    await client.start_workflow(
+        latest = await client.get_workflow_handle(ledger_id).describe() if closed else None
+        after = latest.run_id if latest is not None else None
+        held = sealed(seal_with.get_secret_value(), ledger_id, held, now, after)
+    started = await client.start_workflow(
         names.SPEND_LEDGER,
         held,  # the state it closed in, entries and all: a reset job finds its entry
         id=ledger_id,
@@ -76,6 +80,8 @@ async def restore(
         entries=len(held.entries),
         open_entries=sum(1 for e in held.entries if e.state in ("reserved", "maybe_charged")),
         spent_usd=book.totals("month", now).spent_usd,
+        run_id=started.result_run_id,
+        sealed=held.seal is not None,
     )
 
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
+from typing import Any
 
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowHandle
 from temporalio.common import WorkflowIDReusePolicy
 
 from spillway import names
@@ -45,8 +46,10 @@ async def test_a_ledger_someone_else_started_grants_nothing_and_restore_skips_it
     # (reserve, begin, settle): trust passes from run to run.
     ledger_id = names.ledger_id(worker.task_queue)
     handle = jobs.client.get_workflow_handle(ledger_id)
+    workers_run = (await handle.describe()).run_id
     await handle.terminate(reason="test: a ledger that continues as new often")
-    short = sealed(SECRET, ledger_id, LedgerInput(updates_per_run=3), datetime.now(UTC))
+    short = LedgerInput(updates_per_run=3)
+    short = sealed(SECRET, ledger_id, short, datetime.now(UTC), after=workers_run)
     started = await jobs.client.start_workflow(
         SpendLedgerWorkflow.run,
         short,
@@ -92,6 +95,33 @@ async def test_a_ledger_someone_else_started_grants_nothing_and_restore_skips_it
     assert minimax.create_calls == 2
     summary = await ledger(jobs.client, worker.task_queue)
     assert summary.untrusted is None and summary.day.spent_usd == 2 * CLIP_USD
+
+    # The restore's sealed input is in its run's history: copied into a start of their own right
+    # away (fresh), it follows the wrong run.
+    restored_run = jobs.client.get_workflow_handle(ledger_id, run_id=restored["run_id"])
+    copied = await first_input(jobs.client, restored_run)
+    assert copied.seal is not None
+    await jobs.client.get_workflow_handle(ledger_id).terminate(reason="test: again")
+    await jobs.client.start_workflow(
+        SpendLedgerWorkflow.run,
+        copied,
+        id=ledger_id,
+        task_queue=worker.task_queue,
+        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+    )
+    fourth = await jobs.submit("after the copy")
+    refused = await jobs.until(fourth, "failed")
+    assert refused.error is not None and "follows" in refused.error, refused.error
+    assert minimax.create_calls == 2
+
+
+async def first_input(client: Client, handle: WorkflowHandle[Any, Any]) -> LedgerInput:
+    async for event in handle.fetch_history_events(page_size=1):
+        payloads = event.workflow_execution_started_event_attributes.input.payloads
+        (inp,) = await client.data_converter.decode(payloads, [LedgerInput])
+        assert isinstance(inp, LedgerInput)
+        return inp
+    raise AssertionError("no history")
 
 
 async def current_run(client: Client, ledger_id: str) -> str:
