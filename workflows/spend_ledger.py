@@ -217,7 +217,13 @@ class SpendLedgerWorkflow:
 
     @workflow.update(name=names.LEDGER_BEGIN)
     async def begin(self, req: BeginCreate) -> SpendEntry:
-        ask = VetRequest(purpose="begin", job_id=req.job_id, run_id=req.run_id, attempt=req.attempt)
+        ask = VetRequest(
+            purpose="begin",
+            job_id=req.job_id,
+            run_id=req.run_id,
+            attempt=req.attempt,
+            token=req.token,
+        )
         return await self._asked(
             _Request(ask, lambda terms: self._book.begin(req, terms, workflow.now()))
         )

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import secrets
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
@@ -36,13 +37,14 @@ from activities.cloud.models import (
 from activities.heartbeat import Heartbeat
 from activities.http import why
 from activities.inputs import data_url, read_input
-from activities.spend.guard import CreatedOnce, CreateGuard
+from activities.spend.guard import Beginning, CreatedOnce, CreateGuard
 from activities.spend.ledger import Ledger
 from activities.storage.opening import OwnsOutputStore
 from activities.storage.store import IncompleteDownload, OutputStore
 from activities.storage.store import Progress as StoreProgress
 from spillway.models import CloudRequest, Downloaded, JobInput, Progress
 from spillway.settings import Settings
+from spillway.spend_book import token_of
 
 
 class Timing(Protocol):
@@ -98,9 +100,12 @@ class CloudActivities(OwnsOutputStore, Generic[TimingT]):
         """`send(heartbeat)`, once, inside the guard (the right world, armed, the ledger's
         begin, the outcome settled)."""
         # Beats through the ledger's begin and settle too: a slow ledger is not a dead worker.
-        async with Heartbeat(self._timing.heartbeat_every_s, Progress(phase="reserving")) as hb:
+        # The first beat, sent at once, shows the ledger the token this attempt begins with.
+        nonce = secrets.token_hex(32)
+        first = Beginning(phase="reserving", token=token_of(nonce))
+        async with Heartbeat(self._timing.heartbeat_every_s, first) as hb:
             return await self._guard.create(
-                req.job_id, req.authorisation, req.simulated, lambda: send(hb)
+                req.job_id, req.authorisation, req.simulated, lambda: send(hb), nonce
             )
 
 

@@ -6,7 +6,6 @@ recorded the moment it is known."""
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -16,6 +15,7 @@ from temporalio.exceptions import ApplicationError
 from activities.cloud.models import CreateVerdict
 from activities.spend.ledger import Ledger
 from spillway import names
+from spillway.models import Progress
 from spillway.settings import Settings
 from spillway.spend_book import (
     REFUSED,
@@ -32,6 +32,15 @@ WRONG_WORLD = "SpendWrongWorld"
 
 
 Send = Callable[[], Awaitable[CreateVerdict]]
+
+
+class Beginning(Progress):
+    """A create attempt's heartbeat details from its first beat: the hash of the nonce it
+    begins with. Only the attempt's worker can heartbeat it (Temporal's trust boundary), so the
+    ledger's vet believes a begin only with this token: someone who read the attempt off
+    Temporal cannot begin it first with a token of their own."""
+
+    token: str
 
 
 @dataclass(frozen=True)
@@ -51,8 +60,9 @@ class CreateGuard:
         self.ledger, self._settings = ledger, settings
 
     async def create(
-        self, job_id: str, authorisation: Authorisation, simulated: bool, send: Send
+        self, job_id: str, authorisation: Authorisation, simulated: bool, send: Send, nonce: str
     ) -> CreatedOnce:
+        """`nonce`: the attempt's own, its hash already in its heartbeat (`Beginning`)."""
         if simulated != self._settings.SPILLWAY_SIMULATED:
             kinds = ("a simulated", "a real") if simulated else ("a real", "a simulated")
             raise ApplicationError(
@@ -83,7 +93,6 @@ class CreateGuard:
         attempt = f"{run_id}/{info.activity_id}/{info.attempt}"
         # Held by this attempt alone until it settles: a begun entry is freed, charged or
         # re-priced only by whoever shows it (the ledger keeps its hash).
-        nonce = secrets.token_hex(32)
         begin = BeginCreate(job_id=job_id, run_id=run_id, attempt=attempt, token=token_of(nonce))
         try:
             await self.ledger.check_home()

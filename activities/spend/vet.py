@@ -27,6 +27,7 @@ from temporalio import activity
 from temporalio.api.common.v1 import Payload
 from temporalio.api.enums.v1 import WorkflowExecutionStatus
 from temporalio.api.history.v1 import HistoryEvent
+from temporalio.api.workflow.v1 import PendingActivityInfo
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -47,6 +48,10 @@ from spillway.tiers import RoutingTiers
 Purpose = Literal["reserve", "begin", "settle", "terms"]
 
 
+class TokenNotShownYet(Exception):
+    """A begin vetted before its create attempt's first heartbeat reached the server."""
+
+
 class VetRequest(BaseModel):
     purpose: Purpose
     job_id: str = ""
@@ -55,6 +60,7 @@ class VetRequest(BaseModel):
     authorisation: Authorisation = "armed"
     authorised_by: str = ""
     attempt: str = ""  # a begin's: run id / activity id / attempt of the create that begins
+    token: str = ""  # a begin's: the hash its create attempt shows in its heartbeat
 
 
 class VetBatch(BaseModel):
@@ -231,12 +237,29 @@ class LedgerVetting:
         if not asking:
             names_ = " or ".join(sorted(wanted))
             return f"run {req.run_id} of job {req.job_id} is not running {names_}", None
-        attempts = {f"{req.run_id}/{p.activity_id}/{p.attempt}" for p in asking}
-        if req.purpose == "begin" and req.attempt not in attempts:
-            # Only the attempt Temporal shows running may begin: a begin naming another one
-            # would leave the real create refused and its entry held for good.
-            return f"attempt {req.attempt!r} is not the create job {req.job_id} runs now", None
+        attempts = {f"{req.run_id}/{p.activity_id}/{p.attempt}": p for p in asking}
+        if req.purpose == "begin":
+            create = attempts.get(req.attempt)
+            if create is None:
+                # Only the attempt Temporal shows running may begin: a begin naming another one
+                # would leave the real create refused and its entry held for good.
+                return f"attempt {req.attempt!r} is not the create job {req.job_id} runs now", None
+            shown = await self._shown_token(create)
+            if shown is None:
+                # Its first beat is on its way: nothing is decided, the begin is asked again.
+                raise TokenNotShownYet(f"create attempt {req.attempt} shows no token yet")
+            if shown != req.token:
+                return f"the begin's token is not the one create attempt {req.attempt} shows", None
         return None, info.first_run_id or info.execution.run_id
+
+    async def _shown_token(self, create: PendingActivityInfo) -> str | None:
+        """The token in a pending create's latest heartbeat (guard.Beginning)."""
+        payloads = create.heartbeat_details.payloads
+        if not payloads:
+            return None
+        (details,) = await self._client.data_converter.decode(payloads[:1])
+        token = details.get("token") if isinstance(details, dict) else None
+        return token if isinstance(token, str) else None
 
     async def _approval(self, req: VetRequest) -> str | None:
         """Why the job's own plan does not show the approval the request claims (workers

@@ -26,7 +26,7 @@ from activities.minimax.activities import DOWNLOAD as MINIMAX_DOWNLOAD
 from activities.minimax.activities import POLL as MINIMAX_POLL
 from activities.minimax.errors import CREATE_GAVE_UP as MINIMAX_GAVE_UP
 from activities.probe.activities import LoadProbeRequest
-from activities.spend.guard import CreateGuard
+from activities.spend.guard import Beginning, CreateGuard
 from spillway import names
 from spillway.models import ApprovalNotice, Downloaded, LoadStatus, OutputFile, Thresholds
 from spillway.spend_book import BeginCreate, token_of
@@ -204,6 +204,7 @@ class RouteStubs:
             info = activity.info()
             run_id = info.workflow_run_id or ""
             nonce = uuid.uuid4().hex
+            activity.heartbeat(Beginning(phase="reserving", token=token_of(nonce)))
             begin = BeginCreate(
                 job_id=req.job_id,
                 run_id=run_id,
@@ -218,7 +219,9 @@ class RouteStubs:
                 type=MINIMAX_GAVE_UP,
                 non_retryable=True,
             )
-        done = await self.guard.create(req.job_id, req.authorisation, req.simulated, send)
+        nonce = uuid.uuid4().hex
+        activity.heartbeat(Beginning(phase="reserving", token=token_of(nonce)))  # as the guard's
+        done = await self.guard.create(req.job_id, req.authorisation, req.simulated, send, nonce)
         assert done.verdict.task_id is not None
         return cloud.CloudCreated(task_id=done.verdict.task_id, settled=done.settled)
 
