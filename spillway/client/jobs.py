@@ -24,6 +24,7 @@ from temporalio.api.enums.v1 import PendingActivityState
 from temporalio.client import (
     Client,
     WorkflowExecution,
+    WorkflowExecutionDescription,
     WorkflowExecutionStatus,
     WorkflowFailureError,
     WorkflowHandle,
@@ -193,12 +194,7 @@ async def submit(client: Client, job: VideoJob, task_queue: str) -> WorkflowHand
 
 async def status(client: Client, job_id: str) -> Plan:
     handle = client.get_workflow_handle(job_id, result_type=Plan)
-    try:
-        description = await handle.describe()
-    except RPCError as exc:
-        if exc.status == RPCStatusCode.NOT_FOUND:
-            raise Failed(f"job {job_id} not found") from None
-        raise
+    description = await _described(handle, job_id)
     plan = await description.memo_value(PLAN_MEMO, None, type_hint=Plan) or Plan(job_id=job_id)
     match description.status:
         case WorkflowExecutionStatus.COMPLETED:
@@ -279,13 +275,7 @@ async def binding(client: Client, job_id: str, approved: bool) -> approvals.Bind
     """What a decision for this job is signed for: its incarnation (Temporal's first run id of
     the job) and, for an approval, the provider and clip cost key its plan shows it waits for
     (the workers read them). Failed when the job is not there or shows neither yet."""
-    handle = client.get_workflow_handle(job_id)
-    try:
-        description = await handle.describe()
-    except RPCError as exc:
-        if exc.status == RPCStatusCode.NOT_FOUND:
-            raise Failed(f"job {job_id} not found") from None
-        raise
+    description = await _described(client.get_workflow_handle(job_id), job_id)
     info = description.raw_description.workflow_execution_info
     bound = approvals.Binding(job_id=job_id, incarnation=info.first_run_id or description.run_id)
     if not approved:
@@ -339,3 +329,12 @@ async def decide(client: Client, job_id: str, decision: ApprovalDecision) -> str
         raise Failed(_message(err.cause or err)) from None
     except WorkflowUpdateRPCTimeoutOrCancelledError:
         return f"accepted; still being applied: see spillway status {job_id}"
+
+
+async def _described(handle: WorkflowHandle[Any, Any], job_id: str) -> WorkflowExecutionDescription:
+    try:
+        return await handle.describe()
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            raise Failed(f"job {job_id} not found") from None
+        raise

@@ -92,6 +92,21 @@ async def forged(client: Client, task_queue: str, update: str, arg: Any) -> str:
     return str(refused.value.cause)
 
 
+async def replace_ledger(client: Client, task_queue: str, inp: LedgerInput, why: str) -> str:
+    """As someone who may start workflows: spillway's ledger terminated, another started on
+    its queue with `inp`; the new run's id."""
+    ledger_id = names.ledger_id(task_queue)
+    await client.get_workflow_handle(ledger_id).terminate(reason=f"test: {why}")
+    started = await client.start_workflow(
+        SpendLedgerWorkflow.run,
+        inp,
+        id=ledger_id,
+        task_queue=task_queue,
+        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+    )
+    return started.result_run_id or ""
+
+
 async def ledger_started(client: Client, task_queue: str) -> None:
     """The worker's start asks the ledger to read the budgets."""
     await until(lambda: SpendLedger(client, task_queue).summary(), lambda s: s is not None)

@@ -13,19 +13,20 @@ import asyncio
 from temporalio.api.common.v1 import WorkflowExecution
 from temporalio.api.workflowservice.v1 import DeleteWorkflowExecutionRequest
 from temporalio.client import Client, WorkflowFailureError
-from temporalio.common import WorkflowIDReusePolicy
 from temporalio.service import RPCError, RPCStatusCode
 
-from spillway import names
 from spillway.models import Plan
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
 from spillway.spend_book import LedgerInput
-from tests.reliability.test_ledger_authority import busy_and_armed, ledger_started
+from tests.reliability.test_ledger_authority import (
+    busy_and_armed,
+    ledger_started,
+    replace_ledger,
+)
 from tests.reliability.test_money import ledger
 from tests.support.jobs import reset_to_first_workflow_task
 from tests.support.waiting import until
-from workflows.spend_ledger import SpendLedgerWorkflow
 
 
 async def test_a_job_reset_after_the_ledger_forgot_its_create_is_granted_none(
@@ -37,15 +38,7 @@ async def test_a_job_reset_after_the_ledger_forgot_its_create_is_granted_none(
     done = await jobs.until(job_id, "completed")
     assert done.cloud is not None
     # As after the tag's 40 days: a ledger that holds neither the entry nor the tag.
-    ledger_id = names.ledger_id(worker.task_queue)
-    await jobs.client.get_workflow_handle(ledger_id).terminate(reason="test: a forgetful ledger")
-    await jobs.client.start_workflow(
-        SpendLedgerWorkflow.run,
-        LedgerInput(),
-        id=ledger_id,
-        task_queue=worker.task_queue,
-        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
-    )
+    await replace_ledger(jobs.client, worker.task_queue, LedgerInput(), "a forgetful ledger")
     await ledger_started(jobs.client, worker.task_queue)
 
     first_run = (await jobs.client.get_workflow_handle(job_id).describe()).run_id

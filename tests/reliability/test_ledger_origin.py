@@ -12,7 +12,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 from temporalio.client import Client, WorkflowHandle
-from temporalio.common import WorkflowIDReusePolicy
 
 from spillway import names
 from spillway.ledger_seal import sealed
@@ -20,11 +19,10 @@ from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
 from spillway.spend_book import LedgerInput
 from tests.reliability.harness import cli
-from tests.reliability.test_ledger_authority import ledger_started
+from tests.reliability.test_ledger_authority import ledger_started, replace_ledger
 from tests.reliability.test_money import ledger
 from tests.support.constants import BUSY_VRAM_PCT, CANARY_KEY, CLIP_USD
 from tests.support.waiting import until
-from workflows.spend_ledger import SpendLedgerWorkflow
 
 # The canary inside: the secrets check looks for it in every log, history and CLI output.
 SECRET = f"{CANARY_KEY}-ledger"
@@ -45,35 +43,19 @@ async def test_a_ledger_someone_else_started_grants_nothing_and_restore_skips_it
     # Started again as an operator's restore would, sealed, continuing as new after each create
     # (reserve, begin, settle): trust passes from run to run.
     ledger_id = names.ledger_id(worker.task_queue)
-    handle = jobs.client.get_workflow_handle(ledger_id)
-    workers_run = (await handle.describe()).run_id
-    await handle.terminate(reason="test: a ledger that continues as new often")
+    workers_run = await current_run(jobs.client, ledger_id)
     short = LedgerInput(updates_per_run=3)
     short = sealed(SECRET, ledger_id, short, datetime.now(UTC), after=workers_run)
-    started = await jobs.client.start_workflow(
-        SpendLedgerWorkflow.run,
-        short,
-        id=ledger_id,
-        task_queue=worker.task_queue,
-        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
-    )
+    first_run = await replace_ledger(jobs.client, worker.task_queue, short, "continues often")
     first = await jobs.submit("before the intruder")
     assert (await jobs.until(first, "completed")).route == "cloud"
-    own_run = await until(
-        lambda: current_run(jobs.client, ledger_id), lambda run: run != started.result_run_id
-    )
+    own_run = await until(lambda: current_run(jobs.client, ledger_id), lambda run: run != first_run)
     assert (await ledger(jobs.client, worker.task_queue)).untrusted is None
 
     # Someone who may start workflows: spillway's ledger terminated, theirs started with the
     # month's spending gone and a claim to be trusted.
-    await jobs.client.get_workflow_handle(ledger_id).terminate(reason="test: an intruder")
-    await jobs.client.start_workflow(
-        SpendLedgerWorkflow.run,
-        LedgerInput(trusted=True, updates_per_run=3),
-        id=ledger_id,
-        task_queue=worker.task_queue,
-        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
-    )
+    forged = LedgerInput(trusted=True, updates_per_run=3)
+    await replace_ledger(jobs.client, worker.task_queue, forged, "an intruder")
     second = await jobs.submit("after the intruder")
     refused = await jobs.until(second, "failed")
     assert refused.error is not None and "not started by spillway" in refused.error
@@ -101,14 +83,7 @@ async def test_a_ledger_someone_else_started_grants_nothing_and_restore_skips_it
     restored_run = jobs.client.get_workflow_handle(ledger_id, run_id=restored["run_id"])
     copied = await first_input(jobs.client, restored_run)
     assert copied.seal is not None
-    await jobs.client.get_workflow_handle(ledger_id).terminate(reason="test: again")
-    await jobs.client.start_workflow(
-        SpendLedgerWorkflow.run,
-        copied,
-        id=ledger_id,
-        task_queue=worker.task_queue,
-        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
-    )
+    await replace_ledger(jobs.client, worker.task_queue, copied, "the intruder again")
     fourth = await jobs.submit("after the copy")
     refused = await jobs.until(fourth, "failed")
     assert refused.error is not None and "follows" in refused.error, refused.error
