@@ -495,3 +495,32 @@ async def test_the_queue_as_json_with_two_places_held_and_three_in_line_then_one
         plans = await asyncio.gather(*(h.result() for h in [*holders, *waiting]))
     assert positions == [(1, waiting[0].id), (2, waiting[1].id)]
     assert all(p.state == "completed" for p in plans) and comfyui.most_held == 2
+
+
+async def test_a_local_job_gives_its_place_back_with_its_download_and_sends_no_signal_of_its_own(
+    spillway, comfyui: ComfyUISim
+):
+    comfyui.execution_s = 0.2
+    async with spillway(A40_MAX_JOBS=1) as sw:
+        first = await sw.start(cloud=False)
+        nxt = await sw.start(cloud=False)
+        plans = await asyncio.gather(first.result(), nxt.result())
+        view = await sw.view()
+        histories = [await h.fetch_history() for h in (first, nxt)]
+    assert [p.state for p in plans] == ["completed", "completed"]
+    assert [p.job_id for h in view.hosts for p in h.places] == []
+    for history in histories:
+        signalled = [
+            e.signal_external_workflow_execution_initiated_event_attributes.signal_name
+            for e in history.events
+            if e.HasField("signal_external_workflow_execution_initiated_event_attributes")
+        ]
+        assert names.POOL_LEAVE not in signalled
+        [downloaded] = [
+            json.loads(e.activity_task_completed_event_attributes.result.payloads[0].data)
+            for e in history.events
+            if e.HasField("activity_task_completed_event_attributes")
+            and b'"released"' in e.activity_task_completed_event_attributes.result.payloads[0].data
+        ]
+        assert downloaded["released"] is True
+    assert comfyui.most_held == 1

@@ -244,7 +244,7 @@ comfyui_wait: HostCall[comfyui.ComfyUIWait, comfyui.ComfyUIFinished] = HostCall(
     _retried_but(comfyui.EXECUTION_FAILED, comfyui.INTERRUPTED),
     waits=True,
 )
-comfyui_download: HostCall[comfyui.ComfyUIDownload, Downloaded] = HostCall(
+comfyui_download: HostCall[comfyui.ComfyUIDownload, comfyui.ComfyUIDownloaded] = HostCall(
     ComfyUIActivities.download, timedelta(hours=6), FREE_RETRY, waits=True
 )
 comfyui_cancel: HostCall[comfyui.ComfyUICancel, comfyui.ComfyUICancelled] = HostCall(

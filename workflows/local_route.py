@@ -28,9 +28,12 @@ with workflow.unsafe.imports_passed_through():
         ComfyUIUpload,
         ComfyUIWait,
         HostBound,
+        Release,
         prompt_id_for,
     )
+    from spillway import names
     from spillway.decision import is_armed
+    from spillway.gpu_pool import PoolLeave
     from spillway.hosts import no_answer
     from spillway.images import with_inputs
     from spillway.models import HostRef
@@ -43,6 +46,8 @@ REPORT_SILENCE_AFTER_S = 30.0
 # While a host stays silent the job looks again at most this far apart: a day of it is a few
 # hundred history events, not thousands.
 LOOK_AGAIN_S = 300.0
+# Runs of 0.5.0 give their place back by a signal of their own after the download.
+RELEASE_WITH_DOWNLOAD = "release-with-download"
 
 
 async def to_the_end(work: Awaitable[_T]) -> _T:
@@ -107,7 +112,7 @@ async def run(s: VideoJobState) -> bool:
             # ComfyUI restarted and forgot the prompt: resubmitting locally costs nothing.
             s.reason(f"comfyui_lost_prompt={prompt_id}")
             continue
-        download = ComfyUIDownload(job_id=job.job_id, files=finished.files)
+        download = ComfyUIDownload(job_id=job.job_id, files=finished.files, release=_release(s))
         downloaded = await _through_silence(
             s,
             host,
@@ -117,8 +122,19 @@ async def run(s: VideoJobState) -> bool:
         if downloaded is None:
             return True
         plan.outputs = downloaded.outputs
+        if downloaded.released:
+            s.place = None
         return False
     s.fail(texts.lost_too_often(plan.local_attempts))
+
+
+def _release(s: VideoJobState) -> Release | None:
+    """The job's place, for the download to give back when the outputs are home."""
+    place = s.place
+    if place is None or place.host is None or not workflow.patched(RELEASE_WITH_DOWNLOAD):
+        return None
+    pool = names.pool_id(workflow.info().task_queue)
+    return Release(pool_id=pool, leave=PoolLeave(job_id=s.job.job_id, asked_at=place.asked_at))
 
 
 async def _through_silence(

@@ -41,12 +41,14 @@ from activities.comfyui.models import (
     ComfyUICancel,
     ComfyUICancelled,
     ComfyUIDownload,
+    ComfyUIDownloaded,
     ComfyUIFinished,
     ComfyUISubmit,
     ComfyUISubmitted,
     ComfyUIUpload,
     ComfyUIUploaded,
     ComfyUIWait,
+    Release,
 )
 from activities.comfyui.silence import Retried, bounded_by_silence
 from activities.comfyui.watch import ComfyUIWatcher, Ended, Silent
@@ -54,7 +56,7 @@ from activities.heartbeat import Heartbeat, unless_shutting_down
 from activities.storage.opening import OwnsOutputStore
 from activities.storage.store import OutputStore
 from spillway import names
-from spillway.models import Downloaded, Progress
+from spillway.models import Progress
 from spillway.settings import Settings, shown
 
 # How long after a POST /prompt that got no answer it may still land in ComfyUI's queue: twice
@@ -255,13 +257,15 @@ class ComfyUIActivities(OwnsOutputStore):
     # --- files: outputs home, input images in ------------------------------------------------
 
     @activity.defn(name=names.COMFYUI_DOWNLOAD)
-    async def download(self, req: ComfyUIDownload) -> Downloaded:
+    async def download(self, req: ComfyUIDownload) -> ComfyUIDownloaded:
         return await unless_shutting_down(self._download(req))
 
-    async def _download(self, req: ComfyUIDownload) -> Downloaded:
+    async def _download(self, req: ComfyUIDownload) -> ComfyUIDownloaded:
         async with Heartbeat(self._heartbeat_every_s) as heartbeat:
             with activity_errors(), bounded_by_silence(self._client, heartbeat, req):
-                return await self._files.download(req, heartbeat)
+                downloaded = await self._files.download(req, heartbeat)
+        released = req.release is not None and await _give_back(req.release)
+        return ComfyUIDownloaded(outputs=downloaded.outputs, released=released)
 
     @activity.defn(name=names.COMFYUI_UPLOAD)
     async def upload(self, req: ComfyUIUpload) -> ComfyUIUploaded:
@@ -306,3 +310,16 @@ class ComfyUIActivities(OwnsOutputStore):
             await self._client.delete_pending(prompt_id)
         else:
             await self._client.interrupt(prompt_id)
+
+
+async def _give_back(release: Release) -> bool:
+    """False: the pool did not take it (not running, the server busy): the job gives its place
+    back itself. A give-back sent twice (a retried download) frees nothing twice: the pool knows
+    each place by its ask."""
+    pool = activity.client().get_workflow_handle(release.pool_id)
+    try:
+        await pool.signal(names.POOL_LEAVE, release.leave)
+    except Exception as err:
+        activity.logger.info("place not given back by the download: %s", err)
+        return False
+    return True

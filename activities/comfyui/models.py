@@ -11,7 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from spillway.models import JobInput
+from spillway.gpu_pool import PoolLeave
+from spillway.models import Downloaded, JobInput
 
 # ApplicationError types of the ComfyUI activities. Non-retryable ones are also raised with
 # non_retryable=True; naming them in a retry policy is documentation, not a requirement.
@@ -113,9 +114,23 @@ class ComfyUIFinished(BaseModel):
     silent_since: datetime | None = None
 
 
+class Release(BaseModel):
+    """The job's place, given back to its GPU pool once the outputs are home."""
+
+    pool_id: str
+    leave: PoolLeave
+
+
 class ComfyUIDownload(HostBound):
     job_id: str
     files: list[ComfyUIFile]
+    # Sent by the download itself: the job then ends without waiting on a signal of its own (a
+    # workflow task fewer). None: the job gives its place back itself (calls of 0.5.0).
+    release: Release | None = None
+
+
+class ComfyUIDownloaded(Downloaded):
+    released: bool = False  # the pool has the give-back: the job holds no place any more
 
 
 class ComfyUICancel(BaseModel):
