@@ -46,8 +46,6 @@ REPORT_SILENCE_AFTER_S = 30.0
 # While a host stays silent the job looks again at most this far apart: a day of it is a few
 # hundred history events, not thousands.
 LOOK_AGAIN_S = 300.0
-# Runs of 0.5.0 give their place back by a signal of their own after the download.
-RELEASE_WITH_DOWNLOAD = "release-with-download"
 
 
 async def to_the_end(work: Awaitable[_T]) -> _T:
@@ -129,9 +127,12 @@ async def run(s: VideoJobState) -> bool:
 
 
 def _release(s: VideoJobState) -> Release | None:
-    """The job's place, for the download to give back when the outputs are home."""
+    """The job's place, for the download to give back when the outputs are home. No patch: a
+    replay of a run of 0.5.0 reads its download's result without `released`, and gives the place
+    back by its own signal as that run did (a patch would cost every job a search-attribute
+    write)."""
     place = s.place
-    if place is None or place.host is None or not workflow.patched(RELEASE_WITH_DOWNLOAD):
+    if place is None or place.host is None:
         return None
     pool = names.pool_id(workflow.info().task_queue)
     return Release(pool_id=pool, leave=PoolLeave(job_id=s.job.job_id, asked_at=place.asked_at))
