@@ -161,7 +161,7 @@ async def run_worker(
     async with serving(client, settings, tiers, agents=agents, only_host=only_host) as works:
         queues = ", ".join(repr(w.task_queue) for w in works)
         log.info("worker polling task queues %s", queues)
-        _fewer_full_collections()
+        fewer_full_collections()
         gauge = None
         if only_host is None:
             ledger = SpendLedger(
@@ -178,17 +178,20 @@ async def run_worker(
             gauge.cancel()
 
 
-def _fewer_full_collections() -> None:
+def fewer_full_collections(after: int = 1000) -> None:
     """Python's cyclic GC scans every live object in a full collection: behind a backlog of
     1,000 jobs that stopped the whole worker for 0.15-0.35 s every 2-3 s while the heap grew
     (bench/backlog.py), right when new jobs decide. What start-up built lives as long as the
-    process and is frozen out of the scans; full collections wait for 1,000 young ones instead
-    of 10 (minutes apart under load, not seconds), at the price of cyclic garbage kept longer:
-    about 20 MB more RSS behind that backlog. Most garbage goes at once by reference counting."""
+    process and is frozen out of the scans; full collections wait for `after` collections of the
+    middle generation instead of 10 (minutes apart under load, not seconds), at the price of
+    cyclic garbage kept longer: about 20 MB more RSS behind that backlog, and the workflows the
+    SDK evicts from a full cache (a line longer than SPILLWAY_MAX_CACHED_WORKFLOWS) wait for a
+    full collection: docs/performance.md, "What a waiting job costs". With 100 the 50 decisions
+    behind that backlog took p99 4.11 s against 1.84 s (one run each)."""
     gc.collect()
     gc.freeze()
     young, middle, _ = gc.get_threshold()
-    gc.set_threshold(young, middle, 1000)
+    gc.set_threshold(young, middle, after)
 
 
 async def _gauges(client: Client, ledger: SpendLedger) -> None:

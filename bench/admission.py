@@ -10,10 +10,12 @@ their own and the Temporal dev server.
    job's), and the card's idle gap between two renders, p99 (ComfyUI's own execution_success of
    one prompt to execution_start of the next, from its /history).
 2. A long line: `--line` local jobs wait behind one that renders for an hour (A40_MAX_JOBS=1).
-   Prints the worker's RSS per waiting job, the Temporal server's CPU while they wait against
-   idle (30 s each), and `--armed` armed jobs' decision p50 / p99 (start to the spend_reserve
-   their cloud route schedules first) with the place taken and nobody in line, then behind the
-   line, in the same run. `--cache N` (repeatable) sets the worker's
+   Prints the worker's RSS per waiting job (its growth from just before the line), the Temporal
+   server's CPU while they wait against idle (30 s each), and `--armed` armed jobs' decision
+   p50 / p99 (start to the spend_reserve their cloud route schedules first) with the place taken
+   and nobody in line, then behind the line, in the same run, each next to as many job-shaped
+   workflows at once (bench/bare_workflow.py: the job's steps as no-op activities, no pool)
+   reaching their third step, where a job decides. `--cache N` (repeatable) sets the worker's
    SPILLWAY_MAX_CACHED_WORKFLOWS for this part; `--jobs 0` skips the backlog.
 """
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -29,17 +32,20 @@ import time
 import uuid
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import httpx
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import itertools
 
 from bench.backlog import count, decision_s
+from bench.bare_workflow import JobShapedWorkflow, noop
 from bench.common import (
     child_pid,
     cpu_s,
@@ -52,9 +58,11 @@ from bench.common import (
 from spillway import names
 from spillway.client.jobs import submit
 from spillway.client.queue import pool_view
+from spillway.hosts import WAITS_SUFFIX
 from spillway.models import CloudRequest, VideoJob
 from tests.support.graphs import VIDEO_GRAPH
 from tests.support.waiting import until
+from worker import POLLING, WORKFLOW_RUNNER
 
 ARMED = {"CLOUD_VIDEO_FALLBACK_ENABLED": "1", "MINIMAX_POLL_INTERVAL_S": "2"}
 
@@ -176,6 +184,53 @@ async def armed_decisions(client: Client, queue: str, armed: int) -> list[float]
     return [await decision_s(client, i) for i in ids]
 
 
+async def shaped_decisions(client: Client, n: int) -> list[float]:
+    """`n` job-shaped workflows at once, run as the job's worker runs workflows, on queues of
+    their own: from each one's start to its third step scheduled (a job decides after its
+    policy read and its probe)."""
+    queue = f"shaped-{uuid.uuid4()}"
+    host_queue = f"{queue}-gpu"
+    like_the_worker: dict[str, Any] = {**POLLING, "workflow_runner": WORKFLOW_RUNNER}
+    workers = [
+        Worker(
+            client,
+            task_queue=queue,
+            workflows=[JobShapedWorkflow],
+            activities=[noop],
+            disable_eager_activity_execution=True,
+            **like_the_worker,
+        ),
+        *(
+            Worker(client, task_queue=q, activities=[noop], **like_the_worker)
+            for q in (host_queue, host_queue + WAITS_SUFFIX)
+        ),
+    ]
+    async with contextlib.AsyncExitStack() as running:
+        for worker in workers:
+            await running.enter_async_context(worker)
+        handles = await asyncio.gather(
+            *(
+                client.start_workflow(
+                    JobShapedWorkflow.run, host_queue, id=f"shaped-{uuid.uuid4()}", task_queue=queue
+                )
+                for _ in range(n)
+            )
+        )
+        await asyncio.gather(*(h.result() for h in handles))
+    return [await third_step_s(client, h.id) for h in handles]
+
+
+async def third_step_s(client: Client, workflow_id: str) -> float:
+    history = await client.get_workflow_handle(workflow_id).fetch_history()
+    started = history.events[0].event_time.ToDatetime()
+    scheduled = [
+        e.event_time.ToDatetime()
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+    ]
+    return (scheduled[2] - started).total_seconds()
+
+
 async def long_line(env: WorkflowEnvironment, line: int, armed: int, cache: int) -> None:
     client = env.client
     sims, urls = await start_doubles(execution_s=3600)
@@ -193,6 +248,10 @@ async def long_line(env: WorkflowEnvironment, line: int, armed: int, cache: int)
         await start_jobs(client, queue, local_jobs("holder", 1))
         await until(lambda: count(client, queue, "running_local"), bool, what="the holder")
         alone = await armed_decisions(client, queue, armed)  # the place taken, nobody in line
+        shaped_alone = await shaped_decisions(client, armed)
+        # Per waiting job, from what the worker held just before the line: the idle figure
+        # still lacks what the first jobs of each route load (modules, clients, schemas).
+        before_rss = rss_mb(worker.pid)
         await start_jobs(client, queue, local_jobs("line", line))
         started = time.perf_counter()
         while await count(client, queue, "queued") < line:
@@ -207,27 +266,36 @@ async def long_line(env: WorkflowEnvironment, line: int, armed: int, cache: int)
         await asyncio.sleep(30)
         line_cpu = (cpu_s(server) - before) / 30
         decisions = await armed_decisions(client, queue, armed)
+        shaped_behind = await shaped_decisions(client, armed)
     finally:
         worker.kill()
         sims.kill()
-    d50, d99 = q(decisions)
-    a50, a99 = q(alone)
-    per_job_kb = (line_rss - idle_rss) * 1024 / line
+    per_job_kb = (line_rss - before_rss) * 1024 / line
     print(
         f"{line} local jobs in line behind one rendering for an hour (A40_MAX_JOBS=1), "
         f"SPILLWAY_MAX_CACHED_WORKFLOWS={cache}"
     )
     print(f"  the line formed in {formed_s:.0f} s; the pool holds {in_line} in line")
     print(
-        f"  worker RSS   idle {idle_rss:6.1f} MB   line {line_rss:6.1f} MB   "
+        f"  worker RSS   idle {idle_rss:6.1f} MB   before the line {before_rss:6.1f} MB   "
+        f"line {line_rss:6.1f} MB   "
         f"{per_job_kb:5.1f} KB/job"
     )
     print(
         f"  server CPU   idle {idle_cpu * 100:5.1f} % of a core   line {line_cpu * 100:5.1f} %   "
         f"difference {(line_cpu - idle_cpu) * 100:+5.1f} points"
     )
-    print(f"  {armed} armed jobs' decision, nobody in line   p50 {a50:6.2f} s   p99 {a99:6.2f} s")
-    print(f"  {armed} armed jobs' decision behind the line  p50 {d50:6.2f} s   p99 {d99:6.2f} s")
+    for where, jobs, shaped in (
+        ("nobody in line", alone, shaped_alone),
+        ("behind the line", decisions, shaped_behind),
+    ):
+        j50, j99 = q(jobs)
+        s50, s99 = q(shaped)
+        print(
+            f"  {armed} at once, {where:15}  armed jobs' decision p50 {j50:5.2f} s  "
+            f"p99 {j99:5.2f} s;  job-shaped third step p50 {s50:5.2f} s  p99 {s99:5.2f} s;  "
+            f"p99 ratio {j99 / s99:4.2f}"
+        )
 
 
 async def main(jobs: int, line: int, armed: int, caches: list[int]) -> None:
