@@ -49,4 +49,5 @@ class PolicyActivities:
             job_webhook_configured=s.JOB_WEBHOOK_URL is not None,
             approvals_signed=s.SPILLWAY_APPROVAL_SECRET is not None,
             pool_reprobe_s=s.SPILLWAY_POOL_REPROBE_S,
+            pool_line_check_s=s.SPILLWAY_POOL_LINE_CHECK_S,
         )

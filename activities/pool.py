@@ -2,7 +2,8 @@
 running, by signal-with-start with the ask of the job that found none (a job signals a running
 pool from its own workflow code); the pool's check of the holders it has not heard from: a
 holder that is closed, reset away or no longer holding this place gives it back; and, for a pool
-that starts after an earlier one ended (terminated, failed), the places its jobs still hold."""
+that starts after an earlier one ended (terminated, failed), the places its jobs still hold and
+its line."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from spillway import names
 from spillway import search_attributes as sa
 from spillway.gpu_pool import Holder, PoolAsk, PoolInput
-from spillway.models import JobPlace
+from spillway.models import JobPlace, PlaceMode
 
 CHECKS_AT_ONCE = 16
 ASK_TIMEOUT = timedelta(seconds=5)
@@ -37,18 +38,23 @@ class FindHolders(BaseModel):
 
 
 class Held(BaseModel):
+    """A running job's ask, as the job keeps it: holding a place on `host`, or in the line."""
+
     job_id: str
     asked_at: datetime
-    host: str
+    host: str | None
+    mode: PlaceMode = "any"
+    priority: int = 3
 
 
 class HoldersFound(BaseModel):
     held: list[Held]
 
 
-# A job holds a place from its admission to its end; between the two it is queued (the answer
-# has just come), probing (it asked at its first decision) or running_local.
-HOLDING_STATES = ("probing", "queued", "running_local")
+# A job asks at its first decision (probing) and then waits in line (queued, or also for a
+# person) or holds its place from its admission (still in the state it waited in while its
+# inputs upload) until it ends.
+ASKING_STATES = ("probing", "queued", "awaiting_approval", "running_local")
 
 
 class PoolActivities:
@@ -85,7 +91,8 @@ class PoolActivities:
 
     @activity.defn(name=names.POOL_FIND)
     async def find_holders(self, find: FindHolders) -> HoldersFound:
-        """The places the running jobs of `find.task_queue` hold, as each job says. Nothing when
+        """The places the running jobs of `find.task_queue` hold and the asks they wait in line
+        with, as each job says. Nothing when
         no pool ran before this one (the first start: nobody can hold a place yet), and nothing
         when the server cannot list (the time-skipping test server)."""
         pool = names.pool_id(find.task_queue)
@@ -95,7 +102,7 @@ class PoolActivities:
             )
             if not earlier.count:
                 return HoldersFound(held=[])
-            states = ", ".join(f"'{state}'" for state in HOLDING_STATES)
+            states = ", ".join(f"'{state}'" for state in ASKING_STATES)
             running = [
                 execution.id
                 async for execution in self._client.list_workflows(
@@ -118,9 +125,15 @@ class PoolActivities:
                 except Exception as err:  # ended meanwhile, or cannot answer now
                     activity.logger.info("job %s not asked for its place: %s", job_id, err)
                     return None
-            if place is None or place.host is None:
+            if place is None:
                 return None
-            return Held(job_id=job_id, asked_at=place.asked_at, host=place.host)
+            return Held(
+                job_id=job_id,
+                asked_at=place.asked_at,
+                host=place.host,
+                mode=place.mode,
+                priority=place.priority,
+            )
 
         found = await asyncio.gather(*(place_of(job_id) for job_id in running))
         return HoldersFound(held=[h for h in found if h is not None])

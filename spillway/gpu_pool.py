@@ -12,6 +12,7 @@ from __future__ import annotations
 import bisect
 import math
 from datetime import datetime, timedelta
+from typing import Literal
 
 from pydantic import BaseModel
 
@@ -37,6 +38,8 @@ class PoolAsk(BaseModel):
     mode: Mode = "any"
     wait: bool = True  # False: a place now or the answer "full" (an armed job goes to the cloud)
     seen: list[HostSeen] = []  # the job's probe, hosts in the order it prefers them
+    # A job in line checking that the pool still has its ask: answered only when it had not.
+    again: bool = False
 
 
 class PoolLeave(BaseModel):
@@ -131,6 +134,10 @@ class PoolView(BaseModel):
 
     hosts: list[HostPlaces]
     line: list[InLine]
+    # not_started: no job has asked yet; closed: its latest run ended (`closed` says how, e.g.
+    # TERMINATED) and what it last held is not shown: the jobs ask a new pool.
+    pool: Literal["running", "not_started", "closed"] = "running"
+    closed: str | None = None
 
 
 Sent = tuple[str, PoolAnswer]  # (job id, answer)
@@ -173,6 +180,8 @@ class PoolBook:
             self.give_back(PoolLeave(job_id=held.job_id, asked_at=held.asked_at), now)
             sent += self.admit(now, freshness=timedelta(0))
         lined = self._in_line(ask.job_id)
+        if lined is not None and ask.again and lined.asked_at == ask.asked_at:
+            return sent  # it is where it was
         if lined is not None:
             self._unline(lined)
             if lined.asked_at == ask.asked_at:  # a changed mode; its position is kept
@@ -185,7 +194,7 @@ class PoolBook:
             return [*sent, (ask.job_id, PoolAnswer(asked_at=ask.asked_at, full=full))]
         # What the line carries across continue-as-new stays small: the probe it came with has
         # been noted above.
-        ask = ask.model_copy(update={"seen": []})
+        ask = ask.model_copy(update={"seen": [], "again": False})
         position = bisect.bisect_left(self.line, _key(ask), key=_key) + 1
         self.line.insert(position - 1, ask)
         self._lined[ask.job_id] = ask

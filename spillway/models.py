@@ -84,6 +84,7 @@ class Policy(BaseModel):
     # SPILLWAY_APPROVAL_SECRET: only signed decisions are used. Not read by 0.3.0 workers.
     approvals_signed: bool = False
     pool_reprobe_s: float = 2.0  # SPILLWAY_POOL_REPROBE_S
+    pool_line_check_s: float = 300.0  # SPILLWAY_POOL_LINE_CHECK_S
 
 
 class HostView(BaseModel):
@@ -313,6 +314,7 @@ class JobPlace(BaseModel):
     asked_at: datetime
     mode: PlaceMode = "any"
     host: str | None = None
+    priority: int = 3  # the job's, so that a new pool can take back the line (0.5.0: none)
 
 
 class Plan(BaseModel):

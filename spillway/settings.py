@@ -105,6 +105,9 @@ class Settings(BaseSettings):
     # the hosts instead, every SPILLWAY_POOL_REPROBE_S while jobs wait.
     APPROVAL_RECHECK_S: Seconds = 60.0
     SPILLWAY_POOL_REPROBE_S: Annotated[float, Field(ge=0.5, le=300)] = 2.0
+    # A job waiting in the GPU line asks the pool again this often, unanswered unless the pool
+    # lost it: a pool that was terminated is started again by it, and takes back the whole line.
+    SPILLWAY_POOL_LINE_CHECK_S: Annotated[float, Field(ge=1, le=3600)] = 300.0
     # Places of the single GPU host (routing_tiers.json's `max_jobs` per host otherwise): one
     # rendering, one ready behind it so the card never idles between two jobs.
     A40_MAX_JOBS: Annotated[int, Field(ge=1, le=1000)] = 2

@@ -524,3 +524,70 @@ async def test_a_local_job_gives_its_place_back_with_its_download_and_sends_no_s
         ]
         assert downloaded["released"] is True
     assert comfyui.most_held == 1
+
+
+async def _terminate_pool(sw: Spillway) -> str:
+    """The operator's remedy for a wedged pool; the run it ended."""
+    pool = sw.client.get_workflow_handle(names.pool_id(sw.queue))
+    run_id = (await pool.describe()).run_id
+    await pool.terminate(reason="operator")
+    return run_id or ""
+
+
+async def test_a_terminated_pool_s_line_asks_a_new_pool_by_itself_and_runs(
+    spillway, comfyui: ComfyUISim, cli_env, dev_env
+):
+    comfyui.execution_s = 0.2
+    comfyui.pause()  # the holder's prompt stays pending: its place stays held
+    async with spillway(A40_MAX_JOBS=1, SPILLWAY_POOL_LINE_CHECK_S=3) as sw:
+        holder = await sw.start(cloud=False)
+        await sw.jobs.until(holder, "running_local")
+        waiting = await sw.start(cloud=False)
+        await sw.line_is(lambda line: line == [waiting.id])
+        ended = await _terminate_pool(sw)
+        # Neither the queue nor the job's status shows the closed pool's places or line as live.
+        closed = await sw.view()
+        assert (closed.pool, closed.closed, closed.hosts, closed.line) == (
+            "closed",
+            "TERMINATED",
+            [],
+            [],
+        )
+        env = cli_env(
+            TEMPORAL_ADDRESS=dev_env.client.service_client.config.target_host,
+            SPILLWAY_TASK_QUEUE=sw.queue,
+        )
+        code, out, err = await cli("queue", env=env)
+        assert code == 0 and "the GPU pool is closed (TERMINATED)" in out, err
+        assert (await job_ops.status(sw.client, waiting.id)).queue is None
+        comfyui.resume()
+        assert (await holder.result()).state == "completed"
+        # Nobody else asks: the job in line starts a new pool by its own check, and runs.
+        plan = await waiting.result()
+        pool = await sw.client.get_workflow_handle(names.pool_id(sw.queue)).describe()
+    assert (plan.state, plan.route) == ("completed", "local")
+    assert pool.run_id != ended
+    assert posted(comfyui, plan) == 1 and comfyui.most_held == 1
+
+
+async def test_a_new_pool_takes_back_the_terminated_one_s_line_in_its_order(
+    spillway, comfyui: ComfyUISim
+):
+    comfyui.execution_s = 0.2
+    comfyui.pause()
+    async with spillway(A40_MAX_JOBS=1) as sw:  # no line check within the test's time
+        holder = await sw.start(cloud=False)
+        await sw.jobs.until(holder, "running_local")
+        first = await sw.start(cloud=False, priority=4)
+        await sw.line_is(lambda line: line == [first.id])
+        await _terminate_pool(sw)
+        # A later job starts the new pool: the holder's place and the line come back, and the
+        # earlier job stays ahead of it by its first ask.
+        later = await sw.start(cloud=False, priority=4)
+        await sw.line_is(lambda line: line == [first.id, later.id])
+        view = await sw.view()
+        assert [p.job_id for h in view.hosts for p in h.places] == [holder.id]
+        comfyui.resume()
+        plans = await asyncio.gather(*(h.result() for h in (holder, first, later)))
+    assert [p.state for p in plans] == ["completed"] * 3
+    assert all(posted(comfyui, p) == 1 for p in plans) and comfyui.most_held == 1

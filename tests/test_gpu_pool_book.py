@@ -161,3 +161,19 @@ def test_the_line_says_why_each_job_waits_and_in_which_state():
     assert line["asks-a-person"].why == "approval, or a host with headroom"
     b.note_probe("a40", Reading(reachable=False, headroom=False, at=T0))
     assert b.view().line[0].why == "no GPU host answers"
+
+
+def test_a_job_in_line_asking_again_is_left_where_it_was_and_lined_by_a_pool_that_lost_it():
+    b = book(("a40", 1))
+    b.ask(ask("holder"), T0)
+    b.ask(ask("first", 1, seen=[]), T0)
+    b.ask(ask("second", 2, seen=[]), T0)
+    assert b.ask(ask("second", 2, seen=[], again=True), T0) == []  # unanswered: nothing changed
+    assert [a.job_id for a in b.line] == ["first", "second"]
+    # A new pool that lost the line lines it again by its first ask time, and answers.
+    fresh = book(("a40", 1))
+    fresh.ask(ask("later", 5, seen=[]), T0)
+    again = answers(fresh.ask(ask("second", 2, seen=[], again=True), T0))["second"]
+    assert again.position == 1
+    assert [a.job_id for a in fresh.line] == ["second", "later"]
+    assert not any(a.again for a in fresh.line)

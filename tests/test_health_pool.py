@@ -36,6 +36,7 @@ from worker import serving
 
 pytestmark = pytest.mark.full
 
+LINE_CHECK_S = 300.0  # SPILLWAY_POOL_LINE_CHECK_S's default, which health names
 BROKEN = "this release's GpuPoolWorkflow cannot replay the pool's history"
 
 
@@ -62,7 +63,7 @@ async def test_no_job_asked_yet_the_pool_is_not_started_and_nothing_is_wrong(
 ):
     queue = a_queue()
 
-    found = await pool_health(dev_env.client, queue)
+    found = await pool_health(dev_env.client, queue, line_check_s=LINE_CHECK_S)
 
     assert found.model_dump() == {
         "state": "not_started",
@@ -108,7 +109,7 @@ async def test_a_running_pool_shows_its_places_and_line_and_once_terminated_says
         )
         # Until its first workflow task is in the history, the suggestion is not known (None).
         found = await until(
-            lambda: pool_health(client, queue),
+            lambda: pool_health(client, queue, line_check_s=LINE_CHECK_S),
             lambda f: f.places_in_use is not None and f.continue_as_new_suggested is not None,
         )
         assert (found.state, found.status, found.run_id) == (
@@ -122,7 +123,9 @@ async def test_a_running_pool_shows_its_places_and_line_and_once_terminated_says
         assert (found.wedged, found.error) == (None, None)
 
         # Past the threshold (lowered here to this run's length) it says the run is too long.
-        long = await pool_health(client, queue, long_history=found.history_length - 1)
+        long = await pool_health(
+            client, queue, line_check_s=LINE_CHECK_S, long_history=found.history_length - 1
+        )
         assert long.long_history and long.places_in_use == 1
         assert long.error is not None
         for said in (
@@ -145,7 +148,7 @@ async def test_a_running_pool_shows_its_places_and_line_and_once_terminated_says
         ) in text
 
         await started.terminate(reason="test_health_pool: an operator ends the pool")
-        closed = await pool_health(client, queue)
+        closed = await pool_health(client, queue, line_check_s=LINE_CHECK_S)
         assert (closed.state, closed.status, closed.run_id) == (
             "closed",
             "TERMINATED",
@@ -157,7 +160,8 @@ async def test_a_running_pool_shows_its_places_and_line_and_once_terminated_says
             f"the GPU pool ({pool_id}, run {started.result_run_id}) is closed (TERMINATED)",
             "nothing is lost",
             "the next job's ask starts a new pool",
-            "ask again only 2 minutes after their last ask",
+            "first takes back the places the running jobs hold and the line in its order",
+            "every job in line asks again within 5 minutes (SPILLWAY_POOL_LINE_CHECK_S)",
             pool_start_command(queue),
         ):
             assert said in closed.error, (said, closed.error)
@@ -170,7 +174,7 @@ async def test_a_running_pool_shows_its_places_and_line_and_once_terminated_says
         # The command it names starts a pool before any job asks.
         await temporal(env, *shlex.split(pool_start_command(queue))[1:])
         back = await until(
-            lambda: pool_health(client, queue),
+            lambda: pool_health(client, queue, line_check_s=LINE_CHECK_S),
             lambda f: f.state == "running" and f.places_in_use is not None,
         )
         assert back.run_id != started.result_run_id
@@ -194,7 +198,7 @@ async def test_a_wedged_pool_is_named_with_the_way_back(dev_env: WorkflowEnviron
         )
         await until(lambda: attempt(started), lambda a: a > 1, timeout_s=120, every_s=0.2)
 
-    found = await pool_health(client, queue)
+    found = await pool_health(client, queue, line_check_s=LINE_CHECK_S)
 
     assert (found.state, found.status, found.run_id) == (
         "running",
@@ -206,7 +210,7 @@ async def test_a_wedged_pool_is_named_with_the_way_back(dev_env: WorkflowEnviron
     assert (wedged.workflow_id, wedged.run_id) == (pool_id, started.result_run_id)
     assert wedged.attempt >= 2 and wedged.failing_since is not None
     assert (wedged.cause, wedged.failure) == ("WORKFLOW_WORKER_UNHANDLED_FAILURE", BROKEN)
-    assert wedged.remedy == pool_remedy(pool_id)
+    assert wedged.remedy == pool_remedy(pool_id, LINE_CHECK_S)
     assert (found.places_in_use, found.line_length) == (None, None)  # not asked: it cannot answer
     assert found.error is not None
     for said in (
@@ -216,12 +220,12 @@ async def test_a_wedged_pool_is_named_with_the_way_back(dev_env: WorkflowEnviron
         "no job gets a GPU place",
         f"`temporal workflow terminate --workflow-id {pool_id}`",
         "nothing is lost",
-        "the jobs in its line ask again within 2 minutes",
         "the next ask starts a fresh pool",
+        "every job in line asks again within 5 minutes",
     ):
         assert said in found.error, (said, found.error)
 
     # The way back it names: terminate with the temporal CLI; the pool is then closed, not wedged.
     await temporal(env, "workflow", "terminate", "--workflow-id", pool_id)
-    closed = await pool_health(client, queue)
+    closed = await pool_health(client, queue, line_check_s=LINE_CHECK_S)
     assert (closed.state, closed.status, closed.wedged) == ("closed", "TERMINATED", None)

@@ -78,6 +78,7 @@ BAD_SETTINGS = [
     ("A40_MAX_JOBS", "0"),
     ("A40_MAX_JOBS", "two"),
     ("SPILLWAY_POOL_REPROBE_S", "0.4"),
+    ("SPILLWAY_POOL_LINE_CHECK_S", "0"),
     ("CLOUD_DAILY_BUDGET_USD", "nan"),
     ("CLOUD_MONTHLY_BUDGET_USD", "-5"),
     ("CLOUD_MONTHLY_BUDGET_USD", "inf"),

@@ -29,13 +29,15 @@ GPU_POOL = "gpu-pool"
 # kept); a pool that was terminated is started again by it. Not sooner: under a burst of
 # thousands, asks sent again would only lengthen the pool's work.
 ASK_AGAIN = timedelta(minutes=2)
+# Runs of 0.5.0 wait in line without a timer: a pool that ended strands them.
+LINE_CHECK = "gpu-pool-line-check"
 
 
 async def ask(s: VideoJobState, *, wait: bool, mode: PlaceMode, fresh: bool = True) -> PoolAnswer:
     """A place now, a position in the line (`wait`), or "full". `fresh`: the job's own probe
     just ran, and the pool may use it."""
     if s.place is None:
-        s.place = JobPlace(asked_at=workflow.now(), mode=mode)
+        s.place = JobPlace(asked_at=workflow.now(), mode=mode, priority=s.job.priority)
     place = s.place.model_copy(update={"mode": mode})
     s.place = place
     s.answer = None
@@ -61,6 +63,23 @@ async def ask(s: VideoJobState, *, wait: bool, mode: PlaceMode, fresh: bool = Tr
     if answer.host is None and answer.position is None:
         s.place = None  # not in the line: full, and the job goes elsewhere
     return answer
+
+
+async def check(s: VideoJobState) -> None:
+    """While it waits in line: the same ask again, which a pool that has it leaves unanswered;
+    a pool that lost it (a new pool after one was terminated) lines it by its first ask time,
+    and no pool at all is started with it."""
+    place = s.place
+    assert place is not None
+    request = PoolAsk(
+        job_id=s.job.job_id,
+        asked_at=place.asked_at,
+        priority=s.job.priority,
+        mode=place.mode,
+        again=True,
+    )
+    if not await _signal_pool(names.POOL_ASK, request):
+        await calls.pool_start(request)
 
 
 def take(s: VideoJobState, answer: PoolAnswer) -> bool:

@@ -154,7 +154,7 @@ async def wait_in_line(
     """In the GPU line until the first of: a place (LOCAL), an approval (CLOUD, it leaves the
     line), a cancel. A rejection or the approval window's end make it `queued`: it keeps its
     position and takes the next free place whatever the load. It holds no activity and no timer
-    but the approval window's end and, while no host answered, the give-up."""
+    but the approval window's end, while no host answered the give-up, and its line check."""
     policy, now = s.policy, workflow.now()
     approval_deadline = approval_deadline or now
     give_up_at = give_up_at or now + timedelta(seconds=policy.unreachable_give_up_s)
@@ -164,6 +164,14 @@ async def wait_in_line(
     if s.plan.state != "awaiting_approval":
         s.plan.state = "queued"
     loops = 0
+    # Runs of 0.6.0 on ask again every SPILLWAY_POOL_LINE_CHECK_S: a pool that ended (an
+    # operator terminated it) would otherwise leave them waiting for ever.
+    line_check = (
+        timedelta(seconds=policy.pool_line_check_s)
+        if workflow.patched(admission.LINE_CHECK)
+        else None
+    )
+    checked = workflow.now()
     while True:
         if admission.admitted(s):
             if s.plan.state == "awaiting_approval":
@@ -201,9 +209,15 @@ async def wait_in_line(
             if s.pending is None and not admission.admitted(s):
                 _continue_as_new(s, approval_deadline, give_up_at)
             continue
+        if line_check is not None and now - checked >= line_check:
+            checked = now
+            await admission.check(s)
+            continue
         ends = [approval_deadline] if s.plan.state == "awaiting_approval" else []
         if unreachable:
             ends.append(give_up_at)
+        if line_check is not None:
+            ends.append(checked + line_check)
         timeout = max(min(ends) - now, timedelta(seconds=1)) if ends else None
         with contextlib.suppress(TimeoutError):
             await workflow.wait_condition(_woken(s, s.ignored), timeout=timeout)

@@ -186,15 +186,29 @@ class GpuPoolWorkflow:
     async def _find_holders(self) -> None:
         """An earlier pool ended (an operator terminated it, say) while jobs held places: they
         render on, and their places count before anyone is admitted, or the card is overbooked.
-        Jobs in its line ask this pool again by themselves."""
+        Its line is taken back in its order (each job would ask again by itself within
+        SPILLWAY_POOL_LINE_CHECK_S)."""
         queue = workflow.info().task_queue.removesuffix(names.POOL_SUFFIX)
         try:
             found = await calls.pool_find(FindHolders(task_queue=queue))
         except ActivityError as err:
             workflow.logger.warning("gpu pool: places held before it were not found: %s", err)
             return
+        now = workflow.now()
         for held in found.held:
-            self._book.adopt(held.job_id, held.asked_at, held.host, workflow.now())
+            if held.host is not None:
+                self._book.adopt(held.job_id, held.asked_at, held.host, now)
+        for held in found.held:
+            if held.host is None:
+                lined = PoolAsk(
+                    job_id=held.job_id,
+                    asked_at=held.asked_at,
+                    priority=held.priority,
+                    mode=held.mode,
+                    again=True,
+                )
+                for job_id, answer in self._book.ask(lined, now):
+                    self._send(job_id, answer)
 
     async def _probe(self) -> None:
         try:

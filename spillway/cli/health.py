@@ -218,7 +218,9 @@ async def temporal_health(settings: Settings) -> TemporalHealth:
         ]
     query = f"WorkflowType = 'VideoJobWorkflow' AND {sa.STATE.name} = 'awaiting_approval'"
     report.awaiting_approval = (await client.count_workflows(query)).count
-    report.gpu_pool = await pool_health(client, settings.SPILLWAY_TASK_QUEUE)
+    report.gpu_pool = await pool_health(
+        client, settings.SPILLWAY_TASK_QUEUE, line_check_s=settings.SPILLWAY_POOL_LINE_CHECK_S
+    )
     return report
 
 

@@ -50,18 +50,17 @@ LONG_HISTORY = 5_000
 POOL_QUERY_TIMEOUT = timedelta(seconds=5)
 
 
-def _ask_again() -> str:
-    """How long a job in the line waits for an answer before it asks again."""
-    from workflows.admission import ASK_AGAIN
-
-    return f"{ASK_AGAIN.total_seconds() / 60:g} minutes"
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:g} minutes" if seconds >= 60 else f"{seconds:g} s"
 
 
-def pool_remedy(pool_id: str) -> str:
+def pool_remedy(pool_id: str, line_check_s: float) -> str:
     return (
         f"terminate it (`temporal workflow terminate --workflow-id {pool_id}`): nothing is lost, "
-        "its state is only the places and the line; the jobs in its line ask again within "
-        f"{_ask_again()} and the next ask starts a fresh pool"
+        "its state is only the places and the line; the next ask starts a fresh pool, which "
+        "takes back the places still held and the line in its order, and every job in line asks "
+        f"again within {_minutes(line_check_s)} (SPILLWAY_POOL_LINE_CHECK_S), so one starts by "
+        "itself"
     )
 
 
@@ -79,6 +78,7 @@ async def pool_health(
     client: Client,
     task_queue: str,
     *,
+    line_check_s: float,
     long_history: int = LONG_HISTORY,
     query_timeout: timedelta = POOL_QUERY_TIMEOUT,
 ) -> PoolHealth:
@@ -118,13 +118,13 @@ async def pool_health(
         report.state = "closed"
         report.error = (
             f"{where} is closed ({report.status}): nothing is lost, the next job's ask starts a "
-            "new pool, which first asks the running jobs which places they hold, but the jobs "
-            f"that waited in its line ask again only {_ask_again()} after their last ask (in "
-            f"their order); to start it before the next ask: {pool_start_command(task_queue)}"
+            "new pool, which first takes back the places the running jobs hold and the line in "
+            f"its order; every job in line asks again within {_minutes(line_check_s)} "
+            f"(SPILLWAY_POOL_LINE_CHECK_S); to start it now: {pool_start_command(task_queue)}"
         )
         return report
     report.state = "running"
-    report.wedged = await wedged_run(client, info, pool_remedy(pool_id))
+    report.wedged = await wedged_run(client, info, pool_remedy(pool_id, line_check_s))
     if report.wedged is not None:
         # A wedged pool answers no query either (it would only time out).
         report.error = (
@@ -151,7 +151,7 @@ async def pool_health(
         problems.append(
             f"{where} has {run.history_length} events in its current run (over {long_history}): "
             f"it is not continuing as new{suggested}, and Temporal terminates a run at 51,200 "
-            f"events; {pool_remedy(pool_id)}"
+            f"events; {pool_remedy(pool_id, line_check_s)}"
         )
     report.error = "; ".join(problems) or None
     return report

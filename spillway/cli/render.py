@@ -251,6 +251,12 @@ def render_jobs(jobs: list[JobSummary]) -> str:
 def render_queue(view: PoolView) -> str:
     """Each host's places, then the line as a table that fits 100 columns (job ids cut short:
     `--json` has them whole)."""
+    if view.pool == "closed":
+        return (
+            f"the GPU pool is closed ({view.closed}): the next job's ask starts a new one, which "
+            "takes back the places still held and the line (each job in line also asks again "
+            "within SPILLWAY_POOL_LINE_CHECK_S)"
+        )
     if not view.hosts:
         return "the GPU pool has not started: no job has asked for a GPU place yet"
     lines = ["GPU places"]

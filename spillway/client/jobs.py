@@ -209,7 +209,7 @@ async def status(client: Client, job_id: str) -> Plan:
         case _:
             plan.progress = await _progress(client, description.raw_description)
             if plan.state in ("queued", "awaiting_approval"):
-                plan.queue = await spot(client, description.task_queue, job_id) or plan.queue
+                plan.queue = await spot(client, description.task_queue, job_id, plan.queue)
     return plan
 
 

@@ -1,13 +1,15 @@
 """The GPU pool as people see it (docs/design.md, "GPU admission"): each host's places and the
 line (`spillway queue`), and one job's position in it (`status --json`'s `queue`). Read by a
-query, so a worker must be running; a pool that never started means nobody asked for a place."""
+query of the running pool, so a worker must be running; a pool that never started means nobody
+asked for a place, and a closed one holds nothing any more."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 from typing import cast
 
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowQueryRejectedError
+from temporalio.common import QueryRejectCondition
 from temporalio.service import RPCError, RPCStatusCode
 
 from spillway import names
@@ -20,14 +22,23 @@ QUERY_TIMEOUT = timedelta(seconds=10)
 
 
 async def pool_view(client: Client, task_queue: str) -> PoolView:
+    """A closed pool's last view is never shown: its holders may have ended since, and its line
+    has moved on to a new pool."""
     handle = client.get_workflow_handle(names.pool_id(task_queue))
     try:
         view: PoolView = await handle.query(
-            names.POOL_VIEW, result_type=PoolView, rpc_timeout=QUERY_TIMEOUT
+            names.POOL_VIEW,
+            result_type=PoolView,
+            reject_condition=QueryRejectCondition.NOT_OPEN,
+            rpc_timeout=QUERY_TIMEOUT,
+        )
+    except WorkflowQueryRejectedError as rejected:
+        return PoolView(
+            hosts=[], line=[], pool="closed", closed=getattr(rejected.status, "name", None)
         )
     except RPCError as exc:
-        if exc.status == RPCStatusCode.NOT_FOUND:
-            return PoolView(hosts=[], line=[])  # no job has asked for a place yet
+        if exc.status == RPCStatusCode.NOT_FOUND:  # no job has asked for a place yet
+            return PoolView(hosts=[], line=[], pool="not_started")
         raise Failed(f"the GPU pool did not answer ({exc.message}): is a worker running?") from None
     await _holders_states(client, view)
     return view
@@ -51,13 +62,24 @@ async def _holders_states(client: Client, view: PoolView) -> None:
         return
 
 
-async def spot(client: Client, task_queue: str, job_id: str) -> QueueSpot | None:
-    """Where the job stands in the line now; None when it is not in it or nobody can say."""
+async def spot(
+    client: Client, task_queue: str, job_id: str, own: QueueSpot | None
+) -> QueueSpot | None:
+    """Where the job stands in the line as the running pool has it (None: not in it, or no
+    pool runs); `own`, the job's last answer, only when the pool cannot say (no worker)."""
     handle = client.get_workflow_handle(names.pool_id(task_queue))
     try:
         found: QueueSpot | None = await handle.query(
-            names.POOL_SPOT, job_id, result_type=QueueSpot, rpc_timeout=QUERY_TIMEOUT
+            names.POOL_SPOT,
+            job_id,
+            result_type=QueueSpot,
+            reject_condition=QueryRejectCondition.NOT_OPEN,
+            rpc_timeout=QUERY_TIMEOUT,
         )
-    except Exception:  # no worker, no pool: the plan's own figure stands
+    except WorkflowQueryRejectedError:
         return None
+    except RPCError as exc:
+        return None if exc.status == RPCStatusCode.NOT_FOUND else own
+    except Exception:
+        return own
     return found
