@@ -26,6 +26,7 @@ ASK_TIMEOUT = timedelta(seconds=5)
 
 class HolderCheck(BaseModel):
     holders: list[Holder]
+    task_queue: str = ""  # the jobs' queue ("": a pool of 0.5.0, which does not say)
 
 
 class HoldersChecked(BaseModel):
@@ -81,7 +82,7 @@ class PoolActivities:
 
         async def held(holder: Holder) -> bool | None:
             async with limit:
-                return await self._still_holds(holder)
+                return await self._still_holds(holder, check.task_queue)
 
         results = await asyncio.gather(*(held(h) for h in check.holders))
         return HoldersChecked(
@@ -138,13 +139,25 @@ class PoolActivities:
         found = await asyncio.gather(*(place_of(job_id) for job_id in running))
         return HoldersFound(held=[h for h in found if h is not None])
 
-    async def _still_holds(self, holder: Holder) -> bool | None:
-        """False: the place is free again; None: unknown now (asked again later, never freed on
-        a guess: that could overbook the card)."""
+    async def _still_holds(self, holder: Holder, task_queue: str) -> bool | None:
+        """False: the place is free again (a workflow that is not a running job of this queue
+        holds none, whoever asked in its name); None: unknown now (asked again later, never
+        freed on a guess: that could overbook the card)."""
         handle = self._client.get_workflow_handle(holder.job_id)
         try:
             described = await handle.describe(rpc_timeout=ASK_TIMEOUT)
             if described.status != WorkflowExecutionStatus.RUNNING:
+                return False
+            if described.workflow_type != names.VIDEO_JOB or (
+                task_queue and described.task_queue != task_queue
+            ):
+                activity.logger.warning(
+                    "holder %s is a %s on %s, not a job of %s: its place is free",
+                    holder.job_id,
+                    described.workflow_type,
+                    described.task_queue,
+                    task_queue,
+                )
                 return False
             place = await handle.query(
                 names.JOB_PLACE, result_type=JobPlace, rpc_timeout=ASK_TIMEOUT

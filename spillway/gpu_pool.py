@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import bisect
 import math
-from datetime import datetime, timedelta
-from typing import Literal
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from spillway.models import HostRef, JobState, QueueSpot
 from spillway.models import PlaceMode as Mode
@@ -23,21 +23,28 @@ RECENT_HOLDS = 20  # hold durations per host the ETA is computed from
 HEADROOM_WHY = "approval, or a host with headroom"
 
 
+# What one message may carry: a signal over these is dropped whole (the SDK drops a signal
+# whose input does not decode), so whatever arrives the pool's carried state stays small.
+MAX_ID = 255  # job ids are at most 100 characters (spillway.models.JobId)
+MAX_HOSTS_SEEN = 64
+
+
 class HostSeen(BaseModel):
     """One host as the asking job's own probe found it."""
 
-    name: str
+    name: Annotated[str, Field(max_length=MAX_ID)]
     reachable: bool
     headroom: bool
 
 
 class PoolAsk(BaseModel):
-    job_id: str
+    job_id: Annotated[str, Field(min_length=1, max_length=MAX_ID)]
     asked_at: datetime
-    priority: int = 3
+    priority: Annotated[int, Field(ge=1, le=5)] = 3
     mode: Mode = "any"
     wait: bool = True  # False: a place now or the answer "full" (an armed job goes to the cloud)
-    seen: list[HostSeen] = []  # the job's probe, hosts in the order it prefers them
+    # the job's probe, hosts in the order it prefers them
+    seen: Annotated[list[HostSeen], Field(max_length=MAX_HOSTS_SEEN)] = []
     # A job in line checking that the pool still has its ask: answered only when it had not.
     again: bool = False
 
@@ -45,7 +52,7 @@ class PoolAsk(BaseModel):
 class PoolLeave(BaseModel):
     """A job gives its place back, or leaves the line."""
 
-    job_id: str
+    job_id: Annotated[str, Field(min_length=1, max_length=MAX_ID)]
     asked_at: datetime
 
 
@@ -94,6 +101,9 @@ class PoolInput(BaseModel):
     line: list[PoolAsk] = []
     readings: dict[str, Reading] = {}
     holds_s: dict[str, list[float]] = {}  # recent hold durations per host, newest last
+    # Asks naming a holder with another ask time, until the holder check says whether that job
+    # still holds its place (then the ask is dropped) or not (its run was reset: asked anew).
+    parked: list[PoolAsk] = []
     # Temporal takes 10,000 signals per run at most, and a short history is quick to replay.
     signals_per_run: int = 500
     # False: a first run, or one started after an earlier pool ended: it asks the running jobs
@@ -141,6 +151,7 @@ class PoolView(BaseModel):
 
 
 Sent = tuple[str, PoolAnswer]  # (job id, answer)
+CHECK_NOW = datetime(2000, 1, 1, tzinfo=UTC)  # a holder's `checked_at`: check it at the next round
 
 
 def _key(ask: PoolAsk) -> tuple[int, datetime, str]:
@@ -159,11 +170,14 @@ class PoolBook:
         self._lined = {a.job_id: a for a in self.line}
         self.readings = dict(inp.readings)
         self.holds_s = {name: list(v) for name, v in inp.holds_s.items()}
+        self.parked: dict[str, PoolAsk] = {a.job_id: a for a in inp.parked}
 
     def configure(self, hosts: list[PoolHost]) -> None:
         """The hosts in force (the workers' policy). Holders of a host no longer configured keep
-        their place until they give it back."""
+        their place until they give it back; what was known of it goes."""
         self.hosts = {h.ref.name: h for h in hosts}
+        self.readings = {n: r for n, r in self.readings.items() if n in self.hosts}
+        self.holds_s = {n: v for n, v in self.holds_s.items() if n in self.hosts}
 
     # --- what jobs say ---------------------------------------------------------------------
 
@@ -175,10 +189,12 @@ class PoolBook:
         if held is not None:
             if held.asked_at == ask.asked_at:  # asked again (its answer may be lost): the same
                 return [(ask.job_id, PoolAnswer(asked_at=ask.asked_at, host=held.host))]
-            # A run reset to before its ask asks anew: the place its earlier run held goes to
-            # the line first, and the new ask comes after everyone already waiting.
-            self.give_back(PoolLeave(job_id=held.job_id, asked_at=held.asked_at), now)
-            sent += self.admit(now, freshness=timedelta(0))
+            # A run reset to before its ask asks anew, and so does anyone who names the job:
+            # the ask waits, unanswered, until the job itself says it no longer holds its place
+            # (the holder check, asked for now), never freeing it on a message's word.
+            self.parked[ask.job_id] = ask.model_copy(update={"seen": []})
+            held.checked_at = CHECK_NOW
+            return []
         lined = self._in_line(ask.job_id)
         if lined is not None and ask.again and lined.asked_at == ask.asked_at:
             return sent  # it is where it was
@@ -254,6 +270,21 @@ class PoolBook:
                 due.append(self.hosts[name].ref)
         return due
 
+    def check_now(self) -> bool:
+        """A parked ask waits for its holder's check."""
+        return any(h.checked_at == CHECK_NOW for h in self.holders.values())
+
+    def next_probe(self, now: datetime, every: timedelta) -> datetime | None:
+        """When `to_probe` will next name a host; None while it names none (nobody waits, or
+        no host has a free place)."""
+        if not self.line:
+            return None
+        due = [
+            reading.at + every if (reading := self.readings.get(name)) else now
+            for name in self._free_hosts()
+        ]
+        return min(due) if due else None
+
     def unheard(self, now: datetime, after: timedelta) -> list[Holder]:
         return [h for h in self.holders.values() if now - h.checked_at >= after]
 
@@ -272,6 +303,20 @@ class PoolBook:
     def free(self, holder: Holder, now: datetime) -> bool:
         """A holder that is gone (terminated, reset away): its place back to the pool."""
         return self.give_back(PoolLeave(job_id=holder.job_id, asked_at=holder.asked_at), now)
+
+    def settle_parked(self, still_holding: set[str], now: datetime) -> list[Sent]:
+        """After a holder check: a parked ask of a job whose earlier place is free now is asked
+        (it comes after everyone already waiting, as any new ask); one whose job still holds
+        its place was not the job's (dropped); the rest wait for the next check."""
+        sent: list[Sent] = []
+        for job_id, ask in list(self.parked.items()):
+            if job_id in still_holding:
+                del self.parked[job_id]
+            elif job_id not in self.holders:
+                del self.parked[job_id]
+                sent += self.admit(now, freshness=timedelta(0))  # its old place: the line's
+                sent += self.ask(ask, now)
+        return sent
 
     # --- what people see -------------------------------------------------------------------
 
@@ -349,11 +394,14 @@ class PoolBook:
             holds_s=self.holds_s,
             signals_per_run=signals_per_run,
             continued=True,
+            parked=list(self.parked.values()),
         )
 
     # --- inside ----------------------------------------------------------------------------
 
     def _note(self, host: str, reading: Reading) -> None:
+        if host not in self.hosts:  # a host nobody configured is nobody's to carry
+            return
         known = self.readings.get(host)
         if known is None or reading.at >= known.at:
             self.readings[host] = reading

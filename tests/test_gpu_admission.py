@@ -21,7 +21,7 @@ from temporalio.testing import WorkflowEnvironment
 from spillway import names
 from spillway.client import jobs as job_ops
 from spillway.client.queue import pool_view
-from spillway.gpu_pool import PoolInput, PoolLeave, PoolView
+from spillway.gpu_pool import PoolAsk, PoolInput, PoolLeave, PoolView
 from spillway.models import CloudRequest, Plan, VideoJob
 from spillway.settings import Settings
 from spillway.sim.comfyui import ComfyUISim
@@ -591,3 +591,44 @@ async def test_a_new_pool_takes_back_the_terminated_one_s_line_in_its_order(
         plans = await asyncio.gather(*(h.result() for h in (holder, first, later)))
     assert [p.state for p in plans] == ["completed"] * 3
     assert all(posted(comfyui, p) == 1 for p in plans) and comfyui.most_held == 1
+
+
+async def _checks_done(client: Client, pool_id: str) -> int:
+    """The holder checks the pool's current run has completed."""
+    done = 0
+    async for event in client.get_workflow_handle(pool_id).fetch_history_events():
+        done += event.HasField("activity_task_completed_event_attributes")
+    return done
+
+
+async def test_an_ask_forged_in_a_holder_s_name_frees_nothing_and_nobody_is_admitted_beside_it(
+    spillway, comfyui: ComfyUISim
+):
+    comfyui.execution_s = 0.2
+    comfyui.pause()  # the holder's prompt stays pending: its place stays held
+    async with spillway(A40_MAX_JOBS=1) as sw:
+        holder = await sw.start(cloud=False)
+        await sw.jobs.until(holder, "running_local")
+        nxt = await sw.start(cloud=False)
+        await sw.line_is(lambda line: line == [nxt.id])
+        pool_id = names.pool_id(sw.queue)
+        before = await _checks_done(sw.client, pool_id)
+        # Anyone with signal rights, naming the holder with an ask time of their own (as a reset
+        # run of the holder would ask).
+        forged = PoolAsk(job_id=holder.id, asked_at=datetime.now(UTC))
+        await sw.client.get_workflow_handle(pool_id).signal(names.POOL_ASK, forged)
+
+        # The pool asks the holder at once whether it still holds its place (it does), where
+        # taking the ask on its word would free the place and admit the next job beside it.
+        async def settled() -> bool:
+            return await _checks_done(sw.client, pool_id) > before or nxt.id not in await sw.line()
+
+        await until(settled, what="a holder check, or the next job admitted")
+        view = await sw.view()
+        assert [p.job_id for h in view.hosts for p in h.places] == [holder.id]
+        assert [i.job_id for i in view.line] == [nxt.id]
+        comfyui.resume()
+        plans = await asyncio.gather(holder.result(), nxt.result())
+    assert [p.state for p in plans] == ["completed", "completed"]
+    assert comfyui.most_held == 1
+    assert len(await _admitted_asks(holder)) == 1  # the forged ask was never answered

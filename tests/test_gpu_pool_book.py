@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import pytest
+from pydantic import ValidationError
+
 from spillway.gpu_pool import (
     HostSeen,
     PoolAnswer,
@@ -96,8 +99,10 @@ def test_messages_of_an_earlier_ask_change_nothing_and_asking_again_gets_the_sam
     assert not b.give_back(PoolLeave(job_id="j1", asked_at=T0 - timedelta(seconds=1)), T0)
     assert answers(b.ask(ask("j1"), T0))["j1"].host == "a40"
     assert len(b.holders) == 1
-    # A new ask of the same job (a reset run) lets the old place go first.
-    assert answers(b.ask(ask("j1", 9), T0))["j1"].host == "a40"
+    # A new ask of the same job (a reset run) waits until the job says its old place is free.
+    assert b.ask(ask("j1", 9), T0) == [] and b.check_now()
+    b.free(b.holders["j1"], T0)
+    assert answers(b.settle_parked(set(), T0))["j1"].host == "a40"
     assert [h.asked_at for h in b.holders.values()] == [T0 + timedelta(seconds=9)]
 
 
@@ -134,7 +139,10 @@ def test_a_reset_run_asking_anew_gives_its_old_place_to_the_line_and_waits_behin
     b = book(("a40", 1))
     b.ask(ask("holder"), T0)
     b.ask(ask("next", 1), T0)
-    sent = answers(b.ask(ask("holder", 5), T0))
+    assert b.ask(ask("holder", 5), T0) == []  # parked until the holder check
+    assert b.check_now() and [h.job_id for h in b.unheard(T0, timedelta(seconds=60))] == ["holder"]
+    b.free(b.holders["holder"], T0)  # the check: the job holds no place under its old ask
+    sent = answers(b.settle_parked(set(), T0))
     assert sent["next"].host == "a40"
     assert sent["holder"].position == 1 and sent["holder"].asked_at == T0 + timedelta(seconds=5)
     assert [h.job_id for h in b.holders.values()] == ["next"]
@@ -177,3 +185,32 @@ def test_a_job_in_line_asking_again_is_left_where_it_was_and_lined_by_a_pool_tha
     assert again.position == 1
     assert [a.job_id for a in fresh.line] == ["second", "later"]
     assert not any(a.again for a in fresh.line)
+
+
+def test_an_ask_naming_a_holder_frees_nothing_while_the_job_still_holds_its_place():
+    b = book(("a40", 1))
+    b.ask(ask("holder"), T0)
+    b.ask(ask("next", 1), T0)
+    assert b.ask(ask("holder", 5), T0) == []  # a forged ask: another ask time, same job id
+    assert [h.job_id for h in b.holders.values()] == ["holder"]
+    assert b.settle_parked({"holder"}, T0) == []  # the check: the job still holds it
+    assert not b.parked and [h.job_id for h in b.holders.values()] == ["holder"]
+    assert [a.job_id for a in b.line] == ["next"]
+    carried = b.carried(100, [])
+    assert carried.parked == [] and len(carried.holders) == 1
+
+
+def test_readings_of_hosts_nobody_configured_are_not_kept_and_oversized_asks_do_not_decode():
+    b = book()
+    made_up = [HostSeen(name=f"made-up-{i}", reachable=True, headroom=True) for i in range(60)]
+    b.ask(ask("j1", seen=[*FREE, *made_up]), T0)
+    assert list(b.readings) == ["a40"]
+    b.configure([])  # a host no longer configured: what was known of it goes
+    assert b.readings == {} and b.holds_s == {}
+    for fields in (
+        {"seen": [FREE[0]] * 65},
+        {"job_id": "x" * 256},
+        {"priority": 0},
+    ):
+        with pytest.raises(ValidationError):
+            ask("j2", **fields)

@@ -118,6 +118,10 @@ async def answer_open_decision(s: VideoJobState) -> None:
     await workflow.wait_condition(workflow.all_handlers_finished)
 
 
+# Runs of 0.5.0 say awaiting_approval before the budget is read: a person (or a script) could
+# read a plan without its estimate.
+BUDGET_WITH_STATE = "approval-budget-with-state"
+
 # --- asking, and waiting ---------------------------------------------------------------------
 
 
@@ -131,11 +135,19 @@ async def ask(s: VideoJobState, because: str | None) -> RouteChoice:
     now = workflow.now()
     if because is not None:
         s.reason(because)
-    s.plan.state = "awaiting_approval"
-    s.publish()  # the memo says so too while the budget is read (a worker may stop)
     deadline = now + timedelta(seconds=policy.approval_timeout_s)
-    s.approval_deadline = deadline  # decisions arriving from now on are judged against it
-    await cloud_route.read_budget(s)
+    if workflow.patched(BUDGET_WITH_STATE):
+        # Asked with the estimate and the budget: `spillway approve` reads the plan's provider
+        # and clip the moment it says awaiting_approval.
+        s.approval_deadline = deadline
+        await cloud_route.read_budget(s)
+        s.plan.state = "awaiting_approval"
+        s.publish()
+    else:
+        s.plan.state = "awaiting_approval"
+        s.publish()
+        s.approval_deadline = deadline  # decisions arriving from now on are judged against it
+        await cloud_route.read_budget(s)
     if policy.webhook_configured:
         notice = texts.approval_notice(s.plan, policy, workflow.info().namespace, deadline)
         s.notice = asyncio.create_task(_send_notice(notice))  # never awaited

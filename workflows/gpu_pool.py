@@ -49,6 +49,7 @@ CHECK_EVERY = timedelta(seconds=30)
 FIND_HOLDERS = "gpu-pool-find-holders"
 POLICY_EVERY = timedelta(minutes=5)  # the hosts and their places as the workers have them now
 DETAILS_HEAD = 20  # jobs of the line the UI's current details name
+IDLE_AT_LEAST = timedelta(milliseconds=100)  # a timer due now is a timer, not a busy loop
 
 
 @workflow.defn(name=names.GPU_POOL)
@@ -65,12 +66,13 @@ class GpuPoolWorkflow:
         # taking asks and give-backs meanwhile (a host's agent that is down costs its probe 10 s).
         self._tasks: set[asyncio.Task[None]] = set()
         self._probing = self._checking = False
+        self._checked_at = workflow.now()
         self._woken = False  # a probe or a check ended
 
     @workflow.run
     async def run(self, inp: PoolInput) -> None:
         book = self._book
-        policy_at = checked_at = workflow.now()
+        policy_at = self._checked_at = workflow.now()
         await self._read_policy()
         if not inp.continued and workflow.patched(FIND_HOLDERS):
             await self._find_holders()
@@ -83,8 +85,9 @@ class GpuPoolWorkflow:
             if not self._probing and book.to_probe(workflow.now(), self._reprobe):
                 self._probing = True
                 self._start(self._probe())
-            if not self._checking and book.holders and workflow.now() - checked_at >= CHECK_EVERY:
-                checked_at = workflow.now()
+            due = book.holders and workflow.now() - self._checked_at >= CHECK_EVERY
+            if not self._checking and (due or book.check_now()):
+                self._checked_at = workflow.now()
                 self._checking = True
                 self._start(self._check_holders())
             self._publish()
@@ -143,6 +146,8 @@ class GpuPoolWorkflow:
                 freed = True
         if freed:
             sent += book.admit(now, freshness=self._reprobe)
+        if book.parked:  # a parked ask whose holder gave its place back is asked now
+            sent += book.settle_parked(set(), now)
         for job_id, answer in sent:
             self._send(job_id, answer)
 
@@ -158,10 +163,9 @@ class GpuPoolWorkflow:
         try:
             handle = workflow.get_external_workflow_handle(job_id)
             await handle.signal(names.POOL_ANSWER, answer)
-        except Exception as err:  # the job is gone: the place it was given is free again
+        except Exception as err:  # the job is gone: its place or its spot in line is free
             workflow.logger.info("gpu pool: job %s did not take its answer: %s", job_id, err)
-            if answer.host is not None:
-                self._inbox.append(PoolLeave(job_id=job_id, asked_at=answer.asked_at))
+            self._inbox.append(PoolLeave(job_id=job_id, asked_at=answer.asked_at))
 
     # --- the hosts -----------------------------------------------------------------------------
 
@@ -170,14 +174,17 @@ class GpuPoolWorkflow:
         return timedelta(seconds=self._policy.pool_reprobe_s if self._policy else 2.0)
 
     def _idle(self) -> timedelta | None:
-        """How long to sleep when nothing arrives: until the next probe while someone waits,
-        the next holder check while anyone holds a place, or until a message."""
-        waits = []
-        if self._book.line:
-            waits.append(self._reprobe)
-        if self._book.holders:
-            waits.append(CHECK_EVERY)
-        return min(waits) if waits else None
+        """How long to sleep when nothing arrives: until the next probe is due while someone
+        waits, the next holder check while anyone holds a place, or until a message. Due times,
+        not whole intervals: a message arriving meanwhile must not put them off."""
+        now, waits = workflow.now(), []
+        if not self._probing:
+            probe = self._book.next_probe(now, self._reprobe)
+            if probe is not None:
+                waits.append(probe - now)
+        if self._book.holders and not self._checking:
+            waits.append(self._checked_at + CHECK_EVERY - now)
+        return max(min(waits), IDLE_AT_LEAST) if waits else None
 
     async def _read_policy(self) -> None:
         self._policy = await calls.read_policy(POOL_JOB)
@@ -237,18 +244,24 @@ class GpuPoolWorkflow:
             unheard = book.unheard(workflow.now(), CHECK_AFTER)
             if not unheard:
                 return
-            checked = await calls.pool_check(HolderCheck(holders=unheard))
+            queue = workflow.info().task_queue.removesuffix(names.POOL_SUFFIX)
+            checked = await calls.pool_check(HolderCheck(holders=unheard, task_queue=queue))
             now = workflow.now()
-            for job_id in checked.answered:
-                book.heard(job_id, now)
-            freed = False
+            sent: list[Sent] = []
             for holder in unheard:
                 if holder.job_id in checked.gone:
                     workflow.logger.info("gpu pool: %s is gone, its place is free", holder.job_id)
-                    freed = book.free(holder, now) or freed
-            if freed:
-                for job_id, answer in book.admit(now, freshness=self._reprobe):
-                    self._send(job_id, answer)
+                    book.free(holder, now)
+                else:  # holding, or not known now: asked again at a later round
+                    book.heard(holder.job_id, now)
+            for job_id in book.parked.keys() & set(checked.answered):
+                workflow.logger.warning(
+                    "gpu pool: an ask named %s, which still holds its place: dropped", job_id
+                )
+            sent += book.settle_parked(set(checked.answered), now)
+            sent += book.admit(now, freshness=self._reprobe)
+            for job_id, answer in sent:
+                self._send(job_id, answer)
         except ActivityError as err:
             workflow.logger.warning("gpu pool: holders not checked: %s", err.cause or err)
         finally:
