@@ -97,6 +97,11 @@ async def unless_shutting_down(work: Coroutine[Any, Any, _T]) -> _T:
     shutdown = asyncio.ensure_future(activity.wait_for_worker_shutdown())
     try:
         await asyncio.wait({task, shutdown}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:  # the activity is cancelled: so is its work, and awaited
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
+        raise
     finally:
         shutdown.cancel()
     if task.done():

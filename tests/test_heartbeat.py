@@ -5,11 +5,12 @@ can be beaten at once."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 from temporalio.testing import ActivityEnvironment
 
-from activities.heartbeat import Heartbeat
+from activities.heartbeat import Heartbeat, unless_shutting_down
 from spillway.models import Progress
 
 
@@ -91,3 +92,27 @@ async def test_beats_stop_when_the_block_ends_even_by_an_error():
     environment = ActivityEnvironment()
     environment.on_heartbeat = lambda *details: beats.append(details[0] if details else None)
     await environment.run(failing)
+
+
+async def test_an_activity_cancelled_while_it_waits_cancels_its_work_and_waits_for_it():
+    # A job cancelled while it renders: its ComfyUI wait must end with the activity, never run
+    # on as a task nobody awaits ("Task exception was never retrieved").
+    started, ended = asyncio.Event(), asyncio.Event()
+
+    async def work() -> None:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            ended.set()
+
+    async def waits() -> None:
+        await unless_shutting_down(work())
+
+    environment = ActivityEnvironment()
+    running = asyncio.ensure_future(environment.run(waits))
+    await started.wait()
+    environment.cancel()
+    with contextlib.suppress(BaseException):
+        await running
+    assert ended.is_set()
