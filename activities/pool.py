@@ -8,17 +8,18 @@ its line."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from datetime import datetime, timedelta
 
 from pydantic import BaseModel
 from temporalio import activity
-from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.client import Client, WorkflowExecutionDescription, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
 from spillway import names
 from spillway import search_attributes as sa
 from spillway.gpu_pool import Holder, PoolAsk, PoolInput
-from spillway.models import JobPlace, PlaceMode
+from spillway.models import JobPlace, PlaceMode, Plan
 
 CHECKS_AT_ONCE = 16
 ASK_TIMEOUT = timedelta(seconds=5)
@@ -32,6 +33,9 @@ class HolderCheck(BaseModel):
 class HoldersChecked(BaseModel):
     gone: list[str]  # job ids whose place is free again
     answered: list[str]  # job ids that still hold their place
+    # Of the gone: a prompt ComfyUI may still hold (a job terminated while it rendered), to be
+    # taken out before the place is free.
+    prompts: dict[str, str] = {}
 
 
 class FindHolders(BaseModel):
@@ -58,6 +62,25 @@ class HoldersFound(BaseModel):
 ASKING_STATES = ("probing", "queued", "awaiting_approval", "running_local")
 
 
+# Ends that run none of the job's own code (its cancel and failure paths take their prompt out,
+# or name it in their give-back).
+FORCED_ENDS = (WorkflowExecutionStatus.TERMINATED, WorkflowExecutionStatus.TIMED_OUT)
+
+
+async def _left_prompt(described: WorkflowExecutionDescription, holder: Holder) -> str | None:
+    """The prompt a job ended by force had last posted on the holder's host, as its plan (memo)
+    says; None when it had none there or had seen it end."""
+    try:
+        plan = await described.memo_value(names.PLAN_MEMO, type_hint=Plan)
+    except (KeyError, ValueError):
+        return None
+    if plan.route != "local" or plan.host != holder.host or plan.prompt_id is None:
+        return None
+    if plan.state != "running_local" or plan.outputs:
+        return None
+    return plan.prompt_id
+
+
 class PoolActivities:
     def __init__(self, client: Client) -> None:
         self._client = client
@@ -65,8 +88,12 @@ class PoolActivities:
     @activity.defn(name=names.POOL_START)
     async def start(self, ask: PoolAsk) -> None:
         """The pool of the job's task queue (the one this activity runs on); a running pool
-        just takes the ask."""
+        just takes the ask. A pool running under that id on another task queue (started there
+        by someone else: no spillway worker answers it, and every job would wait for ever) is
+        terminated first: a pool's state is only places and a line, which the next one takes
+        back from the jobs themselves."""
         queue = activity.info().task_queue
+        await self._evict_foreign(queue)
         await self._client.start_workflow(
             names.GPU_POOL,
             PoolInput(),
@@ -76,18 +103,43 @@ class PoolActivities:
             start_signal_args=[ask],
         )
 
+    async def _evict_foreign(self, queue: str) -> None:
+        handle = self._client.get_workflow_handle(names.pool_id(queue))
+        try:
+            described = await handle.describe(rpc_timeout=ASK_TIMEOUT)
+        except RPCError as err:
+            if err.status == RPCStatusCode.NOT_FOUND:
+                return
+            raise
+        home = names.pool_queue(queue)
+        if described.status != WorkflowExecutionStatus.RUNNING or described.task_queue == home:
+            return
+        activity.logger.warning(
+            "the GPU pool %s runs on task queue %r, not spillway's %r: terminated",
+            handle.id,
+            described.task_queue,
+            home,
+        )
+        with contextlib.suppress(RPCError):  # ended meanwhile
+            await handle.terminate(
+                reason=f"spillway: a GPU pool on task queue {described.task_queue!r}, where no "
+                f"spillway worker answers; spillway's runs on {home!r}"
+            )
+
     @activity.defn(name=names.POOL_CHECK)
     async def check_holders(self, check: HolderCheck) -> HoldersChecked:
         limit = asyncio.Semaphore(CHECKS_AT_ONCE)
 
-        async def held(holder: Holder) -> bool | None:
+        async def held(holder: Holder) -> bool | str | None:
             async with limit:
                 return await self._still_holds(holder, check.task_queue)
 
         results = await asyncio.gather(*(held(h) for h in check.holders))
+        pairs = list(zip(check.holders, results, strict=True))
         return HoldersChecked(
-            gone=[h.job_id for h, r in zip(check.holders, results, strict=True) if r is False],
-            answered=[h.job_id for h, r in zip(check.holders, results, strict=True) if r],
+            gone=[h.job_id for h, r in pairs if r is False or isinstance(r, str)],
+            answered=[h.job_id for h, r in pairs if r is True],
+            prompts={h.job_id: r for h, r in pairs if isinstance(r, str)},
         )
 
     @activity.defn(name=names.POOL_FIND)
@@ -139,13 +191,16 @@ class PoolActivities:
         found = await asyncio.gather(*(place_of(job_id) for job_id in running))
         return HoldersFound(held=[h for h in found if h is not None])
 
-    async def _still_holds(self, holder: Holder, task_queue: str) -> bool | None:
+    async def _still_holds(self, holder: Holder, task_queue: str) -> bool | str | None:
         """False: the place is free again (a workflow that is not a running job of this queue
-        holds none, whoever asked in its name); None: unknown now (asked again later, never
-        freed on a guess: that could overbook the card)."""
+        holds none, whoever asked in its name); a prompt id: free once that prompt is out of
+        ComfyUI (the job was ended by force while it rendered there); None: unknown now (asked
+        again later, never freed on a guess: that could overbook the card)."""
         handle = self._client.get_workflow_handle(holder.job_id)
         try:
             described = await handle.describe(rpc_timeout=ASK_TIMEOUT)
+            if described.status in FORCED_ENDS and described.workflow_type == names.VIDEO_JOB:
+                return await _left_prompt(described, holder) or False
             if described.status != WorkflowExecutionStatus.RUNNING:
                 return False
             if described.workflow_type != names.VIDEO_JOB or (

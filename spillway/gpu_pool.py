@@ -47,6 +47,9 @@ class PoolAsk(BaseModel):
     seen: Annotated[list[HostSeen], Field(max_length=MAX_HOSTS_SEEN)] = []
     # A job in line checking that the pool still has its ask: answered only when it had not.
     again: bool = False
+    # The places per host in the policy the job read: other than the pool's, the pool reads the
+    # workers' policy anew (a deploy changed A40_MAX_JOBS or the hosts), never taking these.
+    places: Annotated[dict[str, int], Field(max_length=MAX_HOSTS_SEEN)] = {}
 
 
 class PoolLeave(BaseModel):
@@ -54,6 +57,9 @@ class PoolLeave(BaseModel):
 
     job_id: Annotated[str, Field(min_length=1, max_length=MAX_ID)]
     asked_at: datetime
+    # A prompt ComfyUI may still hold (the job left its host without knowing it let go): the
+    # place stays held until the pool has taken it out.
+    prompt_id: Annotated[str, Field(max_length=MAX_ID)] | None = None
 
 
 class PoolAnswer(BaseModel):
@@ -72,6 +78,9 @@ class Holder(BaseModel):
     host: str
     since: datetime
     checked_at: datetime
+    # The job has left; its place is free once this prompt is out of the host's ComfyUI.
+    clearing: str | None = None
+    cleared_at: datetime | None = None  # the last try
 
 
 class Reading(BaseModel):
@@ -114,6 +123,9 @@ class PoolInput(BaseModel):
 class PlaceView(BaseModel):
     job_id: str
     since: datetime
+    # The job has left; the place is free once this prompt is out of ComfyUI (its host may not
+    # answer yet).
+    clearing: str | None = None
     # The holder's own state, as `spillway queue` reads it off Temporal (the pool does not keep
     # it); None where it was not read.
     state: JobState | None = None
@@ -224,16 +236,21 @@ class PoolBook:
         """True when it changed something (a place freed or the line shortened)."""
         held = self.holders.get(leave.job_id)
         if held is not None and held.asked_at == leave.asked_at:
-            del self.holders[leave.job_id]
-            holds = self.holds_s.setdefault(held.host, [])
-            holds.append((now - held.since).total_seconds())
-            del holds[:-RECENT_HOLDS]
+            if held.clearing is not None:  # free only once `cleared` says so
+                return False
+            if leave.prompt_id is not None:
+                held.clearing = leave.prompt_id
+                return False
+            self._release(held, now)
             return True
         lined = self._in_line(leave.job_id)
         if lined is not None and lined.asked_at == leave.asked_at:
             self._unline(lined)
             return True
         return False
+
+    def places_differ(self, ask: PoolAsk) -> bool:
+        return bool(ask.places) and ask.places != {n: h.max_jobs for n, h in self.hosts.items()}
 
     def note_probe(self, host: str, reading: Reading) -> None:
         self._note(host, reading)
@@ -272,7 +289,7 @@ class PoolBook:
 
     def check_now(self) -> bool:
         """A parked ask waits for its holder's check."""
-        return any(h.checked_at == CHECK_NOW for h in self.holders.values())
+        return any(h.clearing is None and h.checked_at == CHECK_NOW for h in self.holders.values())
 
     def next_probe(self, now: datetime, every: timedelta) -> datetime | None:
         """When `to_probe` will next name a host; None while it names none (nobody waits, or
@@ -286,7 +303,10 @@ class PoolBook:
         return min(due) if due else None
 
     def unheard(self, now: datetime, after: timedelta) -> list[Holder]:
-        return [h for h in self.holders.values() if now - h.checked_at >= after]
+        """Holders not heard from for `after` (one that has left is not asked again)."""
+        return [
+            h for h in self.holders.values() if h.clearing is None and now - h.checked_at >= after
+        ]
 
     def heard(self, job_id: str, now: datetime) -> None:
         held = self.holders.get(job_id)
@@ -300,9 +320,42 @@ class PoolBook:
                 job_id=job_id, asked_at=asked_at, host=host, since=now, checked_at=now
             )
 
-    def free(self, holder: Holder, now: datetime) -> bool:
-        """A holder that is gone (terminated, reset away): its place back to the pool."""
-        return self.give_back(PoolLeave(job_id=holder.job_id, asked_at=holder.asked_at), now)
+    def free(self, holder: Holder, now: datetime, prompt_id: str | None = None) -> bool:
+        """A holder that is gone (terminated, reset away): its place back to the pool, once
+        `prompt_id` (one ComfyUI may still hold) is out."""
+        leave = PoolLeave(job_id=holder.job_id, asked_at=holder.asked_at, prompt_id=prompt_id)
+        return self.give_back(leave, now)
+
+    def to_clear(self, now: datetime, every: timedelta) -> list[Holder]:
+        """Left places whose prompt is to be taken out now (first try, or `every` since)."""
+        return [
+            h
+            for h in self.holders.values()
+            if h.clearing is not None and (h.cleared_at is None or now - h.cleared_at >= every)
+        ]
+
+    def next_clear(self, now: datetime, every: timedelta) -> datetime | None:
+        """When `to_clear` will next name a place; None while no place is left uncleared."""
+        due = [
+            now if h.cleared_at is None else h.cleared_at + every
+            for h in self.holders.values()
+            if h.clearing is not None
+        ]
+        return min(due) if due else None
+
+    def cleared(self, holder: Holder, now: datetime) -> bool:
+        """The prompt is out of ComfyUI: the place is free."""
+        held = self.holders.get(holder.job_id)
+        if held is None or held.asked_at != holder.asked_at:
+            return False
+        self._release(held, now)
+        return True
+
+    def _release(self, held: Holder, now: datetime) -> None:
+        del self.holders[held.job_id]
+        holds = self.holds_s.setdefault(held.host, [])
+        holds.append((now - held.since).total_seconds())
+        del holds[:-RECENT_HOLDS]
 
     def settle_parked(self, still_holding: set[str], now: datetime) -> list[Sent]:
         """After a holder check: a parked ask of a job whose earlier place is free now is asked
@@ -333,7 +386,10 @@ class PoolBook:
         for name in sorted(set(self.hosts) | {h.host for h in self.holders.values()}):
             reading = self.readings.get(name)
             places = sorted(
-                (PlaceView(job_id=h.job_id, since=h.since) for h in self._held_on(name)),
+                (
+                    PlaceView(job_id=h.job_id, since=h.since, clearing=h.clearing)
+                    for h in self._held_on(name)
+                ),
                 key=lambda p: p.since,
             )
             hosts.append(

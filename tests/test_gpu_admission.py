@@ -88,7 +88,9 @@ def spillway(
         values = comfyui_values(comfyui, tmp_path / "out") | minimax_values(minimax, tmp_path / "o")
         if tiers is not None:
             values["SPILLWAY_ROUTING_TIERS"] = tiers
-        settings = make_settings(values, SPILLWAY_TASK_QUEUE=f"adm-{uuid.uuid4()}", **overrides)
+        settings = make_settings(
+            values, **{"SPILLWAY_TASK_QUEUE": f"adm-{uuid.uuid4()}"} | overrides
+        )
         async with serving(
             dev_env.client, settings, load_tiers(settings.SPILLWAY_ROUTING_TIERS), gpu=gpu
         ):
@@ -108,6 +110,13 @@ async def sampling(*sims: ComfyUISim) -> AsyncIterator[Sampler]:
 
 
 ARMED = {"CLOUD_VIDEO_FALLBACK_ENABLED": True}  # the MiniMax double's key is there
+
+
+def interruptible_at_every_second(sim: ComfyUISim) -> None:
+    """A long render that an interrupt stops within a second, as a sampler's steps do (ComfyUI
+    looks for one before each node and at every sampler step)."""
+    sim.progress_nodes |= {node["class_type"] for node in VIDEO_GRAPH.values()}
+    sim.progress_steps = round(sim.execution_s / len(VIDEO_GRAPH))
 
 
 def posted(sim: ComfyUISim, plan: Plan) -> int:
@@ -204,20 +213,25 @@ async def test_a_queued_job_cancelled_ends_at_once_and_never_reaches_comfyui(
         assert [p for h in (await sw.view()).hosts for p in h.places] == []
 
 
-async def test_a_holder_terminated_by_an_operator_frees_its_place_within_90_s(
+async def test_a_holder_terminated_by_an_operator_frees_its_place_once_its_prompt_is_out(
     spillway, comfyui: ComfyUISim
 ):
     comfyui.execution_s = 600.0
+    interruptible_at_every_second(comfyui)
     async with spillway(A40_MAX_JOBS=1) as sw:
         holder = await sw.start(cloud=False)
         await sw.jobs.until(holder, "running_local")
-        comfyui.execution_s = 0.5
+        comfyui.execution_s, comfyui.progress_steps = 0.5, 10
         nxt = await sw.start(cloud=False)
         await sw.jobs.until(nxt, "queued")
         await holder.terminate(reason="operator")
         started = asyncio.get_running_loop().time()
-        await sw.jobs.until(nxt, "running_local", timeout_s=95)
-        assert asyncio.get_running_loop().time() - started <= 90
+        # Found gone within 90 s; then its prompt is taken out (stopped within a second here).
+        await sw.jobs.until(nxt, "running_local", timeout_s=120)
+        assert asyncio.get_running_loop().time() - started <= 110
+        # Its prompt was taken out of ComfyUI before the place went on: never two at once.
+        assert comfyui.most_held == 1
+        assert (await nxt.result()).state == "completed"
 
 
 async def test_a_comfyui_restart_costs_the_jobs_in_line_nothing(spillway, comfyui: ComfyUISim):
@@ -632,3 +646,50 @@ async def test_an_ask_forged_in_a_holder_s_name_frees_nothing_and_nobody_is_admi
     assert [p.state for p in plans] == ["completed", "completed"]
     assert comfyui.most_held == 1
     assert len(await _admitted_asks(holder)) == 1  # the forged ask was never answered
+
+
+async def test_a_host_partitioned_mid_render_keeps_the_place_until_its_prompt_is_out(
+    spillway, comfyui: ComfyUISim, minimax: MiniMaxSim
+):
+    comfyui.execution_s = 600.0  # the partitioned render would go on for ten minutes
+    interruptible_at_every_second(comfyui)
+    async with spillway(A40_MAX_JOBS=1, HOST_LOST_AFTER_S=3, **ARMED) as sw:
+        lost = await sw.start()
+        await sw.jobs.until(lost, "running_local")
+        comfyui.faults["*"] = "hang"  # silent, as after a power cut
+        plan = await lost.result()
+        assert (plan.route, plan.state) == ("cloud", "completed")
+        # The host still renders the prompt nobody waits for: its place stays held.
+        view = await sw.view()
+        [place] = [p for h in view.hosts for p in h.places]
+        assert (place.job_id, place.clearing) == (lost.id, plan.prompt_id)
+        comfyui.execution_s, comfyui.progress_steps = 0.5, 10
+        nxt = await sw.start(cloud=False)
+        await sw.line_is(lambda line: line == [nxt.id])
+        comfyui.faults.clear()  # the host answers again: the prompt is taken out, then the place
+        assert (await nxt.result()).state == "completed"
+    assert comfyui.most_held == 1
+    assert sum(minimax.create_calls_by_prompt.values()) == 1
+
+
+async def test_workers_restarted_with_more_places_reach_the_pool_with_the_next_ask(
+    spillway, comfyui: ComfyUISim
+):
+    comfyui.execution_s = 0.2
+    comfyui.pause()  # the admitted prompts stay pending: their places stay held
+    queue = f"adm-{uuid.uuid4()}"
+    async with spillway(A40_MAX_JOBS=1, SPILLWAY_TASK_QUEUE=queue) as sw:
+        holder = await sw.start(cloud=False)
+        await sw.jobs.until(holder, "running_local")
+        waiting = await sw.start(cloud=False)
+        await sw.line_is(lambda line: line == [waiting.id])
+    # A deploy with two places: the next job's ask shows the pool other places than its own,
+    # and the pool reads the workers' policy then, not at its next 5-minute read.
+    async with spillway(A40_MAX_JOBS=2, SPILLWAY_TASK_QUEUE=queue) as sw:
+        later = await sw.start(cloud=False)
+        await sw.jobs.until(waiting, "running_local", timeout_s=60)
+        assert [h.max_jobs for h in (await sw.view()).hosts] == [2]
+        comfyui.resume()
+        plans = await asyncio.gather(*(h.result() for h in (holder, waiting, later)))
+    assert [p.state for p in plans] == ["completed"] * 3
+    assert comfyui.most_held == 2

@@ -214,3 +214,31 @@ def test_readings_of_hosts_nobody_configured_are_not_kept_and_oversized_asks_do_
     ):
         with pytest.raises(ValidationError):
             ask("j2", **fields)
+
+
+def test_a_place_left_with_its_prompt_maybe_in_comfyui_stays_held_until_it_is_taken_out():
+    b = book(("a40", 1))
+    b.ask(ask("left"), T0)
+    b.ask(ask("next", 1), T0)
+    # Its host was lost under it: the prompt may still render there.
+    assert not b.give_back(PoolLeave(job_id="left", asked_at=T0, prompt_id="p-1"), T0)
+    assert b.admit(T0, freshness=timedelta(seconds=2)) == []  # the place is still held
+    assert [(p.job_id, p.clearing) for p in b.view().hosts[0].places] == [("left", "p-1")]
+    # Another give-back of the same ask frees nothing while the prompt is not out, and the
+    # holder check does not ask a job that has left.
+    assert not b.give_back(PoolLeave(job_id="left", asked_at=T0), T0)
+    assert b.unheard(T0 + timedelta(hours=1), timedelta(seconds=60)) == []
+    [due] = b.to_clear(T0, timedelta(seconds=30))
+    due.cleared_at = T0  # a try that failed: the next one 30 s later
+    assert b.to_clear(T0 + timedelta(seconds=10), timedelta(seconds=30)) == []
+    assert b.next_clear(T0, timedelta(seconds=30)) == T0 + timedelta(seconds=30)
+    assert b.cleared(due, T0 + timedelta(seconds=31))
+    assert answers(b.admit(T0, freshness=timedelta(seconds=2)))["next"].host == "a40"
+
+
+def test_an_ask_showing_other_places_than_the_pool_s_is_told_apart():
+    b = book(("a40", 1))
+    assert not b.places_differ(ask("j1"))  # a job of 0.5.0 shows none
+    assert not b.places_differ(ask("j1", places={"a40": 1}))
+    assert b.places_differ(ask("j1", places={"a40": 2}))
+    assert b.places_differ(ask("j1", places={"a40": 1, "second": 1}))

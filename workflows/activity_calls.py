@@ -147,6 +147,26 @@ async def pool_check(check: HolderCheck) -> HoldersChecked:
     )
 
 
+async def pool_clear(prompt_id: str, host: HostRef) -> comfyui.ComfyUICancelled:
+    """A left place's prompt out of the host's ComfyUI (`comfyui_cancel` on its agent), before
+    the place is free again. Bounded: a host or agent that does not answer keeps the place held,
+    and the pool tries again later."""
+    options = heartbeating(
+        host.task_queue,
+        Priority.default,
+        timedelta(seconds=30),
+        start_to_close=timedelta(minutes=2),
+        retry=FREE_RETRY,
+    )
+    return await workflow.execute_activity_method(
+        ComfyUIActivities.cancel,
+        comfyui.ComfyUICancel(prompt_id=prompt_id),
+        schedule_to_start_timeout=PROBE_BOUND,
+        schedule_to_close_timeout=timedelta(minutes=2),
+        **options,
+    )
+
+
 async def pool_find(find: FindHolders) -> HoldersFound:
     return await workflow.execute_activity_method(
         PoolActivities.find_holders,

@@ -31,6 +31,8 @@ GPU_POOL = "gpu-pool"
 ASK_AGAIN = timedelta(minutes=2)
 # Runs of 0.5.0 wait in line without a timer: a pool that ended strands them.
 LINE_CHECK = "gpu-pool-line-check"
+# Runs of 0.5.0 ask an unanswering pool again by signal, whatever queue it runs on.
+POOL_HOME = "gpu-pool-home"
 
 
 async def ask(s: VideoJobState, *, wait: bool, mode: PlaceMode, fresh: bool = True) -> PoolAnswer:
@@ -48,15 +50,21 @@ async def ask(s: VideoJobState, *, wait: bool, mode: PlaceMode, fresh: bool = Tr
         mode=mode,
         wait=wait,
         seen=_seen(s) if fresh else [],
+        places={h.name: h.max_jobs for h in s.policy.hosts},
     )
+    unanswered = False
     while True:
-        if not await _signal_pool(names.POOL_ASK, request):
+        # Asked again once unanswered, by the activity: it also finds a pool that runs where
+        # no spillway worker polls (and ends it), which a signal would reach all the same.
+        by_activity = unanswered and workflow.patched(POOL_HOME)
+        if by_activity or not await _signal_pool(names.POOL_ASK, request):
             await calls.pool_start(request)
         try:
             await workflow.wait_condition(lambda: s.answer is not None, timeout=ASK_AGAIN)
             break
         except TimeoutError:
             workflow.logger.info("gpu pool did not answer job %s: asking again", s.job.job_id)
+            unanswered = True
     answer = s.answer
     assert answer is not None
     s.answer = None
@@ -111,12 +119,16 @@ async def leave(s: VideoJobState) -> None:
         return
     s.place = None
     s.plan.queue = None
-    await give_back(s, place.asked_at)
+    lingering = None if s.prompt_out or place.host is None else s.plan.prompt_id
+    await give_back(s, place.asked_at, lingering)
 
 
-async def give_back(s: VideoJobState, asked_at: datetime) -> None:
-    """A pool that is not running holds nothing to give back: none is started for it."""
-    await _signal_pool(names.POOL_LEAVE, PoolLeave(job_id=s.job.job_id, asked_at=asked_at))
+async def give_back(s: VideoJobState, asked_at: datetime, prompt_id: str | None = None) -> None:
+    """A pool that is not running holds nothing to give back: none is started for it.
+    `prompt_id`: a prompt ComfyUI may still hold (the job left its host without knowing), which
+    the pool takes out before the place is free again."""
+    leave = PoolLeave(job_id=s.job.job_id, asked_at=asked_at, prompt_id=prompt_id)
+    await _signal_pool(names.POOL_LEAVE, leave)
 
 
 async def _signal_pool(name: str, message: PoolAsk | PoolLeave) -> bool:

@@ -26,6 +26,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.pool import FindHolders, HolderCheck
     from spillway import names
     from spillway.gpu_pool import (
+        Holder,
         Message,
         PoolAnswer,
         PoolAsk,
@@ -48,6 +49,7 @@ CHECK_EVERY = timedelta(seconds=30)
 # Runs of 0.5.0 start without asking the jobs which places they hold.
 FIND_HOLDERS = "gpu-pool-find-holders"
 POLICY_EVERY = timedelta(minutes=5)  # the hosts and their places as the workers have them now
+POLICY_AT_MOST = timedelta(seconds=10)  # read sooner when a job's policy shows other places
 DETAILS_HEAD = 20  # jobs of the line the UI's current details name
 IDLE_AT_LEAST = timedelta(milliseconds=100)  # a timer due now is a timer, not a busy loop
 
@@ -65,26 +67,31 @@ class GpuPoolWorkflow:
         # Answers on their way, and the probe and the holder check under way: the pool goes on
         # taking asks and give-backs meanwhile (a host's agent that is down costs its probe 10 s).
         self._tasks: set[asyncio.Task[None]] = set()
-        self._probing = self._checking = False
-        self._checked_at = workflow.now()
+        self._probing = self._checking = self._clearing = False
+        self._policy_changed = False  # a job read other places than the pool's
+        self._checked_at = self._policy_at = workflow.now()
         self._woken = False  # a probe or a check ended
 
     @workflow.run
     async def run(self, inp: PoolInput) -> None:
         book = self._book
-        policy_at = self._checked_at = workflow.now()
         await self._read_policy()
         if not inp.continued and workflow.patched(FIND_HOLDERS):
             await self._find_holders()
         while True:
             now = workflow.now()
-            if now - policy_at >= POLICY_EVERY:
-                policy_at = now
+            if now - self._policy_at >= POLICY_EVERY or (
+                self._policy_changed and now - self._policy_at >= POLICY_AT_MOST
+            ):
+                self._policy_at, self._policy_changed = now, False
                 await self._read_policy()
             self._apply()
             if not self._probing and book.to_probe(workflow.now(), self._reprobe):
                 self._probing = True
                 self._start(self._probe())
+            if not self._clearing and book.to_clear(workflow.now(), CHECK_EVERY):
+                self._clearing = True
+                self._start(self._clear())
             due = book.holders and workflow.now() - self._checked_at >= CHECK_EVERY
             if not self._checking and (due or book.check_now()):
                 self._checked_at = workflow.now()
@@ -141,6 +148,7 @@ class GpuPoolWorkflow:
         freed = False
         for message in inbox:
             if isinstance(message, PoolAsk):
+                self._policy_changed = self._policy_changed or book.places_differ(message)
                 sent += book.ask(message, now)
             elif book.give_back(message, now):
                 freed = True
@@ -184,6 +192,12 @@ class GpuPoolWorkflow:
                 waits.append(probe - now)
         if self._book.holders and not self._checking:
             waits.append(self._checked_at + CHECK_EVERY - now)
+        if self._policy_changed:
+            waits.append(self._policy_at + POLICY_AT_MOST - now)
+        if not self._clearing:
+            clear = self._book.next_clear(now, CHECK_EVERY)
+            if clear is not None:
+                waits.append(clear - now)
         return max(min(waits), IDLE_AT_LEAST) if waits else None
 
     async def _read_policy(self) -> None:
@@ -251,7 +265,7 @@ class GpuPoolWorkflow:
             for holder in unheard:
                 if holder.job_id in checked.gone:
                     workflow.logger.info("gpu pool: %s is gone, its place is free", holder.job_id)
-                    book.free(holder, now)
+                    book.free(holder, now, checked.prompts.get(holder.job_id))
                 else:  # holding, or not known now: asked again at a later round
                     book.heard(holder.job_id, now)
             for job_id in book.parked.keys() & set(checked.answered):
@@ -266,6 +280,45 @@ class GpuPoolWorkflow:
             workflow.logger.warning("gpu pool: holders not checked: %s", err.cause or err)
         finally:
             self._checking, self._woken = False, True
+
+    async def _clear(self) -> None:
+        """Takes the prompts of left places out of their hosts' ComfyUI, then frees them; a host
+        that does not answer keeps its place held until a later try succeeds."""
+        book = self._book
+        try:
+            due = book.to_clear(workflow.now(), CHECK_EVERY)
+            for holder in due:
+                holder.cleared_at = workflow.now()
+            results = await asyncio.gather(
+                *(self._take_out(holder) for holder in due), return_exceptions=True
+            )
+            now = workflow.now()
+            sent: list[Sent] = []
+            for holder, result in zip(due, results, strict=True):
+                if isinstance(result, BaseException):
+                    if not isinstance(result, ActivityError):
+                        raise result
+                    workflow.logger.warning(
+                        "gpu pool: prompt %s of %s not taken out of %s yet: %s",
+                        holder.clearing,
+                        holder.job_id,
+                        holder.host,
+                        result.cause or result,
+                    )
+                else:
+                    book.cleared(holder, now)
+            sent += book.settle_parked(set(), now)
+            sent += book.admit(now, freshness=self._reprobe)
+            for job_id, answer in sent:
+                self._send(job_id, answer)
+        finally:
+            self._clearing, self._woken = False, True
+
+    async def _take_out(self, holder: Holder) -> None:
+        host = self._book.hosts.get(holder.host)
+        if host is None or holder.clearing is None:  # a host no longer configured counts nowhere
+            return
+        await calls.pool_clear(holder.clearing, host.ref)
 
     def _publish(self) -> None:
         book = self._book

@@ -102,6 +102,9 @@ class VideoJobState:
     pooled: bool = False  # a run of 0.5.0 on: it decides with the GPU pool (admission.GPU_POOL)
     place: JobPlace | None = None  # its ask for a GPU place: in the line, or holding one
     answer: PoolAnswer | None = None  # the pool's answer to the ask just sent
+    # False from its prompt's POST until the job knows ComfyUI let go of it: a place left
+    # meanwhile (host lost, cancel, failure) is freed only once the pool has taken it out.
+    prompt_out: bool = True
     ignored: int = 0  # signals recorded as ignored in this run: each wakes a waiting job
     create_started: datetime = datetime.min
     unused_reservation: bool = False  # reserved, and no create started for it yet

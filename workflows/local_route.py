@@ -64,6 +64,8 @@ async def run(s: VideoJobState) -> bool:
     """Renders the job on its host. True: the host was lost and the job is armed, so the caller
     sends it to the cloud."""
     plan, job = s.plan, s.job
+    if s.place is not None and s.place.host is not None:
+        await _know_host(s, s.place.host)
     plan.route = "local"
     host = s.host_named(s.next_host)
     plan.host = host.name
@@ -78,6 +80,7 @@ async def run(s: VideoJobState) -> bool:
         plan.local_attempts += 1
         prompt_id = prompt_id_for(job.job_id, plan.local_attempts, tag)
         plan.prompt_id = prompt_id
+        s.prompt_out = False
         s.set_state("running_local")
         submit = ComfyUISubmit(
             job_id=job.job_id, prompt_id=prompt_id, graph=graph, front=job.priority == 1
@@ -106,6 +109,7 @@ async def run(s: VideoJobState) -> bool:
         finished = await _follow(s, host, prompt_id, silent_since)
         if finished is None:
             return True
+        s.prompt_out = True  # ended, failed or forgotten: ComfyUI holds it no more
         if finished.outcome == "lost":
             # ComfyUI restarted and forgot the prompt: resubmitting locally costs nothing.
             s.reason(f"comfyui_lost_prompt={prompt_id}")
@@ -247,6 +251,17 @@ def _note_silence(s: VideoJobState, silent_since: datetime) -> float:
     return (workflow.now() - silent_since).total_seconds()
 
 
+async def _know_host(s: VideoJobState, name: str) -> None:
+    """The host the pool admitted the job to, also one added since the job read the workers'
+    policy (the pool reads it anew): the job renders there or nowhere, never on another host
+    beside that host's places."""
+    if any(h.name == name for h in s.policy.hosts):
+        return
+    s.worker_policy = await calls.read_policy(s.job.job_id, local=not s.pooled)
+    if not any(h.name == name for h in s.policy.hosts):
+        s.fail(texts.admitted_to_unknown_host(name, [h.name for h in s.policy.hosts]))
+
+
 async def _armed_now(s: VideoJobState) -> bool:
     """Armed by the policy in force now, not when the job started: the owner may have armed the
     fallback since (the create checks it once more)."""
@@ -279,4 +294,5 @@ async def cancel_prompt(s: VideoJobState) -> None:
         return
     cancel = ComfyUICancel(prompt_id=s.plan.prompt_id)
     cancelled = await calls.comfyui_cancel(cancel, s.heartbeat, s.host_named(s.plan.host))
+    s.prompt_out = True
     s.reason(f"comfyui_prompt_{cancelled.was}_cancelled")

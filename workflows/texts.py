@@ -216,6 +216,14 @@ def host_gave_no_answer(host: str, since: datetime, seconds: float) -> str:
     )
 
 
+def admitted_to_unknown_host(host: str, known: list[str]) -> str:
+    return (
+        f"the GPU pool gave this job a place on host {host!r}, which the workers' policy does "
+        f"not name ({', '.join(known)}): the workers disagree on SPILLWAY_ROUTING_TIERS; nothing "
+        "was rendered"
+    )
+
+
 def lost_too_often(attempts: int) -> str:
     return (
         f"ComfyUI lost the prompt {attempts} times (restarts during the render?): "

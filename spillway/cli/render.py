@@ -265,6 +265,7 @@ def render_queue(view: PoolView) -> str:
         lines.append(f"  {host.name}: {len(host.places)} of {host.max_jobs} in use{state}")
         lines += [
             f"    {_cut(p.job_id, 40):<40}  {p.state or '':<17}  since {p.since:%H:%M:%S}"
+            + (f"  (left: taking prompt {p.clearing} out of ComfyUI)" if p.clearing else "")
             for p in host.places
         ]
     if not view.line:
