@@ -50,6 +50,7 @@ pytest_plugins = [
     "tests.support.jobs",
     "tests.support.worker_process",
     "tests.support.s3",
+    "tests.support.leftovers",
 ]
 
 SPILLWAY_ENV_PREFIXES = (
@@ -125,17 +126,14 @@ async def _start_local(guard: ServerGuard) -> WorkflowEnvironment:
 
 
 @pytest.fixture(scope="session")
-async def env(request: pytest.FixtureRequest) -> AsyncIterator[WorkflowEnvironment]:
-    """At the end every run on it is replayed (tests/support/replay_guard.py)."""
+async def _shared_env(request: pytest.FixtureRequest) -> AsyncIterator[WorkflowEnvironment | None]:
+    """The server `env` gives every test when --workflow-environment names one (`local`, or
+    HOST:PORT); None for time-skipping, where each test starts its own."""
     choice = request.config.getoption("--workflow-environment")
     if choice == "time-skipping":
-        guard = ServerGuard("the time-skipping test server (env)", listable=False)
-        environment = await WorkflowEnvironment.start_time_skipping(
-            data_converter=pydantic_data_converter,
-            test_server_existing_path=installed_binary("temporal-test-server"),
-            interceptors=[guard.interceptor],
-        )
-    elif choice == "local":
+        yield None
+        return
+    if choice == "local":
         guard = ServerGuard("the dev server (env)", listable=True)
         environment = await _start_local(guard)
     else:  # a server of someone's: only what this run started on it
@@ -147,6 +145,31 @@ async def env(request: pytest.FixtureRequest) -> AsyncIterator[WorkflowEnvironme
     await register_search_attributes(environment.client)
     yield environment
     try:
+        await guard.check(environment.client, request.config)
+    finally:
+        await environment.shutdown()
+
+
+@pytest.fixture
+async def env(
+    request: pytest.FixtureRequest, _shared_env: WorkflowEnvironment | None
+) -> AsyncIterator[WorkflowEnvironment]:
+    """Time-skipping: a test server of the test's own (started in about 0.1 s), since all runs
+    on one share its clock, and what one test leaves running (a pool's timers, a job waiting
+    for a week) would move that clock under the next. At its end every run on it is replayed
+    (tests/support/replay_guard.py)."""
+    if _shared_env is not None:
+        yield _shared_env
+        return
+    guard = ServerGuard(f"{replay_guard.PER_TEST}{request.node.name}", listable=False)
+    environment = await WorkflowEnvironment.start_time_skipping(
+        data_converter=pydantic_data_converter,
+        test_server_existing_path=installed_binary("temporal-test-server"),
+        interceptors=[guard.interceptor],
+    )
+    try:
+        await register_search_attributes(environment.client)
+        yield environment
         await guard.check(environment.client, request.config)
     finally:
         await environment.shutdown()

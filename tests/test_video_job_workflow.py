@@ -28,6 +28,7 @@ from tests.support.settings import ARMED, KEY, KLING_ARMED, two_host_tiers
 from tests.support.waiting import until
 from workflows.admission import GPU_POOL
 from workflows.job_state import IDS_PER_RUN
+from workflows.timers import NEVER_CANCELLED
 from workflows.video_job import VideoJobWorkflow
 
 HOUR = {"APPROVAL_TIMEOUT_S": 3600, "APPROVAL_RECHECK_S": 60}
@@ -58,7 +59,8 @@ async def test_a_run_records_only_the_patch_markers_of_changes_since_the_first_r
         for e in history.events
         if e.marker_recorded_event_attributes.marker_name == "core_patch"
     ]
-    assert [p["id"] for p in patches] == ([GPU_POOL, IDS_PER_RUN] if load is FREE else [GPU_POOL])
+    expected = [GPU_POOL, NEVER_CANCELLED, IDS_PER_RUN] if load is FREE else [GPU_POOL]
+    assert [p["id"] for p in patches] == expected
 
 
 async def test_overloaded_armed_job_goes_to_the_cloud_once(run_jobs: RunJobs):

@@ -59,12 +59,10 @@ async def ask(s: VideoJobState, *, wait: bool, mode: PlaceMode, fresh: bool = Tr
         by_activity = unanswered and workflow.patched(POOL_HOME)
         if by_activity or not await _signal_pool(names.POOL_ASK, request):
             await calls.pool_start(request)
-        try:
-            await workflow.wait_condition(lambda: s.answer is not None, timeout=ASK_AGAIN)
+        if await s.alarms.wait(lambda: s.answer is not None, ASK_AGAIN):
             break
-        except TimeoutError:
-            workflow.logger.info("gpu pool did not answer job %s: asking again", s.job.job_id)
-            unanswered = True
+        workflow.logger.info("gpu pool did not answer job %s: asking again", s.job.job_id)
+        unanswered = True
     answer = s.answer
     assert answer is not None
     s.answer = None

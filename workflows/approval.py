@@ -11,7 +11,6 @@ signature holds (SPILLWAY_APPROVAL_SECRET, which the workflow never sees). Workf
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -231,8 +230,7 @@ async def wait_in_line(
         if line_check is not None:
             ends.append(checked + line_check)
         timeout = max(min(ends) - now, timedelta(seconds=1)) if ends else None
-        with contextlib.suppress(TimeoutError):
-            await workflow.wait_condition(_woken(s, s.ignored), timeout=timeout)
+        await s.alarms.wait(_woken(s, s.ignored), timeout)
 
 
 def _woken(s: VideoJobState, ignored: int) -> Callable[[], bool]:

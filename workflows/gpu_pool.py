@@ -12,7 +12,6 @@ place comes back) and continues as new with its places and line.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Coroutine
 from datetime import timedelta
 from typing import Any
@@ -21,6 +20,7 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError
 
 from workflows import activity_calls as calls
+from workflows.timers import Alarms
 
 with workflow.unsafe.imports_passed_through():
     from activities.pool import FindHolders, HolderCheck
@@ -71,6 +71,7 @@ class GpuPoolWorkflow:
         self._policy_changed = False  # a job read other places than the pool's
         self._checked_at = self._policy_at = workflow.now()
         self._woken = False  # a probe or a check ended
+        self._alarms = Alarms()
 
     @workflow.run
     async def run(self, inp: PoolInput) -> None:
@@ -104,10 +105,7 @@ class GpuPoolWorkflow:
             ):
                 break
             self._woken = False
-            with contextlib.suppress(TimeoutError):
-                await workflow.wait_condition(
-                    lambda: bool(self._inbox) or self._woken, timeout=self._idle()
-                )
+            await self._alarms.wait(lambda: bool(self._inbox) or self._woken, self._idle())
         # What is under way ends first (answers reach their jobs); what arrives meanwhile is
         # carried, never applied here: an answer sent now could not be followed up.
         await workflow.wait_condition(lambda: not self._tasks and workflow.all_handlers_finished())

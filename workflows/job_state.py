@@ -18,6 +18,8 @@ from temporalio.common import Priority, RawValue, SearchAttributeUpdate
 from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.exceptions import TimeoutError as ActivityTimeout
 
+from workflows.timers import Alarms
+
 with workflow.unsafe.imports_passed_through():
     from spillway import names
     from spillway import search_attributes as sa
@@ -110,6 +112,7 @@ class VideoJobState:
     unused_reservation: bool = False  # reserved, and no create started for it yet
     published: str = ""  # the plan as last published: a publication that changes nothing is skipped
     notice: asyncio.Task[None] | None = field(default=None, repr=False)  # the approval webhook
+    alarms: Alarms = field(default_factory=Alarms, repr=False)
 
     @classmethod
     def of(cls, raw: RawValue) -> VideoJobState:

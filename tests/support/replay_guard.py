@@ -367,6 +367,21 @@ class _Runs(WorkflowInboundInterceptor):
         return await super().execute_workflow(input)
 
 
+PER_TEST = "the time-skipping test server of "  # `env`: a server of each test's own
+
+
 def summary(config: pytest.Config) -> Sequence[Report]:
-    """The reports of the guards that ran, for the end-of-run summary."""
-    return config.stash.get(REPORTS, [])
+    """The reports of the guards that ran, for the end-of-run summary: those of the tests'
+    own time-skipping servers as one."""
+    reports = config.stash.get(REPORTS, [])
+    own = [r for r in reports if r.server.startswith(PER_TEST)]
+    if not own:
+        return reports
+    merged = Report(
+        server=f"{len(own)} time-skipping test servers (one per test)",
+        replayed=sum(r.replayed for r in own),
+        gone=sum(r.gone for r in own),
+        seconds=sum(r.seconds for r in own),
+        failures=[f for r in own for f in r.failures],
+    )
+    return [merged, *(r for r in reports if not r.server.startswith(PER_TEST))]
