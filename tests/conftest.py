@@ -81,6 +81,8 @@ FULL_LANE_FIXTURES = frozenset(
     }
 )
 FULL_LANE_PATHS = ("tests/reliability/", "tests/test_tour.py")
+# What puts a test in the load check (`scripts/test.sh --under-load`): a Temporal server.
+SERVER_FIXTURES = frozenset({"env"}) | FULL_LANE_FIXTURES
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -89,6 +91,11 @@ def pytest_configure(config: pytest.Config) -> None:
         "full: runs only in the full lane (scripts/test.sh; `--fast` leaves it out): a dev "
         "server, worker processes, the S3 server, the installed script, a scale test",
     )
+    config.addinivalue_line(
+        "markers",
+        "server: runs a Temporal server (time-skipping or dev); `scripts/test.sh --under-load` "
+        "runs these while two busy processes hold both cores",
+    )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -96,6 +103,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         fixtures = set(getattr(item, "fixturenames", ()))
         if fixtures & FULL_LANE_FIXTURES or item.nodeid.startswith(FULL_LANE_PATHS):
             item.add_marker(pytest.mark.full)
+        if fixtures & SERVER_FIXTURES or item.nodeid.startswith(FULL_LANE_PATHS):
+            item.add_marker(pytest.mark.server)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

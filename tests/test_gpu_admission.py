@@ -558,6 +558,9 @@ async def test_a_terminated_pool_s_line_asks_a_new_pool_by_itself_and_runs(
         await sw.jobs.until(holder, "running_local")
         waiting = await sw.start(cloud=False)
         await sw.line_is(lambda line: line == [waiting.id])
+        # Its position reached it: it waits in line (checking every 3 s), no longer for the
+        # answer to its ask (asked again after 2 minutes).
+        await sw.jobs.until(waiting, lambda plan: plan.queue is not None)
         ended = await _terminate_pool(sw)
         # Neither the queue nor the job's status shows the closed pool's places or line as live.
         closed = await sw.view()
