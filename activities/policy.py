@@ -50,4 +50,5 @@ class PolicyActivities:
             approvals_signed=s.SPILLWAY_APPROVAL_SECRET is not None,
             pool_reprobe_s=s.SPILLWAY_POOL_REPROBE_S,
             pool_line_check_s=s.SPILLWAY_POOL_LINE_CHECK_S,
+            pool_holder_check_s=s.SPILLWAY_POOL_HOLDER_CHECK_S,
         )

@@ -85,6 +85,7 @@ class Policy(BaseModel):
     approvals_signed: bool = False
     pool_reprobe_s: float = 2.0  # SPILLWAY_POOL_REPROBE_S
     pool_line_check_s: float = 300.0  # SPILLWAY_POOL_LINE_CHECK_S
+    pool_holder_check_s: float = 60.0  # SPILLWAY_POOL_HOLDER_CHECK_S
 
 
 class HostView(BaseModel):

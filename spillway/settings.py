@@ -108,6 +108,10 @@ class Settings(BaseSettings):
     # A job waiting in the GPU line asks the pool again this often, unanswered unless the pool
     # lost it: a pool that was terminated is started again by it, and takes back the whole line.
     SPILLWAY_POOL_LINE_CHECK_S: Annotated[float, Field(ge=1, le=3600)] = 300.0
+    # A job holding a GPU place not heard from this long is asked whether it still holds it
+    # (checked again every half of it): a place whose job was terminated is free within 1.5 times
+    # this, once its prompt is out of ComfyUI.
+    SPILLWAY_POOL_HOLDER_CHECK_S: Annotated[float, Field(ge=2, le=3600)] = 60.0
     # Places of the single GPU host (routing_tiers.json's `max_jobs` per host otherwise): one
     # rendering, one ready behind it so the card never idles between two jobs.
     A40_MAX_JOBS: Annotated[int, Field(ge=1, le=1000)] = 2

@@ -218,7 +218,7 @@ async def test_a_holder_terminated_by_an_operator_frees_its_place_once_its_promp
 ):
     comfyui.execution_s = 600.0
     interruptible_at_every_second(comfyui)
-    async with spillway(A40_MAX_JOBS=1) as sw:
+    async with spillway(A40_MAX_JOBS=1, SPILLWAY_POOL_HOLDER_CHECK_S=4) as sw:
         holder = await sw.start(cloud=False)
         await sw.jobs.until(holder, "running_local")
         comfyui.execution_s, comfyui.progress_steps = 0.5, 10
@@ -226,9 +226,11 @@ async def test_a_holder_terminated_by_an_operator_frees_its_place_once_its_promp
         await sw.jobs.until(nxt, "queued")
         await holder.terminate(reason="operator")
         started = asyncio.get_running_loop().time()
-        # Found gone within 90 s; then its prompt is taken out (stopped within a second here).
+        # Found gone within 6 s (1.5 times the holder check); then its prompt is taken out
+        # (stopped within a second here) and seen gone at the next check. The bound is loose:
+        # what it rules out is the 2-minute ask or no check at all.
         await sw.jobs.until(nxt, "running_local", timeout_s=120)
-        assert asyncio.get_running_loop().time() - started <= 110
+        assert asyncio.get_running_loop().time() - started <= 60
         # Its prompt was taken out of ComfyUI before the place went on: never two at once.
         assert comfyui.most_held == 1
         assert (await nxt.result()).state == "completed"
@@ -656,7 +658,9 @@ async def test_a_host_partitioned_mid_render_keeps_the_place_until_its_prompt_is
 ):
     comfyui.execution_s = 600.0  # the partitioned render would go on for ten minutes
     interruptible_at_every_second(comfyui)
-    async with spillway(A40_MAX_JOBS=1, HOST_LOST_AFTER_S=3, **ARMED) as sw:
+    async with spillway(
+        A40_MAX_JOBS=1, HOST_LOST_AFTER_S=3, SPILLWAY_POOL_HOLDER_CHECK_S=4, **ARMED
+    ) as sw:
         lost = await sw.start()
         await sw.jobs.until(lost, "running_local")
         comfyui.faults["*"] = "hang"  # silent, as after a power cut

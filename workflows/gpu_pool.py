@@ -42,10 +42,9 @@ with workflow.unsafe.imports_passed_through():
     from workflows import texts
 
 POOL_JOB = "gpu-pool"  # the job id the pool's own probes and policy reads carry
-# A holder not heard from this long is asked whether it still holds its place: a closed one's
-# place is free again within CHECK_AFTER + CHECK_EVERY (90 s).
-CHECK_AFTER = timedelta(seconds=60)
-CHECK_EVERY = timedelta(seconds=30)
+# A holder not heard from for the policy's pool_holder_check_s (1 min) is asked whether it still
+# holds its place, and the holders are checked every half of that: a closed one's place is free
+# again within 1.5 times it (90 s).
 # Runs of 0.5.0 start without asking the jobs which places they hold.
 FIND_HOLDERS = "gpu-pool-find-holders"
 POLICY_EVERY = timedelta(minutes=5)  # the hosts and their places as the workers have them now
@@ -90,10 +89,10 @@ class GpuPoolWorkflow:
             if not self._probing and book.to_probe(workflow.now(), self._reprobe):
                 self._probing = True
                 self._start(self._probe())
-            if not self._clearing and book.to_clear(workflow.now(), CHECK_EVERY):
+            if not self._clearing and book.to_clear(workflow.now(), self._check_every):
                 self._clearing = True
                 self._start(self._clear())
-            due = book.holders and workflow.now() - self._checked_at >= CHECK_EVERY
+            due = book.holders and workflow.now() - self._checked_at >= self._check_every
             if not self._checking and (due or book.check_now()):
                 self._checked_at = workflow.now()
                 self._checking = True
@@ -179,6 +178,10 @@ class GpuPoolWorkflow:
     def _reprobe(self) -> timedelta:
         return timedelta(seconds=self._policy.pool_reprobe_s if self._policy else 2.0)
 
+    @property
+    def _check_every(self) -> timedelta:
+        return timedelta(seconds=(self._policy.pool_holder_check_s if self._policy else 60.0) / 2)
+
     def _idle(self) -> timedelta | None:
         """How long to sleep when nothing arrives: until the next probe is due while someone
         waits, the next holder check while anyone holds a place, or until a message. Due times,
@@ -189,11 +192,11 @@ class GpuPoolWorkflow:
             if probe is not None:
                 waits.append(probe - now)
         if self._book.holders and not self._checking:
-            waits.append(self._checked_at + CHECK_EVERY - now)
+            waits.append(self._checked_at + self._check_every - now)
         if self._policy_changed:
             waits.append(self._policy_at + POLICY_AT_MOST - now)
         if not self._clearing:
-            clear = self._book.next_clear(now, CHECK_EVERY)
+            clear = self._book.next_clear(now, self._check_every)
             if clear is not None:
                 waits.append(clear - now)
         return max(min(waits), IDLE_AT_LEAST) if waits else None
@@ -253,7 +256,7 @@ class GpuPoolWorkflow:
     async def _check_holders(self) -> None:
         try:
             book = self._book
-            unheard = book.unheard(workflow.now(), CHECK_AFTER)
+            unheard = book.unheard(workflow.now(), self._check_every * 2)
             if not unheard:
                 return
             queue = workflow.info().task_queue.removesuffix(names.POOL_SUFFIX)
@@ -284,7 +287,7 @@ class GpuPoolWorkflow:
         that does not answer keeps its place held until a later try succeeds."""
         book = self._book
         try:
-            due = book.to_clear(workflow.now(), CHECK_EVERY)
+            due = book.to_clear(workflow.now(), self._check_every)
             for holder in due:
                 holder.cleared_at = workflow.now()
             results = await asyncio.gather(
