@@ -32,7 +32,11 @@ RUN python -m compileall -q spillway workflows activities worker.py
 
 # SPILLWAY_OUTPUT_DIR (default `outputs`, relative to /app): owned by the worker user, so the
 # named volume mounted here starts out writable. The code itself stays root-owned, read-only.
-RUN mkdir -p /app/outputs && chown spillway:spillway /app/outputs
+# SPILLWAY_SECRETS_DIR in the compose stack: `spillway init` makes the spend ledger's secret in
+# the volume mounted here (owned by the worker user, readable by it only), the workers read it.
+RUN mkdir -p /app/outputs /app/secrets \
+    && chown spillway:spillway /app/outputs /app/secrets \
+    && chmod 700 /app/secrets
 
 USER spillway
 

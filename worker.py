@@ -242,6 +242,8 @@ async def main(*, agents: bool = True, only_host: str | None = None) -> int:
         settings = load_settings()
         tiers = load_tiers(settings.SPILLWAY_ROUTING_TIERS)
         clouds.check(settings, tiers)  # an unknown provider stops it here, in one line
+        if only_host is None:  # the worker serves the ledger's vet; an agent spends nothing
+            clouds.check_ledger_secret(settings)
         names = [h.name for h in gpu_hosts(settings, tiers)]
         if only_host is not None and only_host not in names:
             raise ConfigError(f"no GPU host {only_host!r} in routing tiers; hosts: {names}")

@@ -48,6 +48,7 @@ class PolicyActivities:
             providers=providers,
             job_webhook_configured=s.JOB_WEBHOOK_URL is not None,
             approvals_signed=s.SPILLWAY_APPROVAL_SECRET is not None,
+            ledger_sealed=s.SPILLWAY_LEDGER_SECRET is not None,
             pool_reprobe_s=s.SPILLWAY_POOL_REPROBE_S,
             pool_line_check_s=s.SPILLWAY_POOL_LINE_CHECK_S,
             pool_holder_check_s=s.SPILLWAY_POOL_HOLDER_CHECK_S,

@@ -83,6 +83,9 @@ class Policy(BaseModel):
     job_webhook_configured: bool  # JOB_WEBHOOK_URL: every job's completion is posted
     # SPILLWAY_APPROVAL_SECRET: only signed decisions are used. Not read by 0.3.0 workers.
     approvals_signed: bool = False
+    # SPILLWAY_LEDGER_SECRET: the spend ledger grants only on input spillway made. Not read by
+    # 0.5.0 workers.
+    ledger_sealed: bool = False
     pool_reprobe_s: float = 2.0  # SPILLWAY_POOL_REPROBE_S
     pool_line_check_s: float = 300.0  # SPILLWAY_POOL_LINE_CHECK_S
     pool_holder_check_s: float = 60.0  # SPILLWAY_POOL_HOLDER_CHECK_S

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import os
 import re
+import secrets
 from pathlib import Path
-from typing import Annotated, Literal, Self
+from typing import Annotated, Any, Literal, Self
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import (
@@ -330,8 +332,51 @@ def _clip(text: str, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+# Settings a file may hold instead of the environment: one file per setting, named after it, in
+# the folder SPILLWAY_SECRETS_DIR names (a volume `spillway init` fills in the compose stack; it
+# makes the folder too). A value in the environment wins; an empty one (`SPILLWAY_LEDGER_SECRET=`
+# in .env) does not.
+SECRET_FILES = ("SPILLWAY_LEDGER_SECRET", "SPILLWAY_APPROVAL_SECRET")
+
+
+def secrets_dir() -> Path | None:
+    folder = os.environ.get("SPILLWAY_SECRETS_DIR", "")
+    return Path(folder) if folder else None
+
+
 def load_settings() -> Settings:
     try:
-        return Settings()
+        return Settings(**_from_secret_files())
     except ValidationError as exc:
         raise ConfigError(describe_validation_error(exc, "environment setting")) from None
+
+
+def make_secret_file(folder: Path, name: str) -> tuple[str, bool]:
+    """The secret in `folder/name`, made (32 random bytes as hex, readable by its owner only)
+    when there is none yet; and whether it was made now."""
+    path = folder / name
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as out:
+            value = secrets.token_hex(32)
+            out.write(value + "\n")
+            return value, True
+    except FileExistsError:
+        return path.read_text().strip(), False
+
+
+def _from_secret_files() -> dict[str, Any]:
+    folder = secrets_dir()
+    if folder is None:
+        return {}
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(f"SPILLWAY_SECRETS_DIR={folder} is not a folder")
+    found = {}
+    for name in SECRET_FILES:
+        path = folder / name
+        if not os.environ.get(name) and path.is_file():
+            try:
+                found[name] = path.read_text().strip()
+            except OSError as exc:
+                raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+    return found

@@ -203,12 +203,22 @@ async def test_init_registers_search_attributes_once_and_submit_asks_for_it(
     assert code == 1 and out == ""
     assert "SpillwayState: run `spillway init` once for this namespace" in one_line(err)
 
-    code, out, err = await spillway("init", env=env)
+    secrets = tmp_path / "secrets"
+    code, out, err = await spillway("init", env=env | {"SPILLWAY_SECRETS_DIR": str(secrets)})
     assert code == 0, err
     added = "SpillwayHost, SpillwayOverloaded, SpillwayRoute, SpillwayState, SpillwayTrigger"
     assert f"added {added}" in out
-    code, out, _ = await spillway("init", env=env)
+    # The spend ledger's secret, made where the workers read it, for their owner only.
+    made = secrets / "SPILLWAY_LEDGER_SECRET"
+    assert f"SPILLWAY_LEDGER_SECRET: made in {secrets}" in out
+    assert made.stat().st_mode & 0o777 == 0o600
+    assert len(made.read_text().strip()) == 64 and made.read_text().strip() not in out + err
+    secret = made.read_text()
+    code, out, _ = await spillway("init", env=env | {"SPILLWAY_SECRETS_DIR": str(secrets)})
     assert code == 0 and "all present already" in out
+    assert "SPILLWAY_LEDGER_SECRET: set" in out and made.read_text() == secret
+    code, out, _ = await spillway("init", env=env)
+    assert code == 0 and "SPILLWAY_LEDGER_SECRET: not set" in out and "openssl rand" in out
 
     listed = await dev_env.client.operator_service.list_search_attributes(
         ListSearchAttributesRequest(namespace=namespace)

@@ -36,6 +36,7 @@ WORKER_EXTRAS = {
     "SPILLWAY_METRICS_PORT",
     "SPILLWAY_SHUTDOWN_GRACE_S",
     "SPILLWAY_AGENT_HOST",  # docker-compose.yml's, for the agent service's --host
+    "SPILLWAY_SECRETS_DIR",  # read before the settings, which it may complete
 }
 # Deliberately not the default: the real hosts, the compose stack's UI, metrics switched on.
 NOT_DEFAULT = {"COMFYUI_URL", "A40_GUARD_URL", "SPILLWAY_UI_URL", "SPILLWAY_METRICS_PORT"}
@@ -150,13 +151,26 @@ def test_worker_and_init_are_built_from_the_projects_dockerfile(compose):
     assert services["worker"]["image"] == f"spillway-worker:{version}", "tag = project version"
 
 
+def test_init_makes_the_ledger_secret_where_the_workers_read_it(compose):
+    services = compose["services"]
+    init, worker = services["spillway-init"], services["worker"]
+    assert "spillway-secrets" in compose["volumes"]
+    assert "spillway-secrets:/app/secrets" in init["volumes"]
+    assert "spillway-secrets:/app/secrets:ro" in worker["volumes"]
+    for service in (init, worker):
+        assert service["environment"]["SPILLWAY_SECRETS_DIR"] == "/app/secrets"
+        assert service["environment"]["TEMPORAL_ADDRESS"] == "temporal:7233"
+    text = DOCKERFILE.read_text(encoding="utf-8")
+    assert re.search(r"chown spillway:spillway [^\n]*/app/secrets", text)
+
+
 def test_no_secret_is_written_in_the_compose_file(compose):
     text = COMPOSE.read_text(encoding="utf-8")
     for secret in SECRETS:
         assert secret not in text, f"{secret} belongs in .env only"
     for name, service in compose["services"].items():
         for key, value in (service.get("environment") or {}).items():
-            if re.search(r"PASSWORD|PWD|SECRET|TOKEN|KEY", key):
+            if re.search(r"PASSWORD|PWD|SECRET|TOKEN|KEY", key) and not key.endswith("_DIR"):
                 assert str(value).startswith("${"), f"{name}: {key} is written in the file"
     ui_comment = text[text.index("temporal-ui:") : text.index("spillway-init:")]
     for switch in ("TEMPORAL_DISABLE_WRITE_ACTIONS", "TEMPORAL_WORKFLOW_SIGNAL_DISABLED"):

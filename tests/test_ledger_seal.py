@@ -1,14 +1,22 @@
 """The seal on a spend ledger's input (spillway/ledger_seal.py): made with the workers' secret
-for one ledger id, over the whole input, and fresh only just before the run it starts."""
+for one ledger id, over the whole input, and fresh only just before the run it starts; and
+`spillway health`'s word on workers that do not seal."""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from temporalio.testing import ActivityEnvironment
 
+from activities.policy import PolicyActivities, PolicyRequest
+from spillway.cli.health import UNSEALED, BudgetHealth, WorkersHealth, ledger_seal_health
 from spillway.ledger_seal import SEAL_FRESH, sealed, why_not_sealed
+from spillway.models import WorkersView
 from spillway.spend_book import LedgerInput
+from spillway.tiers import load_tiers
+from tests.support.settings import KEY, make_settings
 
 SECRET = "0123456789abcdef0123456789abcdef"
 LEDGER = "spillway-spend-ledger-spillway"
@@ -58,3 +66,24 @@ def test_what_a_continue_as_new_marks_is_not_part_of_the_seal():
     assert made.trusted is None
     marked = made.model_copy(update={"trusted": True})
     assert why_not_sealed(SECRET, LEDGER, marked, NOW) is None
+
+
+@pytest.mark.parametrize(
+    ("keys", "secret", "warned"),
+    [({}, None, False), (KEY, None, True), (KEY, SECRET, False)],
+)
+async def test_health_warns_of_workers_whose_ledger_takes_unsealed_input(
+    keys: dict[str, str], secret: str | None, warned: bool
+):
+    """As `spillway health` hears it from the workers' policy: keys and no ledger secret (a
+    worker of an earlier release, which started without one)."""
+    settings = make_settings(keys, SPILLWAY_LEDGER_SECRET=secret)
+    activities = PolicyActivities(settings, load_tiers(settings.SPILLWAY_ROUTING_TIERS))
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(env.info, task_queue="spillway")
+    policy = await env.run(activities.read_policy, PolicyRequest(job_id="j"))
+    budget = BudgetHealth(daily_usd=None, monthly_usd=None)
+
+    ledger_seal_health(budget, WorkersHealth(view=WorkersView(policy=policy, hosts=[])))
+
+    assert (budget.unsealed == UNSEALED) is warned and (budget.unsealed is None) is not warned

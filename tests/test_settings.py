@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import SecretStr
 
 from activities.cloud import registry
 from spillway.errors import ConfigError
@@ -145,6 +148,53 @@ def test_a_cloud_provider_spillway_does_not_know_stops_the_worker_naming_it(tmp_
         registry.check(Settings(SPILLWAY_ROUTING_TIERS=path), load_tiers(path))
     with pytest.raises(ConfigError, match="CLOUD_PROVIDERS: unknown provider 'runpod'"):
         registry.check(Settings(CLOUD_PROVIDERS="minimax,runpod"), load_tiers(path))
+
+
+@pytest.mark.full  # the worker in a process of its own
+async def test_a_worker_with_a_key_and_no_ledger_secret_exits_naming_it(
+    cli_env, refused_url, tmp_path
+):
+    env = cli_env(MINIMAX_API_KEY="mm-key", TEMPORAL_ADDRESS=refused_url.removeprefix("http://"))
+    code, err = await worker_process(env)
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert "SPILLWAY_LEDGER_SECRET is not set, and this worker holds keys for minimax" in err
+    assert "openssl rand -hex 32" in err and "mm-key" not in err
+
+    # From a secrets folder (an empty setting, as compose's .env has it, leaves it to the file),
+    # the worker gets as far as Temporal.
+    (tmp_path / "SPILLWAY_LEDGER_SECRET").write_text("s" * 32 + "\n")
+    env |= {"SPILLWAY_SECRETS_DIR": str(tmp_path), "SPILLWAY_LEDGER_SECRET": ""}
+    code, err = await worker_process(env)
+    assert code == 1 and "cannot reach Temporal" in err, err
+
+
+def test_a_secrets_folder_completes_what_the_environment_leaves_empty(clean_env, tmp_path):
+    (tmp_path / "SPILLWAY_LEDGER_SECRET").write_text("from-the-file-" * 3 + "\n")
+    clean_env.setenv("SPILLWAY_SECRETS_DIR", str(tmp_path))
+    assert secret_value(load_settings().SPILLWAY_LEDGER_SECRET) == "from-the-file-" * 3
+    clean_env.setenv("SPILLWAY_LEDGER_SECRET", "from-the-environment")
+    assert secret_value(load_settings().SPILLWAY_LEDGER_SECRET) == "from-the-environment"
+    (tmp_path / "SPILLWAY_APPROVAL_SECRET").write_text("short")
+    with pytest.raises(ConfigError, match="SPILLWAY_APPROVAL_SECRET") as raised:
+        load_settings()
+    assert "short" not in str(raised.value)
+    clean_env.setenv("SPILLWAY_SECRETS_DIR", str(tmp_path / "SPILLWAY_APPROVAL_SECRET"))
+    with pytest.raises(ConfigError, match="is not a folder"):
+        load_settings()
+
+
+def secret_value(secret: SecretStr | None) -> str | None:
+    return None if secret is None else secret.get_secret_value()
+
+
+async def worker_process(env: dict[str, str]) -> tuple[int, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(PROJECT_ROOT / "worker.py"), env=env, cwd=PROJECT_ROOT,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    _, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return proc.returncode, err.decode()
 
 
 def test_routing_tiers_that_are_not_json_say_so(tmp_path):

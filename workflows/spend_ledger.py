@@ -11,7 +11,8 @@ answers each request in order without another await, so "check the budget, then 
 atomic however many jobs race. A regular activity's events replay the same however updates
 interleave with it; a handler that awaited a local activity did not (0.4.0's wedged ledger,
 docs/design.md, "Facts found while building"). It continues as new with the entries it still
-needs.
+needs. A run made by an operator's reset takes over what the run it was reset from held (the
+vet's `reset`) before it applies anything.
 """
 
 from __future__ import annotations
@@ -74,9 +75,11 @@ class SpendLedgerWorkflow:
         self._inbox: list[_Request[SpendEntry] | _Request[Budgets]] = []
         self._accepted = 0
         self._continuing = False
-        # The run this one was reset from by an operator (its answers after the reset point are
-        # not in this run): it grants nothing until `spillway ledger restore`.
+        # The run this one was reset from by an operator, known from a replayed answer of that
+        # run (what it granted after the reset point is not in this run): it grants nothing
+        # until the vet hands over what that run held (`_reset_held`).
         self._reset_from: str | None = None
+        self._reset_held: str | None = None
         # Whether this run is one spillway made (the vet's word, spillway/ledger_seal.py): only
         # a trusted run hands trust on to the run it continues as. Until the vet has spoken, a
         # continued run holds what its predecessor handed on, any other nothing.
@@ -113,13 +116,19 @@ class SpendLedgerWorkflow:
         try:
             vetted = await workflow.execute_activity_method(
                 LedgerVetting.vet,
-                VetBatch(requests=[r.ask for r in batch]),
+                VetBatch(requests=[r.ask for r in batch], reset_held=self._reset_held),
                 task_queue=names.vet_queue(workflow.info().task_queue),
                 start_to_close_timeout=VET_TIMEOUT,
                 schedule_to_close_timeout=timedelta(seconds=60),
                 retry_policy=VET_RETRY,
             )
             answers = vetted.answers
+            if vetted.reset is not None:
+                # Made by a reset: the run it was reset from (and its successors) granted more
+                # than this run's history holds. What they held replaces the book, before any
+                # answer of this batch is applied.
+                self._book = SpendBook.of(vetted.reset.held)
+                self._reset_held, self._reset_from = vetted.reset.base_run, None
         except ActivityError as err:
             why = f"the spend ledger could not vet it ({err.cause or err}): nothing was decided"
             answers = [Vetted(failed=why)] * len(batch)
@@ -141,8 +150,10 @@ class SpendLedgerWorkflow:
             raise ApplicationError(terms.failed, type=UNVETTED)
         if terms.ledger_run not in (None, workflow.info().run_id):
             # An answer recorded by the run this one was reset from, replayed: what it granted
-            # stands, and everything after the reset point is unknown here.
-            self._reset_from = terms.ledger_run
+            # stands, and everything after the reset point is unknown here until the vet hands
+            # over what that run held.
+            if self._reset_held is None:
+                self._reset_from = terms.ledger_run
         elif self._reset_from is not None:
             raise SpendRefused(
                 f"the spend ledger was reset (from run {self._reset_from}): it grants "

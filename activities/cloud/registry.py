@@ -42,6 +42,21 @@ def check(settings: Settings, tiers: RoutingTiers) -> None:
             )
 
 
+def check_ledger_secret(settings: Settings) -> None:
+    """ConfigError for a worker that holds a provider's keys without SPILLWAY_LEDGER_SECRET: its
+    spend ledger would believe any start on spillway's queue, so anyone who may start workflows
+    could replace it with an empty one and spend the day's budget again."""
+    holding = configured(settings)
+    if holding and settings.SPILLWAY_LEDGER_SECRET is None:
+        raise ConfigError(
+            f"SPILLWAY_LEDGER_SECRET is not set, and this worker holds keys for "
+            f"{', '.join(holding)}: without it anyone who may start workflows can replace the "
+            "spend ledger and spend the budget again. Make one with `openssl rand -hex 32` and "
+            "set it on every worker (and where `spillway ledger restore` runs), or set "
+            "SPILLWAY_SECRETS_DIR and run `spillway init`, which makes one there"
+        )
+
+
 def configured(settings: Settings) -> list[str]:
     """The providers a job may go to, in CLOUD_PROVIDERS order: those whose keys this worker has."""
     return [p.name for p in ordered(settings) if p.keys_present(settings)]

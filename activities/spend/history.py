@@ -2,9 +2,10 @@
 one run of SpendLedgerWorkflow held when it ended (`rebuilt`: its input, and every update's
 recorded answer, each reservation, begin and settle answering with the whole entry as it then
 stood, the last answer for an entry winning), and the create of a job incarnation that an
-earlier run settled (`archived_create`), and whether a run is one spillway made
-(`not_made_by_spillway`). Used by `spillway ledger restore`, `spillway budget
---month` and `spend_recorded` for a job whose entry the ledger no longer holds."""
+earlier run settled (`archived_create`), whether a run is one spillway made
+(`not_made_by_spillway`), and what a reset run must take over (`reset_base`,
+`held_before_reset`). Used by `spillway ledger restore`, `spillway budget --month`,
+`spend_recorded` for a job whose entry the ledger no longer holds, and the ledger's vet."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pydantic import ValidationError
 from temporalio.api.common.v1 import Payload
 from temporalio.api.enums.v1 import WorkflowTaskFailedCause
 from temporalio.api.history.v1 import HistoryEvent
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client, WorkflowHandle, WorkflowHistoryEventFilterType
 
 from spillway import names
 from spillway.ledger_seal import why_not_sealed
@@ -92,6 +93,37 @@ async def rebuilt(client: Client, handle: WorkflowHandle[Any, Any]) -> LedgerInp
                 by_key[(entry.job_id, entry.at)] = entry
     held.entries = sorted(by_key.values(), key=lambda e: e.at)
     return held
+
+
+async def reset_base(handle: WorkflowHandle[Any, Any]) -> str | None:
+    """The run this run of the ledger was last reset from (None: it was not reset)."""
+    base = None
+    async for event in handle.fetch_history_events():
+        base = _reset_from(event) or base
+    return base
+
+
+async def held_before_reset(
+    client: Client, ledger_id: str, base_run: str, reset_run: str
+) -> LedgerInput:
+    """What the ledger held when the reset that made `reset_run` from `base_run` ended it: what
+    the run it ended held. From the base on, that is the run a later reset made from a run of
+    the chain (Temporal names the latest), else the run it continued as new into, until a run
+    that went on into neither."""
+    handle, seen = client.get_workflow_handle(ledger_id, run_id=base_run), {base_run}
+    while True:
+        described = (await handle.describe()).raw_description
+        after = described.workflow_extended_info.reset_run_id
+        if after in ("", reset_run):
+            after = ""
+            closing = WorkflowHistoryEventFilterType.CLOSE_EVENT
+            async for event in handle.fetch_history_events(event_filter_type=closing):
+                continued = event.workflow_execution_continued_as_new_event_attributes
+                after = continued.new_execution_run_id
+        if not after or after in seen:
+            return await rebuilt(client, handle)
+        handle = client.get_workflow_handle(ledger_id, run_id=after)
+        seen.add(after)
 
 
 def _reset_from(event: HistoryEvent) -> str:

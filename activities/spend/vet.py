@@ -13,7 +13,7 @@ signals, its accepted `decide_approval` updates, the one its run was carried) si
 job incarnation, the provider asked and the clip's cost key, and not expired; without it, as the
 job's plan shows it. The cost comes from routing_tiers.json for the job's own clip (its input,
 read off its history), the budgets from this worker's settings, the incarnation from Temporal's
-first run id.
+first run id. A ledger run made by a reset is handed what the run it was reset from held, once.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.cloud import registry
-from activities.spend.history import not_made_by_spillway
+from activities.spend.history import held_before_reset, not_made_by_spillway, reset_base
 from spillway import approvals, names
 from spillway.models import ApprovalDecision, CloudRequest, Plan, VideoJob
 from spillway.settings import Settings
@@ -41,6 +41,8 @@ from spillway.spend_book import (
     REFUSED,
     Authorisation,
     Budgets,
+    LedgerInput,
+    SpendBook,
     Vetted,
 )
 from spillway.tiers import RoutingTiers
@@ -67,15 +69,29 @@ class VetBatch(BaseModel):
     """The requests the ledger took from its inbox, in arrival order."""
 
     requests: list[VetRequest]
+    # The run the asking ledger run was reset from whose book it took over already (None: none).
+    reset_held: str | None = None
+
+
+class ResetBook(BaseModel):
+    """What the run a ledger run was reset from held when it ended (with its continue-as-new
+    successors'), compacted as a continue-as-new carries it: the reset run holds it before it
+    grants anything."""
+
+    base_run: str
+    held: LedgerInput
 
 
 class VetAnswers(BaseModel):
     """One answer per request, in the same order."""
 
     answers: list[Vetted]
+    # Set once for a ledger run made by a reset (until it says it holds this book).
+    reset: ResetBook | None = None
 
 
-# Ledger runs whose origin a worker remembers (one at a time runs; a few across resets).
+# Ledger runs whose origin (and reset) a worker remembers (one at a time runs; a few across
+# resets).
 TRUST_REMEMBERED = 16
 # Describes, queries and history reads a batch may have in flight at once (300 jobs racing
 # put 300 requests in one batch).
@@ -112,6 +128,8 @@ class LedgerVetting:
     def __init__(self, client: Client, settings: Settings, tiers: RoutingTiers) -> None:
         self._client, self._settings, self._tiers = client, settings, tiers
         self._untrusted: dict[str, str | None] = {}  # ledger run id -> why it grants nothing
+        self._reset_base: dict[str, str | None] = {}  # ledger run id -> the run it was reset from
+        self._reset_books: dict[str, LedgerInput] = {}  # that run -> what it held
 
     @activity.defn(name=names.LEDGER_VET)
     async def vet(self, batch: VetBatch) -> VetAnswers:
@@ -132,6 +150,11 @@ class LedgerVetting:
             activity.logger.warning("spend ledger refuses everything: %s", untrusted)
             refused = {"refused": untrusted, "refused_kind": "untrusted", "ledger_trusted": False}
             return VetAnswers(answers=[base.model_copy(update=refused)] * len(batch.requests))
+        try:
+            reset = await self._reset_book(batch.reset_held)
+        except Exception as exc:  # granting on a book that misses the reset's past: never
+            activity.logger.warning("spend ledger could not read what it held before: %s", exc)
+            return VetAnswers(answers=[failed(exc)] * len(batch.requests))
 
         async def one(req: VetRequest) -> Vetted:
             async with gate:
@@ -141,7 +164,30 @@ class LedgerVetting:
                     activity.logger.warning("spend ledger could not vet a %s: %s", req.purpose, exc)
                     return failed(exc)
 
-        return VetAnswers(answers=await asyncio.gather(*(one(r) for r in batch.requests)))
+        answers = await asyncio.gather(*(one(r) for r in batch.requests))
+        return VetAnswers(answers=answers, reset=reset)
+
+    async def _reset_book(self, held: str | None) -> ResetBook | None:
+        """For a ledger run made by a reset, what the run it was reset from held, unless it
+        says it holds that already. Whether a run was reset is read once per run (its history
+        shows it, and a run is never reset later: a reset makes a new run)."""
+        info = activity.info()
+        run_id, ledger_id = info.workflow_run_id, info.workflow_id
+        if run_id is None or ledger_id is None:
+            return None
+        if run_id not in self._reset_base:
+            handle = self._client.get_workflow_handle(ledger_id, run_id=run_id)
+            _forget_oldest(self._reset_base)
+            self._reset_base[run_id] = await reset_base(handle)
+        base = self._reset_base[run_id]
+        if base is None or base == held:
+            return None
+        if base not in self._reset_books:
+            _forget_oldest(self._reset_books)
+            before = await held_before_reset(self._client, ledger_id, base, run_id)
+            book = SpendBook.of(before)
+            self._reset_books[base] = book.carried(datetime.now(UTC), before.updates_per_run)
+        return ResetBook(base_run=base, held=self._reset_books[base])
 
     async def _vet(self, req: VetRequest) -> Vetted:
         terms = Vetted(
@@ -200,8 +246,7 @@ class LedgerVetting:
             why = await not_made_by_spillway(
                 self._client, info.workflow_id, run_id, secret.get_secret_value()
             )
-            if len(self._untrusted) >= TRUST_REMEMBERED:
-                self._untrusted.pop(next(iter(self._untrusted)))
+            _forget_oldest(self._untrusted)
             self._untrusted[run_id] = why
         why = self._untrusted[run_id]
         if why is None:
@@ -351,6 +396,11 @@ class LedgerVetting:
             return ApprovalDecision.model_validate(value)
         except (ValidationError, ValueError, TypeError, RuntimeError):
             return None  # what the UI's "Send a Signal" may carry: no decision at all
+
+
+def _forget_oldest(remembered: dict[str, Any]) -> None:
+    if len(remembered) >= TRUST_REMEMBERED:
+        remembered.pop(next(iter(remembered)))
 
 
 def _decision_payload(event: HistoryEvent) -> Payload | None:

@@ -36,9 +36,24 @@ async def _jobs_client(settings: Settings | None = None) -> SpillwayClient:
 
 
 async def cmd_init(args: argparse.Namespace) -> int:
+    from spillway.settings import make_secret_file, secrets_dir
     from spillway.temporal import register_search_attributes
 
-    client = (await _jobs_client()).temporal
+    settings = load_settings()
+    folder = secrets_dir()
+    if settings.SPILLWAY_LEDGER_SECRET is not None:
+        print("SPILLWAY_LEDGER_SECRET: set")
+    elif folder is not None:
+        make_secret_file(folder, "SPILLWAY_LEDGER_SECRET")
+        print(f"SPILLWAY_LEDGER_SECRET: made in {folder}, where the workers read it")
+        settings = load_settings()
+    else:
+        print(
+            "SPILLWAY_LEDGER_SECRET: not set; a worker holding cloud keys does not start without "
+            "it: make one with `openssl rand -hex 32`, or set SPILLWAY_SECRETS_DIR and run "
+            "`spillway init` again"
+        )
+    client = (await _jobs_client(settings)).temporal
     added = await register_search_attributes(client)
     done = f"added {', '.join(added)}" if added else "all present already"
     print(f"search attributes on namespace {client.namespace!r}: {done}")
@@ -61,6 +76,7 @@ async def cmd_health(args: argparse.Namespace) -> int:
         approval_health,
         budget_health,
         health_report,
+        ledger_seal_health,
         probe_once,
         temporal_health,
         workers_health,
@@ -75,6 +91,7 @@ async def cmd_health(args: argparse.Namespace) -> int:
             workers_health(settings), budget_health(settings)
         )
         health.approval = approval_health(settings, health.workers)
+        ledger_seal_health(health.budget, health.workers)
     print(health.model_dump_json(indent=2) if args.json else render_health(health))
     return OK
 

@@ -208,7 +208,10 @@ def exports(options: DevOptions, address: str | None, settings: Settings) -> lis
     return [f"export {name}={value}" for name, value in wanted.items()]
 
 
-def _banner(options: DevOptions, address: str | None, urls: dict[str, str] | None) -> str:
+def _banner(
+    options: DevOptions, address: str | None, urls: dict[str, str] | None, kept: Path | None
+) -> str:
+    """`kept`: the folder where this run keeps the spend ledger's secret (None: set outside)."""
     from activities.cloud import registry as clouds
     from spillway.settings import load_settings
 
@@ -229,6 +232,13 @@ def _banner(options: DevOptions, address: str | None, urls: dict[str, str] | Non
     armed = "armed" if clouds.armed(settings) else "not armed: jobs wait for approval"
     lines += [
         f"  worker      task queue {settings.SPILLWAY_TASK_QUEUE!r}; cloud fallback {armed}",
+    ]
+    if kept is not None:
+        lines.append(
+            f"  ledger      its secret is kept in {kept / 'SPILLWAY_LEDGER_SECRET'} "
+            f"(`SPILLWAY_SECRETS_DIR={kept} spillway ledger restore` reads it)"
+        )
+    lines += [
         "",
         "Next, in another terminal (README: the five-minute tour):",
         *(f"  {line}" for line in exports(options, address, settings)),
@@ -241,7 +251,7 @@ def _banner(options: DevOptions, address: str | None, urls: dict[str, str] | Non
 
 
 async def run_dev(options: DevOptions) -> int:
-    from spillway.settings import load_settings
+    from spillway.settings import load_settings, make_secret_file
     from spillway.temporal import connect, register_search_attributes
     from spillway.tiers import load_tiers
     from worker import run_worker
@@ -251,11 +261,16 @@ async def run_dev(options: DevOptions) -> int:
         if "TEMPORAL_ADDRESS" not in os.environ:
             address = await stack.enter_async_context(temporal_dev_server(options))
         urls = await stack.enter_async_context(simulators(options)) if options.simulate else None
+        kept = None
+        if load_settings().SPILLWAY_LEDGER_SECRET is None:
+            # Kept with the jobs it guards, so a restart keeps trusting the same ledger.
+            secret, _ = make_secret_file(options.jobs_dir, "SPILLWAY_LEDGER_SECRET")
+            os.environ["SPILLWAY_LEDGER_SECRET"], kept = secret, options.jobs_dir
         settings = load_settings()
         tiers = load_tiers(settings.SPILLWAY_ROUTING_TIERS)
         client = await connect()
         await register_search_attributes(client)
-        print(_banner(options, address, urls), flush=True)
+        print(_banner(options, address, urls, kept), flush=True)
         await run_worker(settings, tiers, client)
     print("spillway dev stopped", file=sys.stderr)
     return 0

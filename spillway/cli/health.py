@@ -137,6 +137,9 @@ class BudgetHealth(BaseModel):
     error: str | None = None
     # Set when what the ledger carries across continue-as-new nears Temporal's payload limit.
     warning: str | None = None
+    # Set when the workers that answered hold cloud keys and no SPILLWAY_LEDGER_SECRET: any start
+    # of the spend ledger on spillway's queue is believed.
+    unsealed: str | None = None
     # Set when the ledger's workflow task fails and is retried (`error` then says so too).
     wedged: WedgedWorkflow | None = None
 
@@ -289,6 +292,22 @@ async def budget_health(settings: Settings) -> BudgetHealth:
             "(Temporal refuses payloads over 2 MiB by default): settle or restore what is open"
         )
     return report
+
+
+UNSEALED = (
+    "the workers hold cloud keys and no SPILLWAY_LEDGER_SECRET: anyone who may start workflows "
+    "can replace the spend ledger with one that forgot the day's spending; set the secret on "
+    "every worker (workers of this release do not start without it)"
+)
+
+
+def ledger_seal_health(budget: BudgetHealth | None, workers: WorkersHealth | None) -> None:
+    """Notes on `budget` what the workers that answered say about the ledger's seal."""
+    policy = workers.view.policy if workers is not None and workers.view is not None else None
+    if budget is None or policy is None:
+        return
+    if policy.key_present and not policy.ledger_sealed:
+        budget.unsealed = UNSEALED
 
 
 def ledger_remedy(ledger_id: str) -> str:

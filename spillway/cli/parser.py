@@ -53,9 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
     command(
         "init",
         cmd.cmd_init,
-        "register spillway's search attributes on the Temporal namespace (idempotent)",
+        "register spillway's search attributes; make the spend ledger's secret (idempotent)",
         "Register the custom search attributes (SpillwayState, SpillwayRoute, SpillwayTrigger, "
-        "SpillwayOverloaded, SpillwayHost) on the connected namespace. Safe to run again.",
+        "SpillwayOverloaded, SpillwayHost) on the connected namespace. With SPILLWAY_SECRETS_DIR "
+        "set and no SPILLWAY_LEDGER_SECRET yet, first make one in that folder (the file "
+        "SPILLWAY_LEDGER_SECRET, readable by its owner only), where the workers read it; a worker "
+        "holding cloud keys does not start without one. Safe to run again.",
     )
     command(
         "load",

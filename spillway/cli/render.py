@@ -150,6 +150,8 @@ def _budget_line(health: Health) -> str:
         line += f"; ledger: {budget.error}"
     if budget.warning:
         line += f"; WARNING: {budget.warning}"
+    if budget.unsealed:
+        line += f"; WARNING: {budget.unsealed}"
     return line
 
 

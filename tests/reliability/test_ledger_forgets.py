@@ -38,7 +38,8 @@ async def test_a_job_reset_after_the_ledger_forgot_its_create_is_granted_none(
     done = await jobs.until(job_id, "completed")
     assert done.cloud is not None
     # As after the tag's 40 days: a ledger that holds neither the entry nor the tag.
-    await replace_ledger(jobs.client, worker.task_queue, LedgerInput(), "a forgetful ledger")
+    forgot = LedgerInput()
+    await replace_ledger(jobs.client, worker.task_queue, forgot, "a forgetful ledger", seal=True)
     await ledger_started(jobs.client, worker.task_queue)
 
     first_run = (await jobs.client.get_workflow_handle(job_id).describe()).run_id

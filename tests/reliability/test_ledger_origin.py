@@ -21,11 +21,10 @@ from spillway.spend_book import LedgerInput
 from tests.reliability.harness import cli
 from tests.reliability.test_ledger_authority import ledger_started, replace_ledger
 from tests.reliability.test_money import ledger
-from tests.support.constants import BUSY_VRAM_PCT, CANARY_KEY, CLIP_USD
+from tests.support.constants import BUSY_VRAM_PCT, CLIP_USD, LEDGER_SECRET
 from tests.support.waiting import until
 
-# The canary inside: the secrets check looks for it in every log, history and CLI output.
-SECRET = f"{CANARY_KEY}-ledger"
+SECRET = LEDGER_SECRET
 
 
 async def test_a_ledger_someone_else_started_grants_nothing_and_restore_skips_it(

@@ -30,7 +30,7 @@ from spillway.settings import PROJECT_ROOT
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.kling import KlingSim
 from spillway.sim.minimax import MiniMaxSim
-from tests.support.constants import BUSY_VRAM_PCT, CANARY_KEY
+from tests.support.constants import BUSY_VRAM_PCT, CANARY_KEY, LEDGER_SECRET
 from tests.support.waiting import until
 
 FAST_WORKER = {
@@ -40,6 +40,7 @@ FAST_WORKER = {
 }
 FAST_CLOUD = {
     "MINIMAX_API_KEY": CANARY_KEY,
+    "SPILLWAY_LEDGER_SECRET": LEDGER_SECRET,
     "MINIMAX_POLL_INTERVAL_S": "0.2",
     "MINIMAX_CREATE_TIMEOUT_S": "2",
 }
