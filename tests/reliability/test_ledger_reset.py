@@ -1,8 +1,9 @@
-"""A reset of the spend ledger grants nothing twice (issue 44): an operator's reset (Temporal UI:
-Reset) makes a run that holds only what came before the reset point. Before it grants anything
-it takes back what the run it was reset from held (and what that run's continue-as-new
-successors held), as `spillway ledger restore` would. A real worker process on the session's
-dev server, a budget of one clip, creates counted at the MiniMax double.
+"""The spend ledger grants nothing twice (issue 44). An operator's reset (Temporal UI: Reset)
+makes a run that holds only what came before the reset point: before it grants anything it takes
+back what the run it was reset from held (and what that run's continue-as-new successors held),
+as `spillway ledger restore` would. An intruder's empty start over it grants nothing with the
+workers as shipped. A real worker process on the session's dev server, a budget of one clip,
+creates counted at the MiniMax double.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from temporalio.api.common.v1 import WorkflowExecution
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.workflowservice.v1 import ResetWorkflowExecutionRequest
 from temporalio.client import Client
+from temporalio.common import WorkflowIDConflictPolicy
 
 from spillway import names
 from spillway.models import FINAL_STATES
@@ -25,6 +27,7 @@ from tests.reliability.test_ledger_authority import ledger_started, replace_ledg
 from tests.reliability.test_money import ledger
 from tests.support.constants import BUSY_VRAM_PCT, CLIP_USD
 from tests.support.waiting import until
+from workflows.spend_ledger import SpendLedgerWorkflow
 
 ONE_CLIP = {"CLOUD_DAILY_BUDGET_USD": CLIP_USD}
 VETTED = EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED  # the ledger vets each batch by an activity
@@ -124,3 +127,29 @@ async def test_a_ledger_reset_to_a_run_before_its_continue_as_new_grants_nothing
     await reset_ledger(jobs.client, worker.task_queue, early, "first workflow task")
 
     await nothing_more_is_granted(jobs, worker.task_queue, minimax)
+
+
+async def test_an_intruders_empty_start_over_the_ledger_grants_nothing_as_shipped(
+    workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim
+):
+    """Someone who may start workflows starts the ledger's workflow under its id with an empty
+    input, terminating spillway's (what `TERMINATE_EXISTING` does in one call). The workers as
+    shipped hold SPILLWAY_LEDGER_SECRET (they do not start with a key and without it): the
+    intruder's run grants nothing, and the day's one clip stays the only create."""
+    worker = await one_clip_worker(workers, comfyui, minimax)
+    jobs = jobs_on(worker)
+    first = await jobs.submit("the day's one clip")
+    assert (await jobs.until(first, "completed")).route == "cloud"
+
+    await jobs.client.start_workflow(
+        SpendLedgerWorkflow.run,
+        LedgerInput(),
+        id=names.ledger_id(worker.task_queue),
+        task_queue=worker.task_queue,
+        id_conflict_policy=WorkflowIDConflictPolicy.TERMINATE_EXISTING,
+    )
+
+    second = await jobs.submit("after the intruder")
+    refused = await jobs.until(second, "failed")
+    assert refused.error is not None and "not started by spillway" in refused.error
+    assert (minimax.create_calls, minimax.tasks_created) == (1, 1)
