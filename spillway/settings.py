@@ -73,6 +73,11 @@ class Settings(BaseSettings):
     # than a routine ComfyUI restart, which must not send every job on the card to the cloud.
     HOST_LOST_AFTER_S: Seconds = 60.0
     COMFYUI_HISTORY_POLL_S: Seconds = 5.0
+    # How long one ComfyUI request may go without its answer, and a download without a byte: a
+    # host silent that long (a power cut, a partition) is an unanswered call, retried or counted
+    # towards HOST_LOST_AFTER_S.
+    COMFYUI_REQUEST_TIMEOUT_S: Seconds = 30.0
+    COMFYUI_DOWNLOAD_TIMEOUT_S: Seconds = 60.0
     COMFYUI_MAX_ATTEMPTS: Annotated[int, Field(ge=1, le=10)] = 3  # submits per job, LOST included
 
     CLOUD_VIDEO_FALLBACK_ENABLED: bool = False

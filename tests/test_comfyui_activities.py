@@ -334,7 +334,7 @@ async def test_submit_whose_post_lands_after_its_timeout_runs_the_prompt_once(
     # must give the POST its grace rather than post again.
     comfyui.execution_s = 0
     comfyui.late_prompt_posts, comfyui.late_prompt_s = 1, 1.5
-    acts = comfyui_activities(request_timeout=httpx.Timeout(0.3), post_grace_s=5.0)
+    acts = comfyui_activities(COMFYUI_REQUEST_TIMEOUT_S=0.3, post_grace_s=5.0)
     req = submit_request(new_job(), VIDEO_GRAPH)
     submitted = await run_workflow(env, acts, SubmitOnce.run, req)
     assert submitted == ComfyUISubmitted(prompt_id=req.prompt_id, posted=False)
@@ -349,7 +349,7 @@ async def test_another_agent_retrying_a_submit_reads_the_unanswered_post_from_it
     comfyui.pause()
     comfyui.late_prompt_posts, comfyui.late_prompt_s = 1, 1.0
     req = submit_request(new_job(), VIDEO_GRAPH)
-    first = comfyui_activities(request_timeout=httpx.Timeout(0.2))
+    first = comfyui_activities(COMFYUI_REQUEST_TIMEOUT_S=0.2)
     failed, heartbeats = await run_activity(first.submit, req)
     assert isinstance(failed, ApplicationError) and failed.type == "ComfyUIUnavailable"
     [last] = [b for b in heartbeats if isinstance(b, SubmitProgress)][-1:]

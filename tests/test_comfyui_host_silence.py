@@ -10,7 +10,6 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import httpx
 from temporalio.exceptions import ApplicationError
 
 from activities.comfyui.activities import SubmitProgress
@@ -47,7 +46,7 @@ async def test_a_submit_to_a_partitioned_host_hands_its_silence_on_then_ends_hos
     comfyui: ComfyUIDouble, comfyui_activities
 ):
     comfyui.faults["*"] = "hang"  # connections accepted, never answered
-    acts = comfyui_activities(request_timeout=httpx.Timeout(0.2))
+    acts = comfyui_activities(COMFYUI_REQUEST_TIMEOUT_S=0.2)
     req = submit_request(new_job(), VIDEO_GRAPH).model_copy(update={"report_silence_after_s": 60.0})
     before = time.time()
     first, beats = await run_activity(acts.submit, req)
@@ -62,7 +61,7 @@ async def test_a_submit_to_a_partitioned_host_hands_its_silence_on_then_ends_hos
     # counting from there, and ends the call once the silence is as long as asked.
     again = req.model_copy(update={"report_silence_after_s": 0.3})
     carried = [last.model_dump(mode="json")]
-    other = comfyui_activities(request_timeout=httpx.Timeout(0.2))
+    other = comfyui_activities(COMFYUI_REQUEST_TIMEOUT_S=0.2)
     second, _ = await run_activity(other.submit, again, attempt=2, heartbeat_details=carried)
     silent = failure(second)
     assert silent.type == HOST_SILENT and silent.non_retryable

@@ -10,7 +10,6 @@ from collections import Counter
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import httpx
 import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
@@ -262,9 +261,7 @@ async def test_a_host_whose_every_poll_hangs_is_silent_from_the_first_failed_rou
     # A partition: no answer and no refusal; each round lasts its timeout, longer than the
     # interval between rounds, and the silence still counts from the first.
     comfyui.pause()
-    acts = comfyui_activities(
-        COMFYUI_HISTORY_POLL_S=POLL_S, request_timeout=httpx.Timeout(3 * POLL_S)
-    )
+    acts = comfyui_activities(COMFYUI_HISTORY_POLL_S=POLL_S, COMFYUI_REQUEST_TIMEOUT_S=3 * POLL_S)
     [req] = await submitted(acts, run_activity, 1)
     comfyui.faults["/queue"] = "hang"
     before = datetime.now(UTC)

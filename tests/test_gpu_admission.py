@@ -659,7 +659,11 @@ async def test_a_host_partitioned_mid_render_keeps_the_place_until_its_prompt_is
     comfyui.execution_s = 600.0  # the partitioned render would go on for ten minutes
     interruptible_at_every_second(comfyui)
     async with spillway(
-        A40_MAX_JOBS=1, HOST_LOST_AFTER_S=3, SPILLWAY_POOL_HOLDER_CHECK_S=4, **ARMED
+        A40_MAX_JOBS=1,
+        HOST_LOST_AFTER_S=3,
+        SPILLWAY_POOL_HOLDER_CHECK_S=4,
+        COMFYUI_REQUEST_TIMEOUT_S=3,  # what each call to the silent host costs (30 s by default)
+        **ARMED,
     ) as sw:
         lost = await sw.start()
         await sw.jobs.until(lost, "running_local")

@@ -27,7 +27,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.comfyui.answers import Queued, Seen, rejection_message
 from activities.comfyui.client import (
-    REQUEST_TIMEOUT,
+    CONNECT_TIMEOUT_S,
     ComfyUIClient,
     Rejected,
     Unanswered,
@@ -59,11 +59,12 @@ from spillway import names
 from spillway.models import Progress
 from spillway.settings import Settings, shown
 
-# How long after a POST /prompt that got no answer it may still land in ComfyUI's queue: twice
-# the request timeout (30 s). The client gave up after one timeout; ComfyUI validates a graph
-# before queueing it, which a loaded machine (or a proxy holding the request) can drag out, so
-# another full timeout is the margin. A retry that finds nothing waits this out before posting.
-POST_GRACE_S = 60.0
+# How long after a POST /prompt that got no answer it may still land in ComfyUI's queue, in
+# request timeouts (COMFYUI_REQUEST_TIMEOUT_S). The client gave up after one timeout; ComfyUI
+# validates a graph before queueing it, which a loaded machine (or a proxy holding the request)
+# can drag out, so another full timeout is the margin. A retry that finds nothing waits this out
+# before posting.
+POST_GRACE_TIMEOUTS = 2
 _RUNNING = Progress(phase="running")
 _SILENT = Progress(phase="ComfyUI not answering")
 
@@ -82,19 +83,25 @@ class ComfyUIActivities(OwnsOutputStore):
         settings: Settings,
         *,
         heartbeat_every_s: float | None = None,
-        request_timeout: httpx.Timeout | None = None,
-        post_grace_s: float = POST_GRACE_S,
+        post_grace_s: float | None = None,
         store: OutputStore | None = None,
     ) -> None:
         self._settings = settings
         url = str(settings.COMFYUI_URL)
-        self._client = ComfyUIClient(http, url, request_timeout=request_timeout or REQUEST_TIMEOUT)
+        self._client = ComfyUIClient(
+            http,
+            url,
+            request_timeout=_timeout(settings.COMFYUI_REQUEST_TIMEOUT_S),
+            download_timeout=_timeout(settings.COMFYUI_DOWNLOAD_TIMEOUT_S),
+        )
         self._watcher = ComfyUIWatcher(self._client, settings.COMFYUI_HISTORY_POLL_S)
         # Six beats per heartbeat timeout, so a slow ComfyUI never looks like a dead worker; waits
         # three (the SDK sends one per 0.8 timeout anyway; 1,000 waits at six: 200 calls/s).
         self._heartbeat_every_s = heartbeat_every_s or settings.SPILLWAY_HEARTBEAT_TIMEOUT_S / 6
         self._wait_beat_s = heartbeat_every_s or settings.SPILLWAY_HEARTBEAT_TIMEOUT_S / 3
-        self._post_grace_s = post_grace_s
+        self._post_grace_s = (
+            post_grace_s or POST_GRACE_TIMEOUTS * settings.COMFYUI_REQUEST_TIMEOUT_S
+        )
         self._files = ComfyUIFiles(
             self._client,
             self._use_store(settings, store),
@@ -323,3 +330,7 @@ async def _give_back(release: Release) -> bool:
         activity.logger.info("place not given back by the download: %s", err)
         return False
     return True
+
+
+def _timeout(seconds: float) -> httpx.Timeout:
+    return httpx.Timeout(seconds, connect=min(seconds, CONNECT_TIMEOUT_S))

@@ -26,11 +26,14 @@ from activities.http import MAYBE_SENT, why
 from activities.storage.store import IncompleteDownload
 from spillway.settings import shown
 
-# One ComfyUI request; waits and downloads heartbeat meanwhile, so a slow answer is not a
-# dead worker. A submit that times out is retried and finds its prompt before posting.
+# One ComfyUI request (COMFYUI_REQUEST_TIMEOUT_S); waits and downloads heartbeat meanwhile, so
+# a slow answer is not a dead worker. A submit that times out is retried and finds its prompt
+# before posting.
 REQUEST_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
-# Per network step, not per file: a 2 GB video may take minutes, but never 60 s of silence.
+# Per network step, not per file (COMFYUI_DOWNLOAD_TIMEOUT_S): a 2 GB video may take minutes,
+# but never 60 s of silence.
 DOWNLOAD_TIMEOUT = httpx.Timeout(60.0, connect=5.0)
+CONNECT_TIMEOUT_S = 5.0
 SOCKET_PING_S = 20.0
 REMEMBERED_POSTS = 1000
 _log = logging.getLogger(__name__)

@@ -23,6 +23,10 @@ from spillway.sim.minimax import MiniMaxSim
 from tests.reliability.harness import creates_of, posts_of, probes
 from tests.support.jobs import Jobs
 
+# A silent ComfyUI costs each call its whole timeout (30 s a request, 60 s a download by default):
+# short here, long enough that a loaded machine's answers still come in time.
+SILENT_HOST = {"COMFYUI_REQUEST_TIMEOUT_S": 5, "COMFYUI_DOWNLOAD_TIMEOUT_S": 5}
+
 
 async def test_comfyui_down_for_a_while_makes_the_job_wait_then_it_runs_locally_when_back(
     workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim
@@ -107,6 +111,7 @@ async def test_comfyui_gone_mid_render_shows_on_the_plan_and_an_unarmed_job_fail
         COMFYUI_URL=comfyui.url,
         MINIMAX_BASE_URL=minimax.url,
         HOST_LOST_AFTER_S=3,
+        **SILENT_HOST,
         # The silence shows from 3 s on, the job fails at 20 s: a loaded machine's status reads
         # still see it rendering, silent, in between (with 10 s, one CI run missed it).
         UNREACHABLE_GIVE_UP_S=20,
@@ -118,7 +123,7 @@ async def test_comfyui_gone_mid_render_shows_on_the_plan_and_an_unarmed_job_fail
     else:
         comfyui.faults["*"] = "hang"
 
-    # Partitioned, the first failed poll ends after the client's 30 s timeout.
+    # Partitioned, the first failed poll ends after the client's timeout.
     plan = await jobs.until(job_id, silence_shown, timeout_s=60)
     # Seen rendering, silent; on a loaded machine the first read may come after the give-up.
     assert plan.state in ("running_local", "failed")
@@ -139,6 +144,7 @@ async def test_comfyui_gone_mid_render_sends_an_armed_job_to_the_cloud_once(
         MINIMAX_BASE_URL=minimax.url,
         CLOUD_VIDEO_FALLBACK_ENABLED=1,
         HOST_LOST_AFTER_S=3,
+        **SILENT_HOST,
     )
     jobs = jobs_on(worker)
     prompt = f"comfyui {gone}, armed"
@@ -157,7 +163,7 @@ async def test_comfyui_gone_mid_render_sends_an_armed_job_to_the_cloud_once(
 
 
 # A host that hangs outside the wait: its ComfyUI accepts the submit's POST /prompt or the
-# download's GET /view and never answers (30 s and 60 s until the client gives up).
+# download's GET /view and never answers (until the client gives up: SILENT_HOST).
 HANGS = {"submit": "/prompt", "download": "/view"}
 
 
@@ -172,6 +178,7 @@ async def test_a_host_hanging_during_a_call_sends_an_armed_job_to_the_cloud_once
         MINIMAX_BASE_URL=minimax.url,
         CLOUD_VIDEO_FALLBACK_ENABLED=1,
         HOST_LOST_AFTER_S=3,
+        **SILENT_HOST,
     )
     jobs = jobs_on(worker)
     prompt = f"comfyui hangs during {during}, armed"
@@ -197,7 +204,10 @@ async def test_a_host_hanging_during_a_call_fails_an_unarmed_job_naming_the_host
         COMFYUI_URL=comfyui.url,
         MINIMAX_BASE_URL=minimax.url,
         HOST_LOST_AFTER_S=3,
-        UNREACHABLE_GIVE_UP_S=20,
+        **SILENT_HOST,
+        # Given up within one hanging call: after it a hanging POST's retry finds the host
+        # answering its GETs, and waits for the POST to land before it posts again.
+        UNREACHABLE_GIVE_UP_S=4,
     )
     jobs = jobs_on(worker)
     job_id = await jobs.submit(f"comfyui hangs during {during}, not armed")

@@ -6,7 +6,7 @@
   /prompt queued late, sockets dropped, newer ComfyUI's job cancel endpoint).
 - `comfyui_activities(**overrides)`: ComfyUIActivities on `comfyui_settings`, heartbeating often,
   closed (their ComfyUI watcher stopped) when the test ends. Upper-case keywords are settings,
-  lower-case ones go to ComfyUIActivities (`heartbeat_every_s`, `request_timeout`, ...).
+  lower-case ones go to ComfyUIActivities (`heartbeat_every_s`, `post_grace_s`, ...).
 - `submit_request(job_id, graph)`, `wait_request(submit)`: the activities' inputs for a graph
   (tests/support/graphs.py); `submit_new_job(acts, graph)`: a graph under a new job id, through
   the submit activity, returning its request; `submit_new_job_until(acts, graph, comfyui, state)`
