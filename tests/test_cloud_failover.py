@@ -33,6 +33,7 @@ def both_clouds(cloud_worker, kling: KlingSim):
         "KLING_ACCESS_KEY": CANARY_ACCESS,
         "KLING_SECRET_KEY": CANARY_SECRET,
         "KLING_POLL_INTERVAL_S": "0.2",
+        "KLING_CREATE_TIMEOUT_S": "2",  # as FAST_CLOUD's MiniMax: a hanging create costs this
     }
 
     async def start(**overrides: Any):
