@@ -46,7 +46,9 @@ class SimServer:
         self._release = asyncio.Event()
         app = web.Application(middlewares=[self._apply_fault])
         self.add_routes(app)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        # A server that stops drops what it was doing, as a killed ComfyUI does: aiohttp's
+        # graceful stop waited up to a minute for a handler still answering (a socket's).
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.1)
         await runner.setup()
         site = web.TCPSite(runner, self.host, self.port, reuse_address=True)
         await site.start()

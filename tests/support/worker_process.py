@@ -34,13 +34,14 @@ from tests.support.constants import BUSY_VRAM_PCT, CANARY_KEY, LEDGER_SECRET
 from tests.support.waiting import until
 
 FAST_WORKER = {
+    # A worker holding a key does not start without it (a test that removes it says so).
+    "SPILLWAY_LEDGER_SECRET": LEDGER_SECRET,
     "SPILLWAY_HEARTBEAT_TIMEOUT_S": "2",
     "LOAD_PROBE_TIMEOUT_S": "1",
     "UNREACHABLE_CONFIRM_S": "1",
 }
 FAST_CLOUD = {
     "MINIMAX_API_KEY": CANARY_KEY,
-    "SPILLWAY_LEDGER_SECRET": LEDGER_SECRET,
     "MINIMAX_POLL_INTERVAL_S": "0.2",
     "MINIMAX_CREATE_TIMEOUT_S": "2",
 }
