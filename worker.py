@@ -102,7 +102,7 @@ async def serving(
     # The store is closed after the Temporal workers stopped (the exit stack below ends first).
     async with open_output_store(settings) as store, httpx.AsyncClient() as http:
         works: list[QueueWork] = []
-        running = {h.name: Agent.of(http, settings, h, gpu, store) for h in hosts}
+        running = {h.name: Agent.of(http, settings, h, gpu, store, client) for h in hosts}
         if not agents and only_host is None:
             running = {}
         if only_host is None:

@@ -13,12 +13,18 @@ from datetime import datetime, timedelta
 
 from pydantic import BaseModel
 from temporalio import activity
-from temporalio.client import Client, WorkflowExecutionDescription, WorkflowExecutionStatus
+from temporalio.client import (
+    Client,
+    WorkflowExecutionDescription,
+    WorkflowExecutionStatus,
+    WorkflowQueryRejectedError,
+)
+from temporalio.common import QueryRejectCondition
 from temporalio.service import RPCError, RPCStatusCode
 
 from spillway import names
 from spillway import search_attributes as sa
-from spillway.gpu_pool import Holder, PoolAsk, PoolInput
+from spillway.gpu_pool import Holder, PoolAsk, PoolInput, PoolView
 from spillway.models import JobPlace, PlaceMode, Plan
 
 CHECKS_AT_ONCE = 16
@@ -79,6 +85,27 @@ async def _left_prompt(described: WorkflowExecutionDescription, holder: Holder) 
     if plan.state != "running_local" or plan.outputs:
         return None
     return plan.prompt_id
+
+
+async def pool_holds(client: Client, pool_id: str, job_id: str, host: str) -> bool | None:
+    """Whether the running GPU pool shows a place on `host` held by `job_id`. None: no pool
+    runs (the next one takes back the places of the running jobs, this one's included)."""
+    handle = client.get_workflow_handle(pool_id)
+    try:
+        view = await handle.query(
+            names.POOL_VIEW,
+            result_type=PoolView,
+            reject_condition=QueryRejectCondition.NOT_OPEN,
+            rpc_timeout=ASK_TIMEOUT,
+        )
+    except WorkflowQueryRejectedError:
+        return None
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            return None
+        raise
+    mine = [p for h in view.hosts if h.name == host for p in h.places if p.job_id == job_id]
+    return any(p.clearing is None for p in mine)
 
 
 class PoolActivities:

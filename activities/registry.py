@@ -108,11 +108,11 @@ class Agent:
         host: GpuHost,
         gpu: GpuReader,
         store: OutputStore,
+        client: Client,
     ) -> Agent:
         mine = host_settings(settings, host)
-        return cls(
-            LoadStatusActivities(http, mine, gpu), ComfyUIActivities(http, mine, store=store)
-        )
+        comfyui = ComfyUIActivities(http, mine, store=store, temporal=client)
+        return cls(LoadStatusActivities(http, mine, gpu), comfyui)
 
     def work(self, settings: Settings, host: GpuHost) -> list[QueueWork]:
         comfyui = self.comfyui

@@ -15,6 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from temporalio.api.common.v1 import WorkflowExecution
+from temporalio.api.enums.v1 import EventType
+from temporalio.api.workflowservice.v1 import ResetWorkflowExecutionRequest
 from temporalio.client import Client, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
@@ -383,6 +386,61 @@ async def test_a_holder_reset_to_before_its_admission_gives_its_place_to_the_lin
     assert len([a for a in after if a not in before]) == 1
     assert posted(comfyui, plans[1]) == 1
     assert view.line == [] and all(not h.places for h in view.hosts)
+
+
+async def test_a_job_reset_to_after_its_admission_posts_only_on_a_place_the_pool_gives_it(
+    spillway, comfyui: ComfyUISim
+):
+    """Its download gave the place back and the pool handed it on; the reset run replays its
+    admission but posts nothing on it: the pool shows the place as another job's, so the
+    reset run asks again, waits in line and renders once the place is free."""
+    comfyui.execution_s = 0.3
+    async with spillway(A40_MAX_JOBS=1) as sw:
+        done = await sw.start(cloud=False)
+        first = await done.result()
+        comfyui.pause()  # the next holder's prompt stays pending: it holds the place
+        holder = await sw.start(cloud=False)
+        await sw.jobs.until(holder, "running_local")
+
+        again = await reset_to_after_its_admission(sw.client, done.id)
+        await sw.jobs.until(done.id, "queued")
+        assert comfyui.most_held == 1
+        comfyui.resume()
+        plans = await asyncio.gather(
+            holder.result(),
+            sw.client.get_workflow_handle(done.id, run_id=again, result_type=Plan).result(),
+        )
+    assert [p.state for p in plans] == ["completed", "completed"]
+    assert "place_taken=a40_local" in plans[1].reasons
+    assert posted(comfyui, first) == 1 and posted(comfyui, plans[1]) == 1
+    assert comfyui.most_held == 1
+
+
+async def reset_to_after_its_admission(client: Client, job_id: str) -> str:
+    """The job reset to the workflow task after the GPU pool's answer that admitted it; the
+    new run's id."""
+    handle = client.get_workflow_handle(job_id)
+    events = (await handle.fetch_history()).events
+    answered = next(
+        e.event_id
+        for e in events
+        if e.workflow_execution_signaled_event_attributes.signal_name == names.POOL_ANSWER
+    )
+    task = next(
+        e.event_id
+        for e in events
+        if e.event_id > answered and e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
+    )
+    reset = await client.workflow_service.reset_workflow_execution(
+        ResetWorkflowExecutionRequest(
+            namespace=client.namespace,
+            workflow_execution=WorkflowExecution(workflow_id=job_id),
+            reason="test: an operator resets a job to after its admission",
+            workflow_task_finish_event_id=task,
+            request_id=str(uuid.uuid4()),
+        )
+    )
+    return reset.run_id
 
 
 async def test_a_continue_as_new_in_the_middle_of_the_line_keeps_its_order_and_places(

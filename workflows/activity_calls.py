@@ -239,6 +239,12 @@ def host_silence(err: ActivityError) -> comfyui.Silence | None:
     return comfyui.Silence.model_validate(cause.details[0])
 
 
+def place_taken(err: ActivityError) -> bool:
+    """The submit found the job's place in the GPU pool gone (PLACE_TAKEN): nothing posted."""
+    cause = err.cause
+    return isinstance(cause, ApplicationError) and cause.type == comfyui.PLACE_TAKEN
+
+
 def agent_gone(err: ActivityError) -> bool:
     """The host's agent did not pick the call up within its `agent_bound`."""
     cause = err.cause

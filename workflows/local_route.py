@@ -60,6 +60,11 @@ async def to_the_end(work: Awaitable[_T]) -> _T:
         raise
 
 
+class PlaceTaken(Exception):
+    """The GPU pool holds no place of the job's any more (a reset run's place that went back):
+    nothing was posted, and the job asks for a place again."""
+
+
 async def run(s: VideoJobState) -> bool:
     """Renders the job on its host. True: the host was lost and the job is armed, so the caller
     sends it to the cloud."""
@@ -83,7 +88,11 @@ async def run(s: VideoJobState) -> bool:
         s.prompt_out = False
         s.set_state("running_local")
         submit = ComfyUISubmit(
-            job_id=job.job_id, prompt_id=prompt_id, graph=graph, front=job.priority == 1
+            job_id=job.job_id,
+            prompt_id=prompt_id,
+            graph=graph,
+            front=job.priority == 1,
+            place_on=s.place.host if s.place is not None else None,
         )
         silent_since = None
         try:
@@ -99,6 +108,10 @@ async def run(s: VideoJobState) -> bool:
                 ),
             )
         except ActivityError as err:
+            if calls.place_taken(err):
+                plan.local_attempts -= 1  # nothing was posted
+                s.prompt_out, s.place = True, None  # and the pool holds nothing of the job's
+                raise PlaceTaken(host.name) from None
             if not calls.agent_gone(err):
                 raise
             # An earlier attempt may have posted before its agent died: the wait finds out.

@@ -81,7 +81,15 @@ class VideoJobWorkflow:
                     if wait_because is None:
                         break
                     choice = await approval.ask(s, wait_because)
-                if choice.route == "cloud" or not await local_route.run(s):
+                if choice.route == "cloud":
+                    break
+                try:
+                    host_lost = await local_route.run(s)
+                except local_route.PlaceTaken as taken:
+                    choice = await self._decide()  # a new ask: a place, the line, or the cloud
+                    s.reason(f"place_taken={taken}")
+                    continue
+                if not host_lost:
                     break
                 await admission.leave(s)
                 choice = ARMED  # its host was lost under it, and the job is armed

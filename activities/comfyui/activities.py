@@ -23,6 +23,7 @@ from typing import Any, Literal
 import httpx
 from pydantic import ValidationError
 from temporalio import activity
+from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 
 from activities.comfyui.answers import Queued, Seen, rejection_message
@@ -37,6 +38,7 @@ from activities.comfyui.errors import activity_errors, finished
 from activities.comfyui.files import ComfyUIFiles
 from activities.comfyui.models import (
     GRAPH_REJECTED,
+    PLACE_TAKEN,
     UNSUPPORTED,
     ComfyUICancel,
     ComfyUICancelled,
@@ -53,6 +55,7 @@ from activities.comfyui.models import (
 from activities.comfyui.silence import Retried, bounded_by_silence
 from activities.comfyui.watch import ComfyUIWatcher, Ended, Silent
 from activities.heartbeat import Heartbeat, unless_shutting_down
+from activities.pool import pool_holds
 from activities.storage.opening import OwnsOutputStore
 from activities.storage.store import OutputStore
 from spillway import names
@@ -85,8 +88,11 @@ class ComfyUIActivities(OwnsOutputStore):
         heartbeat_every_s: float | None = None,
         post_grace_s: float | None = None,
         store: OutputStore | None = None,
+        temporal: Client | None = None,
     ) -> None:
-        self._settings = settings
+        """`temporal`: where the GPU pool is asked whether a job still holds its place before a
+        submit posts (None: not asked, as for activities tested alone)."""
+        self._settings, self._temporal = settings, temporal
         url = str(settings.COMFYUI_URL)
         self._client = ComfyUIClient(
             http,
@@ -127,6 +133,7 @@ class ComfyUIActivities(OwnsOutputStore):
         """Posts under the agent's client id: ComfyUI sends a prompt's messages only to the
         client that submitted it, and the agent's one socket listens under its own id."""
         self._watcher.start()  # the socket is open before the prompt can start
+        await self._place_is_mine(req)
         earlier = self._earlier_post(req)
         async with Heartbeat(self._heartbeat_every_s) as heartbeat:
             # Not beaten on entry: the "posting" beat below must be this attempt's first.
@@ -167,6 +174,22 @@ class ComfyUIActivities(OwnsOutputStore):
             number=int(number) if isinstance(number, int | float) else None,
             posted=True,
         )
+
+    async def _place_is_mine(self, req: ComfyUISubmit) -> None:
+        """A job posts only on a place the GPU pool shows as its own: a run reset to after its
+        admission replays a place its earlier run gave back, which the pool may have handed on
+        (the card would then hold one prompt more than its places)."""
+        if req.place_on is None or self._temporal is None:
+            return
+        pool = names.pool_id(self._settings.SPILLWAY_TASK_QUEUE)
+        if await pool_holds(self._temporal, pool, req.job_id, req.place_on) is False:
+            raise ApplicationError(
+                f"the GPU pool holds no place of job {req.job_id} on {req.place_on} (its run was "
+                "reset to after its admission, and the place has gone back since): nothing was "
+                "posted; the job asks for a place again",
+                type=PLACE_TAKEN,
+                non_retryable=True,
+            )
 
     async def _post(self, req: ComfyUISubmit, heartbeat: Heartbeat) -> dict[str, Any]:
         # Said before sending: an attempt that dies mid-POST has said so already.

@@ -25,6 +25,9 @@ UNSUPPORTED = "ComfyUIUnsupported"  # a ComfyUI that ignores the caller's prompt
 UNAVAILABLE = "ComfyUIUnavailable"  # retryable: no answer, 5xx, or an answer that is not JSON
 # Unavailable for the call's report_silence_after_s: the workflow applies the host-lost rule.
 HOST_SILENT = "ComfyUIHostSilent"
+# The GPU pool shows no place of the job's on the host (a reset run whose place went back, and on
+# to another job, after the point it was reset to): nothing posted, the job asks again.
+PLACE_TAKEN = "ComfyUIPlaceTaken"
 INPUT_UNREADABLE = "ComfyUIInputUnreadable"  # an input image not readable where it is stored
 UPLOAD_REFUSED = "ComfyUIUploadRefused"  # POST /upload/image answered 400 (or no name)
 UPLOAD_SUBFOLDER = "spillway"  # inputs go to ComfyUI's input/spillway/, under content-hash names
@@ -61,6 +64,9 @@ class ComfyUISubmit(HostBound):
     graph: dict[str, Any]  # API format: node id -> {"class_type", "inputs", ...}
     front: bool = False  # sent as "front": true: ComfyUI queues it first (priority 1 jobs)
     posted_at: datetime | None = None  # an earlier call's POST that got no answer (Silence)
+    # The host of the job's place in the GPU pool: it posts only while the pool shows the place
+    # as the job's (None: a job of 0.4.0, which holds no place).
+    place_on: str | None = None
 
 
 class ComfyUISubmitted(BaseModel):
