@@ -87,7 +87,9 @@ async def _left_prompt(described: WorkflowExecutionDescription, holder: Holder) 
     return plan.prompt_id
 
 
-async def pool_holds(client: Client, pool_id: str, job_id: str, host: str) -> bool | None:
+async def pool_holds(
+    client: Client, pool_id: str, job_id: str, host: str, within: timedelta = ASK_TIMEOUT
+) -> bool | None:
     """Whether the running GPU pool shows a place on `host` held by `job_id`. None: no pool
     runs (the next one takes back the places of the running jobs, this one's included)."""
     handle = client.get_workflow_handle(pool_id)
@@ -96,7 +98,7 @@ async def pool_holds(client: Client, pool_id: str, job_id: str, host: str) -> bo
             names.POOL_VIEW,
             result_type=PoolView,
             reject_condition=QueryRejectCondition.NOT_OPEN,
-            rpc_timeout=ASK_TIMEOUT,
+            rpc_timeout=within,
         )
     except WorkflowQueryRejectedError:
         return None

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 import httpx
@@ -25,6 +25,7 @@ from pydantic import ValidationError
 from temporalio import activity
 from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError
 
 from activities.comfyui.answers import Queued, Seen, rejection_message
 from activities.comfyui.client import (
@@ -68,6 +69,8 @@ from spillway.settings import Settings, shown
 # can drag out, so another full timeout is the margin. A retry that finds nothing waits this out
 # before posting.
 POST_GRACE_TIMEOUTS = 2
+# The longest a submit asks the GPU pool whether the job's place is still its own.
+PLACE_CHECK_S = 5.0
 _RUNNING = Progress(phase="running")
 _SILENT = Progress(phase="ComfyUI not answering")
 
@@ -182,7 +185,23 @@ class ComfyUIActivities(OwnsOutputStore):
         if req.place_on is None or self._temporal is None:
             return
         pool = names.pool_id(self._settings.SPILLWAY_TASK_QUEUE)
-        if await pool_holds(self._temporal, pool, req.job_id, req.place_on) is False:
+        # Asked before the attempt's first heartbeat (the "posting" one must be the first), so
+        # well within the heartbeat timeout: an attempt that timed out here while its POST went
+        # out after all would leave the next attempt posting again.
+        beat = activity.info().heartbeat_timeout
+        within = min(PLACE_CHECK_S, beat.total_seconds() / 3) if beat else PLACE_CHECK_S
+        try:
+            async with asyncio.timeout(within):
+                holds = await pool_holds(
+                    self._temporal, pool, req.job_id, req.place_on, timedelta(seconds=within)
+                )
+        except (TimeoutError, RPCError) as exc:
+            raise ApplicationError(
+                f"the GPU pool did not say within {within:g} s whether job {req.job_id} holds "
+                f"its place on {req.place_on} ({type(exc).__name__}): nothing was posted; "
+                "asked again"
+            ) from None
+        if holds is False:
             raise ApplicationError(
                 f"the GPU pool holds no place of job {req.job_id} on {req.place_on} (its run was "
                 "reset to after its admission, and the place has gone back since): nothing was "
