@@ -73,12 +73,27 @@ ASKING_STATES = ("probing", "queued", "awaiting_approval", "running_local")
 FORCED_ENDS = (WorkflowExecutionStatus.TERMINATED, WorkflowExecutionStatus.TIMED_OUT)
 
 
+async def _plan(described: WorkflowExecutionDescription) -> Plan | None:
+    try:
+        return await described.memo_value(names.PLAN_MEMO, type_hint=Plan)
+    except (KeyError, ValueError):
+        return None
+
+
+async def _named_prompt(described: WorkflowExecutionDescription, holder: Holder) -> str | None:
+    """The prompt the job's give-back named, when the job's own plan (memo) names it too: a
+    give-back in its name naming another job's prompt takes nothing out."""
+    if holder.left_prompt is None:
+        return None
+    plan = await _plan(described)
+    return holder.left_prompt if plan and plan.prompt_id == holder.left_prompt else None
+
+
 async def _left_prompt(described: WorkflowExecutionDescription, holder: Holder) -> str | None:
     """The prompt a job ended by force had last posted on the holder's host, as its plan (memo)
     says; None when it had none there or had seen it end."""
-    try:
-        plan = await described.memo_value(names.PLAN_MEMO, type_hint=Plan)
-    except (KeyError, ValueError):
+    plan = await _plan(described)
+    if plan is None:
         return None
     if plan.route != "local" or plan.host != holder.host or plan.prompt_id is None:
         return None
@@ -223,15 +238,16 @@ class PoolActivities:
     async def _still_holds(self, holder: Holder, task_queue: str) -> bool | str | None:
         """False: the place is free again (a workflow that is not a running job of this queue
         holds none, whoever asked in its name); a prompt id: free once that prompt is out of
-        ComfyUI (the job was ended by force while it rendered there); None: unknown now (asked
-        again later, never freed on a guess: that could overbook the card)."""
+        ComfyUI (the job was ended by force while it rendered there, or its give-back named it
+        and its plan agrees); None: unknown now (asked again later, never freed on a guess: that
+        could overbook the card)."""
         handle = self._client.get_workflow_handle(holder.job_id)
         try:
             described = await handle.describe(rpc_timeout=ASK_TIMEOUT)
             if described.status in FORCED_ENDS and described.workflow_type == names.VIDEO_JOB:
                 return await _left_prompt(described, holder) or False
             if described.status != WorkflowExecutionStatus.RUNNING:
-                return False
+                return await _named_prompt(described, holder) or False
             if described.workflow_type != names.VIDEO_JOB or (
                 task_queue and described.task_queue != task_queue
             ):
@@ -254,4 +270,6 @@ class PoolActivities:
         except Exception as err:  # a query the job could not answer now
             activity.logger.info("holder %s not checked: %s", holder.job_id, err)
             return None
-        return place is not None and place.host == holder.host and place.asked_at == holder.asked_at
+        if place is not None and place.host == holder.host and place.asked_at == holder.asked_at:
+            return True
+        return await _named_prompt(described, holder) or False

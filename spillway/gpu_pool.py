@@ -20,6 +20,9 @@ from spillway.models import HostRef, JobState, QueueSpot
 from spillway.models import PlaceMode as Mode
 
 RECENT_HOLDS = 20  # hold durations per host the ETA is computed from
+# A give-back the job still contradicts after this many holder checks is dropped: one sent by
+# the job's download reaches the pool before the job itself has taken in that it let go.
+LEAVE_CHECKS = 3
 HEADROOM_WHY = "approval, or a host with headroom"
 
 
@@ -81,6 +84,11 @@ class Holder(BaseModel):
     # The job has left; its place is free once this prompt is out of the host's ComfyUI.
     clearing: str | None = None
     cleared_at: datetime | None = None  # the last try
+    # A give-back in the job's name, not yet confirmed by the job itself (the holder check asks
+    # it): when it came, the prompt it named, and the checks that found the job still holding.
+    left_at: datetime | None = None
+    left_prompt: str | None = None
+    left_checks: int = 0
 
 
 class Reading(BaseModel):
@@ -183,6 +191,9 @@ class PoolBook:
         self.readings = dict(inp.readings)
         self.holds_s = {name: list(v) for name, v in inp.holds_s.items()}
         self.parked: dict[str, PoolAsk] = {a.job_id: a for a in inp.parked}
+        # A give-back frees a place only once the job confirms it (pools of 0.6.0 took it on
+        # its word: anyone with signal rights could free a place that was still rendering).
+        self.verify_leaves = False
 
     def configure(self, hosts: list[PoolHost]) -> None:
         """The hosts in force (the workers' policy). Holders of a host no longer configured keep
@@ -233,16 +244,18 @@ class PoolBook:
         ]
 
     def give_back(self, leave: PoolLeave, now: datetime) -> bool:
-        """True when it changed something (a place freed or the line shortened)."""
+        """True when it changed something (a place freed or the line shortened). A holder's
+        give-back waits for the holder check (`verify_leaves`); leaving the line does not: a job
+        taken out of the line in its name asks again with its first ask time at its next line
+        check."""
         held = self.holders.get(leave.job_id)
         if held is not None and held.asked_at == leave.asked_at:
             if held.clearing is not None:  # free only once `cleared` says so
                 return False
-            if leave.prompt_id is not None:
-                held.clearing = leave.prompt_id
+            if self.verify_leaves:
+                held.left_at, held.left_prompt, held.left_checks = now, leave.prompt_id, 0
                 return False
-            self._release(held, now)
-            return True
+            return self._leave(held, leave.prompt_id, now)
         lined = self._in_line(leave.job_id)
         if lined is not None and lined.asked_at == leave.asked_at:
             self._unline(lined)
@@ -287,9 +300,20 @@ class PoolBook:
                 due.append(self.hosts[name].ref)
         return due
 
-    def check_now(self) -> bool:
-        """A parked ask waits for its holder's check."""
-        return any(h.clearing is None and h.checked_at == CHECK_NOW for h in self.holders.values())
+    def check_now(self, now: datetime, every: timedelta) -> bool:
+        """A parked ask or a give-back waits for its holder's check."""
+        return any(
+            h.clearing is None and (h.checked_at == CHECK_NOW or self._leave_due(h, now, every))
+            for h in self.holders.values()
+        )
+
+    @staticmethod
+    def _leave_due(h: Holder, now: datetime, every: timedelta) -> bool:
+        """A give-back not checked since it came, or one the job contradicted, again after
+        `every` (its download's give-back may come before the job has taken in its result)."""
+        if h.left_at is None:
+            return False
+        return h.left_at >= h.checked_at or now - h.checked_at >= every
 
     def next_probe(self, now: datetime, every: timedelta) -> datetime | None:
         """When `to_probe` will next name a host; None while it names none (nobody waits, or
@@ -302,16 +326,37 @@ class PoolBook:
         ]
         return min(due) if due else None
 
-    def unheard(self, now: datetime, after: timedelta) -> list[Holder]:
-        """Holders not heard from for `after` (one that has left is not asked again)."""
+    def next_leave_check(self, every: timedelta) -> datetime | None:
+        """When the next give-back is due for its check; None while none waits for one."""
+        due = [
+            h.checked_at + every if h.left_at < h.checked_at else h.left_at
+            for h in self.holders.values()
+            if h.clearing is None and h.left_at is not None
+        ]
+        return min(due) if due else None
+
+    def unheard(self, now: datetime, after: timedelta, every: timedelta) -> list[Holder]:
+        """Holders not heard from for `after`, or whose give-back is due for its check (one
+        whose prompt is being taken out is not asked again)."""
         return [
-            h for h in self.holders.values() if h.clearing is None and now - h.checked_at >= after
+            h
+            for h in self.holders.values()
+            if h.clearing is None
+            and (now - h.checked_at >= after or self._leave_due(h, now, every))
         ]
 
-    def heard(self, job_id: str, now: datetime) -> None:
+    def heard(self, job_id: str, at: datetime, *, holding: bool = True) -> None:
+        """The holder was checked at `at` (when the check began). `holding`: it said it holds
+        its place, so a give-back in its name that came before then was not its own, once it
+        has said so LEAVE_CHECKS times; otherwise it could not be asked."""
         held = self.holders.get(job_id)
-        if held is not None:
-            held.checked_at = now
+        if held is None:
+            return
+        held.checked_at = max(held.checked_at, at)
+        if holding and held.left_at is not None and held.left_at < at:
+            held.left_checks += 1
+            if held.left_checks >= LEAVE_CHECKS:
+                held.left_at, held.left_prompt, held.left_checks = None, None, 0
 
     def adopt(self, job_id: str, asked_at: datetime, host: str, now: datetime) -> None:
         """A place a job holds from an earlier pool: counted as held until it is given back."""
@@ -321,10 +366,19 @@ class PoolBook:
             )
 
     def free(self, holder: Holder, now: datetime, prompt_id: str | None = None) -> bool:
-        """A holder that is gone (terminated, reset away): its place back to the pool, once
-        `prompt_id` (one ComfyUI may still hold) is out."""
-        leave = PoolLeave(job_id=holder.job_id, asked_at=holder.asked_at, prompt_id=prompt_id)
-        return self.give_back(leave, now)
+        """A holder that is gone (left, terminated, reset away), as the holder check found:
+        its place back to the pool, once `prompt_id` (one ComfyUI may still hold) is out."""
+        held = self.holders.get(holder.job_id)
+        if held is None or held.asked_at != holder.asked_at or held.clearing is not None:
+            return False
+        return self._leave(held, prompt_id, now)
+
+    def _leave(self, held: Holder, prompt_id: str | None, now: datetime) -> bool:
+        if prompt_id is not None:
+            held.clearing = prompt_id
+            return False
+        self._release(held, now)
+        return True
 
     def to_clear(self, now: datetime, every: timedelta) -> list[Holder]:
         """Left places whose prompt is to be taken out now (first try, or `every` since)."""

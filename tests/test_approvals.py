@@ -18,12 +18,11 @@ from temporalio.exceptions import ApplicationError
 
 from activities.minimax.activities import CREATE as MINIMAX_CREATE
 from spillway import names
-from spillway.client.queue import pool_view
 from spillway.models import ApprovalDecision, AwaitCarry, CloudRequest, Plan, Policy, VideoJob
 from spillway.names import APPROVAL_SIGNAL, DECIDE_UPDATE
 from tests.support.constants import CLIP_USD
 from tests.support.graphs import VIDEO_GRAPH
-from tests.support.jobs import RunJobs, cause_message
+from tests.support.jobs import RunJobs, cause_message, pool_settled
 from tests.support.route_stubs import BUSY, FREE, SEED, RouteStubs
 from tests.support.settings import ARMED, KEY
 from tests.support.waiting import until
@@ -73,7 +72,7 @@ async def test_an_approval_taken_before_a_place_frees_wins_and_the_place_goes_ba
         stubs.probe_gate.set()
         answer = await update.result()
         plan: Plan = await handle.result()
-        view = await pool_view(jobs.client, jobs.task_queue)
+        view = await pool_settled(jobs.client, jobs.task_queue)
 
     # The approval came first: the job went to the cloud and gave the place it was handed back.
     assert answer.startswith("approved")

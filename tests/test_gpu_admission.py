@@ -24,7 +24,7 @@ from temporalio.testing import WorkflowEnvironment
 from spillway import names
 from spillway.client import jobs as job_ops
 from spillway.client.queue import pool_view
-from spillway.gpu_pool import PoolAsk, PoolInput, PoolLeave, PoolView
+from spillway.gpu_pool import LEAVE_CHECKS, PoolAsk, PoolInput, PoolLeave, PoolView
 from spillway.models import CloudRequest, Plan, VideoJob
 from spillway.settings import Settings
 from spillway.sim.comfyui import ComfyUISim
@@ -32,7 +32,7 @@ from spillway.sim.minimax import MiniMaxSim
 from spillway.tiers import load_tiers
 from tests.support.cli import spillway as cli
 from tests.support.graphs import VIDEO_GRAPH
-from tests.support.jobs import Jobs, reset_to_first_workflow_task
+from tests.support.jobs import Jobs, pool_settled, reset_to_first_workflow_task
 from tests.support.settings import comfyui_values, make_settings, minimax_values, two_host_tiers
 from tests.support.waiting import until
 from worker import serving
@@ -72,6 +72,9 @@ class Spillway:
 
     async def view(self) -> PoolView:
         return await pool_view(self.client, self.queue)
+
+    async def settled(self) -> PoolView:
+        return await pool_settled(self.client, self.queue)
 
     async def line(self) -> list[str]:
         return [i.job_id for i in (await self.view()).line]
@@ -213,7 +216,7 @@ async def test_a_queued_job_cancelled_ends_at_once_and_never_reaches_comfyui(
         assert await sw.line_is(lambda line: line == []) == []
         assert (await holder.result()).state == "completed"
         assert len(comfyui.prompt_posts) == 1
-        assert [p for h in (await sw.view()).hosts for p in h.places] == []
+        assert [p for h in (await sw.settled()).hosts for p in h.places] == []
 
 
 async def test_a_holder_terminated_by_an_operator_frees_its_place_once_its_prompt_is_out(
@@ -332,7 +335,7 @@ async def test_the_pool_continues_as_new_under_traffic_and_loses_no_ask(
         handles = await asyncio.gather(*(sw.start(cloud=False) for _ in range(12)))
         async with asyncio.timeout(90):  # an ask lost would wait ASK_AGAIN (2 min) for a resend
             plans = await asyncio.gather(*(h.result() for h in handles))
-        view = await sw.view()
+        view = await sw.settled()
         runs = 0
         async for _ in sw.client.list_workflows(f"WorkflowId = '{names.pool_id(sw.queue)}'"):
             runs += 1
@@ -376,7 +379,7 @@ async def test_a_holder_reset_to_before_its_admission_gives_its_place_to_the_lin
             nxt.result(),
             sw.client.get_workflow_handle(holder.id, run_id=new_run, result_type=Plan).result(),
         )
-        view = await sw.view()
+        view = await sw.settled()
     assert [p.state for p in plans] == ["completed", "completed"]
     before = await _admitted_asks(sw.client.get_workflow_handle(holder.id, run_id=first_run))
     after = await _admitted_asks(sw.client.get_workflow_handle(holder.id, run_id=new_run))
@@ -579,7 +582,7 @@ async def test_a_local_job_gives_its_place_back_with_its_download_and_sends_no_s
         first = await sw.start(cloud=False)
         nxt = await sw.start(cloud=False)
         plans = await asyncio.gather(first.result(), nxt.result())
-        view = await sw.view()
+        view = await sw.settled()
         histories = [await h.fetch_history() for h in (first, nxt)]
     assert [p.state for p in plans] == ["completed", "completed"]
     assert [p.job_id for h in view.hosts for p in h.places] == []
@@ -709,6 +712,45 @@ async def test_an_ask_forged_in_a_holder_s_name_frees_nothing_and_nobody_is_admi
     assert [p.state for p in plans] == ["completed", "completed"]
     assert comfyui.most_held == 1
     assert len(await _admitted_asks(holder)) == 1  # the forged ask was never answered
+
+
+async def test_a_give_back_forged_in_a_holder_s_name_frees_nothing_and_takes_no_prompt_out(
+    spillway, comfyui: ComfyUISim
+):
+    comfyui.execution_s = 0.2
+    comfyui.pause()  # the holder's prompt stays pending: its place stays held
+    async with spillway(A40_MAX_JOBS=1) as sw:
+        holder = await sw.start(cloud=False)
+        await sw.jobs.until(holder, "running_local")
+        nxt = await sw.start(cloud=False)
+        await sw.line_is(lambda line: line == [nxt.id])
+        pool_id = names.pool_id(sw.queue)
+        before = await _checks_done(sw.client, pool_id)
+        # Anyone who can read the holder's history and signal the pool: its ask time and its
+        # prompt, as the job's own give-back would name them after losing its host.
+        [asked_at] = await _admitted_asks(holder)
+        prompt_id = (await job_ops.status(sw.client, holder.id)).prompt_id
+        assert prompt_id in [item[1] for item in comfyui.queue_pending]
+        forged = PoolLeave.model_validate(
+            {"job_id": holder.id, "asked_at": asked_at, "prompt_id": prompt_id}
+        )
+        await sw.client.get_workflow_handle(pool_id).signal(names.POOL_LEAVE, forged)
+
+        # The pool asks the holder (it still holds its place) until the give-back is dropped,
+        # where taking it on its word would take the prompt out and admit the next job.
+        async def settled() -> bool:
+            done = await _checks_done(sw.client, pool_id) >= before + LEAVE_CHECKS
+            return done or nxt.id not in await sw.line()
+
+        await until(settled, what="the holder checks, or the next job admitted")
+        view = await sw.view()
+        assert [(p.job_id, p.clearing) for h in view.hosts for p in h.places] == [(holder.id, None)]
+        assert [i.job_id for i in view.line] == [nxt.id]
+        assert prompt_id in [item[1] for item in comfyui.queue_pending]
+        comfyui.resume()
+        plans = await asyncio.gather(holder.result(), nxt.result())
+    assert [p.state for p in plans] == ["completed", "completed"]
+    assert all(posted(comfyui, p) == 1 for p in plans) and comfyui.most_held == 1
 
 
 async def test_a_host_partitioned_mid_render_keeps_the_place_until_its_prompt_is_out(

@@ -10,6 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from spillway.gpu_pool import (
+    LEAVE_CHECKS,
     HostSeen,
     PoolAnswer,
     PoolAsk,
@@ -25,6 +26,7 @@ T0 = datetime(2026, 12, 3, 8, 0, tzinfo=UTC)
 FREE = [HostSeen(name="a40", reachable=True, headroom=True)]
 BUSY = [HostSeen(name="a40", reachable=True, headroom=False)]
 DOWN = [HostSeen(name="a40", reachable=False, headroom=False)]
+SOON, MINUTE = timedelta(seconds=2), timedelta(seconds=60)  # the reprobe; twice the check's period
 
 
 def book(*hosts: tuple[str, int]) -> PoolBook:
@@ -100,10 +102,35 @@ def test_messages_of_an_earlier_ask_change_nothing_and_asking_again_gets_the_sam
     assert answers(b.ask(ask("j1"), T0))["j1"].host == "a40"
     assert len(b.holders) == 1
     # A new ask of the same job (a reset run) waits until the job says its old place is free.
-    assert b.ask(ask("j1", 9), T0) == [] and b.check_now()
+    assert b.ask(ask("j1", 9), T0) == [] and b.check_now(T0, SOON)
     b.free(b.holders["j1"], T0)
     assert answers(b.settle_parked(set(), T0))["j1"].host == "a40"
     assert [h.asked_at for h in b.holders.values()] == [T0 + timedelta(seconds=9)]
+
+
+def test_a_give_back_frees_a_place_only_once_the_job_confirms_it_and_one_it_denies_is_dropped():
+    b = book(("a40", 1))
+    b.verify_leaves = True
+    b.ask(ask("holder"), T0)
+    b.ask(ask("next", 1), T0)
+    # Anyone's give-back in the holder's name: the place stays held until the check.
+    assert not b.give_back(PoolLeave(job_id="holder", asked_at=T0, prompt_id="p"), T0)
+    assert b.admit(T0, freshness=SOON) == [] and b.check_now(T0, SOON)
+    assert [h.job_id for h in b.unheard(T0, MINUTE, SOON)] == ["holder"]
+    # The holder says it still holds its place: asked again after the reprobe, dropped after
+    # LEAVE_CHECKS such answers (a download's give-back may come before the job knows).
+    at = T0
+    for n in range(LEAVE_CHECKS):
+        at += timedelta(seconds=1)
+        b.heard("holder", at)
+        assert not b.check_now(at, SOON)
+        if n < LEAVE_CHECKS - 1:
+            assert b.next_leave_check(SOON) == at + SOON and b.check_now(at + SOON, SOON)
+    assert b.next_leave_check(SOON) is None and b.holders["holder"].left_prompt is None
+    # Its own give-back, confirmed by the check: free, and the line moves.
+    b.give_back(PoolLeave(job_id="holder", asked_at=T0), at)
+    assert b.free(b.holders["holder"], at)
+    assert answers(b.admit(at, freshness=SOON))["next"].host == "a40"
 
 
 def test_an_unreachable_host_takes_nobody_until_it_answers():
@@ -140,7 +167,7 @@ def test_a_reset_run_asking_anew_gives_its_old_place_to_the_line_and_waits_behin
     b.ask(ask("holder"), T0)
     b.ask(ask("next", 1), T0)
     assert b.ask(ask("holder", 5), T0) == []  # parked until the holder check
-    assert b.check_now() and [h.job_id for h in b.unheard(T0, timedelta(seconds=60))] == ["holder"]
+    assert b.check_now(T0, SOON) and [h.job_id for h in b.unheard(T0, MINUTE, SOON)] == ["holder"]
     b.free(b.holders["holder"], T0)  # the check: the job holds no place under its old ask
     sent = answers(b.settle_parked(set(), T0))
     assert sent["next"].host == "a40"
@@ -227,7 +254,7 @@ def test_a_place_left_with_its_prompt_maybe_in_comfyui_stays_held_until_it_is_ta
     # Another give-back of the same ask frees nothing while the prompt is not out, and the
     # holder check does not ask a job that has left.
     assert not b.give_back(PoolLeave(job_id="left", asked_at=T0), T0)
-    assert b.unheard(T0 + timedelta(hours=1), timedelta(seconds=60)) == []
+    assert b.unheard(T0 + timedelta(hours=1), MINUTE, SOON) == []
     [due] = b.to_clear(T0, timedelta(seconds=30))
     due.cleared_at = T0  # a try that failed: the next one 30 s later
     assert b.to_clear(T0 + timedelta(seconds=10), timedelta(seconds=30)) == []

@@ -215,7 +215,7 @@ async def wait_in_line(
         loops += 1
         if loops > policy.await_loops_per_run or workflow.info().is_continue_as_new_suggested():
             await workflow.wait_condition(
-                lambda: workflow.all_handlers_finished() or s.pending is not None
+                lambda: (workflow.all_handlers_finished() and not s.strays) or s.pending is not None
             )
             if s.pending is None and not admission.admitted(s):
                 _continue_as_new(s, approval_deadline, give_up_at)
@@ -264,7 +264,7 @@ async def _wait_rechecking(
         loops += 1
         if loops > policy.await_loops_per_run or workflow.info().is_continue_as_new_suggested():
             await workflow.wait_condition(
-                lambda: workflow.all_handlers_finished() or s.pending is not None
+                lambda: (workflow.all_handlers_finished() and not s.strays) or s.pending is not None
             )
             if s.pending is None:
                 _continue_as_new(s, approval_deadline, give_up_at)

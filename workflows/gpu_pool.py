@@ -47,6 +47,8 @@ POOL_JOB = "gpu-pool"  # the job id the pool's own probes and policy reads carry
 # again within 1.5 times it (90 s).
 # Runs of 0.5.0 start without asking the jobs which places they hold.
 FIND_HOLDERS = "gpu-pool-find-holders"
+# Runs of 0.6.0 free a place on a give-back's word.
+VERIFIED_LEAVES = "gpu-pool-verified-leaves"
 POLICY_EVERY = timedelta(minutes=5)  # the hosts and their places as the workers have them now
 POLICY_AT_MOST = timedelta(seconds=10)  # read sooner when a job's policy shows other places
 DETAILS_HEAD = 20  # jobs of the line the UI's current details name
@@ -75,6 +77,7 @@ class GpuPoolWorkflow:
     @workflow.run
     async def run(self, inp: PoolInput) -> None:
         book = self._book
+        book.verify_leaves = workflow.patched(VERIFIED_LEAVES)
         await self._read_policy()
         if not inp.continued and workflow.patched(FIND_HOLDERS):
             await self._find_holders()
@@ -93,7 +96,7 @@ class GpuPoolWorkflow:
                 self._clearing = True
                 self._start(self._clear())
             due = book.holders and workflow.now() - self._checked_at >= self._check_every
-            if not self._checking and (due or book.check_now()):
+            if not self._checking and (due or book.check_now(workflow.now(), self._reprobe)):
                 self._checked_at = workflow.now()
                 self._checking = True
                 self._start(self._check_holders())
@@ -193,6 +196,9 @@ class GpuPoolWorkflow:
                 waits.append(probe - now)
         if self._book.holders and not self._checking:
             waits.append(self._checked_at + self._check_every - now)
+            leave = self._book.next_leave_check(self._reprobe)
+            if leave is not None:
+                waits.append(leave - now)
         if self._policy_changed:
             waits.append(self._policy_at + POLICY_AT_MOST - now)
         if not self._clearing:
@@ -256,19 +262,22 @@ class GpuPoolWorkflow:
     async def _check_holders(self) -> None:
         try:
             book = self._book
-            unheard = book.unheard(workflow.now(), self._check_every * 2)
+            started = workflow.now()
+            unheard = book.unheard(started, self._check_every * 2, self._reprobe)
             if not unheard:
                 return
             queue = workflow.info().task_queue.removesuffix(names.POOL_SUFFIX)
             checked = await calls.pool_check(HolderCheck(holders=unheard, task_queue=queue))
             now = workflow.now()
             sent: list[Sent] = []
+            heard_at = started if book.verify_leaves else now
             for holder in unheard:
                 if holder.job_id in checked.gone:
                     workflow.logger.info("gpu pool: %s is gone, its place is free", holder.job_id)
                     book.free(holder, now, checked.prompts.get(holder.job_id))
                 else:  # holding, or not known now: asked again at a later round
-                    book.heard(holder.job_id, now)
+                    holding = holder.job_id in checked.answered
+                    book.heard(holder.job_id, heard_at, holding=holding)
             for job_id in book.parked.keys() & set(checked.answered):
                 workflow.logger.warning(
                     "gpu pool: an ask named %s, which still holds its place: dropped", job_id

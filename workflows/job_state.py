@@ -104,6 +104,9 @@ class VideoJobState:
     pooled: bool = False  # a run of 0.5.0 on: it decides with the GPU pool (admission.GPU_POOL)
     place: JobPlace | None = None  # its ask for a GPU place: in the line, or holding one
     answer: PoolAnswer | None = None  # the pool's answer to the ask just sent
+    # Ask times of places the pool gave to asks the job no longer stands by: the run gives them
+    # back, never the signal handler that learnt of them.
+    strays: list[datetime] = field(default_factory=list)
     # False from its prompt's POST until the job knows ComfyUI let go of it: a place left
     # meanwhile (host lost, cancel, failure) is freed only once the pool has taken it out.
     prompt_out: bool = True

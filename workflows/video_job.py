@@ -44,10 +44,12 @@ class VideoJobWorkflow:
     @workflow.init
     def __init__(self, raw: RawValue) -> None:
         self._state = VideoJobState.of(raw)
+        self._strays: asyncio.Task[None] | None = None
 
     @workflow.run
     async def run(self, raw: RawValue) -> Plan:
         s = self._state
+        self._strays = asyncio.create_task(self._give_back_strays())
         try:
             await self._route_and_render()
         except ApplicationError as err:
@@ -143,11 +145,20 @@ class VideoJobWorkflow:
             return await approval.wait_in_line(s)
         return await approval.ask(s, None)
 
+    async def _give_back_strays(self) -> None:
+        s = self._state
+        while True:
+            await workflow.wait_condition(lambda: bool(s.strays))
+            await admission.give_back(s, s.strays[0])
+            s.strays.pop(0)  # after it is sent: a continue-as-new waits for none to be left
+
     async def _ended(self, event: EventName) -> None:
         """An accepted decision the job never used hears so; then the job's completion callback,
         when it or the workers name a receiver."""
         s = self._state
         await admission.leave(s)
+        if s.strays:
+            await workflow.wait_condition(lambda: not s.strays)
         await approval.answer_open_decision(s)
         webhook = s.worker_policy is not None and s.worker_policy.job_webhook_configured
         if s.job.callback_url or webhook:
@@ -166,9 +177,14 @@ class VideoJobWorkflow:
     @workflow.signal(name=names.POOL_ANSWER)
     async def pool_answer(self, answer: PoolAnswer) -> None:
         """The GPU pool's answer. A place given to an ask the job no longer stands by goes
-        straight back."""
-        if not admission.take(self._state, answer) and answer.host is not None:
-            await admission.give_back(self._state, answer.asked_at)
+        back, sent by the run."""
+        s = self._state
+        if admission.take(s, answer) or answer.host is None:
+            return
+        if workflow.patched(admission.STRAYS_BY_RUN):
+            s.strays.append(answer.asked_at)
+        else:
+            await admission.give_back(s, answer.asked_at)
 
     @workflow.signal(name=names.APPROVAL_SIGNAL)
     def approval_signal(self, raw: RawValue = approval.NO_INPUT) -> None:

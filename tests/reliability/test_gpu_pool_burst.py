@@ -18,12 +18,11 @@ import pytest
 from temporalio.client import Client
 
 from spillway import names
-from spillway.client.queue import pool_view
 from spillway.gpu_pool import PoolInput
 from spillway.sim.comfyui import ComfyUISim
 from tests.reliability.harness import DevServer
 from tests.support.graphs import VIDEO_GRAPH
-from tests.support.jobs import Jobs
+from tests.support.jobs import Jobs, pool_settled
 from tests.support.waiting import until
 
 JOBS = int(os.environ.get("SPILLWAY_BURST_JOBS", "200"))
@@ -74,7 +73,7 @@ async def test_a_burst_of_jobs_at_once_all_complete_through_two_places(
     assert completed.count == JOBS
     assert comfyui.most_held <= 2
     assert len(comfyui.prompt_posts) == JOBS and set(comfyui.prompt_posts.values()) == {1}
-    view = await pool_view(client, queue)
+    view = await pool_settled(client, queue)
     assert view.line == [] and [p for h in view.hosts for p in h.places] == []
 
     carried = []

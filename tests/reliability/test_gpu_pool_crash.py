@@ -13,6 +13,7 @@ from spillway.client.queue import pool_view
 from spillway.sim.comfyui import ComfyUISim
 from tests.reliability.harness import posts_of
 from tests.support.graphs import VIDEO_GRAPH
+from tests.support.jobs import pool_settled
 from tests.support.waiting import until
 
 
@@ -56,5 +57,5 @@ async def test_the_pool_s_worker_killed_with_places_held_and_a_line_loses_nothin
                 answer = json.loads(signal.input.payloads[0].data)
                 admissions += answer.get("host") is not None
         assert admissions == 1, job_id
-    view = await pool_view(client, worker.task_queue)
+    view = await pool_settled(client, worker.task_queue)
     assert view.line == [] and [p for h in view.hosts for p in h.places] == []

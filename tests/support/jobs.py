@@ -13,6 +13,9 @@ in-process job runner; loaded by conftest.
   queue.
 - `cause_message(failed)`: the message of the ApplicationError a failed job ended with.
 - `history_text(history)`: a job's history as text, its payloads decoded.
+- `pool_settled(client, task_queue)`: the GPU pool's view once its line is empty and every place
+  is free (a give-back frees its place at the holder check that confirms it, just after the job
+  ends).
 - `reset_to_first_workflow_task(client, job_id)`: what an operator's reset to the job's first
   workflow task does; returns the new run's id.
 """
@@ -51,6 +54,8 @@ from activities.spend.ledger import SpendLedger
 from activities.spend.vet import LedgerVetting
 from spillway import names
 from spillway.client import jobs as job_ops
+from spillway.client.queue import pool_view
+from spillway.gpu_pool import PoolView
 from spillway.hosts import WAITS_SUFFIX, gpu_hosts, ref
 from spillway.models import FINAL_STATES, CloudRequest, JobState, Plan, VideoJob
 from spillway.spend_book import BudgetView, SpendEntry
@@ -275,6 +280,14 @@ def run_jobs(env: WorkflowEnvironment) -> RunJobs:
 def run_dev_jobs(dev_env: WorkflowEnvironment) -> RunJobs:
     """A worker on the real dev server (visibility: lists, metadata, the temporal CLI)."""
     return job_runner(dev_env)
+
+
+async def pool_settled(client: Client, task_queue: str) -> PoolView:
+    return await until(
+        lambda: pool_view(client, task_queue),
+        lambda v: not v.line and not any(h.places for h in v.hosts),
+        what="the GPU pool's line empty and every place free",
+    )
 
 
 async def reset_to_first_workflow_task(client: Client, job_id: str) -> str:
