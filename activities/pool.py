@@ -22,6 +22,7 @@ from temporalio.client import (
 from temporalio.common import QueryRejectCondition
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.comfyui.models import prompt_id_for
 from spillway import names
 from spillway import search_attributes as sa
 from spillway.gpu_pool import Holder, PoolAsk, PoolInput, PoolView
@@ -42,6 +43,17 @@ class HoldersChecked(BaseModel):
     # Of the gone: a prompt ComfyUI may still hold (a job terminated while it rendered), to be
     # taken out before the place is free.
     prompts: dict[str, str] = {}
+    # Of the gone: jobs whose admitted run was reset away from the place, each with a prompt id
+    # naming that run; every prompt of that run is taken out before the place is free.
+    reset: dict[str, str] = {}
+
+
+class Reset(BaseModel):
+    """A running job holds the place no more, and the run admitted to it is not the one
+    running: a reset moved the job away from it, maybe while that run rendered. `prompt_id`
+    names the admitted run (attempt 0, never posted)."""
+
+    prompt_id: str
 
 
 class FindHolders(BaseModel):
@@ -56,6 +68,7 @@ class Held(BaseModel):
     host: str | None
     mode: PlaceMode = "any"
     priority: int = 3
+    run_id: str | None = None
 
 
 class HoldersFound(BaseModel):
@@ -174,16 +187,17 @@ class PoolActivities:
     async def check_holders(self, check: HolderCheck) -> HoldersChecked:
         limit = asyncio.Semaphore(CHECKS_AT_ONCE)
 
-        async def held(holder: Holder) -> bool | str | None:
+        async def held(holder: Holder) -> bool | str | Reset | None:
             async with limit:
                 return await self._still_holds(holder, check.task_queue)
 
         results = await asyncio.gather(*(held(h) for h in check.holders))
         pairs = list(zip(check.holders, results, strict=True))
         return HoldersChecked(
-            gone=[h.job_id for h, r in pairs if r is False or isinstance(r, str)],
+            gone=[h.job_id for h, r in pairs if r is False or isinstance(r, str | Reset)],
             answered=[h.job_id for h, r in pairs if r is True],
             prompts={h.job_id: r for h, r in pairs if isinstance(r, str)},
+            reset={h.job_id: r.prompt_id for h, r in pairs if isinstance(r, Reset)},
         )
 
     @activity.defn(name=names.POOL_FIND)
@@ -201,7 +215,7 @@ class PoolActivities:
                 return HoldersFound(held=[])
             states = ", ".join(f"'{state}'" for state in ASKING_STATES)
             running = [
-                execution.id
+                (execution.id, execution.run_id)
                 async for execution in self._client.list_workflows(
                     f"WorkflowType = '{names.VIDEO_JOB}' AND TaskQueue = '{find.task_queue}' "
                     f"AND ExecutionStatus = 'Running' AND {sa.STATE.name} IN ({states})"
@@ -213,7 +227,7 @@ class PoolActivities:
             return HoldersFound(held=[])
         limit = asyncio.Semaphore(CHECKS_AT_ONCE)
 
-        async def place_of(job_id: str) -> Held | None:
+        async def place_of(job_id: str, run_id: str) -> Held | None:
             async with limit:
                 try:
                     place = await self._client.get_workflow_handle(job_id).query(
@@ -230,17 +244,19 @@ class PoolActivities:
                 host=place.host,
                 mode=place.mode,
                 priority=place.priority,
+                run_id=run_id,
             )
 
-        found = await asyncio.gather(*(place_of(job_id) for job_id in running))
+        found = await asyncio.gather(*(place_of(job_id, run_id) for job_id, run_id in running))
         return HoldersFound(held=[h for h in found if h is not None])
 
-    async def _still_holds(self, holder: Holder, task_queue: str) -> bool | str | None:
+    async def _still_holds(self, holder: Holder, task_queue: str) -> bool | str | Reset | None:
         """False: the place is free again (a workflow that is not a running job of this queue
         holds none, whoever asked in its name); a prompt id: free once that prompt is out of
         ComfyUI (the job was ended by force while it rendered there, or its give-back named it
-        and its plan agrees); None: unknown now (asked again later, never freed on a guess: that
-        could overbook the card)."""
+        and its plan agrees); a `Reset`: free once the prompts of the run admitted are out (a
+        reset moved the job to another run); None: unknown now
+        (asked again later, never freed on a guess: that could overbook the card)."""
         handle = self._client.get_workflow_handle(holder.job_id)
         try:
             described = await handle.describe(rpc_timeout=ASK_TIMEOUT)
@@ -272,4 +288,6 @@ class PoolActivities:
             return None
         if place is not None and place.host == holder.host and place.asked_at == holder.asked_at:
             return True
+        if holder.run_id is not None and described.run_id != holder.run_id:
+            return Reset(prompt_id=prompt_id_for(holder.job_id, 0, names.run_tag(holder.run_id)))
         return await _named_prompt(described, holder) or False

@@ -53,6 +53,9 @@ class PoolAsk(BaseModel):
     # The places per host in the policy the job read: other than the pool's, the pool reads the
     # workers' policy anew (a deploy changed A40_MAX_JOBS or the hosts), never taking these.
     places: Annotated[dict[str, int], Field(max_length=MAX_HOSTS_SEEN)] = {}
+    # The asking run: a holder check that finds another run of the job (a reset) takes that
+    # run's prompts out of ComfyUI before the place is free.
+    run_id: Annotated[str, Field(max_length=MAX_ID)] | None = None
 
 
 class PoolLeave(BaseModel):
@@ -79,10 +82,14 @@ class Holder(BaseModel):
     job_id: str
     asked_at: datetime
     host: str
+    run_id: str | None = None  # the run admitted (None: not known)
     since: datetime
     checked_at: datetime
     # The job has left; its place is free once this prompt is out of the host's ComfyUI.
     clearing: str | None = None
+    # Instead: once no prompt of the run `clearing` names is (that run was reset away from the
+    # place while it rendered).
+    clearing_run: bool = False
     cleared_at: datetime | None = None  # the last try
     # A give-back in the job's name, not yet confirmed by the job itself (the holder check asks
     # it): when it came, the prompt it named, and the checks that found the job still holding.
@@ -358,24 +365,41 @@ class PoolBook:
             if held.left_checks >= LEAVE_CHECKS:
                 held.left_at, held.left_prompt, held.left_checks = None, None, 0
 
-    def adopt(self, job_id: str, asked_at: datetime, host: str, now: datetime) -> None:
+    def adopt(
+        self, job_id: str, asked_at: datetime, host: str, now: datetime, run_id: str | None = None
+    ) -> None:
         """A place a job holds from an earlier pool: counted as held until it is given back."""
         if job_id not in self.holders:
             self.holders[job_id] = Holder(
-                job_id=job_id, asked_at=asked_at, host=host, since=now, checked_at=now
+                job_id=job_id,
+                asked_at=asked_at,
+                host=host,
+                since=now,
+                checked_at=now,
+                run_id=run_id,
             )
 
-    def free(self, holder: Holder, now: datetime, prompt_id: str | None = None) -> bool:
+    def free(
+        self,
+        holder: Holder,
+        now: datetime,
+        prompt_id: str | None = None,
+        *,
+        whole_run: bool = False,
+    ) -> bool:
         """A holder that is gone (left, terminated, reset away), as the holder check found:
-        its place back to the pool, once `prompt_id` (one ComfyUI may still hold) is out."""
+        its place back to the pool, once `prompt_id` (one ComfyUI may still hold) is out, or
+        with `whole_run`, every prompt of `prompt_id`'s run."""
         held = self.holders.get(holder.job_id)
         if held is None or held.asked_at != holder.asked_at or held.clearing is not None:
             return False
-        return self._leave(held, prompt_id, now)
+        return self._leave(held, prompt_id, now, whole_run=whole_run)
 
-    def _leave(self, held: Holder, prompt_id: str | None, now: datetime) -> bool:
+    def _leave(
+        self, held: Holder, prompt_id: str | None, now: datetime, *, whole_run: bool = False
+    ) -> bool:
         if prompt_id is not None:
-            held.clearing = prompt_id
+            held.clearing, held.clearing_run = prompt_id, whole_run
             return False
         self._release(held, now)
         return True
@@ -538,7 +562,12 @@ class PoolBook:
 
     def _admit(self, ask: PoolAsk, host: str, now: datetime) -> Sent:
         self.holders[ask.job_id] = Holder(
-            job_id=ask.job_id, asked_at=ask.asked_at, host=host, since=now, checked_at=now
+            job_id=ask.job_id,
+            asked_at=ask.asked_at,
+            host=host,
+            since=now,
+            checked_at=now,
+            run_id=ask.run_id,
         )
         return ask.job_id, PoolAnswer(asked_at=ask.asked_at, host=host)
 

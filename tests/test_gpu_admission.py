@@ -389,6 +389,14 @@ async def test_a_holder_reset_to_before_its_admission_gives_its_place_to_the_lin
     assert len([a for a in after if a not in before]) == 1
     assert posted(comfyui, plans[1]) == 1
     assert view.line == [] and all(not h.places for h in view.hosts)
+    # The earlier run's prompt left ComfyUI before its place went to the next job.
+    print(
+        "DBG",
+        dict(comfyui.prompt_posts),
+        {p: comfyui.state_of(p) for p in comfyui.prompt_posts},
+        view,
+    )
+    assert comfyui.most_held == 1
 
 
 async def test_a_job_reset_to_after_its_admission_posts_only_on_a_place_the_pool_gives_it(
@@ -417,6 +425,27 @@ async def test_a_job_reset_to_after_its_admission_posts_only_on_a_place_the_pool
     assert "place_taken=a40_local" in plans[1].reasons
     assert posted(comfyui, first) == 1 and posted(comfyui, plans[1]) == 1
     assert comfyui.most_held == 1
+
+
+async def test_a_job_reset_mid_render_takes_its_earlier_run_s_prompt_out_before_posting(
+    spillway, comfyui: ComfyUISim
+):
+    """Reset to after its admission while its prompt renders: the reset run holds the same
+    place, and the earlier run's prompt is on it; it is taken out before the new one is posted."""
+    comfyui.execution_s = 600.0  # the earlier run's render would go on for ten minutes
+    interruptible_at_every_second(comfyui)
+    async with spillway(A40_MAX_JOBS=1) as sw:
+        job = await sw.start(cloud=False)
+        await sw.jobs.until(job, "running_local")
+        earlier = (await job_ops.status(sw.client, job.id)).prompt_id or ""
+        await until(lambda: [item[1] for item in comfyui.queue_running] == [earlier])
+        comfyui.execution_s, comfyui.progress_steps = 0.5, 10
+        again = await reset_to_after_its_admission(sw.client, job.id)
+        plan = await sw.client.get_workflow_handle(job.id, run_id=again, result_type=Plan).result()
+    assert plan.state == "completed" and plan.prompt_id != earlier
+    assert f"earlier_run_prompt_taken_out={earlier}" in plan.reasons
+    assert comfyui.state_of(earlier) == "done"  # interrupted: a 600 s render ends no other way
+    assert posted(comfyui, plan) == 1 and comfyui.most_held == 1
 
 
 async def reset_to_after_its_admission(client: Client, job_id: str) -> str:

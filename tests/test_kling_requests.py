@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from activities.comfyui.models import prompt_id_for
+from activities.comfyui.models import of_another_run, of_run, prompt_id_for
 from activities.kling.requests import (
     JWT_BAD_SIGNATURE,
     JWT_EXPIRED,
@@ -108,6 +108,18 @@ def test_runs_a_second_apart_get_different_ids():
     assert prompt_id_for("tour-1", 1, run_tag(first)) != prompt_id_for("tour-1", 1, run_tag(second))
     # A create sent by 0.2.0 is still found by the id it carried.
     assert external_task_ids("tour-1", first)[1] == "spillway-tour-1-01a23503"
+
+
+def test_a_prompt_id_tells_the_job_s_other_runs_and_never_claims_another_job_s():
+    mine = prompt_id_for("a", 2, run_tag("run-b"))
+    earlier = prompt_id_for("a", 1, run_tag("run-a"))
+    assert of_another_run(earlier, mine) and not of_run(earlier, mine)
+    assert of_run(prompt_id_for("a", 1, run_tag("run-b")), mine)
+    assert of_another_run("spillway-a-01a23503-1", mine)  # a run of 0.2.0 (8 characters)
+    assert not of_another_run(mine, mine)
+    # Job "a-b" (and its run tags) is not job "a", however its id is cut.
+    for other in (prompt_id_for("a-b", 1, run_tag("run-a")), "spillway-a-b-01a23503-1"):
+        assert not of_another_run(other, mine) and not of_run(other, mine)
 
 
 # --- request bodies ------------------------------------------------------------------------------

@@ -147,10 +147,12 @@ async def pool_check(check: HolderCheck) -> HoldersChecked:
     )
 
 
-async def pool_clear(prompt_id: str, host: HostRef) -> comfyui.ComfyUICancelled:
-    """A left place's prompt out of the host's ComfyUI (`comfyui_cancel` on its agent), before
-    the place is free again. Bounded: a host or agent that does not answer keeps the place held,
-    and the pool tries again later."""
+async def pool_clear(
+    prompt_id: str, host: HostRef, *, whole_run: bool = False
+) -> comfyui.ComfyUICancelled:
+    """A left place's prompt out of the host's ComfyUI (`comfyui_cancel` on its agent), or with
+    `whole_run` every prompt of its run, before the place is free again. Bounded: a host
+    or agent that does not answer keeps the place held, and the pool tries again later."""
     options = heartbeating(
         host.task_queue,
         Priority.default,
@@ -160,7 +162,7 @@ async def pool_clear(prompt_id: str, host: HostRef) -> comfyui.ComfyUICancelled:
     )
     return await workflow.execute_activity_method(
         ComfyUIActivities.cancel,
-        comfyui.ComfyUICancel(prompt_id=prompt_id),
+        comfyui.ComfyUICancel(prompt_id=prompt_id, whole_run=whole_run),
         schedule_to_start_timeout=PROBE_BOUND,
         schedule_to_close_timeout=timedelta(minutes=2),
         **options,
@@ -243,6 +245,15 @@ def place_taken(err: ActivityError) -> bool:
     """The submit found the job's place in the GPU pool gone (PLACE_TAKEN): nothing posted."""
     cause = err.cause
     return isinstance(cause, ApplicationError) and cause.type == comfyui.PLACE_TAKEN
+
+
+def earlier_run_holds(err: ActivityError) -> list[str]:
+    """The prompts of the run this one was reset from that the submit found in ComfyUI
+    (EARLIER_RUN_HOLDS: nothing posted); empty for any other failure."""
+    cause = err.cause
+    if not (isinstance(cause, ApplicationError) and cause.type == comfyui.EARLIER_RUN_HOLDS):
+        return []
+    return [str(p) for p in cause.details[0]] if cause.details else []
 
 
 def agent_gone(err: ActivityError) -> bool:

@@ -53,6 +53,7 @@ async def ask(s: VideoJobState, *, wait: bool, mode: PlaceMode, fresh: bool = Tr
         wait=wait,
         seen=_seen(s) if fresh else [],
         places={h.name: h.max_jobs for h in s.policy.hosts},
+        run_id=workflow.info().run_id,
     )
     unanswered = False
     while True:
@@ -85,6 +86,7 @@ async def check(s: VideoJobState) -> None:
         priority=s.job.priority,
         mode=place.mode,
         again=True,
+        run_id=workflow.info().run_id,
     )
     if not await _signal_pool(names.POOL_ASK, request):
         await calls.pool_start(request)

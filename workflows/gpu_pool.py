@@ -225,7 +225,7 @@ class GpuPoolWorkflow:
         now = workflow.now()
         for held in found.held:
             if held.host is not None:
-                self._book.adopt(held.job_id, held.asked_at, held.host, now)
+                self._book.adopt(held.job_id, held.asked_at, held.host, now, held.run_id)
         for held in found.held:
             if held.host is None:
                 lined = PoolAsk(
@@ -274,7 +274,10 @@ class GpuPoolWorkflow:
             for holder in unheard:
                 if holder.job_id in checked.gone:
                     workflow.logger.info("gpu pool: %s is gone, its place is free", holder.job_id)
-                    book.free(holder, now, checked.prompts.get(holder.job_id))
+                    if holder.job_id in checked.reset:
+                        book.free(holder, now, checked.reset[holder.job_id], whole_run=True)
+                    else:
+                        book.free(holder, now, checked.prompts.get(holder.job_id))
                 else:  # holding, or not known now: asked again at a later round
                     holding = holder.job_id in checked.answered
                     book.heard(holder.job_id, heard_at, holding=holding)
@@ -328,7 +331,7 @@ class GpuPoolWorkflow:
         host = self._book.hosts.get(holder.host)
         if host is None or holder.clearing is None:  # a host no longer configured counts nowhere
             return
-        await calls.pool_clear(holder.clearing, host.ref)
+        await calls.pool_clear(holder.clearing, host.ref, whole_run=holder.clearing_run)
 
     def _publish(self) -> None:
         book = self._book

@@ -81,6 +81,10 @@ async def run(s: VideoJobState) -> bool:
     graph = await _with_uploaded_inputs(s, host)
     if graph is None:
         return True
+    info = workflow.info()
+    # Not part of the workflow's decisions (the Replayer gives every run its first run's id):
+    # it only tells the submit to look for the prompts of the run this one was reset from.
+    reset_run = info.original_execution_run_id != info.run_id
     while plan.local_attempts < s.policy.comfyui_max_attempts:
         plan.local_attempts += 1
         prompt_id = prompt_id_for(job.job_id, plan.local_attempts, tag)
@@ -93,6 +97,7 @@ async def run(s: VideoJobState) -> bool:
             graph=graph,
             front=job.priority == 1,
             place_on=s.place.host if s.place is not None else None,
+            reset_run=reset_run,
         )
         silent_since = None
         try:
@@ -112,6 +117,16 @@ async def run(s: VideoJobState) -> bool:
                 plan.local_attempts -= 1  # nothing was posted
                 s.prompt_out, s.place = True, None  # and the pool holds nothing of the job's
                 raise PlaceTaken(host.name) from None
+            earlier = calls.earlier_run_holds(err)
+            if earlier:
+                # The run it was reset from still renders on its place: out first.
+                plan.local_attempts -= 1  # nothing was posted
+                s.prompt_out = True
+                for taken_out in earlier:
+                    cancel = ComfyUICancel(prompt_id=taken_out)
+                    await calls.comfyui_cancel(cancel, s.heartbeat, host, s.priority)
+                    s.reason(f"earlier_run_prompt_taken_out={taken_out}")
+                continue
             if not calls.agent_gone(err):
                 raise
             # An earlier attempt may have posted before its agent died: the wait finds out.

@@ -38,6 +38,7 @@ from activities.comfyui.client import (
 from activities.comfyui.errors import activity_errors, finished
 from activities.comfyui.files import ComfyUIFiles
 from activities.comfyui.models import (
+    EARLIER_RUN_HOLDS,
     GRAPH_REJECTED,
     PLACE_TAKEN,
     UNSUPPORTED,
@@ -52,6 +53,8 @@ from activities.comfyui.models import (
     ComfyUIUploaded,
     ComfyUIWait,
     Release,
+    of_another_run,
+    of_run,
 )
 from activities.comfyui.silence import Retried, bounded_by_silence
 from activities.comfyui.watch import ComfyUIWatcher, Ended, Silent
@@ -145,6 +148,8 @@ class ComfyUIActivities(OwnsOutputStore):
                 # Absent while an earlier POST may still land: give it its grace first.
                 until = None if earlier is None else earlier.timestamp() + self._post_grace_s
                 waiting = SubmitProgress(phase="waiting for an earlier POST", posted_at=earlier)
+                if req.reset_run:
+                    await self._no_earlier_run(req)
                 if self._first_post(earlier, req):
                     seen = Seen("absent")  # saves a GET /queue (MBs behind a backlog) per job
                 else:
@@ -185,11 +190,7 @@ class ComfyUIActivities(OwnsOutputStore):
         if req.place_on is None or self._temporal is None:
             return
         pool = names.pool_id(self._settings.SPILLWAY_TASK_QUEUE)
-        # Asked before the attempt's first heartbeat (the "posting" one must be the first), so
-        # well within the heartbeat timeout: an attempt that timed out here while its POST went
-        # out after all would leave the next attempt posting again.
-        beat = activity.info().heartbeat_timeout
-        within = min(PLACE_CHECK_S, beat.total_seconds() / 3) if beat else PLACE_CHECK_S
+        within = _before_first_beat()
         try:
             async with asyncio.timeout(within):
                 holds = await pool_holds(
@@ -207,6 +208,21 @@ class ComfyUIActivities(OwnsOutputStore):
                 "reset to after its admission, and the place has gone back since): nothing was "
                 "posted; the job asks for a place again",
                 type=PLACE_TAKEN,
+                non_retryable=True,
+            )
+
+    async def _no_earlier_run(self, req: ComfyUISubmit) -> None:
+        """A run made by a reset posts only once ComfyUI holds no prompt of the run it was made
+        from: reset while that one rendered, it would otherwise post a second prompt on the
+        job's one place."""
+        queue = await self._client.queue()
+        earlier = sorted(p for p in queue if of_another_run(p, req.prompt_id))
+        if earlier:
+            raise ApplicationError(
+                f"ComfyUI still holds {', '.join(earlier)} of the run job {req.job_id} was reset "
+                "from: nothing was posted; they are taken out first",
+                earlier,
+                type=EARLIER_RUN_HOLDS,
                 non_retryable=True,
             )
 
@@ -328,6 +344,8 @@ class ComfyUIActivities(OwnsOutputStore):
 
     @activity.defn(name=names.COMFYUI_CANCEL)
     async def cancel(self, req: ComfyUICancel) -> ComfyUICancelled:
+        if req.whole_run:
+            return await self._cancel_run(req.prompt_id)
         was: Literal["pending", "running", "gone"] = "gone"
         # "Absent" counts only if it stays so: a POST still in flight may land just after a
         # first look. Looked for until a full interval later, or until the grace of this
@@ -348,6 +366,30 @@ class ComfyUIActivities(OwnsOutputStore):
                     where = await self._client.queued(req.prompt_id)
         activity.logger.info("prompt %s was %s and is out of ComfyUI", req.prompt_id, was)
         return ComfyUICancelled(prompt_id=req.prompt_id, was=was)
+
+    async def _cancel_run(self, marker: str) -> ComfyUICancelled:
+        """Takes out every prompt ComfyUI holds of `marker`'s run (one reset away from its place
+        while it rendered) and returns once none is left."""
+        with activity_errors():
+            async with Heartbeat(self._heartbeat_every_s) as heartbeat:
+                queue = await self._client.queue()
+                held = {p: where for p, where in queue.items() if of_run(p, marker)}
+                found = sorted(held)
+                for prompt_id, where in held.items():
+                    activity.logger.warning(
+                        "prompt %s of a run reset away from its place is %s in ComfyUI: taken "
+                        "out before the place is free",
+                        prompt_id,
+                        where,
+                    )
+                while held:
+                    for prompt_id, where in held.items():
+                        await self._take_out(prompt_id, where)
+                    heartbeat.update(Progress(phase=f"taking out {len(held)} earlier prompt(s)"))
+                    await asyncio.sleep(min(self._settings.COMFYUI_HISTORY_POLL_S, 1.0))
+                    queue = await self._client.queue()
+                    held = {p: queue[p] for p in held if p in queue}
+        return ComfyUICancelled(prompt_id=marker, was="gone", taken_out=found)
 
     async def _take_out(self, prompt_id: str, where: Queued) -> None:
         # Newer ComfyUI cancels a job wherever it is. Otherwise pending: delete it; running:
@@ -372,6 +414,14 @@ async def _give_back(release: Release) -> bool:
         activity.logger.info("place not given back by the download: %s", err)
         return False
     return True
+
+
+def _before_first_beat() -> float:
+    """How long a submit's checks may take before its first heartbeat (the "posting" one must
+    be the first): well within the heartbeat timeout, or an attempt that timed out in them while
+    its POST went out after all would leave the next attempt posting again."""
+    beat = activity.info().heartbeat_timeout
+    return min(PLACE_CHECK_S, beat.total_seconds() / 3) if beat else PLACE_CHECK_S
 
 
 def _timeout(seconds: float) -> httpx.Timeout:

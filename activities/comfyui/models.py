@@ -6,6 +6,7 @@ prompt_id but does not deduplicate, so the id is how a retried submit finds its 
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Any, Literal
 
@@ -28,6 +29,10 @@ HOST_SILENT = "ComfyUIHostSilent"
 # The GPU pool shows no place of the job's on the host (a reset run whose place went back, and on
 # to another job, after the point it was reset to): nothing posted, the job asks again.
 PLACE_TAKEN = "ComfyUIPlaceTaken"
+# A run made by a reset found a prompt of the job's earlier run in ComfyUI (it was reset away while
+# that rendered): nothing posted; the workflow takes those out (the details name them) and submits
+# again.
+EARLIER_RUN_HOLDS = "ComfyUIEarlierRunHolds"
 INPUT_UNREADABLE = "ComfyUIInputUnreadable"  # an input image not readable where it is stored
 UPLOAD_REFUSED = "ComfyUIUploadRefused"  # POST /upload/image answered 400 (or no name)
 UPLOAD_SUBFOLDER = "spillway"  # inputs go to ComfyUI's input/spillway/, under content-hash names
@@ -38,6 +43,27 @@ def prompt_id_for(job_id: str, attempt: int, run_tag: str) -> str:
     The run's tag (spillway.names.run_tag) keeps a reset or re-run of a job from meeting the
     earlier run's prompt in a long-lived ComfyUI's history."""
     return f"spillway-{job_id}-{run_tag}-{attempt}"
+
+
+# What follows `spillway-{job_id}-` in a prompt id: a run's tag (16 hex characters; 8 in runs of
+# 0.2.0) and the attempt. Strict, so that job "a" never claims job "a-b"'s prompts.
+_RUN_AND_ATTEMPT = re.compile(r"[0-9a-f]{8}(?:[0-9a-f]{8})?-[0-9]+")
+
+
+def of_another_run(prompt_id: str, mine: str) -> bool:
+    """Whether `prompt_id` is a prompt of the same job as `mine` (a prompt id of this run) but
+    of another run of it."""
+    run = mine.rpartition("-")[0]  # spillway-{job_id}-{run_tag}
+    job = run.rpartition("-")[0] + "-"
+    if not prompt_id.startswith(job) or of_run(prompt_id, mine):
+        return False
+    return _RUN_AND_ATTEMPT.fullmatch(prompt_id.removeprefix(job)) is not None
+
+
+def of_run(prompt_id: str, other: str) -> bool:
+    """Whether `prompt_id` is a prompt of the same run of the same job as `other`."""
+    run = other.rpartition("-")[0] + "-"
+    return prompt_id.startswith(run) and prompt_id.removeprefix(run).isdigit()
 
 
 class HostBound(BaseModel):
@@ -67,6 +93,9 @@ class ComfyUISubmit(HostBound):
     # The host of the job's place in the GPU pool: it posts only while the pool shows the place
     # as the job's (None: a job of 0.4.0, which holds no place).
     place_on: str | None = None
+    # The run was made by a reset: a prompt of its earlier run may still be in ComfyUI on the
+    # job's place, and is looked for first (EARLIER_RUN_HOLDS).
+    reset_run: bool = False
 
 
 class ComfyUISubmitted(BaseModel):
@@ -141,8 +170,12 @@ class ComfyUIDownloaded(Downloaded):
 
 class ComfyUICancel(BaseModel):
     prompt_id: str
+    # Every prompt of `prompt_id`'s run (`of_run`) instead: the GPU pool frees the place of a
+    # run that was reset away from it once ComfyUI holds none of that run's prompts.
+    whole_run: bool = False
 
 
 class ComfyUICancelled(BaseModel):
     prompt_id: str
     was: Literal["pending", "running", "gone"]
+    taken_out: list[str] = []  # with `whole_run`: the prompts that were taken out
