@@ -52,4 +52,5 @@ class PolicyActivities:
             pool_reprobe_s=s.SPILLWAY_POOL_REPROBE_S,
             pool_line_check_s=s.SPILLWAY_POOL_LINE_CHECK_S,
             pool_holder_check_s=s.SPILLWAY_POOL_HOLDER_CHECK_S,
+            pool_aging_s=s.SPILLWAY_POOL_AGING_S,
         )

@@ -12,7 +12,7 @@ from __future__ import annotations
 import bisect
 import math
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -181,10 +181,6 @@ Sent = tuple[str, PoolAnswer]  # (job id, answer)
 CHECK_NOW = datetime(2000, 1, 1, tzinfo=UTC)  # a holder's `checked_at`: check it at the next round
 
 
-def _key(ask: PoolAsk) -> tuple[int, datetime, str]:
-    return ask.priority, ask.asked_at, ask.job_id
-
-
 def full_reason(host: str, taken: int, max_jobs: int) -> str:
     return f"gpu_places_full_{host}_{taken}of{max_jobs}"
 
@@ -193,14 +189,30 @@ class PoolBook:
     def __init__(self, inp: PoolInput) -> None:
         self.hosts: dict[str, PoolHost] = {}
         self.holders: dict[str, Holder] = {h.job_id: h for h in inp.holders}
-        self.line: list[PoolAsk] = sorted(inp.line, key=_key)
+        # Aging (SPILLWAY_POOL_AGING_S): a waiting job's priority rises one step per `aging`,
+        # which orders the line by ask time plus `aging` per step below priority 1; None: by
+        # priority, then ask time (pools of 0.5.0).
+        self.aging: timedelta | None = None
+        self.line: list[PoolAsk] = sorted(inp.line, key=self._key)
         self._lined = {a.job_id: a for a in self.line}
         self.readings = dict(inp.readings)
         self.holds_s = {name: list(v) for name, v in inp.holds_s.items()}
         self.parked: dict[str, PoolAsk] = {a.job_id: a for a in inp.parked}
-        # A give-back frees a place only once the job confirms it (pools of 0.6.0 took it on
+        # A give-back frees a place only once the job confirms it (pools of 0.5.0 took it on
         # its word: anyone with signal rights could free a place that was still rendering).
         self.verify_leaves = False
+
+    def set_aging(self, aging: timedelta | None) -> None:
+        if aging != self.aging:
+            self.aging = aging
+            self.line.sort(key=self._key)
+
+    def _key(self, ask: PoolAsk) -> tuple[Any, ...]:
+        """The line's order. With aging, a job that asked `aging` earlier than one a priority
+        step ahead of it goes first: the order never changes as time passes, only as jobs ask."""
+        if self.aging is None:
+            return ask.priority, ask.asked_at, ask.job_id
+        return ask.asked_at + (ask.priority - 1) * self.aging, ask.priority, ask.job_id
 
     def configure(self, hosts: list[PoolHost]) -> None:
         """The hosts in force (the workers' policy). Holders of a host no longer configured keep
@@ -241,7 +253,7 @@ class PoolBook:
         # What the line carries across continue-as-new stays small: the probe it came with has
         # been noted above.
         ask = ask.model_copy(update={"seen": [], "again": False})
-        position = bisect.bisect_left(self.line, _key(ask), key=_key) + 1
+        position = bisect.bisect_left(self.line, self._key(ask), key=self._key) + 1
         self.line.insert(position - 1, ask)
         self._lined[ask.job_id] = ask
         return [
@@ -455,7 +467,7 @@ class PoolBook:
         ask = self._lined.get(job_id)
         if ask is None:
             return None
-        i = bisect.bisect_left(self.line, _key(ask), key=_key)
+        i = bisect.bisect_left(self.line, self._key(ask), key=self._key)
         return QueueSpot(position=i + 1, ahead=i, eta_s=self._eta(i + 1))
 
     def view(self, head: int | None = None) -> PoolView:
@@ -575,7 +587,7 @@ class PoolBook:
         return self._lined.get(job_id)
 
     def _unline(self, ask: PoolAsk) -> None:
-        del self.line[bisect.bisect_left(self.line, _key(ask), key=_key)]
+        del self.line[bisect.bisect_left(self.line, self._key(ask), key=self._key)]
         del self._lined[ask.job_id]
 
     def _eta(self, position: int) -> float | None:

@@ -119,6 +119,10 @@ class Settings(BaseSettings):
     # (checked again every half of it): a place whose job was terminated is free within 1.5 times
     # this, once its prompt is out of ComfyUI.
     SPILLWAY_POOL_HOLDER_CHECK_S: Annotated[float, Field(ge=2, le=3600)] = 60.0
+    # Aging in the GPU line: a waiting job's priority rises one step for every this many seconds
+    # it has waited, so a job is passed only by jobs that asked less than (its priority - theirs)
+    # times this after it, and a stream of urgent jobs never starves the rest. 0: strict priority.
+    SPILLWAY_POOL_AGING_S: Annotated[float, Field(ge=0, le=7 * 86400)] = 600.0
     # Places of the single GPU host (routing_tiers.json's `max_jobs` per host otherwise): one
     # rendering, one ready behind it so the card never idles between two jobs.
     A40_MAX_JOBS: Annotated[int, Field(ge=1, le=1000)] = 2

@@ -72,6 +72,33 @@ def test_the_line_goes_by_priority_then_arrival_and_a_freed_place_goes_to_its_he
     assert spot is not None and (spot.position, spot.eta_s) == (2, 120.0)
 
 
+def test_with_aging_a_waiting_job_is_passed_only_by_jobs_that_asked_within_its_steps_of_it():
+    """SPILLWAY_POOL_AGING_S (60 s here): a priority-5 job is four steps from priority 1, so
+    priority-1 jobs asking more than 240 s after it go behind it, however many keep coming."""
+    b = book(("a40", 1))
+    b.set_aging(MINUTE)
+    b.ask(ask("holder"), T0)
+    b.ask(ask("low", 1, priority=5), T0)
+    for i in range(60):  # ten minutes of urgent jobs, one every 10 s
+        b.ask(ask(f"urgent-{i}", 2 + 10 * i, priority=1), T0)
+    order = [a.job_id for a in b.line]
+    assert order[: order.index("low")] == [f"urgent-{i}" for i in range(24)]  # asked by 232 s
+    # The places go in that order: "low" is the 25th admitted, not the 61st.
+    admitted = []
+    for _ in range(61):
+        holder = next(iter(b.holders.values()))
+        b.give_back(PoolLeave(job_id=holder.job_id, asked_at=holder.asked_at), T0)
+        admitted += list(answers(b.admit(T0, freshness=timedelta(0))))
+    assert admitted.index("low") == 24
+    # Without aging (0): strict priority, the low job after all 60.
+    b = book(("a40", 1))
+    b.ask(ask("holder"), T0)
+    b.ask(ask("low", 1, priority=5), T0)
+    for i in range(60):
+        b.ask(ask(f"urgent-{i}", 2 + 10 * i, priority=1), T0)
+    assert [a.job_id for a in b.line][-1] == "low"
+
+
 def test_a_job_waiting_for_headroom_takes_a_place_only_on_a_fresh_reading_that_shows_it():
     b = book(("a40", 1))
     b.ask(ask("holder"), T0)

@@ -33,7 +33,7 @@ ASK_AGAIN = timedelta(minutes=2)
 LINE_CHECK = "gpu-pool-line-check"
 # Runs of 0.5.0 ask an unanswering pool again by signal, whatever queue it runs on.
 POOL_HOME = "gpu-pool-home"
-# Runs of 0.6.0 give a stray place back from the handler that received it.
+# Runs of 0.5.0 give a stray place back from the handler that received it.
 STRAYS_BY_RUN = "gpu-pool-strays-by-run"
 
 

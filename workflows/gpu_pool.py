@@ -47,8 +47,10 @@ POOL_JOB = "gpu-pool"  # the job id the pool's own probes and policy reads carry
 # again within 1.5 times it (90 s).
 # Runs of 0.5.0 start without asking the jobs which places they hold.
 FIND_HOLDERS = "gpu-pool-find-holders"
-# Runs of 0.6.0 free a place on a give-back's word.
+# Runs of 0.5.0 free a place on a give-back's word.
 VERIFIED_LEAVES = "gpu-pool-verified-leaves"
+# Runs of 0.5.0 order their line by priority alone.
+AGED_LINE = "gpu-pool-aged-line"
 POLICY_EVERY = timedelta(minutes=5)  # the hosts and their places as the workers have them now
 POLICY_AT_MOST = timedelta(seconds=10)  # read sooner when a job's policy shows other places
 DETAILS_HEAD = 20  # jobs of the line the UI's current details name
@@ -73,11 +75,13 @@ class GpuPoolWorkflow:
         self._checked_at = self._policy_at = workflow.now()
         self._woken = False  # a probe or a check ended
         self._alarms = Alarms()
+        self._aged = False  # the line ages (AGED_LINE)
 
     @workflow.run
     async def run(self, inp: PoolInput) -> None:
         book = self._book
         book.verify_leaves = workflow.patched(VERIFIED_LEAVES)
+        self._aged = workflow.patched(AGED_LINE)
         await self._read_policy()
         if not inp.continued and workflow.patched(FIND_HOLDERS):
             await self._find_holders()
@@ -208,8 +212,10 @@ class GpuPoolWorkflow:
         return max(min(waits), IDLE_AT_LEAST) if waits else None
 
     async def _read_policy(self) -> None:
-        self._policy = await calls.read_policy(POOL_JOB)
-        self._book.configure([PoolHost(ref=h, max_jobs=h.max_jobs) for h in self._policy.hosts])
+        self._policy = policy = await calls.read_policy(POOL_JOB)
+        self._book.configure([PoolHost(ref=h, max_jobs=h.max_jobs) for h in policy.hosts])
+        aging = self._aged and policy.pool_aging_s > 0
+        self._book.set_aging(timedelta(seconds=policy.pool_aging_s) if aging else None)
 
     async def _find_holders(self) -> None:
         """An earlier pool ended (an operator terminated it, say) while jobs held places: they
