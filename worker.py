@@ -29,6 +29,7 @@ from typing import Any
 import httpx
 from temporalio.client import Client
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import PollerBehaviorSimpleMaximum, UnsandboxedWorkflowRunner, Worker
 
 from activities.cloud import registry as clouds
@@ -36,8 +37,10 @@ from activities.probe.nvml import GpuReader, NvmlReader
 from activities.registry import Agent, QueueWork, main_work
 from activities.spend.ledger import SpendLedger
 from activities.storage.opening import open_output_store
+from spillway import names
 from spillway import search_attributes as sa
 from spillway.errors import ConfigError
+from spillway.gpu_pool import PoolPlaces
 from spillway.hosts import WAITS_SUFFIX, gpu_hosts
 from spillway.settings import Settings, load_settings
 from spillway.temporal import TemporalUnreachable, connect
@@ -130,12 +133,27 @@ async def serving(
             async with contextlib.AsyncExitStack() as stack:
                 for w in workers:
                     await stack.enter_async_context(w)
+                if only_host is None:
+                    await _tell_the_pool(client, settings, tiers)
                 yield works
         finally:
             for agent in running.values():
                 await agent.comfyui.aclose()
             if owned is not None:
                 owned.close()
+
+
+async def _tell_the_pool(client: Client, settings: Settings, tiers: RoutingTiers) -> None:
+    """A running GPU pool hears the places this worker's policy has: a deploy that changed
+    A40_MAX_JOBS or the hosts reaches the line within seconds, not at the pool's next 5-minute
+    policy read. No pool running: nothing to tell (the first ask starts one with this policy)."""
+    places = PoolPlaces(places={h.name: h.max_jobs for h in gpu_hosts(settings, tiers)})
+    pool = client.get_workflow_handle(names.pool_id(settings.SPILLWAY_TASK_QUEUE))
+    try:
+        await pool.signal(names.POOL_POLICY, places)
+    except RPCError as err:
+        if err.status != RPCStatusCode.NOT_FOUND:
+            log.warning("the GPU pool was not told this worker's places: %s", err)
 
 
 async def run_worker(

@@ -58,6 +58,12 @@ class PoolAsk(BaseModel):
     run_id: Annotated[str, Field(max_length=MAX_ID)] | None = None
 
 
+class PoolPlaces(BaseModel):
+    """A worker that started: the places per host its policy has."""
+
+    places: Annotated[dict[str, int], Field(max_length=MAX_HOSTS_SEEN)]
+
+
 class PoolLeave(BaseModel):
     """A job gives its place back, or leaves the line."""
 
@@ -281,8 +287,8 @@ class PoolBook:
             return True
         return False
 
-    def places_differ(self, ask: PoolAsk) -> bool:
-        return bool(ask.places) and ask.places != {n: h.max_jobs for n, h in self.hosts.items()}
+    def places_differ(self, places: dict[str, int]) -> bool:
+        return bool(places) and places != {n: h.max_jobs for n, h in self.hosts.items()}
 
     def note_probe(self, host: str, reading: Reading) -> None:
         self._note(host, reading)

@@ -53,6 +53,7 @@ LEDGER_ID = "spillway-spend-ledger"
 POOL_ASK = "ask"
 POOL_LEAVE = "give_back"
 POOL_VIEW = "view"
+POOL_POLICY = "policy"  # a worker that started tells the pool its places: read anew if other
 POOL_SPOT = "spot"
 POOL_ID = "spillway-gpu-pool"
 

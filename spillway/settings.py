@@ -115,6 +115,10 @@ class Settings(BaseSettings):
     # A job waiting in the GPU line asks the pool again this often, unanswered unless the pool
     # lost it: a pool that was terminated is started again by it, and takes back the whole line.
     SPILLWAY_POOL_LINE_CHECK_S: Annotated[float, Field(ge=1, le=3600)] = 300.0
+    # A job whose ask the GPU pool has not answered this long asks again (by the activity that
+    # also finds a pool running where no spillway worker polls, and ends it). Not sooner: under a
+    # burst of thousands, asks sent again would only lengthen the pool's work.
+    SPILLWAY_POOL_ASK_AGAIN_S: Annotated[float, Field(ge=1, le=3600)] = 120.0
     # A job holding a GPU place not heard from this long is asked whether it still holds it
     # (checked again every half of it): a place whose job was terminated is free within 1.5 times
     # this, once its prompt is out of ComfyUI.

@@ -18,7 +18,7 @@ import pytest
 from temporalio.api.common.v1 import WorkflowExecution
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.workflowservice.v1 import ResetWorkflowExecutionRequest
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
 from spillway import names
@@ -833,3 +833,56 @@ async def test_workers_restarted_with_more_places_reach_the_pool_with_the_next_a
         plans = await asyncio.gather(*(h.result() for h in (holder, waiting, later)))
     assert [p.state for p in plans] == ["completed"] * 3
     assert comfyui.most_held == 2
+
+
+async def test_a_host_added_by_a_deploy_takes_the_job_in_line_which_renders_there(
+    spillway, comfyui: ComfyUISim, tmp_path: Path
+):
+    """Workers restarted with a second host tell the pool their places at once; the job in line,
+    whose own policy has only the first host, renders on the host the pool admitted it to."""
+    comfyui.execution_s = 0.2
+    comfyui.pause()  # the holder's prompt stays pending: its place stays held
+    queue = f"adm-{uuid.uuid4()}"
+    async with spillway(A40_MAX_JOBS=1, SPILLWAY_TASK_QUEUE=queue) as sw:
+        holder = await sw.start(cloud=False)
+        await sw.jobs.until(holder, "running_local")
+        waiting = await sw.start(cloud=False)
+        await sw.line_is(lambda line: line == [waiting.id])
+    async with ComfyUISim() as gpu_b:
+        gpu_b.execution_s = 0.2
+        tiers = two_host_tiers(
+            tmp_path,
+            {"comfyui_url": comfyui.url, "max_jobs": 1},
+            {"comfyui_url": gpu_b.url, "max_jobs": 1},
+        )
+        async with spillway(tiers, SPILLWAY_TASK_QUEUE=queue) as sw:
+            # Nobody else asks: the restart alone reaches the pool (its policy read: 5 minutes).
+            async with asyncio.timeout(60):
+                plan = await waiting.result()
+            assert (plan.state, plan.host) == ("completed", "gpu-b")
+            assert posted(gpu_b, plan) == 1 and posted(comfyui, plan) == 0
+            comfyui.resume()
+            assert (await holder.result()).state == "completed"
+    assert comfyui.most_held == 1 and gpu_b.most_held == 1
+
+
+async def test_a_job_whose_ask_the_pool_never_answers_asks_again_and_runs(
+    spillway, comfyui: ComfyUISim, dev_env: WorkflowEnvironment
+):
+    """A pool started under spillway's id on a task queue no spillway worker polls takes the
+    job's ask and never answers: after SPILLWAY_POOL_ASK_AGAIN_S the job asks again by the
+    activity, which ends that pool and starts spillway's own with the ask."""
+    comfyui.execution_s = 0.2
+    queue = f"adm-{uuid.uuid4()}"
+    foreign = await dev_env.client.start_workflow(
+        names.GPU_POOL, PoolInput(), id=names.pool_id(queue), task_queue=f"nobody-{uuid.uuid4()}"
+    )
+    async with spillway(SPILLWAY_TASK_QUEUE=queue, SPILLWAY_POOL_ASK_AGAIN_S=3) as sw:
+        job = await sw.start(cloud=False)
+        plan = await job.result()
+        ended = await sw.client.get_workflow_handle(
+            foreign.id, run_id=foreign.result_run_id
+        ).describe()
+    assert (plan.state, plan.route) == ("completed", "local")
+    assert ended.status == WorkflowExecutionStatus.TERMINATED
+    assert posted(comfyui, plan) == 1

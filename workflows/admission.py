@@ -25,10 +25,6 @@ with workflow.unsafe.imports_passed_through():
 # Runs of 0.4.0 decide without the pool (a waiting job of theirs re-probes on its own) and read
 # the policy as a local activity.
 GPU_POOL = "gpu-pool"
-# An ask the pool has not answered by then is sent again (the same ask: its place in the line is
-# kept); a pool that was terminated is started again by it. Not sooner: under a burst of
-# thousands, asks sent again would only lengthen the pool's work.
-ASK_AGAIN = timedelta(minutes=2)
 # Runs of 0.5.0 wait in line without a timer: a pool that ended strands them.
 LINE_CHECK = "gpu-pool-line-check"
 # Runs of 0.5.0 ask an unanswering pool again by signal, whatever queue it runs on.
@@ -62,7 +58,10 @@ async def ask(s: VideoJobState, *, wait: bool, mode: PlaceMode, fresh: bool = Tr
         by_activity = unanswered and workflow.patched(POOL_HOME)
         if by_activity or not await _signal_pool(names.POOL_ASK, request):
             await calls.pool_start(request)
-        if await s.alarms.wait(lambda: s.answer is not None, ASK_AGAIN):
+        # Unanswered (SPILLWAY_POOL_ASK_AGAIN_S): the same ask again, its place in the line kept;
+        # a pool that was terminated is started again by it.
+        again = timedelta(seconds=s.policy.pool_ask_again_s)
+        if await s.alarms.wait(lambda: s.answer is not None, again):
             break
         workflow.logger.info("gpu pool did not answer job %s: asking again", s.job.job_id)
         unanswered = True

@@ -34,6 +34,7 @@ with workflow.unsafe.imports_passed_through():
         PoolHost,
         PoolInput,
         PoolLeave,
+        PoolPlaces,
         PoolView,
         Reading,
         Sent,
@@ -137,6 +138,13 @@ class GpuPoolWorkflow:
         self._inbox.append(leave)
         self._received += 1
 
+    @workflow.signal(name=names.POOL_POLICY)
+    def worker_started(self, places: PoolPlaces) -> None:
+        """A worker started (a deploy, a restart): other places than the pool's are read from the
+        workers' policy within POLICY_AT_MOST, not at the next 5-minute read."""
+        self._policy_changed = self._policy_changed or self._book.places_differ(places.places)
+        self._woken = True
+
     @workflow.query(name=names.POOL_VIEW)
     def view(self) -> PoolView:
         return self._book.view()
@@ -152,7 +160,7 @@ class GpuPoolWorkflow:
         freed = False
         for message in inbox:
             if isinstance(message, PoolAsk):
-                self._policy_changed = self._policy_changed or book.places_differ(message)
+                self._policy_changed = self._policy_changed or book.places_differ(message.places)
                 sent += book.ask(message, now)
             elif book.give_back(message, now):
                 freed = True
