@@ -288,6 +288,9 @@ class PoolActivities:
             return None
         if place is not None and place.host == holder.host and place.asked_at == holder.asked_at:
             return True
+        named = await _named_prompt(described, holder)
+        if named is not None:
+            return named
         if holder.run_id is not None and described.run_id != holder.run_id:
             return Reset(prompt_id=prompt_id_for(holder.job_id, 0, names.run_tag(holder.run_id)))
-        return await _named_prompt(described, holder) or False
+        return False

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import sys
 import tempfile
 from collections.abc import Coroutine
@@ -56,6 +57,9 @@ async def start_dev_server() -> WorkflowEnvironment:
     return env
 
 
+LEDGER_SECRET = secrets.token_hex(32)
+
+
 async def start_worker(
     env: WorkflowEnvironment,
     queue: str,
@@ -79,6 +83,8 @@ async def start_worker(
             "COMFYUI_URL": urls["comfyui"],
             "MINIMAX_BASE_URL": urls["minimax"],
             "MINIMAX_API_KEY": urls["minimax_key"],
+            # A worker holding a cloud key exits without it (the bench's workers share one).
+            "SPILLWAY_LEDGER_SECRET": LEDGER_SECRET,
             "SPILLWAY_OUTPUT_DIR": tempfile.mkdtemp(prefix="spillway-bench-"),
         } | extra_env,
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,

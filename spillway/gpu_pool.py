@@ -98,9 +98,11 @@ class Holder(BaseModel):
     clearing_run: bool = False
     cleared_at: datetime | None = None  # the last try
     # A give-back in the job's name, not yet confirmed by the job itself (the holder check asks
-    # it): when it came, the prompt it named, and the checks that found the job still holding.
+    # it): when it came, the prompt it named, whether a check has begun since, and the checks
+    # that found the job still holding (or could not ask it).
     left_at: datetime | None = None
     left_prompt: str | None = None
+    leave_unchecked: bool = False
     left_checks: int = 0
 
 
@@ -245,6 +247,7 @@ class PoolBook:
             return []
         lined = self._in_line(ask.job_id)
         if lined is not None and ask.again and lined.asked_at == ask.asked_at:
+            lined.run_id = ask.run_id or lined.run_id  # a run continued as new asks now
             return sent  # it is where it was
         if lined is not None:
             self._unline(lined)
@@ -279,6 +282,7 @@ class PoolBook:
                 return False
             if self.verify_leaves:
                 held.left_at, held.left_prompt, held.left_checks = now, leave.prompt_id, 0
+                held.leave_unchecked = True
                 return False
             return self._leave(held, leave.prompt_id, now)
         lined = self._in_line(leave.job_id)
@@ -334,11 +338,12 @@ class PoolBook:
 
     @staticmethod
     def _leave_due(h: Holder, now: datetime, every: timedelta) -> bool:
-        """A give-back not checked since it came, or one the job contradicted, again after
-        `every` (its download's give-back may come before the job has taken in its result)."""
+        """A give-back no check has begun on since it came, or one the job contradicted, again
+        after `every` (its download's give-back may come before the job has taken in its
+        result)."""
         if h.left_at is None:
             return False
-        return h.left_at >= h.checked_at or now - h.checked_at >= every
+        return h.leave_unchecked or now - h.checked_at >= every
 
     def next_probe(self, now: datetime, every: timedelta) -> datetime | None:
         """When `to_probe` will next name a host; None while it names none (nobody waits, or
@@ -354,31 +359,35 @@ class PoolBook:
     def next_leave_check(self, every: timedelta) -> datetime | None:
         """When the next give-back is due for its check; None while none waits for one."""
         due = [
-            h.checked_at + every if h.left_at < h.checked_at else h.left_at
+            h.checked_at if h.leave_unchecked else h.checked_at + every
             for h in self.holders.values()
             if h.clearing is None and h.left_at is not None
         ]
         return min(due) if due else None
 
     def unheard(self, now: datetime, after: timedelta, every: timedelta) -> list[Holder]:
-        """Holders not heard from for `after`, or whose give-back is due for its check (one
-        whose prompt is being taken out is not asked again)."""
-        return [
+        """The holders to check now: not heard from for `after`, or whose give-back is due for
+        its check (one whose prompt is being taken out is not asked again). Their give-backs
+        count as under check from here: one that comes later is checked again."""
+        due = [
             h
             for h in self.holders.values()
             if h.clearing is None
             and (now - h.checked_at >= after or self._leave_due(h, now, every))
         ]
+        for h in due:
+            h.leave_unchecked = False
+        return due
 
-    def heard(self, job_id: str, at: datetime, *, holding: bool = True) -> None:
-        """The holder was checked at `at` (when the check began). `holding`: it said it holds
-        its place, so a give-back in its name that came before then was not its own, once it
-        has said so LEAVE_CHECKS times; otherwise it could not be asked."""
+    def heard(self, job_id: str, at: datetime) -> None:
+        """The holder was checked at `at` (when the check began) and said it holds its place,
+        or could not be asked: a give-back in its name that came by then is dropped once that
+        has happened LEAVE_CHECKS times (the place stays held; the holder check goes on)."""
         held = self.holders.get(job_id)
         if held is None:
             return
         held.checked_at = max(held.checked_at, at)
-        if holding and held.left_at is not None and held.left_at < at:
+        if held.left_at is not None and not held.leave_unchecked:
             held.left_checks += 1
             if held.left_checks >= LEAVE_CHECKS:
                 held.left_at, held.left_prompt, held.left_checks = None, None, 0

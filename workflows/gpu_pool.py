@@ -143,6 +143,7 @@ class GpuPoolWorkflow:
         """A worker started (a deploy, a restart): other places than the pool's are read from the
         workers' policy within POLICY_AT_MOST, not at the next 5-minute read."""
         self._policy_changed = self._policy_changed or self._book.places_differ(places.places)
+        self._received += 1
         self._woken = True
 
     @workflow.query(name=names.POOL_VIEW)
@@ -293,8 +294,7 @@ class GpuPoolWorkflow:
                     else:
                         book.free(holder, now, checked.prompts.get(holder.job_id))
                 else:  # holding, or not known now: asked again at a later round
-                    holding = holder.job_id in checked.answered
-                    book.heard(holder.job_id, heard_at, holding=holding)
+                    book.heard(holder.job_id, heard_at)
             for job_id in book.parked.keys() & set(checked.answered):
                 workflow.logger.warning(
                     "gpu pool: an ask named %s, which still holds its place: dropped", job_id

@@ -184,10 +184,13 @@ class ComfyUIActivities(OwnsOutputStore):
         )
 
     async def _place_is_mine(self, req: ComfyUISubmit) -> None:
-        """A job posts only on a place the GPU pool shows as its own: a run reset to after its
-        admission replays a place its earlier run gave back, which the pool may have handed on
-        (the card would then hold one prompt more than its places)."""
-        if req.place_on is None or self._temporal is None:
+        """A run made by a reset posts only on a place the GPU pool shows as its own: reset to
+        after its admission, it replays a place its earlier run gave back, which the pool may
+        have handed on (the card would then hold one prompt more than its places). Other runs
+        are not asked: their place goes back only at their end or once the pool has confirmed it
+        with them, and the query waits behind the pool's work (under a burst of 100 jobs it
+        halved LOCAL throughput, bench/comfyui_route.py)."""
+        if not req.reset_run or req.place_on is None or self._temporal is None:
             return
         pool = names.pool_id(self._settings.SPILLWAY_TASK_QUEUE)
         within = _before_first_beat()

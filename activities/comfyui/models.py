@@ -90,11 +90,10 @@ class ComfyUISubmit(HostBound):
     graph: dict[str, Any]  # API format: node id -> {"class_type", "inputs", ...}
     front: bool = False  # sent as "front": true: ComfyUI queues it first (priority 1 jobs)
     posted_at: datetime | None = None  # an earlier call's POST that got no answer (Silence)
-    # The host of the job's place in the GPU pool: it posts only while the pool shows the place
-    # as the job's (None: a job of 0.4.0, which holds no place).
+    # The host of the job's place in the GPU pool (None: a job of 0.4.0, which holds no place).
     place_on: str | None = None
-    # The run was made by a reset: a prompt of its earlier run may still be in ComfyUI on the
-    # job's place, and is looked for first (EARLIER_RUN_HOLDS).
+    # The run was made by a reset: it posts only while the pool shows its place as the job's
+    # (PLACE_TAKEN), and once no prompt of its earlier run is in ComfyUI (EARLIER_RUN_HOLDS).
     reset_run: bool = False
 
 
