@@ -17,6 +17,9 @@ from typing import Any
 
 import pytest
 from temporalio import workflow
+from temporalio.api.common.v1 import WorkflowExecution
+from temporalio.api.enums.v1 import EventType
+from temporalio.api.workflowservice.v1 import ResetWorkflowExecutionRequest
 from temporalio.client import WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
@@ -229,3 +232,46 @@ async def test_a_wedged_pool_is_named_with_the_way_back(dev_env: WorkflowEnviron
     await temporal(env, "workflow", "terminate", "--workflow-id", pool_id)
     closed = await pool_health(client, queue, line_check_s=LINE_CHECK_S)
     assert (closed.state, closed.status, closed.wedged) == ("closed", "TERMINATED", None)
+
+
+async def test_a_pool_made_by_a_reset_is_named_with_the_way_back(
+    dev_env: WorkflowEnvironment, comfyui: ComfyUISim, gpu: Any, tmp_path
+):
+    """A reset pool's book is the reset point's: places handed out since are not in it."""
+    client = dev_env.client
+    settings = make_settings(
+        comfyui_values(comfyui, tmp_path / "out"), SPILLWAY_TASK_QUEUE=a_queue()
+    )
+    queue, tiers = settings.SPILLWAY_TASK_QUEUE, load_tiers(settings.SPILLWAY_ROUTING_TIERS)
+    pool_id = names.pool_id(queue)
+    async with serving(client, settings, tiers, gpu=gpu):
+        started = await client.start_workflow(
+            names.GPU_POOL, PoolInput(), id=pool_id, task_queue=names.pool_queue(queue)
+        )
+        first = await until(
+            lambda: pool_health(client, queue, line_check_s=LINE_CHECK_S),
+            lambda f: f.continue_as_new_suggested is not None,
+        )
+        assert (first.reset_from, first.error) == (None, None)
+        task = next(
+            e.event_id
+            for e in (await started.fetch_history()).events
+            if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
+        )
+        await client.workflow_service.reset_workflow_execution(
+            ResetWorkflowExecutionRequest(
+                namespace=client.namespace,
+                workflow_execution=WorkflowExecution(workflow_id=pool_id),
+                reason="test: an operator resets the GPU pool",
+                workflow_task_finish_event_id=task,
+                request_id=str(uuid.uuid4()),
+            )
+        )
+        found = await until(
+            lambda: pool_health(client, queue, line_check_s=LINE_CHECK_S),
+            lambda f: f.run_id != started.result_run_id,
+        )
+        await client.get_workflow_handle(pool_id).terminate(reason="test_health_pool: done")
+    assert found.reset_from == started.result_run_id
+    assert found.error is not None and "made by a reset" in found.error
+    assert pool_remedy(pool_id, LINE_CHECK_S) in found.error

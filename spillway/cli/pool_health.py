@@ -9,7 +9,14 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel
 
-from spillway.cli.wedged import WedgedWorkflow, enum_name, failing, history_tail, wedged_run
+from spillway.cli.wedged import (
+    WedgedWorkflow,
+    enum_name,
+    failing,
+    history_tail,
+    reset_from,
+    wedged_run,
+)
 
 if TYPE_CHECKING:
     from temporalio.client import Client
@@ -36,6 +43,9 @@ class PoolHealth(BaseModel):
     places_in_use: int | None = None  # from the `view` query; None when it did not answer
     line_length: int | None = None
     wedged: WedgedWorkflow | None = None
+    # The current run was made by an operator's reset of this run (its history began as it): its
+    # places and line are as they were at the reset point.
+    reset_from: str | None = None
     error: str | None = None
 
 
@@ -136,6 +146,13 @@ async def pool_health(
         client, pool_id, report.run_id
     )
     problems = []
+    report.reset_from = await reset_from(client, pool_id, report.run_id)
+    if report.reset_from is not None:
+        problems.append(
+            f"{where} was made by a reset (its history began as run {report.reset_from}'s): its "
+            "places and line are as they were at the reset point, places handed out since are "
+            f"not counted and it may overbook the card; {pool_remedy(pool_id, line_check_s)}"
+        )
     try:
         view = await handle.query(names.POOL_VIEW, result_type=PoolView, rpc_timeout=query_timeout)
     except (RPCError, WorkflowQueryFailedError) as exc:

@@ -124,6 +124,33 @@ async def history_tail(client: Client, workflow_id: str, run_id: str) -> list[Hi
     return list(page.history.events)
 
 
+async def reset_from(client: Client, workflow_id: str, run_id: str) -> str | None:
+    """The run whose history the run's began as, when an operator's reset made it (its first
+    event keeps the run id it was written under); None otherwise or when it cannot be read."""
+    from temporalio.api.common.v1 import WorkflowExecution
+    from temporalio.api.workflowservice.v1 import GetWorkflowExecutionHistoryRequest
+    from temporalio.service import RPCError
+
+    from activities.spend.ledger import RPC_TIMEOUT
+
+    try:
+        page = await client.workflow_service.get_workflow_execution_history(
+            GetWorkflowExecutionHistoryRequest(
+                namespace=client.namespace,
+                execution=WorkflowExecution(workflow_id=workflow_id, run_id=run_id),
+                maximum_page_size=1,
+            ),
+            timeout=RPC_TIMEOUT,
+        )
+    except RPCError:
+        return None
+    if not page.history.events:
+        return None
+    started = page.history.events[0].workflow_execution_started_event_attributes
+    original = started.original_execution_run_id
+    return original if original and original != run_id else None
+
+
 def enum_name(enum: Any, value: int, prefix: str) -> str:
     """A protobuf enum value's name without its prefix; the number when this SDK does not know
     it (a newer server)."""
