@@ -18,6 +18,7 @@ import aiohttp
 import pytest
 
 from spillway.sim.comfyui import ComfyUISim, PromptState
+from spillway.sim.comfyui_graph import Host
 
 TRANSCRIPTS = Path(__file__).resolve().parent / "comfyui_transcripts"
 CLIENT = "capture-553293"
@@ -124,6 +125,61 @@ async def test_rejected_prompt_answers_exactly_like_comfyui(comfyui: ComfyUISim,
     answer = await post(session, f"{comfyui.url}/prompt", recorded["request_body"])
     assert answer == answer_in(recorded)
     assert comfyui.queue_pending == comfyui.queue_running == []
+
+
+# A graph with the custom node FilmGrainLite as node 3 and its output as node 2, as the rejections
+# in post_prompt_node_missing_on_host.json and post_prompt_value_not_in_list.json name them.
+GRAIN = {
+    "1": {
+        "class_type": "EmptyImage",
+        "inputs": {"width": 64, "height": 64, "batch_size": 1, "color": 0},
+    },
+    "3": {"class_type": "FilmGrainLite", "inputs": {"images": ["1", 0], "grain": "fine"}},
+    "2": {
+        "class_type": "SaveAnimatedWEBP",
+        "inputs": {
+            "images": ["3", 0],
+            "filename_prefix": "grain",
+            "fps": 6.0,
+            "lossless": True,
+            "quality": 80,
+            "method": "default",
+        },
+    },
+}
+
+
+async def test_a_node_or_a_value_a_host_lacks_is_refused_exactly_like_comfyui(
+    comfyui: ComfyUISim, session
+):
+    url = f"{comfyui.url}/prompt"
+    missing = await post(session, url, {"prompt": GRAIN})
+    assert missing == recorded_answer("post_prompt_node_missing_on_host.json")
+    comfyui.installed = Host(nodes=Host().nodes | {"FilmGrainLite"})
+    heavy = GRAIN | {"3": {**GRAIN["3"], "inputs": {"images": ["1", 0], "grain": "heavy"}}}
+    assert await post(session, url, {"prompt": heavy}) == recorded_answer(
+        "post_prompt_value_not_in_list.json"
+    )
+    status, _, accepted = await post(session, url, {"prompt": GRAIN})
+    assert status == 200 and accepted["node_errors"] == {}
+
+
+async def test_what_a_host_has_is_listed_like_comfyui_lists_it(comfyui: ComfyUISim, session):
+    comfyui.installed = Host(models={"checkpoints": ("only-on-b.safetensors",)})
+    assert await get(session, f"{comfyui.url}/models") == recorded_answer("models_folders.json")
+    checkpoints = await get(session, f"{comfyui.url}/models/checkpoints")
+    assert checkpoints == recorded_answer("models_checkpoints.json")
+    unknown = await get(session, f"{comfyui.url}/object_info/FilmGrainLite")
+    assert unknown == recorded_answer("object_info_unknown_class.json")
+    status, content_type, listed = await get(session, f"{comfyui.url}/object_info")
+    assert (status, content_type) == recorded_answer("object_info_excerpt.json")[:2]
+    classes = transcript("object_info_excerpt.json")["body"]
+    recorded = classes["CheckpointLoaderSimple"]["input"]["required"]["ckpt_name"]
+    assert listed["CheckpointLoaderSimple"]["input"]["required"]["ckpt_name"][0] == recorded[0]
+    # The fields every recorded class has (some have more: output_tooltips, api_node, ...).
+    common = set.intersection(*(set(spec) for spec in classes.values()))
+    assert all(set(spec) == common for spec in listed.values())
+    assert "FilmGrainLite" not in listed and "LoadImage" in listed
 
 
 async def test_same_prompt_id_posted_twice_is_queued_twice_and_runs_twice(

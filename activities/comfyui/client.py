@@ -21,6 +21,7 @@ import httpx
 
 from activities.comfyui import answers
 from activities.comfyui.answers import Queued, Seen
+from activities.comfyui.capabilities import Capabilities, capabilities
 from activities.comfyui.models import ComfyUIFile
 from activities.http import MAYBE_SENT, why
 from activities.storage.store import IncompleteDownload
@@ -141,6 +142,15 @@ class ComfyUIClient:
     async def queued(self, prompt_id: str) -> Queued | None:
         """Where the prompt is in ComfyUI's queue: running, pending, or None (not queued)."""
         return (await self.queue()).get(prompt_id)
+
+    async def capabilities(self) -> Capabilities:
+        """What this ComfyUI can run: `GET /object_info` (about 500 KB), kept as matching needs
+        it (activities/comfyui/capabilities.py)."""
+        answer = await self._get_json("/object_info", "GET /object_info")
+        try:
+            return capabilities(answer, datetime.now(UTC))
+        except answers.MalformedAnswer as exc:
+            raise Unavailable(str(exc)) from None
 
     async def history(self, prompt_id: str) -> dict[str, Any] | None:
         """The prompt's history entry; None while it is queued AND when ComfyUI never saw it."""

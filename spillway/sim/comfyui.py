@@ -4,15 +4,16 @@ message order), used by the tests and by `spillway dev --simulate`.
 
 HTTP: POST/GET /prompt (with "front"), GET /queue, POST /queue {"delete"|"clear"},
 GET /history[/{id}], POST /history, POST /interrupt, GET /view, POST /upload/image (the input
-folder) and GET /system_stats of an A40; WebSocket /ws?clientId=. Prompts run one at a time in
+folder), GET /object_info[/{class}] and /models[/{folder}] (what `installed` has) and GET
+/system_stats of an A40; WebSocket /ws?clientId=. Prompts run one at a time in
 queue order and a prompt's messages go only to the client that submitted it; a LoadImage of a
 file not uploaded fails at POST time.
 
 Knobs: `execution_s` (whole prompt; 0 = instant), `progress_steps` / `progress_nodes`,
 `output_bytes`, `fail_next()` / `fail_prompt()`, `pause()` / `resume()`, `ws_silent_after`,
 `lose_prompt_answers`, `hang_prompt_answers`, `lose_upload_answers`, `restart()`,
-`set_vram_used_pct`, `set_queue` (inert placeholders, counted but never run), and the faults of
-SimServer. Observations:
+`set_vram_used_pct`, `set_queue` (inert placeholders, counted but never run), `installed` (node
+classes, model files), and the faults of SimServer. Observations:
 `prompt_posts` (POST /prompt per prompt_id), `most_held` (the most prompts it held at once,
 running and pending), `hits`, `ws_withheld`, `state_of()`,
 `wait_until()`, `expected_sha256()`, `inputs.files` (uploaded images by "<subfolder>/<name>").
@@ -67,6 +68,9 @@ class ComfyUISim(SimServer):
         # Generated output files, key -> size; like files on disk they survive restart().
         self.files: dict[str, int] = {}
         self.inputs = InputFolder()  # uploaded images; they survive restart() too
+        # Its node classes and model files (`GET /object_info`, `/models`): replace it, then
+        # restart(), as installing a custom node or a model file on a real host goes.
+        self.installed = graph.Host()
         self._counters: dict[tuple[str, str], int] = {}
         self._number = 0
         self._inert: set[str] = set()
@@ -186,6 +190,10 @@ class ComfyUISim(SimServer):
         app.router.add_get("/view", self._view)
         app.router.add_post("/upload/image", self._upload_image)
         app.router.add_get("/ws", self._ws)
+        app.router.add_get("/object_info", self._object_info)
+        app.router.add_get("/object_info/{node_class}", self._object_info_one)
+        app.router.add_get("/models", self._model_folders)
+        app.router.add_get("/models/{folder}", self._model_files)
         app.router.add_post("/sim/gpu", self._sim_gpu)
 
     # --- HTTP ----------------------------------------------------------------------------
@@ -199,6 +207,22 @@ class ComfyUISim(SimServer):
             self.execution_s = float(body["execution_s"])
         used = (self.vram_total - self.vram_free) / self.vram_total * 100
         return web.json_response({"vram_used_pct": round(used, 1), "execution_s": self.execution_s})
+
+    async def _object_info(self, request: web.Request) -> web.Response:
+        return web.json_response(self.installed.object_info())
+
+    async def _object_info_one(self, request: web.Request) -> web.Response:
+        # An unknown class: {} (object_info_unknown_class.json).
+        return web.json_response(self.installed.object_info(request.match_info["node_class"]))
+
+    async def _model_folders(self, request: web.Request) -> web.Response:
+        return web.json_response(list(graph.MODEL_FOLDERS))
+
+    async def _model_files(self, request: web.Request) -> web.Response:
+        folder = request.match_info["folder"]
+        if folder not in graph.MODEL_FOLDERS:
+            return web.Response(status=404)  # ComfyUI's answer for a folder it does not know
+        return web.json_response(list(self.installed.models.get(folder, ())))
 
     async def _system_stats(self, request: web.Request) -> web.Response:
         return web.json_response(system_stats(self.port, self.vram_total, self.vram_free))
@@ -232,7 +256,7 @@ class ComfyUISim(SimServer):
         self.prompt_posts[prompt_id] += 1
         if not isinstance(prompt, dict):
             return web.Response(status=500, text=INTERNAL_ERROR)
-        result = graph.validate(prompt, self.inputs.exists)
+        result = graph.validate(prompt, self.inputs.exists, self.installed)
         if not result.ok:
             return web.json_response(
                 {"error": result.error, "node_errors": result.node_errors}, status=400

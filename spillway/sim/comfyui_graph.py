@@ -1,14 +1,15 @@
-"""What the ComfyUI double knows about graphs: the node classes it accepts, validation with
-ComfyUI 0.3.64's error shapes (`execution.validate_prompt`, recorded in
-tests/comfyui_transcripts/post_prompt_*.json), the order nodes run in, and the files each save
+"""What the ComfyUI double knows about graphs: the node classes it accepts (a host's own set: a
+custom node is installed on some hosts only), validation with ComfyUI 0.3.64's error shapes
+(`execution.validate_prompt`, recorded in tests/comfyui_transcripts/post_prompt_*.json), the
+node classes as `GET /object_info` lists them, the order nodes run in, and the files each save
 node writes, named as ComfyUI names them and listed as its history and `executed` list them.
 """
 
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 
@@ -20,11 +21,15 @@ class NodeClass:
     animated: bool = False  # ComfyUI adds "animated": [true] next to "images"
     temp: bool = False  # written to ComfyUI's temp folder (type "temp")
     progress: bool = False  # has a progress bar: sends `progress` messages while it runs
+    # List inputs whose value must be one of these options (value_not_in_list otherwise), and
+    # those whose options are the files of one of the host's model folders.
+    lists: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    model_lists: Mapping[str, str] = field(default_factory=dict)
 
 
 _SAMPLER = ("model", "seed", "steps", "cfg", "sampler_name", "scheduler", "positive", "negative")
 NODE_CLASSES: dict[str, NodeClass] = {
-    "CheckpointLoaderSimple": NodeClass(("ckpt_name",)),
+    "CheckpointLoaderSimple": NodeClass(("ckpt_name",), model_lists={"ckpt_name": "checkpoints"}),
     "CLIPTextEncode": NodeClass(("text", "clip")),
     "EmptyLatentImage": NodeClass(("width", "height", "batch_size")),
     "KSampler": NodeClass((*_SAMPLER, "latent_image", "denoise"), progress=True),
@@ -53,6 +58,9 @@ NODE_CLASSES: dict[str, NodeClass] = {
     # Its `image` names a file in ComfyUI's input folder ("<subfolder>/<name>"), checked at POST.
     "LoadImage": NodeClass(("image",)),
     "PreviewImage": NodeClass(("images",), "images", "png", temp=True),
+    # A custom node (tests/comfyui_transcripts/object_info_excerpt.json), installed on a host only
+    # when its `nodes` name it.
+    "FilmGrainLite": NodeClass(("images", "grain"), lists={"grain": ("fine", "coarse")}),
     # VideoHelperSuite's custom node: its videos come under "gifs", named without the trailing _.
     "VHS_VideoCombine": NodeClass(
         ("images", "frame_rate", "loop_count", "filename_prefix", "format", "pingpong"),
@@ -60,6 +68,58 @@ NODE_CLASSES: dict[str, NodeClass] = {
         "mp4",
     ),
 }
+
+
+CUSTOM_NODES = frozenset({"FilmGrainLite"})  # on no host unless installed there
+# The model folders a ComfyUI 0.3.64 knows (models_folders.json).
+MODEL_FOLDERS = (
+    "checkpoints", "configs", "loras", "vae", "text_encoders", "diffusion_models", "clip_vision",
+    "style_models", "embeddings", "diffusers", "vae_approx", "controlnet", "gligen",
+    "upscale_models", "custom_nodes", "hypernetworks", "photomaker", "classifiers",
+    "model_patches", "audio_encoders",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Host:
+    """What one ComfyUI has installed: its node classes and its model files per folder."""
+
+    nodes: frozenset[str] = frozenset(NODE_CLASSES) - CUSTOM_NODES
+    models: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def options(self, cls: NodeClass, name: str) -> tuple[str, ...] | None:
+        """The options of a list input of `cls`; None: not a list input."""
+        if name in cls.lists:
+            return cls.lists[name]
+        if name in cls.model_lists:
+            return self.models.get(cls.model_lists[name], ())
+        return None
+
+    def object_info(self, only: str | None = None) -> dict[str, Any]:
+        """`GET /object_info` (or `/object_info/{only}`): each class as ComfyUI lists it, its
+        list inputs in the legacy form `[[option, ...], {}]` (object_info_excerpt.json); the
+        double knows no other input's type, so those say "*"."""
+        listed = {}
+        for name in sorted(self.nodes if only is None else self.nodes & {only}):
+            cls = NODE_CLASSES[name]
+            required = {
+                i: [list(o), {}] if (o := self.options(cls, i)) is not None else ["*", {}]
+                for i in cls.required
+            }
+            listed[name] = {
+                "input": {"required": required},
+                "input_order": {"required": list(cls.required)},
+                "output": [],
+                "output_is_list": [],
+                "output_name": [],
+                "name": name,
+                "display_name": name,
+                "description": "",
+                "python_module": f"custom_nodes.{name}" if name in CUSTOM_NODES else "nodes",
+                "category": "spillway-sim",
+                "output_node": cls.output is not None,
+            }
+        return listed
 
 
 @dataclass(frozen=True)
@@ -75,12 +135,16 @@ def error_body(kind: str, message: str, details: str) -> dict[str, Any]:
 
 
 def validate(
-    prompt: dict[str, Any], input_exists: Callable[[str], bool] = lambda _: True
+    prompt: dict[str, Any],
+    input_exists: Callable[[str], bool] = lambda _: True,
+    host: Host | None = None,
 ) -> Validation:
-    """ComfyUI's validate_prompt: unknown classes end validation at once with `invalid_prompt`;
-    otherwise each output node is checked with everything upstream of it, and the prompt is
-    accepted (200) if at least one output is good, with the bad ones in `node_errors`.
-    `input_exists(name)`: whether ComfyUI's input folder has the file a LoadImage names."""
+    """ComfyUI's validate_prompt: unknown classes (not installed on `host`) end validation at
+    once with `invalid_prompt`; otherwise each output node is checked with everything upstream
+    of it, and the prompt is accepted (200) if at least one output is good, with the bad ones in
+    `node_errors`. `input_exists(name)`: whether ComfyUI's input folder has the file a LoadImage
+    names."""
+    host = host or Host()
     outputs = []
     for node_id, node in prompt.items():
         if not isinstance(node, dict) or "class_type" not in node:
@@ -88,7 +152,7 @@ def validate(
             return Validation(
                 False, error_body("invalid_prompt", message, f"Node ID '#{node_id}'"), [], {}
             )
-        cls = NODE_CLASSES.get(node["class_type"])
+        cls = NODE_CLASSES.get(node["class_type"]) if node["class_type"] in host.nodes else None
         if cls is None:
             message = f"Cannot execute because node {node['class_type']} does not exist."
             return Validation(
@@ -106,7 +170,11 @@ def validate(
     failed: list[str] = []
     node_errors: dict[str, Any] = {}
     for output in sorted(outputs):
-        bad = [n for n in upstream(prompt, output) if _reasons(prompt, n, reasons_of, input_exists)]
+        bad = [
+            n
+            for n in upstream(prompt, output)
+            if _reasons(prompt, n, reasons_of, input_exists, host)
+        ]
         if not bad:
             good.append(output)
             continue
@@ -139,10 +207,12 @@ def _reasons(
     node_id: str,
     cache: dict[str, list[dict[str, Any]]],
     input_exists: Callable[[str], bool],
+    host: Host,
 ) -> list[dict[str, Any]]:
     if node_id not in cache:
         node = prompt[node_id]
         inputs = node.get("inputs") or {}
+        cls = NODE_CLASSES[node["class_type"]]
         cache[node_id] = [
             {
                 "type": "required_input_missing",
@@ -150,9 +220,25 @@ def _reasons(
                 "details": name,
                 "extra_info": {"input_name": name},
             }
-            for name in NODE_CLASSES[node["class_type"]].required
+            for name in cls.required
             if name not in inputs
         ]
+        for name, value in inputs.items():
+            options = host.options(cls, name)
+            if options is not None and not _is_link(value) and value not in options:
+                # post_prompt_value_not_in_list.json
+                cache[node_id].append(
+                    {
+                        "type": "value_not_in_list",
+                        "message": "Value not in list",
+                        "details": f"{name}: {value!r} not in {list(options)!r}",
+                        "extra_info": {
+                            "input_name": name,
+                            "input_config": [list(options), {}],
+                            "received_value": value,
+                        },
+                    }
+                )
         image = inputs.get("image")
         # A missing file fails at POST time (post_prompt_loadimage_missing_file.json).
         if node["class_type"] == "LoadImage" and isinstance(image, str) and not input_exists(image):
