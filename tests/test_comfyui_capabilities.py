@@ -19,6 +19,7 @@ from activities.comfyui.capabilities import Capabilities, capabilities
 from activities.comfyui.client import ComfyUIClient
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.comfyui_graph import Host
+from tests.support.graphs import GRAIN_GRAPH
 
 TRANSCRIPTS = Path(__file__).resolve().parent / "comfyui_transcripts"
 READ_AT = datetime(2026, 12, 5, 9, 0, tzinfo=UTC)
@@ -56,11 +57,7 @@ def test_list_inputs_in_both_forms_and_lists_filled_at_run_time_are_told_apart(h
     assert "width" not in nodes["EmptyImage"] and "seed" not in nodes["KSampler"]
 
 
-GRAIN = {
-    "1": {"class_type": "EmptyImage", "inputs": {"width": 64, "height": 64, "batch_size": 1}},
-    "3": {"class_type": "FilmGrainLite", "inputs": {"images": ["1", 0], "grain": "fine"}},
-    "2": {"class_type": "SaveAnimatedWEBP", "inputs": {"images": ["3", 0], "method": "default"}},
-}
+GRAIN = GRAIN_GRAPH
 
 
 def test_a_graph_runs_where_its_nodes_and_values_are_and_is_refused_by_name_elsewhere(
@@ -127,25 +124,9 @@ async def test_what_the_double_says_it_has_predicts_what_it_refuses(comfyui: Com
         assert accepted.status_code == 200 and accepted.json()["node_errors"] == {}
 
 
-GRAIN_ON_A_CHECKPOINT = {
+GRAIN_ON_A_CHECKPOINT = GRAIN_GRAPH | {
     "4": {
         "class_type": "CheckpointLoaderSimple",
         "inputs": {"ckpt_name": "only-on-b.safetensors"},
-    },
-    "1": {
-        "class_type": "EmptyImage",
-        "inputs": {"width": 64, "height": 64, "batch_size": 1, "color": 0},
-    },
-    "3": {"class_type": "FilmGrainLite", "inputs": {"images": ["1", 0], "grain": "fine"}},
-    "2": {
-        "class_type": "SaveAnimatedWEBP",
-        "inputs": {
-            "images": ["3", 0],
-            "filename_prefix": "grain",
-            "fps": 6.0,
-            "lossless": True,
-            "quality": 80,
-            "method": "default",
-        },
-    },
+    }
 }

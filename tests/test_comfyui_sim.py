@@ -19,6 +19,7 @@ import pytest
 
 from spillway.sim.comfyui import ComfyUISim, PromptState
 from spillway.sim.comfyui_graph import Host
+from tests.support.graphs import GRAIN_GRAPH
 
 TRANSCRIPTS = Path(__file__).resolve().parent / "comfyui_transcripts"
 CLIENT = "capture-553293"
@@ -127,26 +128,7 @@ async def test_rejected_prompt_answers_exactly_like_comfyui(comfyui: ComfyUISim,
     assert comfyui.queue_pending == comfyui.queue_running == []
 
 
-# A graph with the custom node FilmGrainLite as node 3 and its output as node 2, as the rejections
-# in post_prompt_node_missing_on_host.json and post_prompt_value_not_in_list.json name them.
-GRAIN = {
-    "1": {
-        "class_type": "EmptyImage",
-        "inputs": {"width": 64, "height": 64, "batch_size": 1, "color": 0},
-    },
-    "3": {"class_type": "FilmGrainLite", "inputs": {"images": ["1", 0], "grain": "fine"}},
-    "2": {
-        "class_type": "SaveAnimatedWEBP",
-        "inputs": {
-            "images": ["3", 0],
-            "filename_prefix": "grain",
-            "fps": 6.0,
-            "lossless": True,
-            "quality": 80,
-            "method": "default",
-        },
-    },
-}
+GRAIN = GRAIN_GRAPH
 
 
 async def test_a_node_or_a_value_a_host_lacks_is_refused_exactly_like_comfyui(

@@ -73,6 +73,15 @@ class Spillway:
     async def view(self) -> PoolView:
         return await pool_view(self.client, self.queue)
 
+    async def holder_and_next(self) -> tuple[WorkflowHandle[Any, Plan], WorkflowHandle[Any, Plan]]:
+        """A local job holding the one place (its prompt pending in a paused ComfyUI) and the
+        next one in line behind it."""
+        holder = await self.start(cloud=False)
+        await self.jobs.until(holder, "running_local")
+        nxt = await self.start(cloud=False)
+        await self.line_is(lambda line: line == [nxt.id])
+        return holder, nxt
+
     async def settled(self) -> PoolView:
         return await pool_settled(self.client, self.queue)
 
@@ -716,10 +725,7 @@ async def test_an_ask_forged_in_a_holder_s_name_frees_nothing_and_nobody_is_admi
     comfyui.execution_s = 0.2
     comfyui.pause()  # the holder's prompt stays pending: its place stays held
     async with spillway(A40_MAX_JOBS=1) as sw:
-        holder = await sw.start(cloud=False)
-        await sw.jobs.until(holder, "running_local")
-        nxt = await sw.start(cloud=False)
-        await sw.line_is(lambda line: line == [nxt.id])
+        holder, nxt = await sw.holder_and_next()
         pool_id = names.pool_id(sw.queue)
         before = await _checks_done(sw.client, pool_id)
         # Anyone with signal rights, naming the holder with an ask time of their own (as a reset
@@ -749,10 +755,7 @@ async def test_a_give_back_forged_in_a_holder_s_name_frees_nothing_and_takes_no_
     comfyui.execution_s = 0.2
     comfyui.pause()  # the holder's prompt stays pending: its place stays held
     async with spillway(A40_MAX_JOBS=1) as sw:
-        holder = await sw.start(cloud=False)
-        await sw.jobs.until(holder, "running_local")
-        nxt = await sw.start(cloud=False)
-        await sw.line_is(lambda line: line == [nxt.id])
+        holder, nxt = await sw.holder_and_next()
         pool_id = names.pool_id(sw.queue)
         before = await _checks_done(sw.client, pool_id)
         # Anyone who can read the holder's history and signal the pool: its ask time and its

@@ -17,9 +17,6 @@ from typing import Any
 
 import pytest
 from temporalio import workflow
-from temporalio.api.common.v1 import WorkflowExecution
-from temporalio.api.enums.v1 import EventType
-from temporalio.api.workflowservice.v1 import ResetWorkflowExecutionRequest
 from temporalio.client import WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
@@ -33,6 +30,7 @@ from spillway.hosts import gpu_hosts
 from spillway.sim.comfyui import ComfyUISim
 from spillway.tiers import load_tiers
 from tests.support.cli import spillway, temporal
+from tests.support.jobs import reset_to_first_workflow_task
 from tests.support.settings import comfyui_values, make_settings
 from tests.support.waiting import until
 from worker import serving
@@ -253,20 +251,7 @@ async def test_a_pool_made_by_a_reset_is_named_with_the_way_back(
             lambda f: f.continue_as_new_suggested is not None,
         )
         assert (first.reset_from, first.error) == (None, None)
-        task = next(
-            e.event_id
-            for e in (await started.fetch_history()).events
-            if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
-        )
-        await client.workflow_service.reset_workflow_execution(
-            ResetWorkflowExecutionRequest(
-                namespace=client.namespace,
-                workflow_execution=WorkflowExecution(workflow_id=pool_id),
-                reason="test: an operator resets the GPU pool",
-                workflow_task_finish_event_id=task,
-                request_id=str(uuid.uuid4()),
-            )
-        )
+        await reset_to_first_workflow_task(client, pool_id)
         found = await until(
             lambda: pool_health(client, queue, line_check_s=LINE_CHECK_S),
             lambda f: f.run_id != started.result_run_id,

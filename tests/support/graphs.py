@@ -1,8 +1,8 @@
 """ComfyUI graphs as its "Export (API)" writes them, plain data (the benchmarks use them too):
 `VIDEO_GRAPH` (EmptyImage -> CreateVideo -> SaveVideo, an mp4 under "images" with "animated";
 the recorded transcripts' model-free graph), `ANIMATION_GRAPH` (SaveAnimatedWEBP),
-`SLOW_GRAPH` (a blur chain: several node boundaries to interrupt at); `graph_without` breaks
-one by taking out an input."""
+`SLOW_GRAPH` (a blur chain: several node boundaries to interrupt at), `GRAIN_GRAPH` (a custom
+node some hosts lack); `graph_without` breaks one by taking out an input."""
 
 from __future__ import annotations
 
@@ -78,3 +78,26 @@ def graph_without(graph: dict[str, Any], node_id: str, input_name: str) -> dict[
     broken = copy.deepcopy(graph)
     del broken[node_id]["inputs"][input_name]
     return broken
+
+
+# The custom node FilmGrainLite as node 3 between an image and its output, node 2: as the
+# rejections in post_prompt_node_missing_on_host.json and post_prompt_value_not_in_list.json
+# name them (a host without the node; a grain it does not offer).
+GRAIN_GRAPH: dict[str, Any] = {
+    "1": {
+        "class_type": "EmptyImage",
+        "inputs": {"width": 64, "height": 64, "batch_size": 1, "color": 0},
+    },
+    "3": {"class_type": "FilmGrainLite", "inputs": {"images": ["1", 0], "grain": "fine"}},
+    "2": {
+        "class_type": "SaveAnimatedWEBP",
+        "inputs": {
+            "images": ["3", 0],
+            "filename_prefix": "grain",
+            "fps": 6.0,
+            "lossless": True,
+            "quality": 80,
+            "method": "default",
+        },
+    },
+}
