@@ -56,6 +56,12 @@ class PoolAsk(BaseModel):
     # The asking run: a holder check that finds another run of the job (a reset) takes that
     # run's prompts out of ComfyUI before the place is free.
     run_id: Annotated[str, Field(max_length=MAX_ID)] | None = None
+    # The hosts that can run the job's graph (their node classes and list options); None: any.
+    # The job is admitted only there, and waits in line for them alone.
+    hosts: (
+        Annotated[list[Annotated[str, Field(max_length=MAX_ID)]], Field(max_length=MAX_HOSTS_SEEN)]
+        | None
+    ) = None
 
 
 class PoolPlaces(BaseModel):
@@ -256,7 +262,7 @@ class PoolBook:
         host = self._place_for(ask, [s.name for s in ask.seen if self._usable(s, ask.mode)])
         if host is not None:
             return [*sent, self._admit(ask, host, now)]
-        full = self.full_reasons()
+        full = self.full_reasons(ask)
         if not ask.wait:
             return [*sent, (ask.job_id, PoolAnswer(asked_at=ask.asked_at, full=full))]
         # What the line carries across continue-as-new stays small: the probe it came with has
@@ -323,7 +329,7 @@ class PoolBook:
         if not self.line:
             return []
         due = []
-        for name in self._free_hosts():
+        for name in self._wanted(self._free_hosts()):
             reading = self.readings.get(name)
             if reading is None or now - reading.at >= every:
                 due.append(self.hosts[name].ref)
@@ -352,7 +358,7 @@ class PoolBook:
             return None
         due = [
             reading.at + every if (reading := self.readings.get(name)) else now
-            for name in self._free_hosts()
+            for name in self._wanted(self._free_hosts())
         ]
         return min(due) if due else None
 
@@ -506,7 +512,6 @@ class PoolBook:
                     headroom=reading.headroom if reading else None,
                 )
             )
-        waits_for = self._waits_for()
         line = [
             InLine(
                 job_id=a.job_id,
@@ -516,16 +521,17 @@ class PoolBook:
                 position=i + 1,
                 eta_s=self._eta(i + 1),
                 state="awaiting_approval" if a.mode == "headroom" else "queued",
-                why=HEADROOM_WHY if a.mode == "headroom" else waits_for,
+                why=HEADROOM_WHY if a.mode == "headroom" else self._waits_for(a),
             )
             for i, a in enumerate(self.line[:head])
         ]
         return PoolView(hosts=hosts, line=line)
 
-    def _waits_for(self) -> str:
-        """Why a job that takes any free place waits: no host answers, or every place of those
-        that answer is taken (then the jobs ahead of it take the next ones)."""
-        answering = [n for n in self.hosts if self._reachable(n)]
+    def _waits_for(self, ask: PoolAsk) -> str:
+        """Why a job that takes any free place waits: no host (of those that can run it)
+        answers, or every place of those that answer is taken (then the jobs ahead of it take the
+        next ones)."""
+        answering = [n for n in self.hosts if self._reachable(n) and self._can_use(ask, n)]
         if not answering:
             return "no GPU host answers"
         counts = self.in_use()
@@ -539,11 +545,12 @@ class PoolBook:
     def in_use(self) -> dict[str, int]:
         return {name: len(self._held_on(name)) for name in self.hosts}
 
-    def full_reasons(self) -> list[str]:
+    def full_reasons(self, ask: PoolAsk | None = None) -> list[str]:
+        """Every full host (of those `ask` can use)."""
         return [
             full_reason(name, len(self._held_on(name)), h.max_jobs)
             for name, h in sorted(self.hosts.items())
-            if len(self._held_on(name)) >= h.max_jobs
+            if len(self._held_on(name)) >= h.max_jobs and (ask is None or self._can_use(ask, name))
         ]
 
     def carried(self, signals_per_run: int, inbox: list[Message]) -> PoolInput:
@@ -577,11 +584,19 @@ class PoolBook:
         counts = self.in_use()
         return [n for n, h in sorted(self.hosts.items()) if counts[n] < h.max_jobs]
 
+    @staticmethod
+    def _can_use(ask: PoolAsk, host: str) -> bool:
+        return ask.hosts is None or host in ask.hosts
+
+    def _wanted(self, hosts: list[str]) -> list[str]:
+        """Of `hosts`, those a job in line can use."""
+        return [n for n in hosts if any(self._can_use(a, n) for a in self.line)]
+
     def _place_for(self, ask: PoolAsk, usable: list[str]) -> str | None:
-        """Among `usable` hosts with a free place, the one with the most free places (the job's
-        own preference, then the name, break ties)."""
+        """Among `usable` hosts with a free place that can run the job, the one with the most
+        free places (the job's own preference, then the name, break ties)."""
         free = set(self._free_hosts())
-        order = [n for n in usable if n in free]
+        order = [n for n in usable if n in free and self._can_use(ask, n)]
         if not order:
             return None
         counts = self.in_use()

@@ -160,6 +160,22 @@ def test_a_give_back_frees_a_place_only_once_the_job_confirms_it_and_one_it_deni
     assert answers(b.admit(at, freshness=SOON))["next"].host == "a40"
 
 
+def test_a_job_only_some_hosts_can_run_waits_for_those_and_the_line_moves_past_it():
+    b = book(("a", 1), ("b", 1))
+    both = [HostSeen(name=n, reachable=True, headroom=True) for n in ("a", "b")]
+    assert answers(b.ask(ask("on-b", seen=both, hosts=["b"]), T0))["on-b"].host == "b"
+    # "b" is full: a job only "b" can run waits for it, with "a" free, and hears only b's place.
+    only_b = answers(b.ask(ask("only-b", 1, seen=both, hosts=["b"]), T0))["only-b"]
+    assert (only_b.host, only_b.position, only_b.full) == (None, 1, ["gpu_places_full_b_1of1"])
+    assert [h.name for h in b.to_probe(T0, SOON)] == []  # nobody in line can use "a"
+    # A job any host can run goes past it to "a"; the line keeps "only-b" first for "b".
+    assert answers(b.ask(ask("any", 2, seen=both), T0))["any"].host == "a"
+    [why] = [i.why for i in b.view().line]
+    assert why == "places taken (b 1/1)"
+    b.give_back(PoolLeave(job_id="on-b", asked_at=T0), T0)
+    assert answers(b.admit(T0, freshness=SOON))["only-b"].host == "b"
+
+
 def test_an_unreachable_host_takes_nobody_until_it_answers():
     b = book()
     lined = answers(b.ask(ask("j1", seen=DOWN), T0))["j1"]
