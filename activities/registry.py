@@ -122,7 +122,6 @@ class Agent:
             comfyui.upload,
             comfyui.submit,
             comfyui.cancel,
-            comfyui.fit,
         ]
         waits: list[Callable[..., Any]] = [comfyui.wait, comfyui.download]
         return [

@@ -15,7 +15,6 @@ from pydantic import BaseModel
 from activities.comfyui.answers import MalformedAnswer
 
 Option = str | int | float | bool
-MAX_OPTION = 255  # characters: a model file's or a sampler's name, never a prompt's text
 
 
 class Capabilities(BaseModel):
@@ -77,23 +76,6 @@ class Capabilities(BaseModel):
     def summary(self) -> str:
         """A few words for people: how many node classes, and when they were read."""
         return f"{len(self.nodes)} node classes, read {self.read_at:%Y-%m-%d %H:%M:%S}Z"
-
-
-def needs(graph: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """What matching reads of a graph, small enough for an activity's input: each node's class,
-    its links and its short scalar values (a prompt's text, longer than any option, is left out)."""
-    kept: dict[str, dict[str, Any]] = {}
-    for node_id, node in graph.items():
-        if not isinstance(node, dict):
-            continue
-        given = node.get("inputs")
-        inputs = {
-            name: value
-            for name, value in (given if isinstance(given, dict) else {}).items()
-            if _is_link(value) or (isinstance(value, Option) and len(str(value)) <= MAX_OPTION)
-        }
-        kept[str(node_id)] = {"class_type": node.get("class_type"), "inputs": inputs}
-    return kept
 
 
 def capabilities(answer: Any, read_at: datetime) -> Capabilities:
