@@ -77,6 +77,7 @@ async def test_no_job_asked_yet_the_pool_is_not_started_and_nothing_is_wrong(
         "places_in_use": None,
         "line_length": None,
         "wedged": None,
+        "reset_from": None,
         "error": None,
     }
 
