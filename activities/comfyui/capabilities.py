@@ -73,10 +73,6 @@ class Capabilities(BaseModel):
     def _output(self, node: dict[str, Any]) -> bool:
         return node.get("class_type") in self.outputs
 
-    def summary(self) -> str:
-        """A few words for people: how many node classes, and when they were read."""
-        return f"{len(self.nodes)} node classes, read {self.read_at:%Y-%m-%d %H:%M:%S}Z"
-
 
 def capabilities(answer: Any, read_at: datetime) -> Capabilities:
     """`GET /object_info`'s answer, as matching needs it. MalformedAnswer when it is not a map of
