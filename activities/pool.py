@@ -69,6 +69,7 @@ class Held(BaseModel):
     mode: PlaceMode = "any"
     priority: int = 3
     run_id: str | None = None
+    hosts: list[str] | None = None  # those that can run its graph (None: any)
 
 
 class HoldersFound(BaseModel):
@@ -245,6 +246,7 @@ class PoolActivities:
                 mode=place.mode,
                 priority=place.priority,
                 run_id=run_id,
+                hosts=place.hosts,
             )
 
         found = await asyncio.gather(*(place_of(job_id, run_id) for job_id, run_id in running))

@@ -122,6 +122,7 @@ class Agent:
             comfyui.upload,
             comfyui.submit,
             comfyui.cancel,
+            comfyui.fit,
         ]
         waits: list[Callable[..., Any]] = [comfyui.wait, comfyui.download]
         return [

@@ -91,6 +91,9 @@ class Policy(BaseModel):
     pool_holder_check_s: float = 60.0  # SPILLWAY_POOL_HOLDER_CHECK_S
     pool_ask_again_s: float = 120.0  # SPILLWAY_POOL_ASK_AGAIN_S
     pool_aging_s: float = 0.0  # SPILLWAY_POOL_AGING_S (0: none; not read by 0.5.0 workers)
+    # Jobs ask each host whether it can run their graph (comfyui_fit). False in what 0.5.0
+    # workers read, so their runs replay without the call: no patch marker in every job.
+    host_fit: bool = False
 
 
 class HostView(BaseModel):
@@ -321,6 +324,7 @@ class JobPlace(BaseModel):
     mode: PlaceMode = "any"
     host: str | None = None
     priority: int = 3  # the job's, so that a new pool can take back the line (0.5.0: none)
+    hosts: list[str] | None = None  # the hosts that can run its graph (None: any)
 
 
 class Plan(BaseModel):

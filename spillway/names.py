@@ -101,6 +101,7 @@ COMFYUI_WAIT = "comfyui_wait"
 COMFYUI_DOWNLOAD = "comfyui_download"
 COMFYUI_CANCEL = "comfyui_cancel"
 COMFYUI_UPLOAD = "comfyui_upload"
+COMFYUI_FIT = "comfyui_fit"  # whether the host can run a graph (its node classes, its options)
 
 SPEND_RESERVE = "spend_reserve"
 SPEND_SETTLE = "spend_settle"

@@ -78,6 +78,9 @@ class Settings(BaseSettings):
     # towards HOST_LOST_AFTER_S.
     COMFYUI_REQUEST_TIMEOUT_S: Seconds = 30.0
     COMFYUI_DOWNLOAD_TIMEOUT_S: Seconds = 60.0
+    # What a host can run (GET /object_info: its node classes, model files and other list
+    # options) is read again when this old: a custom node or a model installed is seen within it.
+    COMFYUI_CAPABILITIES_REFRESH_S: Annotated[float, Field(ge=1, le=86400)] = 300.0
     COMFYUI_MAX_ATTEMPTS: Annotated[int, Field(ge=1, le=10)] = 3  # submits per job, LOST included
 
     CLOUD_VIDEO_FALLBACK_ENABLED: bool = False

@@ -34,6 +34,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.cloud.provider import CloudProvider
     from activities.comfyui import models as comfyui
     from activities.comfyui.activities import ComfyUIActivities
+    from activities.comfyui.capabilities import needs
     from activities.notify import NotifyActivities
     from activities.policy import PolicyActivities, PolicyRequest
     from activities.pool import (
@@ -122,6 +123,19 @@ async def probe(job_id: str, host: HostRef, priority: Priority = Priority.defaul
         schedule_to_start_timeout=PROBE_BOUND,  # never retried: the agent is not there
         start_to_close_timeout=timedelta(seconds=60),
         retry_policy=FREE_RETRY,
+    )
+
+
+async def comfyui_fit(job_id: str, host: HostRef, graph: dict[str, Any]) -> comfyui.HostFit:
+    """Whether the host can run the graph, on its agent (which keeps what its ComfyUI has);
+    bounded as a probe is: an agent that is not there fails it, and the host is not ruled out."""
+    return await workflow.execute_activity_method(
+        ComfyUIActivities.fit,
+        comfyui.ComfyUIFit(job_id=job_id, needs=needs(graph)),
+        task_queue=host.task_queue,
+        schedule_to_start_timeout=PROBE_BOUND,
+        start_to_close_timeout=timedelta(seconds=60),
+        retry_policy=RetryPolicy(maximum_attempts=2),
     )
 
 

@@ -37,7 +37,9 @@ async def ask(s: VideoJobState, *, wait: bool, mode: PlaceMode, fresh: bool = Tr
     """A place now, a position in the line (`wait`), or "full". `fresh`: the job's own probe
     just ran, and the pool may use it."""
     if s.place is None:
-        s.place = JobPlace(asked_at=workflow.now(), mode=mode, priority=s.job.priority)
+        s.place = JobPlace(
+            asked_at=workflow.now(), mode=mode, priority=s.job.priority, hosts=s.capable
+        )
     place = s.place.model_copy(update={"mode": mode})
     s.place = place
     s.answer = None
@@ -50,6 +52,7 @@ async def ask(s: VideoJobState, *, wait: bool, mode: PlaceMode, fresh: bool = Tr
         seen=_seen(s) if fresh else [],
         places={h.name: h.max_jobs for h in s.policy.hosts},
         run_id=workflow.info().run_id,
+        hosts=place.hosts,
     )
     unanswered = False
     while True:
@@ -86,6 +89,7 @@ async def check(s: VideoJobState) -> None:
         mode=place.mode,
         again=True,
         run_id=workflow.info().run_id,
+        hosts=place.hosts,
     )
     if not await _signal_pool(names.POOL_ASK, request):
         await calls.pool_start(request)

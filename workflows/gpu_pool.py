@@ -249,6 +249,8 @@ class GpuPoolWorkflow:
                     priority=held.priority,
                     mode=held.mode,
                     again=True,
+                    run_id=held.run_id,
+                    hosts=held.hosts,
                 )
                 for job_id, answer in self._book.ask(lined, now):
                     self._send(job_id, answer)

@@ -13,6 +13,7 @@ from workflows import activity_calls as calls
 from workflows.job_state import VideoJobState
 
 with workflow.unsafe.imports_passed_through():
+    from activities.comfyui.models import HostFit
     from spillway.hosts import no_answer, pick_host
     from spillway.models import HostRef, LoadStatus
 
@@ -21,7 +22,13 @@ async def measure(s: VideoJobState) -> LoadStatus:
     """Every GPU host at once; the job takes the one with headroom."""
     readings = await asyncio.gather(*(probe(s, host) for host in s.policy.hosts))
     s.readings = {r.host or "": r for r in readings}
-    choice = pick_host(s.readings)
+    return pick(s)
+
+
+def pick(s: VideoJobState) -> LoadStatus:
+    """Among the hosts that can run the job, the one with headroom; its reading."""
+    capable = s.capable
+    choice = pick_host({n: r for n, r in s.readings.items() if capable is None or n in capable})
     s.next_host = choice.host or choice.fallback
     return choice.load
 
@@ -32,6 +39,20 @@ async def probe(s: VideoJobState, host: HostRef) -> LoadStatus:
     except ActivityError as err:
         load = no_answer(host.name, s.policy.thresholds, workflow.now(), agent_silence(err))
     return load.model_copy(update={"host": host.name})
+
+
+async def fits(s: VideoJobState) -> dict[str, HostFit]:
+    """Whether each GPU host can run the job's graph, all asked at once. A host whose agent
+    does not answer is not ruled out (the probe's rules decide about it)."""
+    found = await asyncio.gather(*(_fit(s, host) for host in s.policy.hosts))
+    return {host.name: fit for host, fit in zip(s.policy.hosts, found, strict=True)}
+
+
+async def _fit(s: VideoJobState, host: HostRef) -> HostFit:
+    try:
+        return await calls.comfyui_fit(s.job.job_id, host, s.job.graph)
+    except ActivityError as err:
+        return HostFit(error=agent_silence(err))
 
 
 def agent_silence(err: ActivityError) -> str:

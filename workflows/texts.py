@@ -216,6 +216,14 @@ def host_gave_no_answer(host: str, since: datetime, seconds: float) -> str:
     )
 
 
+def no_host_can_run(missing: dict[str, list[str]]) -> str:
+    each = "; ".join(f"{host}: {', '.join(lacks)}" for host, lacks in missing.items())
+    return (
+        f"no GPU host can run this graph ({each}): nothing was posted or spent. Install what is "
+        "missing on a host (ComfyUI's custom nodes, models), or change the graph, and submit again"
+    )
+
+
 def admitted_to_unknown_host(host: str, known: list[str]) -> str:
     return (
         f"the GPU pool gave this job a place on host {host!r}, which the workers' policy does "

@@ -33,10 +33,12 @@ from workflows.job_state import (
 
 with workflow.unsafe.imports_passed_through():
     from activities.callbacks import EventName
+    from activities.comfyui.models import HostFit
     from spillway import names
     from spillway.decision import decide, is_armed, places_taken
     from spillway.gpu_pool import PoolAnswer
     from spillway.models import ApprovalDecision, IgnoredSignal, JobPlace, PlaceMode, Plan
+    from workflows import texts
 
 
 @workflow.defn(name=names.VIDEO_JOB)
@@ -106,7 +108,13 @@ class VideoJobWorkflow:
     async def _decide(self) -> RouteChoice:
         s = self._state
         policy, job = s.policy, s.job
-        load = await measure.measure(s)
+        if s.pooled and s.capable is None and policy.host_fit:
+            # Asked alongside the first measurement: the job waits for the slower of the two.
+            found, _ = await asyncio.gather(measure.fits(s), measure.measure(s))
+            self._keep_capable_hosts(found)
+            load = measure.pick(s)
+        else:
+            load = await measure.measure(s)
         if not load.reachable:
             # One network blip never moves a job: "unreachable" needs a second silent probe.
             await workflow.sleep(timedelta(seconds=policy.unreachable_confirm_s))
@@ -133,6 +141,10 @@ class VideoJobWorkflow:
             decision.why,
         )
         s.plan.reasons = decision.reasons
+        if s.capable is not None:
+            s.plan.reasons += [
+                f"cannot_run_on={h.name}" for h in policy.hosts if h.name not in s.capable
+            ]
         s.plan.overflow.trigger = decision.trigger
         s.plan.overflow.last_signal = load if decision.trigger else None
         if decision.route == "cloud":
@@ -151,6 +163,14 @@ class VideoJobWorkflow:
             await workflow.wait_condition(lambda: bool(s.strays))
             await admission.give_back(s, s.strays[0])
             s.strays.pop(0)  # after it is sent: a continue-as-new waits for none to be left
+
+    def _keep_capable_hosts(self, found: dict[str, HostFit]) -> None:
+        """The hosts that can run the job's graph; none: the job fails before anything is
+        posted or spent, naming per host what it lacks."""
+        s = self._state
+        s.capable = [name for name, fit in found.items() if not fit.missing]
+        if not s.capable:
+            s.fail(texts.no_host_can_run({name: fit.missing for name, fit in found.items()}))
 
     async def _ended(self, event: EventName) -> None:
         """An accepted decision the job never used hears so; then the job's completion callback,

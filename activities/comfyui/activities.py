@@ -28,6 +28,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
 from activities.comfyui.answers import Queued, Seen, rejection_message
+from activities.comfyui.capabilities import Capabilities
 from activities.comfyui.client import (
     CONNECT_TIMEOUT_S,
     ComfyUIClient,
@@ -47,11 +48,13 @@ from activities.comfyui.models import (
     ComfyUIDownload,
     ComfyUIDownloaded,
     ComfyUIFinished,
+    ComfyUIFit,
     ComfyUISubmit,
     ComfyUISubmitted,
     ComfyUIUpload,
     ComfyUIUploaded,
     ComfyUIWait,
+    HostFit,
     Release,
     of_another_run,
     of_run,
@@ -114,6 +117,10 @@ class ComfyUIActivities(OwnsOutputStore):
         self._post_grace_s = (
             post_grace_s or POST_GRACE_TIMEOUTS * settings.COMFYUI_REQUEST_TIMEOUT_S
         )
+        # What this host can run, read again after COMFYUI_CAPABILITIES_REFRESH_S; one read at a
+        # time, however many jobs ask.
+        self._capabilities: Capabilities | None = None
+        self._reading = asyncio.Lock()
         self._files = ComfyUIFiles(
             self._client,
             self._use_store(settings, store),
@@ -283,6 +290,32 @@ class ComfyUIActivities(OwnsOutputStore):
         except ValidationError:
             carried = None
         return carried or req.posted_at
+
+    # --- what the host can run ----------------------------------------------------------------
+
+    @activity.defn(name=names.COMFYUI_FIT)
+    async def fit(self, req: ComfyUIFit) -> HostFit:
+        """Whether this host can run the job's graph, by its own ComfyUI's `GET /object_info`
+        (kept here, never in a history). Not read: the host is not ruled out (HostFit)."""
+        self._watcher.start()  # its socket tells when ComfyUI restarted
+        try:
+            capabilities = await self._read_capabilities()
+        except Unavailable as exc:
+            activity.logger.warning("what ComfyUI can run was not read: %s", exc)
+            return HostFit(error=str(exc))
+        return HostFit(missing=capabilities.missing(req.needs), read_at=capabilities.read_at)
+
+    async def _read_capabilities(self) -> Capabilities:
+        refresh = timedelta(seconds=self._settings.COMFYUI_CAPABILITIES_REFRESH_S)
+        async with self._reading:
+            known = self._capabilities
+            if (
+                known is None
+                or datetime.now(UTC) - known.read_at >= refresh
+                or known.read_at.timestamp() < self._watcher.connected_at  # restarted since
+            ):
+                self._capabilities = known = await self._client.capabilities()
+            return known
 
     # --- wait --------------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from pydantic import BaseModel
 from activities.comfyui.answers import MalformedAnswer
 
 Option = str | int | float | bool
+MAX_OPTION = 255  # characters: a model file's or a sampler's name, never a prompt's text
 
 
 class Capabilities(BaseModel):
@@ -72,6 +73,23 @@ class Capabilities(BaseModel):
 
     def _output(self, node: dict[str, Any]) -> bool:
         return node.get("class_type") in self.outputs
+
+
+def needs(graph: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """What matching reads of a graph, small enough for an activity's input: each node's class,
+    its links and its short scalar values (a prompt's text, longer than any option, is left out)."""
+    kept: dict[str, dict[str, Any]] = {}
+    for node_id, node in graph.items():
+        if not isinstance(node, dict):
+            continue
+        given = node.get("inputs")
+        inputs = {
+            name: value
+            for name, value in (given if isinstance(given, dict) else {}).items()
+            if _is_link(value) or (isinstance(value, Option) and len(str(value)) <= MAX_OPTION)
+        }
+        kept[str(node_id)] = {"class_type": node.get("class_type"), "inputs": inputs}
+    return kept
 
 
 def capabilities(answer: Any, read_at: datetime) -> Capabilities:

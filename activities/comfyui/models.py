@@ -97,6 +97,24 @@ class ComfyUISubmit(HostBound):
     reset_run: bool = False
 
 
+class ComfyUIFit(BaseModel):
+    """What a job's graph needs of a host (`capabilities.needs`: node classes, links and short
+    values; a prompt's text is no list option)."""
+
+    job_id: str
+    needs: dict[str, dict[str, Any]]
+
+
+class HostFit(BaseModel):
+    """Whether the host can run the graph: `missing` names what it lacks (empty: it can). A host
+    whose ComfyUI could not be read (`read_at` None, `error` says why) is not ruled out: the
+    probe's rules decide about a host that does not answer."""
+
+    missing: list[str] = []
+    read_at: datetime | None = None
+    error: str | None = None
+
+
 class ComfyUISubmitted(BaseModel):
     prompt_id: str
     number: int | None = None  # ComfyUI's queue number; None when found, not posted

@@ -115,6 +115,9 @@ class ComfyUIWatcher:
         self._last_round = float("-inf")  # when the last round began
         self._round_ended = float("-inf")
         self._silent_since: float | None = None
+        # When the socket last (re)connected (time.time()): ComfyUI greets every connection with
+        # a `status` naming its sid. After a restart, what ComfyUI can run may have changed.
+        self.connected_at = float("-inf")
 
     def start(self) -> None:
         if not self._loops:
@@ -258,6 +261,9 @@ class ComfyUIWatcher:
                 await asyncio.sleep(reconnect_max_s)
 
     def _dispatch(self, message: Any) -> None:
+        data = message.get("data") if isinstance(message, dict) else None
+        if isinstance(data, dict) and "sid" in data and message.get("type") == "status":
+            self.connected_at = time.time()
         named = socket_prompt(message)
         if named is not None and isinstance(message, dict) and message["type"] == "execution_start":
             self._running = named

@@ -67,6 +67,7 @@ class RouteStubs:
         self.silent = 0  # how many waits report ComfyUI silent for 2 minutes before one goes on
         self.probe_failures = 0  # how many probes raise before one answers
         self.fail: dict[str, ApplicationError] = {}  # activity name -> error it raises
+        self.missing: dict[str, list[str]] = {}  # host task queue -> what the host lacks
         self.notices: list[ApprovalNotice] = []
         self.probe_gate = asyncio.Event()
         self.probe_gate.set()  # clear it to hold every probe until set again
@@ -98,6 +99,7 @@ class RouteStubs:
             self.wait,
             self.download,
             self.cancel,
+            self.fit,
             self.create,
             self.poll,
             self.cloud_download,
@@ -174,6 +176,12 @@ class RouteStubs:
     async def cancel(self, req: comfyui.ComfyUICancel) -> comfyui.ComfyUICancelled:
         self._count(names.COMFYUI_CANCEL)
         return comfyui.ComfyUICancelled(prompt_id=req.prompt_id, was="running")
+
+    @activity.defn(name=names.COMFYUI_FIT)
+    async def fit(self, req: comfyui.ComfyUIFit) -> comfyui.HostFit:
+        """Every host can run every graph (`missing`: what one lacks, by host queue)."""
+        self._count(names.COMFYUI_FIT)
+        return comfyui.HostFit(missing=self.missing.get(activity.info().task_queue, []))
 
     @activity.defn(name=MINIMAX_CREATE)
     async def create(self, req: cloud.CloudCreate) -> cloud.CloudCreated:
