@@ -28,7 +28,10 @@ async def measure(s: VideoJobState) -> LoadStatus:
 def pick(s: VideoJobState) -> LoadStatus:
     """Among the hosts that can run the job, the one with headroom; its reading."""
     capable = s.capable
-    choice = pick_host({n: r for n, r in s.readings.items() if capable is None or n in capable})
+    # All of them when a policy read since names none of those hosts: the pool's line then says
+    # no host of the job's answers, where an empty choice would fail the workflow task.
+    readings = {n: r for n, r in s.readings.items() if capable is None or n in capable}
+    choice = pick_host(readings or s.readings)
     s.next_host = choice.host or choice.fallback
     return choice.load
 
