@@ -69,7 +69,7 @@ class Held(BaseModel):
     mode: PlaceMode = "any"
     priority: int = 3
     run_id: str | None = None
-    hosts: list[str] | None = None  # those that can run its graph (None: any)
+    unfit: list[str] = []  # the hosts known to lack what its graph needs
 
 
 class HoldersFound(BaseModel):
@@ -246,7 +246,7 @@ class PoolActivities:
                 mode=place.mode,
                 priority=place.priority,
                 run_id=run_id,
-                hosts=place.hosts,
+                unfit=place.unfit,
             )
 
         found = await asyncio.gather(*(place_of(job_id, run_id) for job_id, run_id in running))

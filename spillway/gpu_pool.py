@@ -56,12 +56,12 @@ class PoolAsk(BaseModel):
     # The asking run: a holder check that finds another run of the job (a reset) takes that
     # run's prompts out of ComfyUI before the place is free.
     run_id: Annotated[str, Field(max_length=MAX_ID)] | None = None
-    # The hosts that can run the job's graph (their node classes and list options); None: any.
-    # The job is admitted only there, and waits in line for them alone.
-    hosts: (
-        Annotated[list[Annotated[str, Field(max_length=MAX_ID)]], Field(max_length=MAX_HOSTS_SEEN)]
-        | None
-    ) = None
+    # The hosts known to lack what the job's graph needs (a node class, a model file): it is
+    # never admitted there, and waits in line for the others. A host added since it asked is not
+    # among them.
+    unfit: Annotated[
+        list[Annotated[str, Field(max_length=MAX_ID)]], Field(max_length=MAX_HOSTS_SEEN)
+    ] = []
 
 
 class PoolPlaces(BaseModel):
@@ -586,7 +586,7 @@ class PoolBook:
 
     @staticmethod
     def _can_use(ask: PoolAsk, host: str) -> bool:
-        return ask.hosts is None or host in ask.hosts
+        return host not in ask.unfit
 
     def _wanted(self, hosts: list[str]) -> list[str]:
         """Of `hosts`, those a job in line can use."""

@@ -324,7 +324,7 @@ class JobPlace(BaseModel):
     mode: PlaceMode = "any"
     host: str | None = None
     priority: int = 3  # the job's, so that a new pool can take back the line (0.5.0: none)
-    hosts: list[str] | None = None  # the hosts that can run its graph (None: any)
+    unfit: list[str] = []  # the hosts known to lack what its graph needs
 
 
 class Plan(BaseModel):

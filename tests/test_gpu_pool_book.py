@@ -163,9 +163,9 @@ def test_a_give_back_frees_a_place_only_once_the_job_confirms_it_and_one_it_deni
 def test_a_job_only_some_hosts_can_run_waits_for_those_and_the_line_moves_past_it():
     b = book(("a", 1), ("b", 1))
     both = [HostSeen(name=n, reachable=True, headroom=True) for n in ("a", "b")]
-    assert answers(b.ask(ask("on-b", seen=both, hosts=["b"]), T0))["on-b"].host == "b"
+    assert answers(b.ask(ask("on-b", seen=both, unfit=["a"]), T0))["on-b"].host == "b"
     # "b" is full: a job only "b" can run waits for it, with "a" free, and hears only b's place.
-    only_b = answers(b.ask(ask("only-b", 1, seen=both, hosts=["b"]), T0))["only-b"]
+    only_b = answers(b.ask(ask("only-b", 1, seen=both, unfit=["a"]), T0))["only-b"]
     assert (only_b.host, only_b.position, only_b.full) == (None, 1, ["gpu_places_full_b_1of1"])
     assert [h.name for h in b.to_probe(T0, SOON)] == []  # nobody in line can use "a"
     # A job any host can run goes past it to "a"; the line keeps "only-b" first for "b".

@@ -126,13 +126,16 @@ async def probe(job_id: str, host: HostRef, priority: Priority = Priority.defaul
     )
 
 
-async def comfyui_fit(job_id: str, host: HostRef, graph: dict[str, Any]) -> comfyui.HostFit:
+async def comfyui_fit(
+    job_id: str, host: HostRef, graph: dict[str, Any], priority: Priority = Priority.default
+) -> comfyui.HostFit:
     """Whether the host can run the graph, on its agent (which keeps what its ComfyUI has);
     bounded as a probe is: an agent that is not there fails it, and the host is not ruled out."""
     return await workflow.execute_activity_method(
         ComfyUIActivities.fit,
         comfyui.ComfyUIFit(job_id=job_id, needs=needs(graph)),
         task_queue=host.task_queue,
+        priority=priority,
         schedule_to_start_timeout=PROBE_BOUND,
         start_to_close_timeout=timedelta(seconds=60),
         retry_policy=RetryPolicy(maximum_attempts=2),

@@ -38,7 +38,7 @@ async def ask(s: VideoJobState, *, wait: bool, mode: PlaceMode, fresh: bool = Tr
     just ran, and the pool may use it."""
     if s.place is None:
         s.place = JobPlace(
-            asked_at=workflow.now(), mode=mode, priority=s.job.priority, hosts=s.capable
+            asked_at=workflow.now(), mode=mode, priority=s.job.priority, unfit=s.unfit or []
         )
     place = s.place.model_copy(update={"mode": mode})
     s.place = place
@@ -52,7 +52,7 @@ async def ask(s: VideoJobState, *, wait: bool, mode: PlaceMode, fresh: bool = Tr
         seen=_seen(s) if fresh else [],
         places={h.name: h.max_jobs for h in s.policy.hosts},
         run_id=workflow.info().run_id,
-        hosts=place.hosts,
+        unfit=place.unfit,
     )
     unanswered = False
     while True:
@@ -89,7 +89,7 @@ async def check(s: VideoJobState) -> None:
         mode=place.mode,
         again=True,
         run_id=workflow.info().run_id,
-        hosts=place.hosts,
+        unfit=place.unfit,
     )
     if not await _signal_pool(names.POOL_ASK, request):
         await calls.pool_start(request)

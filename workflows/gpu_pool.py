@@ -250,7 +250,7 @@ class GpuPoolWorkflow:
                     mode=held.mode,
                     again=True,
                     run_id=held.run_id,
-                    hosts=held.hosts,
+                    unfit=held.unfit,
                 )
                 for job_id, answer in self._book.ask(lined, now):
                     self._send(job_id, answer)

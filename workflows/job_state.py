@@ -103,9 +103,9 @@ class VideoJobState:
     readings: dict[str, LoadStatus] = field(default_factory=dict)  # the latest, per host
     pooled: bool = False  # a run of 0.5.0 on: it decides with the GPU pool (admission.GPU_POOL)
     place: JobPlace | None = None  # its ask for a GPU place: in the line, or holding one
-    # The GPU hosts that can run its graph, as their agents read their ComfyUI (measure.fits);
-    # None: not asked (a run of 0.5.0), any host.
-    capable: list[str] | None = None
+    # The GPU hosts known to lack what its graph needs, as their agents read their ComfyUI
+    # (measure.fits); None: not asked (a run of 0.5.0). A host added since is not among them.
+    unfit: list[str] | None = None
     answer: PoolAnswer | None = None  # the pool's answer to the ask just sent
     # Ask times of places the pool gave to asks the job no longer stands by: the run gives them
     # back, never the signal handler that learnt of them.
@@ -151,7 +151,7 @@ class VideoJobState:
             approval_deadline=carry.approval_deadline,
             pooled=carry.place is not None,
             place=carry.place,
-            capable=carry.place.hosts if carry.place else None,
+            unfit=carry.place.unfit if carry.place else None,
         )
 
     # --- what the policy says, once read ------------------------------------------------------

@@ -27,10 +27,10 @@ async def measure(s: VideoJobState) -> LoadStatus:
 
 def pick(s: VideoJobState) -> LoadStatus:
     """Among the hosts that can run the job, the one with headroom; its reading."""
-    capable = s.capable
-    # All of them when a policy read since names none of those hosts: the pool's line then says
+    unfit = s.unfit or []
+    # All of them when a policy read since names none but those hosts: the pool's line then says
     # no host of the job's answers, where an empty choice would fail the workflow task.
-    readings = {n: r for n, r in s.readings.items() if capable is None or n in capable}
+    readings = {n: r for n, r in s.readings.items() if n not in unfit}
     choice = pick_host(readings or s.readings)
     s.next_host = choice.host or choice.fallback
     return choice.load
@@ -53,7 +53,7 @@ async def fits(s: VideoJobState) -> dict[str, HostFit]:
 
 async def _fit(s: VideoJobState, host: HostRef) -> HostFit:
     try:
-        return await calls.comfyui_fit(s.job.job_id, host, s.job.graph)
+        return await calls.comfyui_fit(s.job.job_id, host, s.job.graph, s.priority)
     except ActivityError as err:
         return HostFit(error=agent_silence(err))
 

@@ -108,10 +108,10 @@ class VideoJobWorkflow:
     async def _decide(self) -> RouteChoice:
         s = self._state
         policy, job = s.policy, s.job
-        if s.pooled and s.capable is None and policy.host_fit:
+        if s.pooled and s.unfit is None and policy.host_fit:
             # Asked alongside the first measurement: the job waits for the slower of the two.
             found, _ = await asyncio.gather(measure.fits(s), measure.measure(s))
-            self._keep_capable_hosts(found)
+            self._keep_unfit_hosts(found)
             load = measure.pick(s)
         else:
             load = await measure.measure(s)
@@ -141,10 +141,7 @@ class VideoJobWorkflow:
             decision.why,
         )
         s.plan.reasons = decision.reasons
-        if s.capable is not None:
-            s.plan.reasons += [
-                f"cannot_run_on={h.name}" for h in policy.hosts if h.name not in s.capable
-            ]
+        s.plan.reasons += [f"cannot_run_on={name}" for name in s.unfit or []]
         s.plan.overflow.trigger = decision.trigger
         s.plan.overflow.last_signal = load if decision.trigger else None
         if decision.route == "cloud":
@@ -164,12 +161,12 @@ class VideoJobWorkflow:
             await admission.give_back(s, s.strays[0])
             s.strays.pop(0)  # after it is sent: a continue-as-new waits for none to be left
 
-    def _keep_capable_hosts(self, found: dict[str, HostFit]) -> None:
+    def _keep_unfit_hosts(self, found: dict[str, HostFit]) -> None:
         """The hosts that can run the job's graph; none: the job fails before anything is
         posted or spent, naming per host what it lacks."""
         s = self._state
-        s.capable = [name for name, fit in found.items() if not fit.missing]
-        if not s.capable:
+        s.unfit = [name for name, fit in found.items() if fit.missing]
+        if len(s.unfit) == len(found):
             s.fail(texts.no_host_can_run({name: fit.missing for name, fit in found.items()}))
 
     async def _ended(self, event: EventName) -> None:
