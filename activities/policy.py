@@ -53,6 +53,7 @@ class PolicyActivities:
             pool_line_check_s=s.SPILLWAY_POOL_LINE_CHECK_S,
             pool_holder_check_s=s.SPILLWAY_POOL_HOLDER_CHECK_S,
             pool_aging_s=s.SPILLWAY_POOL_AGING_S,
+            pool_prefer_warm=s.SPILLWAY_POOL_PREFER_WARM,
             pool_ask_again_s=s.SPILLWAY_POOL_ASK_AGAIN_S,
             host_fit=True,
         )

@@ -70,6 +70,7 @@ class Held(BaseModel):
     priority: int = 3
     run_id: str | None = None
     unfit: list[str] = []  # the hosts known to lack what its graph needs
+    models: list[str] = []  # the model files its graph loads
 
 
 class HoldersFound(BaseModel):
@@ -247,6 +248,7 @@ class PoolActivities:
                 priority=place.priority,
                 run_id=run_id,
                 unfit=place.unfit,
+                models=place.models,
             )
 
         found = await asyncio.gather(*(place_of(job_id, run_id) for job_id, run_id in running))

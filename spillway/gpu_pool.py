@@ -23,6 +23,10 @@ RECENT_HOLDS = 20  # hold durations per host the ETA is computed from
 # A give-back the job still contradicts after this many holder checks is dropped: one sent by
 # the job's download reaches the pool before the job itself has taken in that it let go.
 LEAVE_CHECKS = 3
+# A job in line is passed by a job whose models are warm on a freed place's host at most this
+# many times (SPILLWAY_POOL_PREFER_WARM); then it takes the next place it can use.
+WARM_PASSES = 2
+MAX_MODELS = 16  # model files per ask: a graph loads a handful
 HEADROOM_WHY = "approval, or a host with headroom"
 
 
@@ -62,6 +66,12 @@ class PoolAsk(BaseModel):
     unfit: Annotated[
         list[Annotated[str, Field(max_length=MAX_ID)]], Field(max_length=MAX_HOSTS_SEEN)
     ] = []
+    # The model files its graph loads (sorted): a host that loaded them last has them warm.
+    models: Annotated[
+        list[Annotated[str, Field(max_length=MAX_ID)]], Field(max_length=MAX_MODELS)
+    ] = []
+    # In line: how often a job whose models were warm went ahead of it (WARM_PASSES at most).
+    passed: Annotated[int, Field(ge=0)] = 0
 
 
 class PoolPlaces(BaseModel):
@@ -147,6 +157,7 @@ class PoolInput(BaseModel):
     # False: a first run, or one started after an earlier pool ended: it asks the running jobs
     # which places they hold before it hands out any.
     continued: bool = False
+    warm: dict[str, list[str]] = {}  # per host, the model files the job admitted last loads
 
 
 class PlaceView(BaseModel):
@@ -215,6 +226,10 @@ class PoolBook:
         # A give-back frees a place only once the job confirms it (pools of 0.5.0 took it on
         # its word: anyone with signal rights could free a place that was still rendering).
         self.verify_leaves = False
+        # Per host, the models of the job admitted there last: with `prefer_warm`, a job whose
+        # models these are takes that host first, and may go ahead of its own priority's jobs.
+        self.warm = {name: list(v) for name, v in inp.warm.items()}
+        self.prefer_warm = False
 
     def set_aging(self, aging: timedelta | None) -> None:
         if aging != self.aging:
@@ -234,6 +249,7 @@ class PoolBook:
         self.hosts = {h.ref.name: h for h in hosts}
         self.readings = {n: r for n, r in self.readings.items() if n in self.hosts}
         self.holds_s = {n: v for n, v in self.holds_s.items() if n in self.hosts}
+        self.warm = {n: v for n, v in self.warm.items() if n in self.hosts}
 
     # --- what jobs say ---------------------------------------------------------------------
 
@@ -258,7 +274,7 @@ class PoolBook:
         if lined is not None:
             self._unline(lined)
             if lined.asked_at == ask.asked_at:  # a changed mode; its position is kept
-                ask = ask.model_copy(update={"asked_at": lined.asked_at, "wait": True})
+                ask = ask.model_copy(update={"wait": True, "passed": lined.passed})
         host = self._place_for(ask, [s.name for s in ask.seen if self._usable(s, ask.mode)])
         if host is not None:
             return [*sent, self._admit(ask, host, now)]
@@ -307,21 +323,53 @@ class PoolBook:
 
     def admit(self, now: datetime, freshness: timedelta) -> list[Sent]:
         """Free places to the line in order. A job that waits for headroom takes a place only on
-        a host whose reading is at most `freshness` old and shows headroom."""
+        a host whose reading is at most `freshness` old and shows headroom. A job behind the
+        one whose turn it is may take the place instead when its models are warm on that host
+        and the other's are not (`_warm_instead`)."""
         sent: list[Sent] = []
-        for ask in list(self.line):
-            if not self._free_hosts():
-                break
-            usable = [
-                name
-                for name, r in self.readings.items()
-                if r.reachable and (ask.mode == "any" or (r.headroom and now - r.at <= freshness))
-            ]
-            host = self._place_for(ask, usable)
-            if host is not None:
-                self._unline(ask)
-                sent.append(self._admit(ask, host, now))
+        admitted = True
+        while admitted and self._free_hosts():
+            admitted = False
+            for ask in self.line:
+                host = self._place_for(ask, self._usable_now(ask, now, freshness))
+                if host is not None:
+                    ask = self._warm_instead(ask, host, now, freshness) or ask
+                    self._unline(ask)
+                    sent.append(self._admit(ask, host, now))
+                    admitted = True
+                    break
         return sent
+
+    def _usable_now(self, ask: PoolAsk, now: datetime, freshness: timedelta) -> list[str]:
+        return [
+            name
+            for name, r in self.readings.items()
+            if r.reachable and (ask.mode == "any" or (r.headroom and now - r.at <= freshness))
+        ]
+
+    def _warm_instead(
+        self, turn: PoolAsk, host: str, now: datetime, freshness: timedelta
+    ) -> PoolAsk | None:
+        """The first job behind `turn`, of the same priority, whose models are warm on `host`
+        where `turn`'s are not; every job it passes (those that could take the place) counts
+        the pass, and none is passed more than WARM_PASSES times. None: `turn` goes."""
+        if not self.prefer_warm or self._warm(turn, host):
+            return None
+        passed = [turn]
+        for ask in self.line[self.line.index(turn) + 1 :]:
+            if host not in self._usable_now(ask, now, freshness) or not self._can_use(ask, host):
+                continue  # it could not take this place: nobody passes it here
+            if ask.priority != turn.priority or any(p.passed >= WARM_PASSES for p in passed):
+                return None
+            if self._warm(ask, host):
+                for p in passed:
+                    p.passed += 1
+                return ask
+            passed.append(ask)
+        return None
+
+    def _warm(self, ask: PoolAsk, host: str) -> bool:
+        return bool(ask.models) and set(ask.models) <= set(self.warm.get(host, ()))
 
     def to_probe(self, now: datetime, every: timedelta) -> list[HostRef]:
         """The hosts worth probing now: someone waits, the host has a free place, and what the
@@ -563,6 +611,7 @@ class PoolBook:
             signals_per_run=signals_per_run,
             continued=True,
             parked=list(self.parked.values()),
+            warm=self.warm,
         )
 
     # --- inside ----------------------------------------------------------------------------
@@ -593,16 +642,26 @@ class PoolBook:
         return [n for n in hosts if any(self._can_use(a, n) for a in self.line)]
 
     def _place_for(self, ask: PoolAsk, usable: list[str]) -> str | None:
-        """Among `usable` hosts with a free place that can run the job, the one with the most
-        free places (the job's own preference, then the name, break ties)."""
+        """Among `usable` hosts with a free place that can run the job, one where its models
+        are warm (`prefer_warm`), then the one with the most free places (the job's own
+        preference, then the name, break ties)."""
         free = set(self._free_hosts())
         order = [n for n in usable if n in free and self._can_use(ask, n)]
         if not order:
             return None
         counts = self.in_use()
-        return max(order, key=lambda n: (self.hosts[n].max_jobs - counts[n], -order.index(n)))
+        return max(
+            order,
+            key=lambda n: (
+                self.prefer_warm and self._warm(ask, n),
+                self.hosts[n].max_jobs - counts[n],
+                -order.index(n),
+            ),
+        )
 
     def _admit(self, ask: PoolAsk, host: str, now: datetime) -> Sent:
+        if ask.models:
+            self.warm[host] = list(ask.models)
         self.holders[ask.job_id] = Holder(
             job_id=ask.job_id,
             asked_at=ask.asked_at,

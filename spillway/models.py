@@ -94,6 +94,8 @@ class Policy(BaseModel):
     # Jobs ask each host whether it can run their graph (comfyui_fit). False in what 0.5.0
     # workers read, so their runs replay without the call: no patch marker in every job.
     host_fit: bool = False
+    # SPILLWAY_POOL_PREFER_WARM (False in what 0.5.0 workers read)
+    pool_prefer_warm: bool = False
 
 
 class HostView(BaseModel):
@@ -325,6 +327,7 @@ class JobPlace(BaseModel):
     host: str | None = None
     priority: int = 3  # the job's, so that a new pool can take back the line (0.5.0: none)
     unfit: list[str] = []  # the hosts known to lack what its graph needs
+    models: list[str] = []  # the model files its graph loads (the pool prefers them warm)
 
 
 class Plan(BaseModel):

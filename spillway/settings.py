@@ -130,6 +130,10 @@ class Settings(BaseSettings):
     # it has waited, so a job is passed only by jobs that asked less than (its priority - theirs)
     # times this after it, and a stream of urgent jobs never starves the rest. 0: strict priority.
     SPILLWAY_POOL_AGING_S: Annotated[float, Field(ge=0, le=7 * 86400)] = 600.0
+    # A free place goes to a job whose graph's model files its host loaded last (warm), before
+    # a host where they are not; and such a job in line may take a freed place ahead of jobs of
+    # its own priority whose models are not warm there, each passed at most twice.
+    SPILLWAY_POOL_PREFER_WARM: bool = True
     # Places of the single GPU host (routing_tiers.json's `max_jobs` per host otherwise): one
     # rendering, one ready behind it so the card never idles between two jobs.
     A40_MAX_JOBS: Annotated[int, Field(ge=1, le=1000)] = 2

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from activities.comfyui.answers import MalformedAnswer
-from activities.comfyui.capabilities import Capabilities, capabilities
+from activities.comfyui.capabilities import Capabilities, capabilities, model_files
 from activities.comfyui.client import ComfyUIClient
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.comfyui_graph import Host
@@ -89,6 +89,23 @@ def test_a_model_file_only_one_host_has_counts_where_an_output_depends_on_it():
     # A node no output depends on is neither checked nor run by ComfyUI.
     unlinked = graph | {"2": {"class_type": "SaveAnimatedWEBP", "inputs": {"images": ["5", 0]}}}
     assert a.missing(unlinked) == []
+
+
+def test_the_model_files_a_graph_loads_are_the_values_that_name_one():
+    graph = {
+        "1": {"class_type": "UNETLoader", "inputs": {"unet_name": "wan2.2_t2v_14B.safetensors"}},
+        "2": {"class_type": "VAELoader", "inputs": {"vae_name": "wan_2.1_vae.safetensors"}},
+        "3": {"class_type": "CLIPLoader", "inputs": {"clip_name": "umt5_xxl.GGUF", "type": "wan"}},
+        "4": {"class_type": "KSampler", "inputs": {"sampler_name": "euler", "model": ["1", 0]}},
+        "5": {"class_type": "CLIPTextEncode", "inputs": {"text": "a cat.safetensors, walking"}},
+        "6": {"class_type": "VAELoader", "inputs": {"vae_name": "wan_2.1_vae.safetensors"}},
+    }
+    assert model_files(graph) == [
+        "umt5_xxl.GGUF",
+        "wan2.2_t2v_14B.safetensors",
+        "wan_2.1_vae.safetensors",
+    ]
+    assert model_files({"1": "not a node", "2": {"inputs": None}}) == []
 
 
 def test_an_answer_that_is_not_a_map_of_node_classes_is_malformed_and_odd_specs_are_skipped():

@@ -4,6 +4,7 @@ and what people see."""
 
 from __future__ import annotations
 
+import random
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -11,6 +12,7 @@ from pydantic import ValidationError
 
 from spillway.gpu_pool import (
     LEAVE_CHECKS,
+    WARM_PASSES,
     HostSeen,
     PoolAnswer,
     PoolAsk,
@@ -312,3 +314,81 @@ def test_an_ask_showing_other_places_than_the_pool_s_is_told_apart():
     assert not b.places_differ(ask("j1", places={"a40": 1}).places)
     assert b.places_differ(ask("j1", places={"a40": 2}).places)
     assert b.places_differ(ask("j1", places={"a40": 1, "second": 1}).places)
+
+
+X, Y, Z = ["wan2.2_14B.safetensors"], ["wan2.2_5B.safetensors"], ["hunyuan.gguf"]
+BOTH = [HostSeen(name=n, reachable=True, headroom=True) for n in ("a", "b")]
+
+
+def test_a_free_place_goes_to_the_host_whose_models_are_warm_before_the_one_with_more_free():
+    b = book(("a", 2), ("b", 2))
+    b.prefer_warm = True
+    b.ask(ask("j1", models=Y, seen=BOTH), T0)  # a and b alike: the job's own order, a
+    assert b.warm == {"a": Y}
+    # Carried across continue-as-new with the rest of the book.
+    b2 = PoolBook(b.carried(500, []))
+    b2.configure([PoolHost(ref=ref("q", n, 2), max_jobs=2) for n in ("a", "b")])
+    b2.prefer_warm = True
+    assert answers(b2.ask(ask("j2", 1, models=Y, seen=BOTH), T0))["j2"].host == "a"
+    assert answers(b2.ask(ask("j3", 2, models=X, seen=BOTH), T0))["j3"].host == "b"
+    # Not preferring warm models: the host with more free places.
+    b.prefer_warm = False
+    assert answers(b.ask(ask("j4", 3, models=Y, seen=BOTH), T0))["j4"].host == "b"
+
+
+def test_a_job_whose_models_are_warm_passes_jobs_of_its_priority_at_most_twice_each():
+    b = book(("a40", 1))
+    b.prefer_warm = True
+    b.ask(ask("holder", models=X), T0)
+    for i, (job, models) in enumerate(
+        [("cold-1", Y), ("cold-2", Y), ("warm-1", X), ("warm-2", X), ("warm-3", X)]
+    ):
+        b.ask(ask(job, 1 + i, models=models), T0)
+    b.ask(ask("urgent", 9, models=X, priority=1), T0)
+    admitted = []
+    for _ in range(6):
+        holder = next(iter(b.holders.values()))
+        b.give_back(PoolLeave(job_id=holder.job_id, asked_at=holder.asked_at), T0)
+        admitted += list(answers(b.admit(T0, freshness=timedelta(0))))
+    # A job of another priority is never passed (the urgent one goes first); the cold ones are
+    # passed twice, then go; warm-3 waits its turn
+    # behind them (cold-2's models are warm once cold-1 ran).
+    assert admitted == ["urgent", "warm-1", "warm-2", "cold-1", "cold-2", "warm-3"]
+    # Not preferring warm models: strictly in order.
+    b = book(("a40", 1))
+    b.ask(ask("holder", models=X), T0)
+    b.ask(ask("cold", 1, models=Y), T0)
+    b.ask(ask("warm", 2, models=X), T0)
+    b.give_back(PoolLeave(job_id="holder", asked_at=T0), T0)
+    assert list(answers(b.admit(T0, freshness=timedelta(0)))) == ["cold"]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_no_job_is_passed_more_than_the_bound_nor_by_another_priority(seed: int) -> None:
+    """Three models on two one-place hosts, jobs of two priorities asking while places free in
+    a random order: whenever a job takes a place, every job ahead of it in line that could
+    have taken it counts a pass; none counts more than WARM_PASSES, and every pass is within
+    one priority."""
+    rng = random.Random(seed)
+    b = book(("a", 1), ("b", 1))
+    b.prefer_warm = True
+    passes: dict[str, int] = {}
+    for t in range(1, 121):
+        if rng.random() < 0.7:
+            job = f"j{t}"
+            b.ask(
+                ask(job, t, models=rng.choice([X, Y, Z]), priority=rng.choice([2, 3]), seen=BOTH),
+                T0,
+            )
+        elif b.holders:
+            holder = rng.choice(list(b.holders.values()))
+            b.give_back(PoolLeave(job_id=holder.job_id, asked_at=holder.asked_at), T0)
+        line = [a.job_id for a in b.line]
+        prio = {a.job_id: a.priority for a in b.line}
+        for job, _answer in b.admit(T0, freshness=timedelta(0)):
+            ahead = line[: line.index(job)]
+            assert all(prio[k] == prio[job] for k in ahead)
+            for k in ahead:
+                passes[k] = passes.get(k, 0) + 1
+            line.remove(job)
+    assert passes and max(passes.values()) <= WARM_PASSES == 2

@@ -18,6 +18,7 @@ from workflows import activity_calls as calls
 from workflows.job_state import VideoJobState
 
 with workflow.unsafe.imports_passed_through():
+    from activities.comfyui.capabilities import model_files
     from spillway import names
     from spillway.gpu_pool import HostSeen, PoolAnswer, PoolAsk, PoolLeave
     from spillway.models import JobPlace, PlaceMode, QueueSpot
@@ -38,7 +39,11 @@ async def ask(s: VideoJobState, *, wait: bool, mode: PlaceMode, fresh: bool = Tr
     just ran, and the pool may use it."""
     if s.place is None:
         s.place = JobPlace(
-            asked_at=workflow.now(), mode=mode, priority=s.job.priority, unfit=s.unfit or []
+            asked_at=workflow.now(),
+            mode=mode,
+            priority=s.job.priority,
+            unfit=s.unfit or [],
+            models=model_files(s.job.graph),
         )
     place = s.place.model_copy(update={"mode": mode})
     s.place = place
@@ -53,6 +58,7 @@ async def ask(s: VideoJobState, *, wait: bool, mode: PlaceMode, fresh: bool = Tr
         places={h.name: h.max_jobs for h in s.policy.hosts},
         run_id=workflow.info().run_id,
         unfit=place.unfit,
+        models=place.models,
     )
     unanswered = False
     while True:
@@ -90,6 +96,7 @@ async def check(s: VideoJobState) -> None:
         again=True,
         run_id=workflow.info().run_id,
         unfit=place.unfit,
+        models=place.models,
     )
     if not await _signal_pool(names.POOL_ASK, request):
         await calls.pool_start(request)

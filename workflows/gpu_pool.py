@@ -225,6 +225,7 @@ class GpuPoolWorkflow:
         self._book.configure([PoolHost(ref=h, max_jobs=h.max_jobs) for h in policy.hosts])
         aging = self._aged and policy.pool_aging_s > 0
         self._book.set_aging(timedelta(seconds=policy.pool_aging_s) if aging else None)
+        self._book.prefer_warm = policy.pool_prefer_warm
 
     async def _find_holders(self) -> None:
         """An earlier pool ended (an operator terminated it, say) while jobs held places: they
@@ -251,6 +252,7 @@ class GpuPoolWorkflow:
                     again=True,
                     run_id=held.run_id,
                     unfit=held.unfit,
+                    models=held.models,
                 )
                 for job_id, answer in self._book.ask(lined, now):
                     self._send(job_id, answer)

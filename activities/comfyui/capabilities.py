@@ -13,9 +13,13 @@ from typing import Any
 from pydantic import BaseModel
 
 from activities.comfyui.answers import MalformedAnswer
+from spillway.gpu_pool import MAX_MODELS
 
 Option = str | int | float | bool
 MAX_OPTION = 255  # characters: a model file's or a sampler's name, never a prompt's text
+# The endings of the files ComfyUI lists in its model folders (folder_paths'
+# supported_pt_extensions, and .gguf of the widely used GGUF loaders).
+MODEL_ENDINGS = (".ckpt", ".pt", ".pt2", ".bin", ".pth", ".safetensors", ".pkl", ".sft", ".gguf")
 
 
 class Capabilities(BaseModel):
@@ -90,6 +94,21 @@ def needs(graph: dict[str, Any]) -> dict[str, dict[str, Any]]:
         }
         kept[str(node_id)] = {"class_type": node.get("class_type"), "inputs": inputs}
     return kept
+
+
+def model_files(graph: dict[str, Any]) -> list[str]:
+    """The model files a graph loads (the values its loaders are given), sorted: what a host
+    that ran it last has warm. At most MAX_MODELS, each at most MAX_OPTION characters."""
+    found = {
+        value
+        for node in graph.values()
+        if isinstance(node, dict) and isinstance(given := node.get("inputs"), dict)
+        for value in given.values()
+        if isinstance(value, str)
+        and len(value) <= MAX_OPTION
+        and value.lower().endswith(MODEL_ENDINGS)
+    }
+    return sorted(found)[:MAX_MODELS]
 
 
 def capabilities(answer: Any, read_at: datetime) -> Capabilities:

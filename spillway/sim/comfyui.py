@@ -13,9 +13,10 @@ Knobs: `execution_s` (whole prompt; 0 = instant), `progress_steps` / `progress_n
 `output_bytes`, `fail_next()` / `fail_prompt()`, `pause()` / `resume()`, `ws_silent_after`,
 `lose_prompt_answers`, `hang_prompt_answers`, `lose_upload_answers`, `restart()`,
 `set_vram_used_pct`, `set_queue` (inert placeholders, counted but never run), `installed` (node
-classes, model files), and the faults of SimServer. Observations:
+classes, model files), `model_load_s` (charged before a prompt whose loaders name other model
+files than the last prompt's), and the faults of SimServer. Observations:
 `prompt_posts` (POST /prompt per prompt_id), `most_held` (the most prompts it held at once,
-running and pending), `hits`, `ws_withheld`, `state_of()`,
+running and pending), `model_loads` (model switches), `hits`, `ws_withheld`, `state_of()`,
 `wait_until()`, `expected_sha256()`, `inputs.files` (uploaded images by "<subfolder>/<name>").
 """
 
@@ -71,6 +72,11 @@ class ComfyUISim(SimServer):
         # Its node classes and model files (`GET /object_info`, `/models`): replace it, then
         # restart(), as installing a custom node or a model file on a real host goes.
         self.installed = graph.Host()
+        # A switch of model files costs what loading them from disk into VRAM does (seconds to
+        # a minute for a 14B video model); the files of the last prompt stay loaded.
+        self.model_load_s = 0.0
+        self.model_loads = 0
+        self.loaded: frozenset[str] = frozenset()
         self._counters: dict[tuple[str, str], int] = {}
         self._number = 0
         self._inert: set[str] = set()
@@ -126,6 +132,7 @@ class ComfyUISim(SimServer):
         self.queue_running, self.queue_pending, self.history = [], [], {}
         self._inert.clear()
         self._number = 0
+        self.loaded = frozenset()
         self._touch()
         await asyncio.sleep(down_s)
         await self.start()
@@ -409,6 +416,11 @@ class ComfyUISim(SimServer):
             counters=self._counters,
         )
         await self._broadcast("status", {"status": self._queue_info()})
+        models = graph.model_files(item[2])
+        if models and models != self.loaded:
+            self.model_loads += 1
+            self.loaded = models
+            await asyncio.sleep(self.model_load_s)
         entry = await run.execute()
         # One step, as ComfyUI's task_done under its mutex: never in both, never in neither.
         self.queue_running.remove(item)

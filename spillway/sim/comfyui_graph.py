@@ -122,6 +122,17 @@ class Host:
         return listed
 
 
+def model_files(prompt: dict[str, Any]) -> frozenset[str]:
+    """The model files a prompt's loaders name."""
+    return frozenset(
+        str(node["inputs"][name])
+        for node in prompt.values()
+        if isinstance(node, dict) and (cls := NODE_CLASSES.get(str(node.get("class_type"))))
+        for name in cls.model_lists
+        if isinstance(node.get("inputs"), dict) and name in node["inputs"]
+    )
+
+
 @dataclass(frozen=True)
 class Validation:
     ok: bool
