@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
-from spillway.models import HostRef, JobState, QueueSpot
+from spillway.models import HostCapabilities, HostRef, JobState, QueueSpot
 from spillway.models import PlaceMode as Mode
 
 RECENT_HOLDS = 20  # hold durations per host the ETA is computed from
@@ -42,6 +42,7 @@ class HostSeen(BaseModel):
     name: Annotated[str, Field(max_length=MAX_ID)]
     reachable: bool
     headroom: bool
+    capabilities: HostCapabilities | None = None  # what it can run, as its agent last read it
 
 
 class PoolAsk(BaseModel):
@@ -158,6 +159,7 @@ class PoolInput(BaseModel):
     # which places they hold before it hands out any.
     continued: bool = False
     warm: dict[str, list[str]] = {}  # per host, the model files the job admitted last loads
+    capabilities: dict[str, HostCapabilities] = {}  # per host, the latest a job brought
 
 
 class PlaceView(BaseModel):
@@ -177,6 +179,8 @@ class HostPlaces(BaseModel):
     places: list[PlaceView]
     reachable: bool | None  # as last seen; None: not yet seen
     headroom: bool | None
+    # What it can run, as the latest job to ask found it; None: no job brought it yet.
+    capabilities: HostCapabilities | None = None
 
 
 class InLine(BaseModel):
@@ -230,6 +234,7 @@ class PoolBook:
         # models these are takes that host first, and may go ahead of its own priority's jobs.
         self.warm = {name: list(v) for name, v in inp.warm.items()}
         self.prefer_warm = False
+        self.capabilities = dict(inp.capabilities)
 
     def set_aging(self, aging: timedelta | None) -> None:
         if aging != self.aging:
@@ -250,12 +255,14 @@ class PoolBook:
         self.readings = {n: r for n, r in self.readings.items() if n in self.hosts}
         self.holds_s = {n: v for n, v in self.holds_s.items() if n in self.hosts}
         self.warm = {n: v for n, v in self.warm.items() if n in self.hosts}
+        self.capabilities = {n: c for n, c in self.capabilities.items() if n in self.hosts}
 
     # --- what jobs say ---------------------------------------------------------------------
 
     def ask(self, ask: PoolAsk, now: datetime) -> list[Sent]:
         for seen in ask.seen:
             self._note(seen.name, Reading(reachable=seen.reachable, headroom=seen.headroom, at=now))
+            self._note_capabilities(seen.name, seen.capabilities)
         sent: list[Sent] = []
         held = self.holders.get(ask.job_id)
         if held is not None:
@@ -558,6 +565,7 @@ class PoolBook:
                     places=places,
                     reachable=reading.reachable if reading else None,
                     headroom=reading.headroom if reading else None,
+                    capabilities=self.capabilities.get(name),
                 )
             )
         line = [
@@ -612,6 +620,7 @@ class PoolBook:
             continued=True,
             parked=list(self.parked.values()),
             warm=self.warm,
+            capabilities=self.capabilities,
         )
 
     # --- inside ----------------------------------------------------------------------------
@@ -622,6 +631,15 @@ class PoolBook:
         known = self.readings.get(host)
         if known is None or reading.at >= known.at:
             self.readings[host] = reading
+
+    def _note_capabilities(self, host: str, found: HostCapabilities | None) -> None:
+        known = self.capabilities.get(host)
+        if (
+            found is not None
+            and host in self.hosts
+            and (known is None or found.read_at > known.read_at)
+        ):
+            self.capabilities[host] = found
 
     def _usable(self, seen: HostSeen, mode: Mode) -> bool:
         return seen.reachable and (seen.headroom or mode == "any")

@@ -98,13 +98,25 @@ class Policy(BaseModel):
     pool_prefer_warm: bool = False
 
 
+class HostCapabilities(BaseModel):
+    """What a host's ComfyUI can run, in brief (`spillway queue`, `health`): its node classes
+    and the files in each of its model folders (those with any), as its agent last read them."""
+
+    nodes: Annotated[int, Field(ge=0)]
+    models: Annotated[dict[str, Annotated[int, Field(ge=0)]], Field(max_length=64)] = {}
+    read_at: datetime
+
+
 class HostView(BaseModel):
-    """One GPU host as `spillway health` shows it: the reading its agent gave, or why none."""
+    """One GPU host as `spillway health` shows it: the reading its agent gave, or why none; and
+    what it can run (or why that was not read)."""
 
     name: str
     task_queue: str
     load: LoadStatus | None = None
     error: str | None = None  # e.g. no agent picked the probe up
+    capabilities: HostCapabilities | None = None
+    capabilities_error: str | None = None
 
 
 class WorkersView(BaseModel):
@@ -353,6 +365,16 @@ class Plan(BaseModel):
     # Where it stands in the GPU line: as of when it joined in the plan the job publishes; now,
     # from the pool, in `spillway status`.
     queue: QueueSpot | None = None
+    # The GPU hosts that can run its graph, and what each other one lacks (a few phrases), as
+    # their agents read their ComfyUI; None: not asked (a cloud-only job, a run of 0.5.0).
+    can_run: list[str] | None = None
+    cannot_run: dict[str, list[str]] = {}
+
+    def hosts_text(self) -> str:
+        """Which hosts can run the job, and what the others lack."""
+        can = ", ".join(self.can_run or []) or "none"
+        lacks = "; ".join(f"{host}: {', '.join(what)}" for host, what in self.cannot_run.items())
+        return f"Can run on {can}; not on {lacks}"
 
 
 class ApprovalNotice(BaseModel):

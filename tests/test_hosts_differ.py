@@ -16,6 +16,7 @@ import pytest
 from temporalio.client import WorkflowFailureError, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
+from spillway.cli.render import capabilities_brief, render_plan
 from spillway.client import jobs as job_ops
 from spillway.client.queue import pool_view
 from spillway.models import Plan, VideoJob
@@ -27,6 +28,7 @@ from tests.support.jobs import Jobs, cause_message
 from tests.support.settings import comfyui_values, make_settings, two_host_tiers
 from tests.support.waiting import until
 from worker import serving
+from workflows.health import HealthWorkflow
 
 pytestmark = pytest.mark.full
 
@@ -81,9 +83,27 @@ async def test_a_node_and_a_model_only_one_host_has_run_there_with_the_other_fre
     async with studio() as st:
         plans = [await (await st.start(g)).result() for g in (GRAIN_GRAPH, ON_A_CHECKPOINT)]
         anywhere = await (await st.start(VIDEO_GRAPH)).result()
+        hosts = {h.name: h.capabilities for h in (await pool_view(st.client, st.queue)).hosts}
+        health = await st.client.execute_workflow(
+            HealthWorkflow.run, id=f"health-{uuid.uuid4()}", task_queue=st.queue
+        )
     assert [(p.state, p.host) for p in plans] == [("completed", "gpu-b")] * 2
     assert all(st.posted(st.b, p) == 1 and st.posted(st.a, p) == 0 for p in plans)
     assert all("cannot_run_on=gpu-a" in p.reasons for p in plans)
+    # `status` says where it can run and what the other host lacks.
+    assert (plans[0].can_run, plans[0].cannot_run) == (
+        ["gpu-b"],
+        {"gpu-a": ["node FilmGrainLite (#3) is not installed"]},
+    )
+    assert "  hosts     Can run on gpu-b; not on gpu-a: node FilmGrainLite" in render_plan(plans[0])
+    # `queue` and `health` show what each host has, in brief, as its agent read it.
+    b = hosts["gpu-b"]
+    assert b is not None and (b.nodes, b.models) == (len(B_HAS.nodes), {"checkpoints": 1})
+    a = hosts["gpu-a"]
+    assert a is not None and (a.nodes, a.models) == (len(B_HAS.nodes) - 1, {})
+    seen = {h.name: h.capabilities for h in health.hosts}
+    assert seen["gpu-b"] is not None and seen["gpu-b"].models == {"checkpoints": 1}
+    assert capabilities_brief(b).startswith(f"{len(B_HAS.nodes)} node classes; checkpoints 1 (")
     # A graph both can run takes the first free host, as before.
     assert anywhere.state == "completed" and "cannot_run_on=gpu-a" not in anywhere.reasons
 
@@ -135,3 +155,18 @@ async def test_a_custom_node_installed_and_comfyui_restarted_is_seen_at_once(stu
         later = await (await st.start(GRAIN_GRAPH)).result()
     assert later.state == "completed" and "cannot_run_on=gpu-a" not in later.reasons
     assert st.a.hits["GET /object_info"] == reads + 1  # once, for the job after the restart
+
+
+async def test_a_job_whose_only_capable_host_does_not_answer_waits_for_it_by_today_s_rules(studio):
+    """gpu-b's ComfyUI is down: its agent cannot say what it has, so it is not ruled out; the
+    job (not armed) waits in line until gpu-b answers again, never taking gpu-a."""
+    async with studio() as st:
+        await st.b.stop()
+        handle = await st.start(GRAIN_GRAPH)
+        await st.jobs.until(handle, "queued")
+        line = (await pool_view(st.client, st.queue)).line
+        assert [(i.job_id, i.why) for i in line] == [(handle.id, "no GPU host answers")]
+        await st.b.start()
+        plan = await handle.result()
+    assert (plan.state, plan.host, plan.can_run) == ("completed", "gpu-b", ["gpu-b"])
+    assert not st.a.prompt_posts

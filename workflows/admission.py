@@ -161,6 +161,11 @@ def _seen(s: VideoJobState) -> list[HostSeen]:
     """The hosts as the job's latest probe found them, the one it would take first."""
     readings = sorted(s.readings.items(), key=lambda item: (item[0] != s.next_host, item[0]))
     return [
-        HostSeen(name=name, reachable=r.reachable, headroom=r.reachable and not r.overloaded)
+        HostSeen(
+            name=name,
+            reachable=r.reachable,
+            headroom=r.reachable and not r.overloaded,
+            capabilities=s.hosts_have.get(name),
+        )
         for name, r in readings
     ]

@@ -1,8 +1,8 @@
 """SpillwayHealthWorkflow: what `spillway health` asks the workers (docs/design.md, "GPU hosts
 and agents"). The policy comes from the worker that serves the main task queue, each host's
-reading from the agent that serves that host's queue, so the report is the workers' view, not
-the CLI's environment. A host whose agent does not pick the probe up within the probe bound is
-reported as such."""
+reading and what it can run from the agent that serves that host's queue, so the report is the
+workers' view, not the CLI's environment. A host whose agent does not pick the probe up within
+the probe bound is reported as such."""
 
 from __future__ import annotations
 
@@ -30,8 +30,22 @@ class HealthWorkflow:
 
 async def _look(host: HostRef) -> HostView:
     view = HostView(name=host.name, task_queue=host.task_queue)
+    await asyncio.gather(_load(view, host), _capabilities(view, host))
+    return view
+
+
+async def _load(view: HostView, host: HostRef) -> None:
     try:
         view.load = await calls.probe("health", host)
     except ActivityError as err:
         view.error = f"no agent answered on {host.task_queue} ({agent_silence(err)})"
-    return view
+
+
+async def _capabilities(view: HostView, host: HostRef) -> None:
+    """What the host can run, as its agent last read it (an empty graph fits anywhere)."""
+    try:
+        fit = await calls.comfyui_fit("health", host, {})
+    except ActivityError as err:
+        view.capabilities_error = f"no agent answered on {host.task_queue} ({agent_silence(err)})"
+        return
+    view.capabilities, view.capabilities_error = fit.host, fit.error

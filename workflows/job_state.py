@@ -27,6 +27,7 @@ with workflow.unsafe.imports_passed_through():
     from spillway.models import (
         ApprovalDecision,
         AwaitCarry,
+        HostCapabilities,
         HostRef,
         JobPlace,
         JobState,
@@ -106,6 +107,9 @@ class VideoJobState:
     # The GPU hosts known to lack what its graph needs, as their agents read their ComfyUI
     # (measure.fits); None: not asked (a run of 0.5.0). A host added since is not among them.
     unfit: list[str] | None = None
+    # What each host has, in brief, as the fit found it: the job's first ask brings it to the
+    # pool (`spillway queue`). Not carried across continue-as-new.
+    hosts_have: dict[str, HostCapabilities] = field(default_factory=dict)
     answer: PoolAnswer | None = None  # the pool's answer to the ask just sent
     # Ask times of places the pool gave to asks the job no longer stands by: the run gives them
     # back, never the signal handler that learnt of them.

@@ -111,10 +111,11 @@ def current_details(plan: Plan) -> str:
 
 def _line_text(plan: Plan) -> str:
     spot = plan.queue
+    hosts = f"\n\n{plan.hosts_text()}." if plan.cannot_run else ""
     if spot is None:
-        return ""
+        return hosts
     eta = f", about {_duration(spot.eta_s)}" if spot.eta_s is not None else ""
-    return f"\n\n{_ordinal(spot.position)} in line for the GPUs when it joined{eta}."
+    return f"\n\n{_ordinal(spot.position)} in line for the GPUs when it joined{eta}.{hosts}"
 
 
 def _ordinal(n: int) -> str:

@@ -40,6 +40,8 @@ with workflow.unsafe.imports_passed_through():
     from spillway.models import ApprovalDecision, IgnoredSignal, JobPlace, PlaceMode, Plan
     from workflows import texts
 
+SHOWN_LACKS = 5  # what a host lacks, shown in the plan: the first few phrases
+
 
 @workflow.defn(name=names.VIDEO_JOB)
 class VideoJobWorkflow:
@@ -166,6 +168,11 @@ class VideoJobWorkflow:
         posted or spent, naming per host what it lacks."""
         s = self._state
         s.unfit = [name for name, fit in found.items() if fit.missing]
+        s.plan.can_run = [name for name, fit in found.items() if not fit.missing]
+        s.plan.cannot_run = {
+            n: fit.missing[:SHOWN_LACKS] for n, fit in found.items() if fit.missing
+        }
+        s.hosts_have = {name: fit.host for name, fit in found.items() if fit.host is not None}
         if len(s.unfit) == len(found):
             s.fail(texts.no_host_can_run({name: fit.missing for name, fit in found.items()}))
 

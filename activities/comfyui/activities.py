@@ -303,7 +303,11 @@ class ComfyUIActivities(OwnsOutputStore):
         except Unavailable as exc:
             activity.logger.warning("what ComfyUI can run was not read: %s", exc)
             return HostFit(error=str(exc))
-        return HostFit(missing=capabilities.missing(req.needs), read_at=capabilities.read_at)
+        return HostFit(
+            missing=capabilities.missing(req.needs),
+            read_at=capabilities.read_at,
+            host=capabilities.brief(),
+        )
 
     async def _read_capabilities(self) -> Capabilities:
         refresh = timedelta(seconds=self._settings.COMFYUI_CAPABILITIES_REFRESH_S)

@@ -14,6 +14,7 @@ from pydantic import BaseModel
 
 from activities.comfyui.answers import MalformedAnswer
 from spillway.gpu_pool import MAX_MODELS
+from spillway.models import HostCapabilities
 
 Option = str | int | float | bool
 MAX_OPTION = 255  # characters: a model file's or a sampler's name, never a prompt's text
@@ -30,7 +31,15 @@ class Capabilities(BaseModel):
 
     nodes: dict[str, dict[str, list[Option] | None]]
     outputs: set[str] = set()  # the classes that are output nodes: what ComfyUI runs toward
+    models: dict[str, list[str]] = {}  # the files of each model folder (`GET /models/{folder}`)
     read_at: datetime
+
+    def brief(self) -> HostCapabilities:
+        return HostCapabilities(
+            nodes=len(self.nodes),
+            models={folder: len(files) for folder, files in self.models.items()},
+            read_at=self.read_at,
+        )
 
     def missing(self, graph: dict[str, Any]) -> list[str]:
         """What `graph` (API format) needs that this host lacks, one phrase each: a node class
@@ -111,9 +120,12 @@ def model_files(graph: dict[str, Any]) -> list[str]:
     return sorted(found)[:MAX_MODELS]
 
 
-def capabilities(answer: Any, read_at: datetime) -> Capabilities:
-    """`GET /object_info`'s answer, as matching needs it. MalformedAnswer when it is not a map of
-    node classes (a proxy's page, another server)."""
+def capabilities(
+    answer: Any, read_at: datetime, models: dict[str, list[str]] | None = None
+) -> Capabilities:
+    """`GET /object_info`'s answer, as matching needs it (with `models`, the files of each model
+    folder). MalformedAnswer when it is not a map of node classes (a proxy's page, another
+    server)."""
     if not isinstance(answer, dict):
         raise MalformedAnswer(f"GET /object_info answered {type(answer).__name__}, not a map")
     nodes: dict[str, dict[str, list[Option] | None]] = {}
@@ -129,7 +141,7 @@ def capabilities(answer: Any, read_at: datetime) -> Capabilities:
                 if _is_list(input_spec):
                     inputs[str(name)] = _options(input_spec)
         nodes[str(cls)] = inputs
-    return Capabilities(nodes=nodes, outputs=outputs, read_at=read_at)
+    return Capabilities(nodes=nodes, outputs=outputs, models=models or {}, read_at=read_at)
 
 
 def _is_list(spec: Any) -> bool:

@@ -37,6 +37,8 @@ DOWNLOAD_TIMEOUT = httpx.Timeout(60.0, connect=5.0)
 CONNECT_TIMEOUT_S = 5.0
 SOCKET_PING_S = 20.0
 REMEMBERED_POSTS = 1000
+MAX_FOLDERS = 64  # model folders read (ComfyUI 0.3.64 knows 20)
+MAX_LISTED = 10_000  # files kept per model folder
 _log = logging.getLogger(__name__)
 
 
@@ -148,9 +150,26 @@ class ComfyUIClient:
         it (activities/comfyui/capabilities.py)."""
         answer = await self._get_json("/object_info", "GET /object_info")
         try:
-            return capabilities(answer, datetime.now(UTC))
+            return capabilities(answer, datetime.now(UTC), await self._model_files())
         except answers.MalformedAnswer as exc:
             raise Unavailable(str(exc)) from None
+
+    async def _model_files(self) -> dict[str, list[str]]:
+        """The files of each model folder (`GET /models`, then `/models/{folder}`), for people
+        to see what a host has; a folder (or all of them) that cannot be read is left out."""
+
+        async def listed(path: str) -> list[str]:
+            try:
+                response = await self._request("GET", path)
+            except Unavailable:
+                return []
+            answer = _json_or_none(response)
+            ok = response.is_success and isinstance(answer, list)
+            return [str(name) for name in answer][:MAX_LISTED] if ok else []
+
+        folders = (await listed("/models"))[:MAX_FOLDERS]
+        found = await asyncio.gather(*(listed("/models/" + quote(f, safe="")) for f in folders))
+        return {folder: files for folder, files in zip(folders, found, strict=True) if files}
 
     async def history(self, prompt_id: str) -> dict[str, Any] | None:
         """The prompt's history entry; None while it is queued AND when ComfyUI never saw it."""

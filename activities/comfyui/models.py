@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from spillway.gpu_pool import PoolLeave
-from spillway.models import Downloaded, JobInput
+from spillway.models import Downloaded, HostCapabilities, JobInput
 
 # ApplicationError types of the ComfyUI activities. Non-retryable ones are also raised with
 # non_retryable=True; naming them in a retry policy is documentation, not a requirement.
@@ -113,6 +113,7 @@ class HostFit(BaseModel):
     missing: list[str] = []
     read_at: datetime | None = None
     error: str | None = None
+    host: HostCapabilities | None = None  # what it has, in brief
 
 
 class ComfyUISubmitted(BaseModel):

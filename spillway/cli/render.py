@@ -7,7 +7,7 @@ from spillway.cli.health import Health
 from spillway.cli.pool_health import PoolHealth
 from spillway.client.jobs import JobSummary
 from spillway.gpu_pool import PoolView
-from spillway.models import LoadStatus, Plan
+from spillway.models import HostCapabilities, LoadStatus, Plan
 from spillway.spend_book import LedgerSummary, MonthSpend
 
 
@@ -129,7 +129,19 @@ def _workers_lines(health: Health) -> list[str]:
             f"  host {host.name:<14} {verdict}; VRAM {_pct(load.vram_pct)}, queue "
             f"{load.queue_running} running / {load.queue_pending} pending; agent {load.agent}"
         )
+        can_run = (
+            capabilities_brief(host.capabilities)
+            if host.capabilities
+            else f"not read ({host.capabilities_error})"
+        )
+        lines.append(f"  {'':<19} can run: {can_run}")
     return lines
+
+
+def capabilities_brief(can: HostCapabilities) -> str:
+    """`479 node classes; checkpoints 2, loras 5 (read 11:02:31)`."""
+    models = ", ".join(f"{folder} {n}" for folder, n in sorted(can.models.items()))
+    return f"{can.nodes} node classes; {models or 'no model files'} (read {can.read_at:%H:%M:%S})"
 
 
 def _budget_line(health: Health) -> str:
@@ -178,6 +190,8 @@ def render_plan(plan: Plan) -> str:
         )
     if plan.state == "awaiting_approval":
         lines.append(f"  decide    spillway approve|reject {plan.job_id} --by NAME [--reason TEXT]")
+    if plan.cannot_run:
+        lines.append("  hosts     " + plan.hosts_text())
     if plan.queue is not None:
         q = plan.queue
         eta = f", about {_eta(q.eta_s)}" if q.eta_s is not None else ""
@@ -265,6 +279,8 @@ def render_queue(view: PoolView) -> str:
     for host in view.hosts:
         state = "" if host.reachable is not False else "  (not answering)"
         lines.append(f"  {host.name}: {len(host.places)} of {host.max_jobs} in use{state}")
+        if host.capabilities is not None:
+            lines.append(f"    can run: {capabilities_brief(host.capabilities)}")
         lines += [
             f"    {_cut(p.job_id, 40):<40}  {p.state or '':<17}  since {p.since:%H:%M:%S}"
             + (f"  (left: taking prompt {p.clearing} out of ComfyUI)" if p.clearing else "")
