@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from pydantic import BaseModel
 from temporalio import activity
@@ -25,10 +25,11 @@ from temporalio.service import RPCError, RPCStatusCode
 from activities.comfyui.models import prompt_id_for
 from spillway import names
 from spillway import search_attributes as sa
-from spillway.gpu_pool import Holder, PoolAsk, PoolInput, PoolView
+from spillway.gpu_pool import Drain, Holder, PoolAsk, PoolInput, PoolView
 from spillway.models import JobPlace, PlaceMode, Plan
 
 CHECKS_AT_ONCE = 16
+NEVER = datetime.min.replace(tzinfo=UTC)
 ASK_TIMEOUT = timedelta(seconds=5)
 
 
@@ -75,6 +76,8 @@ class Held(BaseModel):
 
 class HoldersFound(BaseModel):
     held: list[Held]
+    # The hosts the pool that ended had drained (its memo): a drain outlives a terminate.
+    drained: dict[str, Drain] = {}
 
 
 # A job asks at its first decision (probing) and then waits in line (queued, or also for a
@@ -215,6 +218,7 @@ class PoolActivities:
             )
             if not earlier.count:
                 return HoldersFound(held=[])
+            drained = await self._drained_before(pool)
             states = ", ".join(f"'{state}'" for state in ASKING_STATES)
             running = [
                 (execution.id, execution.run_id)
@@ -252,7 +256,26 @@ class PoolActivities:
             )
 
         found = await asyncio.gather(*(place_of(job_id, run_id) for job_id, run_id in running))
-        return HoldersFound(held=[h for h in found if h is not None])
+        return HoldersFound(held=[h for h in found if h is not None], drained=drained)
+
+    async def _drained_before(self, pool: str) -> dict[str, Drain]:
+        """The drains in the memo of the pool's run that ended last (one run per pool that
+        ended: those that continued as new are not listed)."""
+        last = None
+        async for execution in self._client.list_workflows(
+            f"WorkflowId = '{pool}' AND ExecutionStatus != 'Running' "
+            "AND ExecutionStatus != 'ContinuedAsNew'"
+        ):
+            if last is None or (execution.close_time or NEVER) > (last.close_time or NEVER):
+                last = execution
+        if last is None:
+            return {}
+        try:
+            kept = (await last.memo()).get(names.POOL_DRAINED_MEMO) or {}
+            return {str(host): Drain.model_validate(d) for host, d in dict(kept).items()}
+        except (ValueError, TypeError) as err:  # not what a pool wrote: no drain
+            activity.logger.warning("gpu pool %s: its drains were not read: %s", pool, err)
+            return {}
 
     async def _still_holds(self, holder: Holder, task_queue: str) -> bool | str | Reset | None:
         """False: the place is free again (a workflow that is not a running job of this queue

@@ -75,6 +75,21 @@ class PoolAsk(BaseModel):
     passed: Annotated[int, Field(ge=0)] = 0
 
 
+class PoolDrain(BaseModel):
+    """`spillway host drain|resume`: no new places on `host` (those held finish), or again."""
+
+    host: Annotated[str, Field(min_length=1, max_length=MAX_ID)]
+    drain: bool
+    by: Annotated[str, Field(min_length=1, max_length=MAX_ID)]
+    reason: Annotated[str, Field(max_length=500)] = ""
+
+
+class Drain(BaseModel):
+    by: str
+    since: datetime
+    reason: str = ""
+
+
 class PoolPlaces(BaseModel):
     """A worker that started: the places per host its policy has."""
 
@@ -139,6 +154,7 @@ class Message(BaseModel):
 
     ask: PoolAsk | None = None
     leave: PoolLeave | None = None
+    drain: PoolDrain | None = None
 
 
 class PoolInput(BaseModel):
@@ -160,6 +176,9 @@ class PoolInput(BaseModel):
     continued: bool = False
     warm: dict[str, list[str]] = {}  # per host, the model files the job admitted last loads
     capabilities: dict[str, HostCapabilities] = {}  # per host, the latest a job brought
+    drained: dict[str, Drain] = {}  # hosts given no new places (`spillway host drain`)
+    # The hosts in force, so that a continued run shows them before it has read the policy.
+    hosts: list[PoolHost] = []
 
 
 class PlaceView(BaseModel):
@@ -181,6 +200,14 @@ class HostPlaces(BaseModel):
     headroom: bool | None
     # What it can run, as the latest job to ask found it; None: no job brought it yet.
     capabilities: HostCapabilities | None = None
+    drained: Drain | None = None  # given no new places, by whom, since when, why
+
+    def drained_text(self) -> str:
+        d = self.drained
+        if d is None:
+            return ""
+        why = f": {d.reason}" if d.reason else ""
+        return f", drained by {d.by} since {d.since:%Y-%m-%d %H:%M} UTC{why}"
 
 
 class InLine(BaseModel):
@@ -235,6 +262,9 @@ class PoolBook:
         self.warm = {name: list(v) for name, v in inp.warm.items()}
         self.prefer_warm = False
         self.capabilities = dict(inp.capabilities)
+        self.drained = dict(inp.drained)
+        if inp.hosts:
+            self.configure(inp.hosts)
 
     def set_aging(self, aging: timedelta | None) -> None:
         if aging != self.aging:
@@ -318,6 +348,19 @@ class PoolBook:
         if lined is not None and lined.asked_at == leave.asked_at:
             self._unline(lined)
             return True
+        return False
+
+    def drain(self, drain: PoolDrain, now: datetime) -> bool:
+        """A host drained (no new places; those held finish) or resumed. True when it resumed:
+        its free places go to the line. A host the workers do not have is left alone (the CLI
+        names the hosts it can drain)."""
+        if drain.host not in self.hosts:
+            return False
+        if not drain.drain:
+            return self.drained.pop(drain.host, None) is not None
+        known = self.drained.get(drain.host)
+        since = known.since if known else now
+        self.drained[drain.host] = Drain(by=drain.by, since=since, reason=drain.reason)
         return False
 
     def places_differ(self, places: dict[str, int]) -> bool:
@@ -566,6 +609,7 @@ class PoolBook:
                     reachable=reading.reachable if reading else None,
                     headroom=reading.headroom if reading else None,
                     capabilities=self.capabilities.get(name),
+                    drained=self.drained.get(name),
                 )
             )
         line = [
@@ -587,12 +631,18 @@ class PoolBook:
         """Why a job that takes any free place waits: no host (of those that can run it)
         answers, or every place of those that answer is taken (then the jobs ahead of it take the
         next ones)."""
-        answering = [n for n in self.hosts if self._reachable(n) and self._can_use(ask, n)]
+        mine = [n for n in self.hosts if self._can_use(ask, n)]
+        drained = [
+            f"host {n} drained by {d.by}" + (f": {d.reason}" if d.reason else "")
+            for n in mine
+            if (d := self.drained.get(n)) is not None
+        ]
+        answering = [n for n in mine if self._reachable(n) and n not in self.drained]
         if not answering:
-            return "no GPU host answers"
+            return "; ".join(drained) or "no GPU host answers"
         counts = self.in_use()
         taken = ", ".join(f"{n} {counts[n]}/{self.hosts[n].max_jobs}" for n in answering)
-        return f"places taken ({taken})"
+        return "; ".join([f"places taken ({taken})", *drained])
 
     def _reachable(self, host: str) -> bool:
         reading = self.readings.get(host)
@@ -602,11 +652,14 @@ class PoolBook:
         return {name: len(self._held_on(name)) for name in self.hosts}
 
     def full_reasons(self, ask: PoolAsk | None = None) -> list[str]:
-        """Every full host (of those `ask` can use)."""
+        """Every full host (of those `ask` can use); a drained host counts as full."""
         return [
-            full_reason(name, len(self._held_on(name)), h.max_jobs)
+            f"gpu_host_drained_{name}"
+            if name in self.drained
+            else full_reason(name, len(self._held_on(name)), h.max_jobs)
             for name, h in sorted(self.hosts.items())
-            if len(self._held_on(name)) >= h.max_jobs and (ask is None or self._can_use(ask, name))
+            if (len(self._held_on(name)) >= h.max_jobs or name in self.drained)
+            and (ask is None or self._can_use(ask, name))
         ]
 
     def carried(self, signals_per_run: int, inbox: list[Message]) -> PoolInput:
@@ -621,6 +674,8 @@ class PoolBook:
             parked=list(self.parked.values()),
             warm=self.warm,
             capabilities=self.capabilities,
+            drained=self.drained,
+            hosts=list(self.hosts.values()),
         )
 
     # --- inside ----------------------------------------------------------------------------
@@ -649,7 +704,11 @@ class PoolBook:
 
     def _free_hosts(self) -> list[str]:
         counts = self.in_use()
-        return [n for n, h in sorted(self.hosts.items()) if counts[n] < h.max_jobs]
+        return [
+            n
+            for n, h in sorted(self.hosts.items())
+            if counts[n] < h.max_jobs and n not in self.drained
+        ]
 
     @staticmethod
     def _can_use(ask: PoolAsk, host: str) -> bool:

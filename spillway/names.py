@@ -55,6 +55,8 @@ POOL_LEAVE = "give_back"
 POOL_VIEW = "view"
 POOL_POLICY = "policy"  # a worker that started tells the pool its places: read anew if other
 POOL_SPOT = "spot"
+POOL_DRAIN = "drain"  # `spillway host drain|resume`
+POOL_DRAINED_MEMO = "drained"  # the pool's drains, read by the pool that starts after it ended
 POOL_ID = "spillway-gpu-pool"
 
 

@@ -17,6 +17,7 @@ from spillway.gpu_pool import (
     PoolAnswer,
     PoolAsk,
     PoolBook,
+    PoolDrain,
     PoolHost,
     PoolInput,
     PoolLeave,
@@ -392,3 +393,39 @@ def test_no_job_is_passed_more_than_the_bound_nor_by_another_priority(seed: int)
                 passes[k] = passes.get(k, 0) + 1
             line.remove(job)
     assert passes and max(passes.values()) <= WARM_PASSES == 2
+
+
+def test_a_drained_host_gets_no_new_place_its_holders_finish_and_resume_gives_it_the_line():
+    b = book(("a40", 2), ("b", 1))
+    seen = [*FREE, HostSeen(name="b", reachable=True, headroom=True)]
+    b.ask(ask("h1", seen=seen), T0)
+    b.ask(ask("h2", 1, seen=seen), T0)
+    b.ask(ask("h3", 2, seen=seen), T0)  # a40 has 2 places, b 1: all three are held
+    assert {h.host for h in b.holders.values()} == {"a40", "b"}
+    assert not b.drain(PoolDrain(host="a40", drain=True, by="ops", reason="driver update"), T0)
+    for i in range(3):
+        assert answers(b.ask(ask(f"w{i}", 3 + i, seen=seen), T0))[f"w{i}"].position == i + 1
+    view = b.view()
+    assert view.line[0].why == "places taken (b 1/1); host a40 drained by ops: driver update"
+    assert b.full_reasons() == ["gpu_host_drained_a40", "gpu_places_full_b_1of1"]
+    # The holders on a40 finish; nobody new gets a place there, the line moves to b.
+    later = T0 + MINUTE
+    for holder in list(b.holders.values()):
+        b.give_back(PoolLeave(job_id=holder.job_id, asked_at=holder.asked_at), later)
+    sent = answers(b.admit(later, freshness=SOON))
+    assert {job: a.host for job, a in sent.items()} == {"w0": "b"}
+    assert b.in_use() == {"a40": 0, "b": 1}
+    # Carried across continue-as-new; a drain again keeps its first time.
+    b = PoolBook(b.carried(500, []))
+    b.configure([PoolHost(ref=ref("q", n, m), max_jobs=m) for n, m in (("a40", 2), ("b", 1))])
+    b.drain(PoolDrain(host="a40", drain=True, by="ops2"), later)
+    drained = b.view().hosts[0].drained
+    assert drained is not None and (drained.by, drained.since) == ("ops2", T0)
+    # Resumed: its free places go to the line at once.
+    assert b.drain(PoolDrain(host="a40", drain=False, by="ops"), later)
+    sent = answers(b.admit(later, freshness=SOON))
+    assert {job: a.host for job, a in sent.items()} == {"w1": "a40", "w2": "a40"}
+    assert b.view().hosts[0].drained is None
+    # A host the workers do not have is not drained.
+    assert not b.drain(PoolDrain(host="nope", drain=True, by="ops"), later)
+    assert "nope" not in b.drained

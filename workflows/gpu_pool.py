@@ -31,6 +31,7 @@ with workflow.unsafe.imports_passed_through():
         PoolAnswer,
         PoolAsk,
         PoolBook,
+        PoolDrain,
         PoolHost,
         PoolInput,
         PoolLeave,
@@ -63,8 +64,11 @@ class GpuPoolWorkflow:
     @workflow.init
     def __init__(self, inp: PoolInput) -> None:
         self._book = PoolBook(inp)
-        self._inbox: list[PoolAsk | PoolLeave] = [
-            m for carried in inp.inbox for m in (carried.ask, carried.leave) if m is not None
+        self._inbox: list[PoolAsk | PoolLeave | PoolDrain] = [
+            m
+            for carried in inp.inbox
+            for m in (carried.ask, carried.leave, carried.drain)
+            if m is not None
         ]
         self._received = 0
         self._policy: Policy | None = None
@@ -86,6 +90,8 @@ class GpuPoolWorkflow:
         await self._read_policy()
         if not inp.continued and workflow.patched(FIND_HOLDERS):
             await self._find_holders()
+        if book.drained:
+            self._keep_drains()
         while True:
             now = workflow.now()
             if now - self._policy_at >= POLICY_EVERY or (
@@ -117,7 +123,12 @@ class GpuPoolWorkflow:
         # carried, never applied here: an answer sent now could not be followed up.
         await workflow.wait_condition(lambda: not self._tasks and workflow.all_handlers_finished())
         inbox = [
-            Message(ask=m) if isinstance(m, PoolAsk) else Message(leave=m) for m in self._inbox
+            Message(ask=m)
+            if isinstance(m, PoolAsk)
+            else Message(drain=m)
+            if isinstance(m, PoolDrain)
+            else Message(leave=m)
+            for m in self._inbox
         ]
         workflow.continue_as_new(book.carried(inp.signals_per_run, inbox))
 
@@ -136,6 +147,12 @@ class GpuPoolWorkflow:
     @workflow.signal(name=names.POOL_LEAVE)
     def give_back(self, leave: PoolLeave) -> None:
         self._inbox.append(leave)
+        self._received += 1
+
+    @workflow.signal(name=names.POOL_DRAIN)
+    def drain(self, drain: PoolDrain) -> None:
+        """`spillway host drain|resume`, applied in order with the jobs' messages."""
+        self._inbox.append(drain)
         self._received += 1
 
     @workflow.signal(name=names.POOL_POLICY)
@@ -163,6 +180,10 @@ class GpuPoolWorkflow:
             if isinstance(message, PoolAsk):
                 self._policy_changed = self._policy_changed or book.places_differ(message.places)
                 sent += book.ask(message, now)
+            elif isinstance(message, PoolDrain):
+                freed = book.drain(message, now) or freed
+                self._keep_drains()
+                workflow.logger.info("gpu pool: %r", message)
             elif book.give_back(message, now):
                 freed = True
         if freed:
@@ -171,6 +192,11 @@ class GpuPoolWorkflow:
             sent += book.settle_parked(set(), now)
         for job_id, answer in sent:
             self._send(job_id, answer)
+
+    def _keep_drains(self) -> None:
+        """In the memo, where a pool that starts after this one ended finds them."""
+        drained = {n: d.model_dump(mode="json") for n, d in self._book.drained.items()}
+        workflow.upsert_memo({names.POOL_DRAINED_MEMO: drained})
 
     def _send(self, job_id: str, answer: PoolAnswer) -> None:
         if answer.host is not None:
@@ -239,6 +265,7 @@ class GpuPoolWorkflow:
             workflow.logger.warning("gpu pool: places held before it were not found: %s", err)
             return
         now = workflow.now()
+        self._book.drained = {n: d for n, d in found.drained.items() if n in self._book.hosts}
         for held in found.held:
             if held.host is not None:
                 self._book.adopt(held.job_id, held.asked_at, held.host, now, held.run_id)

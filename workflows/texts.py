@@ -133,7 +133,9 @@ def pool_details(view: PoolView, in_line: int) -> str:
     lines = ["**GPU places**"]
     for host in view.hosts:
         held = ", ".join(f"`{p.job_id}`" for p in host.places) or "free"
-        lines.append(f"- `{host.name}`: {len(host.places)} of {host.max_jobs} ({held})")
+        lines.append(
+            f"- `{host.name}`: {len(host.places)} of {host.max_jobs} ({held}){host.drained_text()}"
+        )
     lines.append(f"\n**In line: {in_line}**")
     for item in view.line:
         eta = f", about {_duration(item.eta_s)}" if item.eta_s is not None else ""

@@ -213,6 +213,45 @@ async def cmd_queue(args: argparse.Namespace) -> int:
     return OK
 
 
+async def cmd_host(args: argparse.Namespace) -> int:
+    import json
+
+    from pydantic import ValidationError
+
+    from spillway.cli.render import render_hosts
+    from spillway.client.hosts import set_drain
+    from spillway.client.queue import pool_view
+    from spillway.gpu_pool import PoolDrain
+    from spillway.settings import describe_validation_error
+
+    if args.action == "list":
+        jobs = await _jobs_client()
+        view = await pool_view(jobs.temporal, jobs.task_queue)
+        if args.json:
+            print(json.dumps({"hosts": [h.model_dump(mode="json") for h in view.hosts]}, indent=2))
+        else:
+            print(render_hosts(view))
+        return OK
+    if not args.name or not args.by:
+        raise ConfigError(f"spillway host {args.action} needs the host's NAME and --by WHO")
+    try:
+        drain = PoolDrain(
+            host=args.name, drain=args.action == "drain", by=args.by, reason=args.reason
+        )
+    except ValidationError as exc:
+        raise ConfigError(
+            f"spillway host {args.action}: {describe_validation_error(exc, args.action)}"
+        ) from None
+    jobs = await _jobs_client()
+    host = await set_drain(jobs.temporal, jobs.task_queue, drain)
+    held = f"{len(host.places)} of {host.max_jobs} places held"
+    if drain.drain:
+        print(f"host {host.name} drained{host.drained_text().removeprefix(', drained')}: {held}")
+    else:
+        print(f"host {host.name} resumed: {held}; the line takes its free places")
+    return OK
+
+
 async def cmd_schema(args: argparse.Namespace) -> int:
     import json
 

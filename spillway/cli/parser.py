@@ -190,6 +190,22 @@ def build_parser() -> argparse.ArgumentParser:
         json="print the places and the line as JSON",
     )
 
+    host = command(
+        "host",
+        cmd.cmd_host,
+        "drain a GPU host for maintenance, resume it, or list the hosts",
+        "A drained host is given no new GPU places: the jobs holding its places finish, and the "
+        "line goes to the other hosts that can run its jobs, or waits (an armed job overflows "
+        "to the cloud by the usual rules: a drained host counts as full). The drain is kept by "
+        "the GPU pool (through restarts) until `resume`, and shown by `host list`, `queue` and "
+        "`health`. Read and sent through a running worker.",
+        json="list: print the hosts as JSON",
+    )
+    host.add_argument("action", choices=["drain", "resume", "list"])
+    host.add_argument("name", metavar="NAME", nargs="?", help="the GPU host (drain, resume)")
+    host.add_argument("--by", help="who drains or resumes it (drain, resume; recorded)")
+    host.add_argument("--reason", default="", help="why (drain; shown to people in line)")
+
     ledger = command(
         "ledger",
         cmd.cmd_ledger,

@@ -17,6 +17,7 @@ from spillway.cli.wedged import (
     reset_from,
     wedged_run,
 )
+from spillway.gpu_pool import Drain
 
 if TYPE_CHECKING:
     from temporalio.client import Client
@@ -42,6 +43,7 @@ class PoolHealth(BaseModel):
     continue_as_new_suggested: bool | None = None
     places_in_use: int | None = None  # from the `view` query; None when it did not answer
     line_length: int | None = None
+    drained: dict[str, Drain] = {}  # hosts given no new places (`spillway host drain`)
     wedged: WedgedWorkflow | None = None
     # The current run was made by an operator's reset of this run (its history began as it): its
     # places and line are as they were at the reset point.
@@ -163,6 +165,7 @@ async def pool_health(
     else:
         report.places_in_use = sum(len(h.places) for h in view.hosts)
         report.line_length = len(view.line)
+        report.drained = {h.name: h.drained for h in view.hosts if h.drained is not None}
     if report.long_history:
         suggested = ", though Temporal suggests it" if report.continue_as_new_suggested else ""
         problems.append(

@@ -99,6 +99,9 @@ def _pool_lines(pool: PoolHealth | None) -> list[str]:
         )
         if pool.places_in_use is not None:
             line += f"; {pool.places_in_use} place(s) in use, {pool.line_length} job(s) in line"
+        for name, d in pool.drained.items():
+            why = f": {d.reason}" if d.reason else ""
+            line += f"; host {name} DRAINED by {d.by} since {d.since:%Y-%m-%d %H:%M} UTC{why}"
     # The error names the pool, its run and what to do.
     return [line] + ([f"  {pool.error}"] if pool.error else [])
 
@@ -278,7 +281,10 @@ def render_queue(view: PoolView) -> str:
     lines = ["GPU places"]
     for host in view.hosts:
         state = "" if host.reachable is not False else "  (not answering)"
-        lines.append(f"  {host.name}: {len(host.places)} of {host.max_jobs} in use{state}")
+        lines.append(
+            f"  {host.name}: {len(host.places)} of {host.max_jobs} in use{state}"
+            f"{host.drained_text()}"
+        )
         if host.capabilities is not None:
             lines.append(f"    can run: {capabilities_brief(host.capabilities)}")
         lines += [
@@ -299,6 +305,22 @@ def render_queue(view: PoolView) -> str:
         )
         lines.append(_cut(row, 100))
     return "\n".join(lines)
+
+
+def render_hosts(view: PoolView) -> str:
+    """`spillway host list`: every GPU host's places, whether it answers, and its drain."""
+    if not view.hosts:
+        return render_queue(view)
+    lines = []
+    for host in view.hosts:
+        answers = {None: "not seen yet", True: "answers", False: "NOT ANSWERING"}[host.reachable]
+        lines.append(
+            f"  {host.name:<16} {len(host.places)} of {host.max_jobs} places held; {answers}"
+            f"{host.drained_text()}"
+        )
+        if host.capabilities is not None:
+            lines.append(f"  {'':<16} can run: {capabilities_brief(host.capabilities)}")
+    return "\n".join(["GPU hosts", *lines])
 
 
 def _cut(text: str, width: int) -> str:

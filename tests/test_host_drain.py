@@ -1,0 +1,156 @@
+"""Draining a GPU host for maintenance (`spillway host drain|resume|list`) end to end: two
+ComfyUI doubles, the worker and both agents on the real dev server. A drained host's holders
+finish and nothing new reaches its ComfyUI; the line goes to the other host, and back once it is
+resumed; the drain outlives the pool's continue-as-new and a terminate and restart."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.client import Client, WorkflowHandle
+from temporalio.testing import WorkflowEnvironment
+
+from spillway import names
+from spillway.client import jobs as job_ops
+from spillway.client.hosts import set_drain
+from spillway.client.queue import pool_view
+from spillway.errors import ConfigError
+from spillway.gpu_pool import PoolDrain, PoolInput, PoolView
+from spillway.models import Plan, VideoJob
+from spillway.sim.comfyui import ComfyUISim
+from spillway.tiers import load_tiers
+from tests.support.cli import spillway as cli
+from tests.support.graphs import VIDEO_GRAPH
+from tests.support.jobs import Jobs
+from tests.support.settings import comfyui_values, make_settings, two_host_tiers
+from tests.support.waiting import until
+from worker import serving
+
+pytestmark = pytest.mark.full
+
+DRAIN = PoolDrain(host="gpu-a", drain=True, by="ops", reason="driver update")
+
+
+class Fleet:
+    def __init__(self, client: Client, queue: str, a: ComfyUISim, b: ComfyUISim) -> None:
+        self.client, self.queue, self.a, self.b = client, queue, a, b
+        self.jobs = Jobs(client, queue)
+
+    async def start(self) -> WorkflowHandle[Any, Plan]:
+        job = VideoJob(job_id=f"drain-{uuid.uuid4().hex[:10]}", graph=VIDEO_GRAPH)
+        return await job_ops.submit(self.client, job, self.queue)
+
+    async def view(self) -> PoolView:
+        return await pool_view(self.client, self.queue)
+
+    async def view_is(self, want: Callable[[PoolView], bool], what: str) -> PoolView:
+        return await until(self.view, want, timeout_s=60, what=what)
+
+
+@pytest.fixture
+def fleet(dev_env: WorkflowEnvironment, gpu: Any, tmp_path: Path) -> Callable[..., Any]:
+    @asynccontextmanager
+    async def run(b_render_s: float = 0.3, **overrides: Any) -> AsyncIterator[Fleet]:
+        async with ComfyUISim() as a, ComfyUISim() as b:
+            a.execution_s, b.execution_s = 0.3, b_render_s
+            # An interrupt stops a render within a second, as at a sampler's steps.
+            b.progress_nodes |= {node["class_type"] for node in VIDEO_GRAPH.values()}
+            b.progress_steps = max(1, round(b_render_s / len(VIDEO_GRAPH)))
+            tiers = two_host_tiers(
+                tmp_path,
+                {"name": "gpu-a", "comfyui_url": a.url, "max_jobs": 2},
+                {"comfyui_url": b.url, "max_jobs": 1},
+            )
+            values = comfyui_values(a, tmp_path / "out") | {"SPILLWAY_ROUTING_TIERS": tiers}
+            queue = f"drain-{uuid.uuid4()}"
+            settings = make_settings(values, SPILLWAY_TASK_QUEUE=queue, **overrides)
+            async with serving(dev_env.client, settings, load_tiers(tiers), gpu=gpu):
+                yield Fleet(dev_env.client, queue, a, b)
+
+    return run
+
+
+def places(view: PoolView) -> dict[str, list[str]]:
+    return {h.name: [p.job_id for p in h.places] for h in view.hosts}
+
+
+async def test_a_drained_host_finishes_its_holders_takes_nothing_new_and_resumes_after_a_restart(
+    fleet, cli_env, dev_env
+):
+    # gpu-b's renders hold its place until they are cancelled.
+    async with fleet(b_render_s=600, SPILLWAY_POOL_LINE_CHECK_S=2) as fl:
+        fl.a.pause()  # gpu-a's holders stay pending until the drain is in place
+        holders = [await fl.start() for _ in range(3)]
+        for holder in holders:
+            await fl.jobs.until(holder, "running_local")
+        waiting = [await fl.start() for _ in range(3)]
+        await fl.view_is(lambda v: len(v.line) == 3, "three in line")
+        env = cli_env(
+            TEMPORAL_ADDRESS=dev_env.client.service_client.config.target_host,
+            SPILLWAY_TASK_QUEUE=fl.queue,
+        )
+        code, out, err = await cli(
+            "host", "drain", "gpu-a", "--by", "ops", "--reason", "driver update", env=env
+        )
+        assert code == 0 and out.startswith("host gpu-a drained by ops since "), err
+        assert "driver update: 2 of 2 places held" in out
+        view = await fl.view()
+        assert (
+            view.line[0].why == "places taken (gpu-b 1/1); host gpu-a drained by ops: driver update"
+        )
+        # gpu-a's holders finish; nothing new reaches it.
+        on_a = set(places(view)["gpu-a"])
+        fl.a.resume()
+        await fl.view_is(lambda v: not places(v)["gpu-a"], "gpu-a's places empty")
+        # gpu-b's place frees (its holder cancelled): the head of the line goes there.
+        on_b = next(h for h in holders if h.id not in on_a)
+        await on_b.cancel()
+        order = [next(w for w in waiting if w.id == i.job_id) for i in view.line]
+        await fl.jobs.until(order[0], "running_local")
+        assert [i.job_id for i in (await fl.view()).line] == [w.id for w in order[1:]]
+        # The operator's remedy for a wedged pool: the next pool still has gpu-a drained.
+        pool = fl.client.get_workflow_handle(names.pool_id(fl.queue))
+        await pool.terminate(reason="operator")
+        view = await fl.view_is(
+            lambda v: v.pool == "running" and len(v.line) == 2, "a new pool with the line"
+        )
+        drained = {h.name: h.drained for h in view.hosts}["gpu-a"]
+        assert drained is not None and (drained.by, drained.reason) == ("ops", "driver update")
+        code, out, err = await cli("host", "list", "--json", env=env)
+        listed = {h["name"]: h for h in json.loads(out)["hosts"]}
+        assert code == 0 and listed["gpu-a"]["drained"]["by"] == "ops", err
+        posts_on_a = len(fl.a.prompt_posts)
+        assert posts_on_a == 2  # its two holders', nothing since the drain
+        # Resumed: the line moves back to gpu-a.
+        await set_drain(fl.client, fl.queue, DRAIN.model_copy(update={"drain": False}))
+        plans = [await w.result() for w in order[1:]]
+        await order[0].cancel()
+    assert [p.host for p in plans] == ["gpu-a", "gpu-a"]
+    assert len(fl.a.prompt_posts) == posts_on_a + 2
+
+
+async def test_a_drain_outlives_the_pool_s_continue_as_new_and_names_only_known_hosts(fleet):
+    async with fleet() as fl:
+        # A pool that ends its run every 3 signals.
+        await fl.client.start_workflow(
+            names.GPU_POOL,
+            PoolInput(signals_per_run=3),
+            id=names.pool_id(fl.queue),
+            task_queue=names.pool_queue(fl.queue),
+        )
+        first = (await fl.client.get_workflow_handle(names.pool_id(fl.queue)).describe()).run_id
+        await set_drain(fl.client, fl.queue, DRAIN)
+        plans = [await (await fl.start()).result() for _ in range(3)]
+        view = await fl.view()
+        latest = (await fl.client.get_workflow_handle(names.pool_id(fl.queue)).describe()).run_id
+        with pytest.raises(ConfigError, match="no GPU host 'gpu-c': the workers have gpu-a, gpu-b"):
+            await set_drain(fl.client, fl.queue, DRAIN.model_copy(update={"host": "gpu-c"}))
+    assert latest != first  # it continued as new
+    assert {h.name: h.drained is not None for h in view.hosts} == {"gpu-a": True, "gpu-b": False}
+    assert [p.host for p in plans] == ["gpu-b"] * 3 and not fl.a.prompt_posts
