@@ -267,6 +267,20 @@ class ApprovalRecord(_DecisionFields):
     signed: bool = False
 
 
+class PriorityChange(BaseModel):
+    """`spillway priority JOB N --by WHO`: a job waiting in the GPU line moves to priority N
+    (1 first); its place in the line follows at once."""
+
+    priority: Annotated[int, Field(ge=1, le=5)]
+    by: Annotated[str, Field(min_length=1, max_length=100)]
+    reason: Annotated[str, Field(max_length=1000)] = ""
+
+
+class PriorityRecord(PriorityChange):
+    at: datetime
+    was: int  # the priority before
+
+
 class IgnoredSignal(BaseModel):
     """An approval or rejection that changed nothing, and why; `by` and `approved` are None
     when the signal could not be read at all (then `raw` shows what came)."""
@@ -369,6 +383,7 @@ class Plan(BaseModel):
     # their agents read their ComfyUI; None: not asked (a cloud-only job, a run of 0.5.0).
     can_run: list[str] | None = None
     cannot_run: dict[str, list[str]] = {}
+    priority_changes: list[PriorityRecord] = []  # `spillway priority`: who moved it, when, why
 
     def hosts_text(self) -> str:
         """Which hosts can run the job, and what the others lack."""

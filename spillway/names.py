@@ -27,6 +27,7 @@ GPU_POOL = "SpillwayGpuPoolWorkflow"
 # update is async, so the SDK cannot type calls made with the methods themselves.
 APPROVAL_SIGNAL = "approval"
 DECIDE_UPDATE = "decide_approval"
+PRIORITY_UPDATE = "set_priority"  # `spillway priority JOB N`
 PLAN_QUERY = "plan"
 POOL_ANSWER = "pool_answer"  # the GPU pool's answer to the job's ask: a place, or a position
 JOB_PLACE = "pool_place"  # the job's own account of its place, for the pool's holder check

@@ -197,6 +197,12 @@ async def wait_in_line(
                 await admission.leave(s)
                 return choice
             continue
+        if s.reprioritized:  # the same ask at its new priority: the pool moves it at once
+            assert s.place is not None
+            s.place = s.place.model_copy(update={"priority": s.job.priority})
+            await admission.ask(s, wait=True, mode=s.place.mode, fresh=False)
+            s.reprioritized = False
+            continue
         now = workflow.now()
         if s.plan.state == "awaiting_approval" and now >= approval_deadline:
             s.reason("approval_timeout")
@@ -215,9 +221,13 @@ async def wait_in_line(
         loops += 1
         if loops > policy.await_loops_per_run or workflow.info().is_continue_as_new_suggested():
             await workflow.wait_condition(
-                lambda: (workflow.all_handlers_finished() and not s.strays) or s.pending is not None
+                lambda: (
+                    (workflow.all_handlers_finished() and not s.strays)
+                    or s.pending is not None
+                    or s.reprioritized
+                )
             )
-            if s.pending is None and not admission.admitted(s):
+            if s.pending is None and not s.reprioritized and not admission.admitted(s):
                 _continue_as_new(s, approval_deadline, give_up_at)
             continue
         if line_check is not None and now - checked >= line_check:
@@ -234,7 +244,9 @@ async def wait_in_line(
 
 
 def _woken(s: VideoJobState, ignored: int) -> Callable[[], bool]:
-    return lambda: s.pending is not None or admission.admitted(s) or s.ignored != ignored
+    return lambda: (
+        s.pending is not None or admission.admitted(s) or s.ignored != ignored or s.reprioritized
+    )
 
 
 async def _wait_rechecking(

@@ -110,6 +110,8 @@ class VideoJobState:
     # What each host has, in brief, as the fit found it: the job's first ask brings it to the
     # pool (`spillway queue`). Not carried across continue-as-new.
     hosts_have: dict[str, HostCapabilities] = field(default_factory=dict)
+    # A `spillway priority` change the run has not yet asked the pool for.
+    reprioritized: bool = False
     answer: PoolAnswer | None = None  # the pool's answer to the ask just sent
     # Ask times of places the pool gave to asks the job no longer stands by: the run gives them
     # back, never the signal handler that learnt of them.

@@ -37,7 +37,16 @@ with workflow.unsafe.imports_passed_through():
     from spillway import names
     from spillway.decision import decide, is_armed, places_taken
     from spillway.gpu_pool import PoolAnswer
-    from spillway.models import ApprovalDecision, IgnoredSignal, JobPlace, PlaceMode, Plan
+    from spillway.models import (
+        ApprovalDecision,
+        IgnoredSignal,
+        JobPlace,
+        PlaceMode,
+        Plan,
+        PriorityChange,
+        PriorityRecord,
+        QueueSpot,
+    )
     from workflows import texts
 
 SHOWN_LACKS = 5  # what a host lacks, shown in the plan: the first few phrases
@@ -237,6 +246,32 @@ class VideoJobWorkflow:
         if ticket.refusal is not None:
             raise ApplicationError(ticket.refusal, type="ApprovalNotUsed", non_retryable=True)
         return ticket.answer or ""
+
+    @workflow.update(name=names.PRIORITY_UPDATE)
+    async def set_priority(self, change: PriorityChange) -> QueueSpot | None:
+        """`spillway priority`: answers with the job's new place in the line once the pool has
+        it (None: the change gave it a free place at once)."""
+        s = self._state
+        record = PriorityRecord(**change.model_dump(), at=workflow.now(), was=s.job.priority)
+        s.plan.priority_changes.append(record)
+        s.job = s.job.model_copy(update={"priority": change.priority})
+        s.reprioritized = True
+        # Also done when a place came first (it no longer waits: nothing to move).
+        await workflow.wait_condition(
+            lambda: not s.reprioritized or s.place is None or s.place.host is not None
+        )
+        s.publish()
+        return s.plan.queue
+
+    @set_priority.validator
+    def _validate_priority(self, change: PriorityChange) -> None:
+        s = self._state
+        waiting = s.place is not None and s.place.host is None and not s.reprioritized
+        if s.plan.state not in ("queued", "awaiting_approval") or not waiting:
+            raise ValueError(
+                f"job {s.job.job_id} is {s.plan.state}: only a job waiting in the GPU line "
+                "(queued, or awaiting_approval) changes its priority"
+            )
 
     @decide_approval.validator
     def _validate_approval(self, decision: ApprovalDecision) -> None:

@@ -154,6 +154,17 @@ async def cmd_decide(args: argparse.Namespace) -> int:
     return OK
 
 
+async def cmd_priority(args: argparse.Namespace) -> int:
+    spot = await (await _jobs_client()).set_priority(args.job, args.priority, args.by, args.reason)
+    where = (
+        f"{spot.position} in line ({spot.ahead} ahead)"
+        if spot is not None
+        else "no longer waiting in line (it got a place)"
+    )
+    print(f"job {args.job}: priority {args.priority}, {where}")
+    return OK
+
+
 async def cmd_ledger(args: argparse.Namespace) -> int:
     from spillway.client.ledger_restore import restore
 

@@ -190,6 +190,20 @@ def build_parser() -> argparse.ArgumentParser:
         json="print the places and the line as JSON",
     )
 
+    priority = command(
+        "priority",
+        cmd.cmd_priority,
+        "move a job waiting in the GPU line to another priority (1 first)",
+        "A job that waits in the GPU line (queued, or awaiting_approval) takes priority N: its "
+        "place in the line follows at once (by priority, then when it asked, with aging). The "
+        "change, who made it and why are in the job's history and `status`. A job that is not "
+        "waiting in the line (running, finished) refuses it (exit 1).",
+        job=True,
+    )
+    priority.add_argument("priority", metavar="N", type=int, help="1 (first) .. 5 (last)")
+    priority.add_argument("--by", required=True, help="who moves it (recorded in the job)")
+    priority.add_argument("--reason", default="", help="why (recorded in the job)")
+
     host = command(
         "host",
         cmd.cmd_host,

@@ -191,6 +191,12 @@ def render_plan(plan: Plan) -> str:
             + (", signed" if plan.approval.signed else "")
             + said
         )
+    for change in plan.priority_changes:
+        said = f": {change.reason}" if change.reason else ""
+        lines.append(
+            f"  priority  {change.priority} (was {change.was}) by {change.by} "
+            f"at {change.at:%Y-%m-%d %H:%M:%S} UTC{said}"
+        )
     if plan.state == "awaiting_approval":
         lines.append(f"  decide    spillway approve|reject {plan.job_id} --by NAME [--reason TEXT]")
     if plan.cannot_run:

@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
 
+from pydantic import ValidationError
 from temporalio.client import Client
 from temporalio.contrib.pydantic import PydanticPayloadConverter
 
@@ -41,8 +42,17 @@ from spillway.client.inputs import prepare_inputs
 from spillway.client.jobs import JobSummary
 from spillway.client.new_jobs import make_decision, make_job, signed_for
 from spillway.errors import ConfigError, Failed
-from spillway.models import FINAL_STATES, ApprovalDecision, JobInput, JobState, Plan, VideoJob
-from spillway.settings import Settings, load_settings
+from spillway.models import (
+    FINAL_STATES,
+    ApprovalDecision,
+    JobInput,
+    JobState,
+    Plan,
+    PriorityChange,
+    QueueSpot,
+    VideoJob,
+)
+from spillway.settings import Settings, describe_validation_error, load_settings
 
 if TYPE_CHECKING:
     from spillway.spend_book import LedgerSummary
@@ -190,6 +200,16 @@ class SpillwayClient:
             binding = await jobs.binding(self.temporal, job_id, decision.approved)
             decision = signed_for(binding, decision, self.settings)
         return await jobs.decide(self.temporal, job_id, decision)
+
+    async def set_priority(
+        self, job_id: str, priority: int, by: str, reason: str = ""
+    ) -> QueueSpot | None:
+        """`spillway priority`: a job waiting in the GPU line moves to `priority` (1 first)."""
+        try:
+            change = PriorityChange(priority=priority, by=by, reason=reason)
+        except ValidationError as exc:
+            raise ConfigError(describe_validation_error(exc, "priority")) from None
+        return await jobs.set_priority(self.temporal, job_id, change)
 
     async def wait(self, job_id: str, on_progress: Callable[[Plan], None] | None = None) -> Plan:
         """The job's final plan (completed, failed or cancelled), read every POLL_S seconds;

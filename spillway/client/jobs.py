@@ -46,12 +46,22 @@ from spillway import search_attributes as sa
 from spillway.addresses import Refused, check
 from spillway.client.queue import spot
 from spillway.errors import ConfigError, Failed
-from spillway.models import ApprovalDecision, CloudRequest, JobState, Plan, Progress, VideoJob
+from spillway.models import (
+    ApprovalDecision,
+    CloudRequest,
+    JobState,
+    Plan,
+    PriorityChange,
+    Progress,
+    QueueSpot,
+    VideoJob,
+)
 from spillway.names import (
     APPROVAL_SIGNAL,
     DECIDE_UPDATE,
     PLAN_MEMO,
     PRIORITY_MEMO,
+    PRIORITY_UPDATE,
     VIDEO_JOB,
 )
 from spillway.settings import Settings, describe_validation_error
@@ -329,6 +339,26 @@ async def decide(client: Client, job_id: str, decision: ApprovalDecision) -> str
         raise Failed(_message(err.cause or err)) from None
     except WorkflowUpdateRPCTimeoutOrCancelledError:
         return f"accepted; still being applied: see spillway status {job_id}"
+
+
+async def set_priority(client: Client, job_id: str, change: PriorityChange) -> QueueSpot | None:
+    """A waiting job's new priority, through the workflow's update: its place in the line once
+    the pool has moved it (None: it got a place at once). Failed for a job that is not waiting
+    in the line, or when no worker answers."""
+    await status(client, job_id)  # not found: Failed, naming it
+    handle = client.get_workflow_handle(job_id, result_type=Plan)
+    try:
+        spot: QueueSpot | None = await handle.execute_update(
+            PRIORITY_UPDATE, change, result_type=QueueSpot, rpc_timeout=timedelta(seconds=30)
+        )
+    except WorkflowUpdateFailedError as err:
+        raise Failed(_message(err.cause or err)) from None
+    except WorkflowUpdateRPCTimeoutOrCancelledError:
+        raise Failed(
+            f"job {job_id}: no worker answered within 30 s; its priority is unchanged "
+            "(start one: spillway worker)"
+        ) from None
+    return spot
 
 
 async def _described(handle: WorkflowHandle[Any, Any], job_id: str) -> WorkflowExecutionDescription:

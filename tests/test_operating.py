@@ -1,7 +1,8 @@
-"""Draining a GPU host for maintenance (`spillway host drain|resume|list`) end to end: two
-ComfyUI doubles, the worker and both agents on the real dev server. A drained host's holders
-finish and nothing new reaches its ComfyUI; the line goes to the other host, and back once it is
-resumed; the drain outlives the pool's continue-as-new and a terminate and restart."""
+"""Operating the fleet end to end: two ComfyUI doubles, the worker and both agents on the real
+dev server. `spillway host drain|resume|list`: a drained host's holders finish and nothing new
+reaches its ComfyUI; the line goes to the other host, and back once it is resumed; the drain
+outlives the pool's continue-as-new and a terminate and restart. `spillway priority`: a job in
+line moves at once; one holding a place refuses."""
 
 from __future__ import annotations
 
@@ -154,3 +155,47 @@ async def test_a_drain_outlives_the_pool_s_continue_as_new_and_names_only_known_
     assert latest != first  # it continued as new
     assert {h.name: h.drained is not None for h in view.hosts} == {"gpu-a": True, "gpu-b": False}
     assert [p.host for p in plans] == ["gpu-b"] * 3 and not fl.a.prompt_posts
+
+
+async def test_spillway_priority_moves_a_job_from_third_to_first_and_a_running_one_refuses(
+    fleet, cli_env, dev_env
+):
+    async with fleet(b_render_s=600) as fl:
+        fl.a.pause()  # every place held: gpu-a's two pending, gpu-b's rendering
+        holders = [await fl.start() for _ in range(3)]
+        for holder in holders:
+            await fl.jobs.until(holder, "running_local")
+        waiting = [await fl.start() for _ in range(3)]
+        for w in waiting:
+            await fl.jobs.until(w, "queued")
+        view = await fl.view_is(lambda v: len(v.line) == 3, "three in line")
+        third = view.line[2].job_id
+        env = cli_env(
+            TEMPORAL_ADDRESS=dev_env.client.service_client.config.target_host,
+            SPILLWAY_TASK_QUEUE=fl.queue,
+        )
+        code, out, err = await cli(
+            "priority", third, "1", "--by", "producer", "--reason", "client call", env=env
+        )
+        assert (code, out.strip()) == (0, f"job {third}: priority 1, 1 in line (0 ahead)"), err
+        assert (await fl.view()).line[0].job_id == third
+        plan = await job_ops.status(fl.client, third)
+        [change] = plan.priority_changes
+        assert (change.priority, change.was, change.by, change.reason) == (
+            1,
+            3,
+            "producer",
+            "client call",
+        )
+        code, out, err = await cli("status", third, env=env)
+        assert "  priority  1 (was 3) by producer at " in out
+        # A job that holds its place refuses (exit 1), naming its state.
+        code, out, err = await cli("priority", holders[0].id, "1", "--by", "producer", env=env)
+        assert code == 1 and f"job {holders[0].id} is running_local: only a job waiting" in err
+        # The first place that frees goes to it.
+        fl.a.resume()
+        first = await fl.client.get_workflow_handle(third, result_type=Plan).result()
+        others = [await w.result() for w in waiting if w.id != third]
+        for holder in holders:
+            await holder.cancel()
+    assert first.host == "gpu-a" and all(p.host == "gpu-a" for p in others)
