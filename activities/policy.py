@@ -54,6 +54,7 @@ class PolicyActivities:
             pool_holder_check_s=s.SPILLWAY_POOL_HOLDER_CHECK_S,
             pool_aging_s=s.SPILLWAY_POOL_AGING_S,
             pool_prefer_warm=s.SPILLWAY_POOL_PREFER_WARM,
+            stall_rule=True,
             pool_ask_again_s=s.SPILLWAY_POOL_ASK_AGAIN_S,
             host_fit=True,
         )

@@ -30,6 +30,7 @@ class GpuHost(BaseModel):
     vram_busy_pct: float = 85.0
     util_busy_pct: float = 95.0
     max_jobs: int = 2
+    render_stall_s: float = 900.0
 
 
 def host_queue(task_queue: str, host: str) -> str:
@@ -53,6 +54,7 @@ def gpu_hosts(settings: Settings, tiers: RoutingTiers) -> list[GpuHost]:
                 vram_busy_pct=settings.A40_VRAM_BUSY_PCT,
                 util_busy_pct=settings.A40_UTIL_BUSY_PCT,
                 max_jobs=local[0].max_jobs or settings.A40_MAX_JOBS,
+                render_stall_s=_stall(local[0].render_stall_s, settings),
             )
         ]
     return [
@@ -64,9 +66,14 @@ def gpu_hosts(settings: Settings, tiers: RoutingTiers) -> list[GpuHost]:
             vram_busy_pct=t.vram_busy_pct or settings.A40_VRAM_BUSY_PCT,
             util_busy_pct=t.util_busy_pct or settings.A40_UTIL_BUSY_PCT,
             max_jobs=t.max_jobs or settings.A40_MAX_JOBS,
+            render_stall_s=_stall(t.render_stall_s, settings),
         )
         for t in local
     ]
+
+
+def _stall(tier: float | None, settings: Settings) -> float:
+    return settings.RENDER_STALL_S if tier is None else tier
 
 
 def host_settings(settings: Settings, host: GpuHost) -> Settings:
@@ -78,6 +85,7 @@ def host_settings(settings: Settings, host: GpuHost) -> Settings:
             "A40_NVML_INDEX": host.nvml_index,
             "A40_VRAM_BUSY_PCT": host.vram_busy_pct,
             "A40_UTIL_BUSY_PCT": host.util_busy_pct,
+            "RENDER_STALL_S": host.render_stall_s,
         }
     )
 

@@ -96,6 +96,9 @@ class Policy(BaseModel):
     host_fit: bool = False
     # SPILLWAY_POOL_PREFER_WARM (False in what 0.5.0 workers read)
     pool_prefer_warm: bool = False
+    # Local waits stop a stalled render (each agent's RENDER_STALL_S). False in what 0.5.0
+    # workers read: their runs replay without the outcome.
+    stall_rule: bool = False
 
 
 class HostCapabilities(BaseModel):

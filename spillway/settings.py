@@ -81,6 +81,11 @@ class Settings(BaseSettings):
     # What a host can run (GET /object_info: its node classes, model files and other list
     # options) is read again when this old: a custom node or a model installed is seen within it.
     COMFYUI_CAPABILITIES_REFRESH_S: Annotated[float, Field(ge=1, le=86400)] = 300.0
+    # A local render with no progress for this long (no new node, no sampler step) is stopped:
+    # its prompt interrupted, then one more local try, or the cloud if armed; a second stall
+    # fails the job. Generous, since a VAE decode of a long clip can be silent for minutes; per
+    # host `render_stall_s` in routing_tiers.json. 0: never.
+    RENDER_STALL_S: Annotated[float, Field(ge=0, le=7 * 86400)] = 900.0
     COMFYUI_MAX_ATTEMPTS: Annotated[int, Field(ge=1, le=10)] = 3  # submits per job, LOST included
 
     CLOUD_VIDEO_FALLBACK_ENABLED: bool = False

@@ -36,6 +36,8 @@ class VideoTier(BaseModel):
     # How many of spillway's jobs the host holds at once (docs/design.md, "GPU admission");
     # unset: A40_MAX_JOBS.
     max_jobs: Annotated[int, Field(ge=1, le=1000)] | None = None
+    # A render with no progress this long is stopped (docs/design.md); unset: RENDER_STALL_S.
+    render_stall_s: Annotated[float, Field(ge=0, le=7 * 86400)] | None = None
 
 
 class RoutingTiers(BaseModel):

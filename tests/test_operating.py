@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
 from spillway import names
@@ -23,13 +23,19 @@ from spillway.client.hosts import set_drain
 from spillway.client.queue import pool_view
 from spillway.errors import ConfigError
 from spillway.gpu_pool import PoolDrain, PoolInput, PoolView
-from spillway.models import Plan, VideoJob
+from spillway.models import CloudRequest, Plan, VideoJob
 from spillway.sim.comfyui import ComfyUISim
+from spillway.sim.minimax import MiniMaxSim
 from spillway.tiers import load_tiers
 from tests.support.cli import spillway as cli
 from tests.support.graphs import VIDEO_GRAPH
-from tests.support.jobs import Jobs
-from tests.support.settings import comfyui_values, make_settings, two_host_tiers
+from tests.support.jobs import Jobs, cause_message
+from tests.support.settings import (
+    comfyui_values,
+    make_settings,
+    minimax_values,
+    two_host_tiers,
+)
 from tests.support.waiting import until
 from worker import serving
 
@@ -199,3 +205,71 @@ async def test_spillway_priority_moves_a_job_from_third_to_first_and_a_running_o
         for holder in holders:
             await holder.cancel()
     assert first.host == "gpu-a" and all(p.host == "gpu-a" for p in others)
+
+
+@pytest.fixture
+def one_host(
+    dev_env: WorkflowEnvironment,
+    comfyui: ComfyUISim,
+    minimax: MiniMaxSim,
+    gpu: Any,
+    tmp_path: Path,
+) -> Callable[..., Any]:
+    comfyui.execution_s = 0.3
+
+    @asynccontextmanager
+    async def run(**overrides: Any) -> AsyncIterator[Jobs]:
+        values = comfyui_values(comfyui, tmp_path / "out") | minimax_values(minimax, tmp_path / "o")
+        queue = f"stall-{uuid.uuid4()}"
+        settings = make_settings(values, SPILLWAY_TASK_QUEUE=queue, RENDER_STALL_S=1, **overrides)
+        tiers = load_tiers(settings.SPILLWAY_ROUTING_TIERS)
+        async with serving(dev_env.client, settings, tiers, gpu=gpu):
+            yield Jobs(dev_env.client, queue)
+
+    return run
+
+
+async def start(jobs: Jobs, cloud: bool = False) -> WorkflowHandle[Any, Plan]:
+    job = VideoJob(
+        job_id=f"stall-{uuid.uuid4().hex[:10]}",
+        graph=VIDEO_GRAPH,
+        cloud=CloudRequest(prompt="a lighthouse at dusk") if cloud else None,
+    )
+    return await job_ops.submit(jobs.client, job, jobs.task_queue)
+
+
+async def test_a_stalled_render_is_interrupted_and_tried_once_more_on_its_place(
+    one_host, comfyui: ComfyUISim
+):
+    comfyui.stall_next = 1  # the first prompt hangs in its first node, silent
+    async with one_host() as jobs:
+        plan = await (await start(jobs)).result()
+    first = plan.prompt_id.removesuffix("-2") + "-1" if plan.prompt_id else None
+    assert (plan.state, plan.local_attempts, plan.host) == ("completed", 2, "a40_local")
+    assert "render_stalled=a40_local" in plan.reasons
+    # Only the stalled prompt was interrupted, once; the second try ran to its end.
+    assert comfyui.interrupts == [first]
+    assert comfyui.prompt_posts[first] == 1 and comfyui.state_of(first) == "done"
+
+
+async def test_a_second_stall_fails_the_job_naming_the_host(one_host, comfyui: ComfyUISim):
+    comfyui.stall_next = 2
+    async with one_host() as jobs:
+        handle = await start(jobs)
+        with pytest.raises(WorkflowFailureError) as failed:
+            await handle.result()
+    message = cause_message(failed)
+    assert message.startswith("the render on GPU host a40_local stalled twice (its render made")
+    assert len(comfyui.interrupts) == 2 and len(set(comfyui.interrupts)) == 2
+
+
+async def test_an_armed_job_whose_render_stalls_goes_to_the_cloud_with_one_create(
+    one_host, comfyui: ComfyUISim, minimax: MiniMaxSim
+):
+    comfyui.stall_next = 1
+    async with one_host(CLOUD_VIDEO_FALLBACK_ENABLED=True) as jobs:
+        plan = await (await start(jobs, cloud=True)).result()
+    assert (plan.state, plan.route) == ("completed", "cloud")
+    assert "render_stalled=a40_local" in plan.reasons and plan.overflow.trigger == "unreachable"
+    assert sum(minimax.create_calls_by_prompt.values()) == 1
+    assert len(comfyui.interrupts) == 1 and len(comfyui.prompt_posts) == 1

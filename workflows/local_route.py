@@ -137,6 +137,10 @@ async def run(s: VideoJobState) -> bool:
         finished = await _follow(s, host, prompt_id, silent_since)
         if finished is None:
             return True
+        if finished.outcome == "stalled":
+            if await _stalled(s, host, finished):
+                return True
+            continue  # one more try, on the place it holds
         s.prompt_out = True  # ended, failed or forgotten: ComfyUI holds it no more
         if finished.outcome == "lost":
             # ComfyUI restarted and forgot the prompt: resubmitting locally costs nothing.
@@ -209,6 +213,7 @@ async def _follow(
             prompt_id=prompt_id,
             report_silence_after_s=_next_look(s, silent_since),
             silent_since=silent_since,
+            stall_rule=s.policy.stall_rule,
         )
         try:
             finished = await calls.comfyui_wait(
@@ -239,6 +244,25 @@ async def _follow(
             pause = min(LOOK_AGAIN_S - s.policy.host_lost_after_s, give_up_s - silent_s)
             if pause > 0:
                 await workflow.sleep(timedelta(seconds=pause))
+
+
+async def _stalled(s: VideoJobState, host: HostRef, finished: ComfyUIFinished) -> bool:
+    """A render that stopped moving (RENDER_STALL_S): its prompt, and only it, is interrupted and
+    taken out; then the job tries once more on its place, or goes to the cloud when armed (True);
+    a second stall fails it, naming the host."""
+    cancel = ComfyUICancel(prompt_id=finished.prompt_id)
+    await calls.comfyui_cancel(cancel, s.heartbeat, host, s.priority)
+    s.prompt_out = True
+    s.reason(f"render_stalled={host.name}")
+    still = finished.still_since or workflow.now()
+    if sum(r.startswith("render_stalled=") for r in s.plan.reasons) >= 2:
+        s.fail(texts.stalled_twice(host.name, still, finished.node))
+    if await _armed_now(s):
+        s.plan.overflow.trigger = "unreachable"
+        why = texts.stalled_since(still, finished.node)
+        s.plan.overflow.last_signal = no_answer(host.name, s.policy.thresholds, workflow.now(), why)
+        return True
+    return False
 
 
 async def _host_lost(

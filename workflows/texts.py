@@ -235,6 +235,20 @@ def admitted_to_unknown_host(host: str, known: list[str]) -> str:
     )
 
 
+def stalled_since(since: datetime, node: str | None) -> str:
+    where = f" at node {node}" if node else ""
+    return f"its render made no progress{where} since {since:%H:%M:%S} UTC"
+
+
+def stalled_twice(host: str, since: datetime, node: str | None) -> str:
+    return (
+        f"the render on GPU host {host} stalled twice ({stalled_since(since, node)}; the first "
+        "time it was interrupted and tried again): the job was not finished. Check that host's "
+        "ComfyUI (a custom node that hangs?), or raise RENDER_STALL_S for renders that are "
+        "silent that long, then resubmit."
+    )
+
+
 def lost_too_often(attempts: int) -> str:
     return (
         f"ComfyUI lost the prompt {attempts} times (restarts during the render?): "

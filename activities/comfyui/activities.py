@@ -78,6 +78,37 @@ POST_GRACE_TIMEOUTS = 2
 # The longest a submit asks the GPU pool whether the job's place is still its own.
 PLACE_CHECK_S = 5.0
 _RUNNING = Progress(phase="running")
+
+
+class Movement:
+    """Whether a running prompt moves: a new node or sampler step. A prompt still queued, or a
+    host that does not answer (the silence rules decide then), never stalls."""
+
+    def __init__(self) -> None:
+        self.at: float | None = None  # time.time() of the last move, while it runs
+        self.last: Progress | None = None
+
+    def saw(self, news: object) -> None:
+        if isinstance(news, Silent) or (isinstance(news, Progress) and news.phase == "queued"):
+            self.at = self.last = None
+        elif isinstance(news, Progress) and news.phase == "running":
+            if self.at is None or news not in (_RUNNING, self.last):
+                self.at = time.time()
+            self.last = news if news != _RUNNING else self.last
+
+    def left(self, stall_s: float) -> float | None:
+        """Seconds until the prompt has stalled; None: no limit now."""
+        if not stall_s or self.at is None:
+            return None
+        return max(0.0, self.at + stall_s - time.time())
+
+    def stalled(self, prompt_id: str) -> ComfyUIFinished:
+        assert self.at is not None
+        node = self.last.node if self.last is not None else None
+        since = datetime.fromtimestamp(self.at, UTC)
+        return ComfyUIFinished(prompt_id=prompt_id, outcome="stalled", still_since=since, node=node)
+
+
 _SILENT = Progress(phase="ComfyUI not answering")
 
 
@@ -331,13 +362,19 @@ class ComfyUIActivities(OwnsOutputStore):
         # Beats without details until the watcher says where the prompt is. The watcher follows
         # the prompt under the agent's client id.
         told = req.silent_since.timestamp() if req.silent_since is not None else None
+        stall = self._settings.RENDER_STALL_S if req.stall_rule else 0.0
+        moved = Movement()
         async with (
             Heartbeat(self._wait_beat_s) as heartbeat,
             self._watcher.follow(req.prompt_id, answers=told is not None) as following,
         ):
             while True:
-                with activity_errors():
-                    news = await following.next()
+                try:
+                    with activity_errors():
+                        news = await asyncio.wait_for(following.next(), moved.left(stall))
+                except TimeoutError:
+                    return moved.stalled(req.prompt_id)
+                moved.saw(news)
                 if isinstance(news, Silent):
                     if news.since is None:
                         return ComfyUIFinished(prompt_id=req.prompt_id, outcome="back")

@@ -144,6 +144,8 @@ class ComfyUIWait(BaseModel):
     report_silence_after_s: float = 30.0
     # Set when the workflow has shown the silence: the wait returns "back" at ComfyUI's next answer.
     silent_since: datetime | None = None
+    # Returns "stalled" once the prompt ran without progress for the agent's RENDER_STALL_S.
+    stall_rule: bool = False
 
 
 class ComfyUIFile(BaseModel):
@@ -161,10 +163,13 @@ class ComfyUIFinished(BaseModel):
 
     prompt_id: str
     # lost: not in /queue and `{}` in /history; unreachable: ComfyUI silent (since
-    # `silent_since`) for the wait's report_silence_after_s; back: it answers again.
-    outcome: Literal["success", "lost", "unreachable", "back"]
+    # `silent_since`) for the wait's report_silence_after_s; back: it answers again; stalled: it
+    # runs with no progress since `still_since` (still in ComfyUI: take it out).
+    outcome: Literal["success", "lost", "unreachable", "back", "stalled"]
     files: list[ComfyUIFile] = []
     silent_since: datetime | None = None
+    still_since: datetime | None = None
+    node: str | None = None  # where it stalled
 
 
 class Release(BaseModel):

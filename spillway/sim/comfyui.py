@@ -12,7 +12,9 @@ file not uploaded fails at POST time.
 Knobs: `execution_s` (whole prompt; 0 = instant), `progress_steps` / `progress_nodes`,
 `output_bytes`, `fail_next()` / `fail_prompt()`, `pause()` / `resume()`, `ws_silent_after`,
 `lose_prompt_answers`, `hang_prompt_answers`, `lose_upload_answers`, `restart()`,
-`set_vram_used_pct`, `set_queue` (inert placeholders, counted but never run), `installed` (node
+`set_vram_used_pct`, `set_queue` (inert placeholders, counted but never run), `stall_next`
+(prompts that hang silently until interrupted; `interrupts` records each POST /interrupt's
+prompt id), `installed` (node
 classes, model files), `model_load_s` (charged before a prompt whose loaders name other model
 files than the last prompt's), and the faults of SimServer. Observations:
 `prompt_posts` (POST /prompt per prompt_id), `most_held` (the most prompts it held at once,
@@ -75,6 +77,10 @@ class ComfyUISim(SimServer):
         # A switch of model files costs what loading them from disk into VRAM does (seconds to
         # a minute for a 14B video model); the files of the last prompt stay loaded.
         self.model_load_s = 0.0
+        # The next this many prompts hang in their first node, silent, until interrupted (a
+        # node that never returns); `interrupts`: the prompt id each POST /interrupt named.
+        self.stall_next = 0
+        self.interrupts: list[str | None] = []
         self.model_loads = 0
         self.loaded: frozenset[str] = frozenset()
         self._counters: dict[tuple[str, str], int] = {}
@@ -327,6 +333,7 @@ class ComfyUISim(SimServer):
     async def _post_interrupt(self, request: web.Request) -> web.Response:
         body = await json_body(request)
         prompt_id = body.get("prompt_id") if isinstance(body, dict) else None
+        self.interrupts.append(prompt_id)
         # With a prompt_id ComfyUI interrupts only if that prompt is the one running.
         if not prompt_id or any(i[1] == prompt_id for i in self.queue_running):
             self._interrupt = True
@@ -414,7 +421,9 @@ class ComfyUISim(SimServer):
             output_bytes=self.output_bytes,
             files=self.files,
             counters=self._counters,
+            stall=self.stall_next > 0,
         )
+        self.stall_next = max(0, self.stall_next - 1)
         await self._broadcast("status", {"status": self._queue_info()})
         models = graph.model_files(item[2])
         if models and models != self.loaded:

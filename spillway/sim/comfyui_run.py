@@ -16,6 +16,8 @@ from typing import Any
 from spillway.sim.comfyui_files import file_key
 from spillway.sim.comfyui_graph import NODE_CLASSES, execution_order, output_files
 
+STALL_LOOK_S = 0.05  # how often a hung node looks for an interrupt
+
 # The runtime failure recorded in history_execution_error.json.
 DEFAULT_EXCEPTION = (
     "av.error.ExternalError",
@@ -58,6 +60,7 @@ class PromptRun:
         output_bytes: int,
         files: dict[str, int],
         counters: dict[tuple[str, str], int],
+        stall: bool = False,
     ) -> None:
         self.item, self._send, self._interrupted, self._failure = item, send, interrupted, failure
         self.prompt_id: str = item[1]
@@ -67,6 +70,7 @@ class PromptRun:
         self._execution_s, self._steps = execution_s, progress_steps
         self._progress_nodes, self._output_bytes = progress_nodes, output_bytes
         self._files, self._counters = files, counters
+        self._stall = stall  # hang in the first node, silent, until interrupted
         self._messages: list[list[Any]] = []
         self._states: dict[str, dict[str, Any]] = {}
         self._executed: list[str] = []
@@ -109,6 +113,10 @@ class PromptRun:
         # ComfyUI checks for an interrupt before each node, and samplers at every step.
         if self._interrupted():
             await self._end("execution_interrupted", node_id, class_type)
+        while self._stall:
+            await asyncio.sleep(STALL_LOOK_S)
+            if self._interrupted():
+                await self._end("execution_interrupted", node_id, class_type)
         if class_type in self._progress_nodes and self._steps > 0:
             for step in range(1, self._steps + 1):
                 await asyncio.sleep(seconds / self._steps)
