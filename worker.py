@@ -74,13 +74,18 @@ POLLING: dict[str, Any] = {
 }
 
 
+PROGRESS_EVERY_S = 1.5
+
+
 def _heartbeat_throttle(work: QueueWork, settings: Settings) -> timedelta:
     """The SDK holds an activity's heartbeats back for 0.8 of its timeout, which leaves a busy
     server 6 s of 30 before a live create looks like a lost worker (and its job fails). Creates,
-    submits and the rest beat every third of the timeout; waits, thousands at once, keep the
-    SDK's pace, as each heartbeat costs the server a write."""
+    submits and the rest beat every third of the timeout. A host's waits carry a render's
+    progress to `status` and `watch` (read off the pending activity), so they reach the server
+    within PROGRESS_EVERY_S of a change: a write per rendering prompt every 1.5 s at most, as
+    many as the host's places (the GPU line holds the rest, with no activity)."""
     if work.task_queue.endswith(WAITS_SUFFIX):
-        return timedelta(seconds=60)  # the SDK's default: 0.8 of the timeout
+        return timedelta(seconds=PROGRESS_EVERY_S)
     return timedelta(seconds=settings.SPILLWAY_HEARTBEAT_TIMEOUT_S / 3)
 
 

@@ -244,7 +244,8 @@ async def test_a_stalled_render_is_interrupted_and_tried_once_more_on_its_place(
     comfyui.stall_next = 1  # the first prompt hangs in its first node, silent
     async with one_host() as jobs:
         plan = await (await start(jobs)).result()
-    first = plan.prompt_id.removesuffix("-2") + "-1" if plan.prompt_id else None
+    assert plan.prompt_id is not None
+    first = plan.prompt_id.removesuffix("-2") + "-1"
     assert (plan.state, plan.local_attempts, plan.host) == ("completed", 2, "a40_local")
     assert "render_stalled=a40_local" in plan.reasons
     # Only the stalled prompt was interrupted, once; the second try ran to its end.

@@ -133,6 +133,7 @@ EXPECTED = {
     "spillway submit --graph examples/video_graph.json --job-id tour-1": [
         "job tour-1: completed on the local route",
         "sha256",
+        "tour-1: running_local local — running",  # its progress, while it renders
     ],
     "spillway sim gpu --vram 95": ["'vram_used_pct': 95.0"],
     "spillway load": [

@@ -394,7 +394,8 @@ class ComfyUIActivities(OwnsOutputStore):
                 shown = heartbeat.details
                 if news == _RUNNING and shown is not None and shown.phase == "running":
                     continue  # "running" with a node or a percentage says more: keep it
-                heartbeat.update(news)
+                # At once: the SDK sends the latest to the server every PROGRESS_EVERY_S.
+                heartbeat.update(news, now=news != shown)
 
     # --- files: outputs home, input images in ------------------------------------------------
 

@@ -18,8 +18,9 @@ prompt id), `installed` (node
 classes, model files), `model_load_s` (charged before a prompt whose loaders name other model
 files than the last prompt's), and the faults of SimServer. Observations:
 `prompt_posts` (POST /prompt per prompt_id), `most_held` (the most prompts it held at once,
-running and pending), `model_loads` (model switches), `hits`, `ws_withheld`, `state_of()`,
-`wait_until()`, `expected_sha256()`, `inputs.files` (uploaded images by "<subfolder>/<name>").
+running and pending), `model_loads` (model switches), `progress_sent` (each progress message:
+prompt, step, when), `hits`, `ws_withheld`, `state_of()`, `wait_until()`, `expected_sha256()`,
+`inputs.files` (uploaded images by "<subfolder>/<name>").
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 import uuid
 from collections import Counter
 from typing import Any, Literal
@@ -80,6 +82,7 @@ class ComfyUISim(SimServer):
         # The next this many prompts hang in their first node, silent, until interrupted (a
         # node that never returns); `interrupts`: the prompt id each POST /interrupt named.
         self.stall_next = 0
+        self.progress_sent: list[tuple[str, int, float]] = []  # (prompt, step, time.time())
         self.interrupts: list[str | None] = []
         self.model_loads = 0
         self.loaded: frozenset[str] = frozenset()
@@ -408,6 +411,8 @@ class ComfyUISim(SimServer):
         self._fail_next = None
 
         async def send(kind: str, data: dict[str, Any]) -> None:
+            if kind == "progress":
+                self.progress_sent.append((prompt_id, data["value"], time.time()))
             await self._send(client_id, kind, data)
 
         self._run = run = PromptRun(
