@@ -31,11 +31,9 @@ from spillway.client.jobs import submit
 from spillway.models import VideoJob
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.comfyui_graph import Host
-from spillway.tiers import load_tiers
 from tests.support.a40 import FakeGpu
 from tests.support.graphs import VIDEO_GRAPH
-from tests.support.settings import comfyui_values, make_settings, two_host_tiers
-from worker import serving
+from tests.support.two_hosts import two_hosts
 
 MODELS = ("wan2.2_t2v_14B.safetensors", "wan2.2_ti2v_5B.safetensors")
 
@@ -62,34 +60,24 @@ async def starts(sim: ComfyUISim) -> dict[str, float]:
 
 async def one_run(env: Any, args: argparse.Namespace, prefer_warm: bool) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="spillway-warm-"))
-    async with ComfyUISim() as a, ComfyUISim() as b:
+    async with two_hosts(
+        env.client, FakeGpu(), tmp, SPILLWAY_POOL_PREFER_WARM=prefer_warm
+    ) as hosts:
+        a, b = hosts.a, hosts.b
         for sim in (a, b):
             sim.execution_s, sim.model_load_s = args.render_s, args.load_s
             sim.installed = Host(models={"checkpoints": MODELS})
-        tiers = two_host_tiers(
-            tmp,
-            {"name": "gpu-a", "comfyui_url": a.url, "max_jobs": 1},
-            {"comfyui_url": b.url, "max_jobs": 1},
-        )
-        queue = f"warm-{uuid.uuid4()}"
-        settings = make_settings(
-            comfyui_values(a, tmp / "out"),
-            SPILLWAY_ROUTING_TIERS=tiers,
-            SPILLWAY_TASK_QUEUE=queue,
-            SPILLWAY_POOL_PREFER_WARM=prefer_warm,
-        )
-        async with serving(env.client, settings, load_tiers(tiers), gpu=FakeGpu()):
-            submitted: dict[str, float] = {}
-            handles = []
-            began = time.perf_counter()
-            for i in range(args.jobs):
-                job = VideoJob(
-                    job_id=f"warm-{i:03d}-{uuid.uuid4().hex[:6]}", graph=graph(MODELS[i % 2])
-                )
-                submitted[job.job_id] = time.time()
-                handles.append(await submit(env.client, job, queue))
-            plans = await asyncio.gather(*(h.result() for h in handles))
-            took = time.perf_counter() - began
+        submitted: dict[str, float] = {}
+        handles = []
+        began = time.perf_counter()
+        for i in range(args.jobs):
+            job = VideoJob(
+                job_id=f"warm-{i:03d}-{uuid.uuid4().hex[:6]}", graph=graph(MODELS[i % 2])
+            )
+            submitted[job.job_id] = time.time()
+            handles.append(await submit(env.client, job, hosts.queue))
+        plans = await asyncio.gather(*(h.result() for h in handles))
+        took = time.perf_counter() - began
         started = await starts(a) | await starts(b)
     waits = [started[p.prompt_id] - submitted[p.job_id] for p in plans if p.prompt_id]
     switches = a.model_loads + b.model_loads

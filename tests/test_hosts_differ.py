@@ -22,12 +22,10 @@ from spillway.client.queue import pool_view
 from spillway.models import Plan, VideoJob
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.comfyui_graph import Host
-from spillway.tiers import load_tiers
 from tests.support.graphs import GRAIN_GRAPH, VIDEO_GRAPH
 from tests.support.jobs import Jobs, cause_message
-from tests.support.settings import comfyui_values, make_settings, two_host_tiers
+from tests.support.two_hosts import two_hosts
 from tests.support.waiting import until
-from worker import serving
 from workflows.health import HealthWorkflow
 
 pytestmark = pytest.mark.full
@@ -62,19 +60,9 @@ class Studio:
 def studio(dev_env: WorkflowEnvironment, gpu: Any, tmp_path: Path) -> Callable[..., Any]:
     @asynccontextmanager
     async def run(**overrides: Any) -> AsyncIterator[Studio]:
-        async with ComfyUISim() as a, ComfyUISim() as b:
-            a.execution_s = b.execution_s = 0.3
-            b.installed = B_HAS
-            tiers = two_host_tiers(
-                tmp_path,
-                {"name": "gpu-a", "comfyui_url": a.url, "max_jobs": 1},
-                {"comfyui_url": b.url, "max_jobs": 1},
-            )
-            values = comfyui_values(a, tmp_path / "out") | {"SPILLWAY_ROUTING_TIERS": tiers}
-            queue = f"fit-{uuid.uuid4()}"
-            settings = make_settings(values, SPILLWAY_TASK_QUEUE=queue, **overrides)
-            async with serving(dev_env.client, settings, load_tiers(tiers), gpu=gpu):
-                yield Studio(dev_env, queue, a, b)
+        async with two_hosts(dev_env.client, gpu, tmp_path, **overrides) as hosts:
+            hosts.b.installed = B_HAS
+            yield Studio(dev_env, hosts.queue, hosts.a, hosts.b)
 
     return run
 

@@ -34,8 +34,8 @@ from tests.support.settings import (
     comfyui_values,
     make_settings,
     minimax_values,
-    two_host_tiers,
 )
+from tests.support.two_hosts import two_hosts
 from tests.support.waiting import until
 from worker import serving
 
@@ -64,21 +64,13 @@ class Fleet:
 def fleet(dev_env: WorkflowEnvironment, gpu: Any, tmp_path: Path) -> Callable[..., Any]:
     @asynccontextmanager
     async def run(b_render_s: float = 0.3, **overrides: Any) -> AsyncIterator[Fleet]:
-        async with ComfyUISim() as a, ComfyUISim() as b:
-            a.execution_s, b.execution_s = 0.3, b_render_s
+        async with two_hosts(dev_env.client, gpu, tmp_path, (2, 1), **overrides) as hosts:
+            b = hosts.b
+            b.execution_s = b_render_s
             # An interrupt stops a render within a second, as at a sampler's steps.
             b.progress_nodes |= {node["class_type"] for node in VIDEO_GRAPH.values()}
             b.progress_steps = max(1, round(b_render_s / len(VIDEO_GRAPH)))
-            tiers = two_host_tiers(
-                tmp_path,
-                {"name": "gpu-a", "comfyui_url": a.url, "max_jobs": 2},
-                {"comfyui_url": b.url, "max_jobs": 1},
-            )
-            values = comfyui_values(a, tmp_path / "out") | {"SPILLWAY_ROUTING_TIERS": tiers}
-            queue = f"drain-{uuid.uuid4()}"
-            settings = make_settings(values, SPILLWAY_TASK_QUEUE=queue, **overrides)
-            async with serving(dev_env.client, settings, load_tiers(tiers), gpu=gpu):
-                yield Fleet(dev_env.client, queue, a, b)
+            yield Fleet(dev_env.client, hosts.queue, hosts.a, b)
 
     return run
 
