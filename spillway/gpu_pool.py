@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import statistics
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal
 
@@ -104,6 +105,8 @@ class PoolLeave(BaseModel):
     # A prompt ComfyUI may still hold (the job left its host without knowing it let go): the
     # place stays held until the pool has taken it out.
     prompt_id: Annotated[str, Field(max_length=MAX_ID)] | None = None
+    # How long its render took by ComfyUI's own clock: what the ETA learns from.
+    render_s: Annotated[float, Field(ge=0, le=7 * 86400)] | None = None
 
 
 class PoolAnswer(BaseModel):
@@ -136,6 +139,8 @@ class Holder(BaseModel):
     left_prompt: str | None = None
     leave_unchecked: bool = False
     left_checks: int = 0
+    left_render_s: float | None = None
+    adopted: bool = False  # from an earlier pool: when it took its place is not known
 
 
 class Reading(BaseModel):
@@ -341,9 +346,10 @@ class PoolBook:
                 return False
             if self.verify_leaves:
                 held.left_at, held.left_prompt, held.left_checks = now, leave.prompt_id, 0
-                held.leave_unchecked = True
+                held.leave_unchecked, held.left_render_s = True, leave.render_s
                 return False
-            return self._leave(held, leave.prompt_id, now)
+            held.left_render_s = leave.render_s
+            return self._leave(held, leave.prompt_id, now, timed=True)
         lined = self._in_line(leave.job_id)
         if lined is not None and lined.asked_at == leave.asked_at:
             self._unline(lined)
@@ -495,6 +501,7 @@ class PoolBook:
             held.left_checks += 1
             if held.left_checks >= LEAVE_CHECKS:
                 held.left_at, held.left_prompt, held.left_checks = None, None, 0
+                held.left_render_s = None
 
     def adopt(
         self, job_id: str, asked_at: datetime, host: str, now: datetime, run_id: str | None = None
@@ -508,6 +515,7 @@ class PoolBook:
                 since=now,
                 checked_at=now,
                 run_id=run_id,
+                adopted=True,
             )
 
     def free(
@@ -524,15 +532,24 @@ class PoolBook:
         held = self.holders.get(holder.job_id)
         if held is None or held.asked_at != holder.asked_at or held.clearing is not None:
             return False
-        return self._leave(held, prompt_id, now, whole_run=whole_run)
+        # It gave its place back before it ended: a render, which the ETA learns from.
+        timed = held.left_at is not None and not whole_run
+        return self._leave(held, prompt_id, now, whole_run=whole_run, timed=timed)
 
     def _leave(
-        self, held: Holder, prompt_id: str | None, now: datetime, *, whole_run: bool = False
+        self,
+        held: Holder,
+        prompt_id: str | None,
+        now: datetime,
+        *,
+        whole_run: bool = False,
+        timed: bool = False,
     ) -> bool:
+        """`timed`: the job left after its render, which the ETA learns from."""
         if prompt_id is not None:
             held.clearing, held.clearing_run = prompt_id, whole_run
             return False
-        self._release(held, now)
+        self._release(held, now, timed=timed)
         return True
 
     def to_clear(self, now: datetime, every: timedelta) -> list[Holder]:
@@ -560,11 +577,20 @@ class PoolBook:
         self._release(held, now)
         return True
 
-    def _release(self, held: Holder, now: datetime) -> None:
+    def _release(self, held: Holder, now: datetime, *, timed: bool = False) -> None:
+        """A place back. What the ETA learns, from a job that gave its place back itself: its
+        render as ComfyUI timed it, else how long it held the place (not known for a hold
+        adopted from an earlier pool). Never from a job that ended without giving it back, or a
+        prompt taken out: those are no renders. (A spillway stopped 17 minutes mid-render made
+        one "17 minutes", and every wait behind two 8 s renders "~9 min".)"""
         del self.holders[held.job_id]
-        holds = self.holds_s.setdefault(held.host, [])
-        holds.append((now - held.since).total_seconds())
-        del holds[:-RECENT_HOLDS]
+        took = held.left_render_s if timed else None
+        if took is None and timed and not held.adopted:
+            took = (now - held.since).total_seconds()
+        if took is not None:
+            holds = self.holds_s.setdefault(held.host, [])
+            holds.append(took)
+            del holds[:-RECENT_HOLDS]
 
     def settle_parked(self, still_holding: set[str], now: datetime) -> list[Sent]:
         """After a holder check: a parked ask of a job whose earlier place is free now is asked
@@ -762,4 +788,5 @@ class PoolBook:
         places = sum(h.max_jobs for h in self.hosts.values())
         if not holds or not places:
             return None
-        return round(math.ceil(position / places) * sum(holds) / len(holds), 1)
+        # The median: one render that ran an hour does not make every wait an hour.
+        return round(math.ceil(position / places) * statistics.median(holds), 1)

@@ -59,6 +59,7 @@ def test_recorded_success_ends_with_its_animation_as_the_output():
                 animated=True,
             )
         ],
+        render_s=0.012,  # its execution_start at ...807 ms, execution_success at ...819
     )
 
 

@@ -429,3 +429,36 @@ def test_a_drained_host_gets_no_new_place_its_holders_finish_and_resume_gives_it
     # A host the workers do not have is not drained.
     assert not b.drain(PoolDrain(host="nope", drain=True, by="ops"), later)
     assert "nope" not in b.drained
+
+
+def test_the_eta_learns_renders_as_comfyui_timed_them_and_one_long_hold_does_not_spoil_it():
+    b = book(("a40", 1))
+    b.verify_leaves = True
+    minute = T0 + MINUTE
+    for i, render_s in enumerate([8.0, 8.5, 7.5]):
+        job = f"r{i}"
+        b.ask(ask(job, i), T0)
+        # The job gives its place back with its render's time; the holder check confirms it.
+        b.give_back(
+            PoolLeave(job_id=job, asked_at=T0 + timedelta(seconds=i), render_s=render_s), minute
+        )
+        holder = b.holders[job]
+        assert b.free(holder, minute)
+    # A job that gave its place back after 17 minutes without a render time (a worker of 0.5.0,
+    # a spillway stopped mid-render): its hold counts, but the median keeps the estimate.
+    b.ask(ask("slow", 10), T0)
+    b.give_back(PoolLeave(job_id="slow", asked_at=T0 + timedelta(seconds=10)), T0 + 17 * MINUTE)
+    assert b.free(b.holders["slow"], T0 + 17 * MINUTE)
+    assert b.holds_s["a40"] == [8.0, 8.5, 7.5, 17 * 60.0]
+    # Not learnt: a holder that ended without giving its place back (terminated), and one
+    # adopted from an earlier pool.
+    b.ask(ask("gone", 20), T0)
+    assert b.free(b.holders["gone"], T0 + 30 * MINUTE)
+    b.adopt("adopted", T0, "a40", T0)
+    b.give_back(PoolLeave(job_id="adopted", asked_at=T0), T0 + 40 * MINUTE)
+    assert b.free(b.holders["adopted"], T0 + 40 * MINUTE)
+    assert len(b.holds_s["a40"]) == 4
+    b.ask(ask("holder", 30), T0)
+    b.ask(ask("next", 31), T0)
+    spot = b.spot("next")
+    assert spot is not None and spot.eta_s == 8.2  # the median of 7.5, 8, 8.5 and 1020: 8.25

@@ -132,14 +132,22 @@ async def leave(s: VideoJobState) -> None:
     s.place = None
     s.plan.queue = None
     lingering = None if s.prompt_out or place.host is None else s.plan.prompt_id
-    await give_back(s, place.asked_at, lingering)
+    render_s = s.render_s if place.host is not None else None
+    await give_back(s, place.asked_at, lingering, render_s)
 
 
-async def give_back(s: VideoJobState, asked_at: datetime, prompt_id: str | None = None) -> None:
+async def give_back(
+    s: VideoJobState,
+    asked_at: datetime,
+    prompt_id: str | None = None,
+    render_s: float | None = None,
+) -> None:
     """A pool that is not running holds nothing to give back: none is started for it.
     `prompt_id`: a prompt ComfyUI may still hold (the job left its host without knowing), which
-    the pool takes out before the place is free again."""
-    leave = PoolLeave(job_id=s.job.job_id, asked_at=asked_at, prompt_id=prompt_id)
+    the pool takes out before the place is free again; `render_s`: its render, timed by ComfyUI."""
+    leave = PoolLeave(
+        job_id=s.job.job_id, asked_at=asked_at, prompt_id=prompt_id, render_s=render_s
+    )
     await _signal_pool(names.POOL_LEAVE, leave)
 
 

@@ -112,6 +112,7 @@ class VideoJobState:
     hosts_have: dict[str, HostCapabilities] = field(default_factory=dict)
     # A `spillway priority` change the run has not yet asked the pool for.
     reprioritized: bool = False
+    render_s: float | None = None  # its render, by ComfyUI's clock: the pool's ETA learns it
     answer: PoolAnswer | None = None  # the pool's answer to the ask just sent
     # Ask times of places the pool gave to asks the job no longer stands by: the run gives them
     # back, never the signal handler that learnt of them.

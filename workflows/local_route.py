@@ -142,6 +142,7 @@ async def run(s: VideoJobState) -> bool:
                 return True
             continue  # one more try, on the place it holds
         s.prompt_out = True  # ended, failed or forgotten: ComfyUI holds it no more
+        s.render_s = finished.render_s
         if finished.outcome == "lost":
             # ComfyUI restarted and forgot the prompt: resubmitting locally costs nothing.
             s.reason(f"comfyui_lost_prompt={prompt_id}")
@@ -171,7 +172,8 @@ def _release(s: VideoJobState) -> Release | None:
     if place is None or place.host is None:
         return None
     pool = names.pool_id(workflow.info().task_queue)
-    return Release(pool_id=pool, leave=PoolLeave(job_id=s.job.job_id, asked_at=place.asked_at))
+    leave = PoolLeave(job_id=s.job.job_id, asked_at=place.asked_at, render_s=s.render_s)
+    return Release(pool_id=pool, leave=leave)
 
 
 async def _through_silence(

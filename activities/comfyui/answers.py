@@ -84,14 +84,26 @@ def history_entry(history: Any, prompt_id: str) -> dict[str, Any] | None:
 # --- how a prompt ended ----------------------------------------------------------------------
 
 
+def _render_s(messages: list[list[Any]]) -> float | None:
+    """ComfyUI's own execution_start to execution_success (ms timestamps): the render, without
+    the queue before it or a restart's lost attempt."""
+    marks = {kind: _dict(data).get("timestamp") for kind, data in messages}
+    start, end = marks.get("execution_start"), marks.get("execution_success")
+    if not isinstance(start, int | float) or not isinstance(end, int | float) or end < start:
+        return None
+    return round((end - start) / 1000, 3)
+
+
 def outcome_of(prompt_id: str, entry: dict[str, Any]) -> ComfyUIFinished | PromptFailed:
     """A history entry's verdict: success with its files, or the last error or interrupt among
     its status messages."""
     status = _dict(entry.get("status"))
+    messages = [m for m in status.get("messages") or [] if isinstance(m, list) and len(m) == 2]
     if status.get("status_str") == "success":
         files = files_of(_dict(entry.get("outputs")))
-        return ComfyUIFinished(prompt_id=prompt_id, outcome="success", files=files)
-    messages = [m for m in status.get("messages") or [] if isinstance(m, list) and len(m) == 2]
+        return ComfyUIFinished(
+            prompt_id=prompt_id, outcome="success", files=files, render_s=_render_s(messages)
+        )
     for kind, raw in reversed(messages):
         data = _dict(raw)
         if kind == "execution_interrupted":

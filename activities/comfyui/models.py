@@ -170,6 +170,7 @@ class ComfyUIFinished(BaseModel):
     silent_since: datetime | None = None
     still_since: datetime | None = None
     node: str | None = None  # where it stalled
+    render_s: float | None = None  # success: ComfyUI's execution_start to execution_success
 
 
 class Release(BaseModel):
