@@ -48,12 +48,13 @@ from spillway.tiers import RoutingTiers, load_tiers
 from workflows.callback import CallbackWorkflow
 from workflows.gpu_pool import GpuPoolWorkflow
 from workflows.health import HealthWorkflow
+from workflows.quote import QuoteWorkflow
 from workflows.spend_ledger import SpendLedgerWorkflow
 from workflows.video_job import VideoJobWorkflow
 
 log = logging.getLogger("spillway.worker")
 
-WORKFLOWS = [VideoJobWorkflow, SpendLedgerWorkflow, HealthWorkflow, CallbackWorkflow]
+WORKFLOWS = [VideoJobWorkflow, SpendLedgerWorkflow, HealthWorkflow, CallbackWorkflow, QuoteWorkflow]
 POOL = GpuPoolWorkflow  # on a queue of its own (spillway.names.pool_queue)
 REPLAYED = [*WORKFLOWS, POOL]  # what the recorded histories are replayed against
 # No sandbox in production. Temporal's sandbox re-imports workflow modules per run to isolate

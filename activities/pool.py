@@ -25,7 +25,16 @@ from temporalio.service import RPCError, RPCStatusCode
 from activities.comfyui.models import prompt_id_for
 from spillway import names
 from spillway import search_attributes as sa
-from spillway.gpu_pool import Drain, Holder, PoolAsk, PoolInput, PoolView
+from spillway.gpu_pool import (
+    Drain,
+    Holder,
+    PoolAsk,
+    PoolBook,
+    PoolInput,
+    PoolQuote,
+    PoolView,
+    Quoted,
+)
 from spillway.models import JobPlace, PlaceMode, Plan
 
 CHECKS_AT_ONCE = 16
@@ -187,6 +196,30 @@ class PoolActivities:
                 reason=f"spillway: a GPU pool on task queue {described.task_queue!r}, where no "
                 f"spillway worker answers; spillway's runs on {home!r}"
             )
+
+    @activity.defn(name=names.POOL_QUOTE_ACTIVITY)
+    async def quote(self, req: PoolQuote) -> Quoted:
+        """Where the ask would stand in the running pool now (its `quote` query); with no pool
+        running, nobody holds a place or waits."""
+        queue = activity.info().task_queue
+        handle = self._client.get_workflow_handle(names.pool_id(queue))
+        try:
+            quoted: Quoted = await handle.query(
+                names.POOL_QUOTE,
+                req.ask,
+                result_type=Quoted,
+                reject_condition=QueryRejectCondition.NOT_OPEN,
+                rpc_timeout=ASK_TIMEOUT,
+            )
+            return quoted
+        except WorkflowQueryRejectedError:
+            pass  # closed: the next ask starts a new pool
+        except RPCError as err:
+            if err.status != RPCStatusCode.NOT_FOUND:
+                raise
+        book = PoolBook(PoolInput())
+        book.configure(req.hosts)
+        return book.quote(req.ask)
 
     @activity.defn(name=names.POOL_CHECK)
     async def check_holders(self, check: HolderCheck) -> HoldersChecked:

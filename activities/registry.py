@@ -65,6 +65,7 @@ def main_work(
     vetting = LedgerVetting(client, settings, tiers)
     decisions: list[Callable[..., Any]] = [
         places.start,
+        places.quote,
         policy.read_policy,
         notify.notify_approval_needed,
         approvals.verify,

@@ -119,6 +119,16 @@ class PoolAnswer(BaseModel):
     full: list[str] = []
 
 
+class Quoted(BaseModel):
+    """Where an ask would stand if it came now: a place on `host`, or `position` in the line
+    with its ETA; `full` as an answer would name them."""
+
+    host: str | None = None
+    position: int = 0
+    eta_s: float | None = None
+    full: list[str] = []
+
+
 class Holder(BaseModel):
     job_id: str
     asked_at: datetime
@@ -152,6 +162,14 @@ class Reading(BaseModel):
 class PoolHost(BaseModel):
     ref: HostRef
     max_jobs: int
+
+
+class PoolQuote(BaseModel):
+    """`pool_quote`: the ask a job would send, and the hosts in force (for a pool that is not
+    running: every place is free)."""
+
+    ask: PoolAsk
+    hosts: list[PoolHost]
 
 
 class Message(BaseModel):
@@ -607,6 +625,14 @@ class PoolBook:
         return sent
 
     # --- what people see -------------------------------------------------------------------
+
+    def quote(self, ask: PoolAsk) -> Quoted:
+        """Where `ask` would stand if it came now; nothing changes."""
+        host = self._place_for(ask, [s.name for s in ask.seen if self._usable(s, ask.mode)])
+        if host is not None:
+            return Quoted(host=host, eta_s=0.0)
+        position = bisect.bisect_left(self.line, self._key(ask), key=self._key) + 1
+        return Quoted(position=position, eta_s=self._eta(position), full=self.full_reasons(ask))
 
     def spot(self, job_id: str) -> QueueSpot | None:
         ask = self._lined.get(job_id)

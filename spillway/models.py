@@ -110,6 +110,33 @@ class HostCapabilities(BaseModel):
     read_at: datetime
 
 
+class LocalQuote(BaseModel):
+    """Where a job would run here: the hosts that can run its graph, its position in the GPU
+    line (0: a place now) and the estimated seconds until it would start (None: no renders
+    seen yet)."""
+
+    hosts: list[str]
+    position: int
+    eta_s: float | None = None
+
+
+class CloudQuote(BaseModel):
+    provider: str
+    estimate_usd: float | None = None
+    budget_left_usd: float | None = None  # the smaller of what the day and the month have left
+    eta_s: float | None = None  # not yet learnt: always None
+
+
+class Quote(BaseModel):
+    """`spillway quote --json`: the route a job would take now, under the rules a job applies,
+    with nothing started (docs/schema/quote.json)."""
+
+    local: LocalQuote
+    cloud: CloudQuote | None = None
+    route: Literal["local", "cloud", "await_approval"]
+    why: str
+
+
 class HostView(BaseModel):
     """One GPU host as `spillway health` shows it: the reading its agent gave, or why none; and
     what it can run (or why that was not read)."""

@@ -20,6 +20,7 @@ def run_tag(run_id: str) -> str:
 VIDEO_JOB = "VideoJobWorkflow"  # what clients start: its input is the JSON of VideoJob
 SPEND_LEDGER = "SpendLedgerWorkflow"
 HEALTH = "SpillwayHealthWorkflow"
+QUOTE = "SpillwayQuoteWorkflow"
 CALLBACK = "SpillwayCallbackWorkflow"
 GPU_POOL = "SpillwayGpuPoolWorkflow"
 
@@ -57,6 +58,7 @@ POOL_VIEW = "view"
 POOL_POLICY = "policy"  # a worker that started tells the pool its places: read anew if other
 POOL_SPOT = "spot"
 POOL_DRAIN = "drain"  # `spillway host drain|resume`
+POOL_QUOTE = "quote"  # where an ask would stand now (`spillway quote`)
 POOL_DRAINED_MEMO = "drained"  # the pool's drains, read by the pool that starts after it ended
 POOL_ID = "spillway-gpu-pool"
 
@@ -114,3 +116,4 @@ SPEND_RECORDED = "spend_recorded"
 POOL_START = "gpu_pool_start"
 POOL_CHECK = "gpu_pool_check_holders"
 POOL_FIND = "gpu_pool_find_holders"
+POOL_QUOTE_ACTIVITY = "gpu_pool_quote"

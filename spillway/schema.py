@@ -10,17 +10,18 @@ import json
 from typing import Any
 
 from spillway.gpu_pool import PoolView
-from spillway.models import ApprovalDecision, Plan, VideoJob
+from spillway.models import ApprovalDecision, Plan, Quote, VideoJob
 
-SCHEMA_NAMES = ("video-job", "approval", "plan", "queue")
+SCHEMA_NAMES = ("video-job", "approval", "plan", "queue", "quote")
 JSON_SCHEMA = "https://json-schema.org/draft/2020-12/schema"
 
 
 def schemas() -> dict[str, dict[str, Any]]:
     """The JSON Schemas of a job's input (VideoJob, without `carry`, which only the workflow's
     continue-as-new sets), of an approval (the `approval` signal and `decide_approval` update)
-    and of a plan (`status --json`, the workflow's result, the `plan` query), and of the GPU
-    line (`spillway queue --json`, the GPU pool's `view` query)."""
+    and of a plan (`status --json`, the workflow's result, the `plan` query), of the GPU
+    line (`spillway queue --json`, the GPU pool's `view` query) and of a quote (`spillway quote
+    --json`, SpillwayQuoteWorkflow's result)."""
     job = VideoJob.model_json_schema(mode="validation")
     del job["properties"]["carry"]
     # What the workflow checks of a graph (spillway.models._check_graph), for other languages.
@@ -47,6 +48,7 @@ def schemas() -> dict[str, dict[str, Any]]:
         "approval": ApprovalDecision.model_json_schema(mode="validation"),
         "plan": Plan.model_json_schema(mode="serialization"),
         "queue": PoolView.model_json_schema(mode="serialization"),
+        "quote": Quote.model_json_schema(mode="serialization"),
     }
     return {name: {"$schema": JSON_SCHEMA, **_only_used_defs(s)} for name, s in found.items()}
 

@@ -46,7 +46,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from activities.probe.activities import LoadProbeRequest, LoadStatusActivities
     from activities.spend.activities import SpendActivities, SpendRequest
-    from spillway.gpu_pool import PoolAsk
+    from spillway.gpu_pool import PoolAsk, PoolQuote, Quoted
     from spillway.hosts import WAITS_SUFFIX
     from spillway.models import ApprovalNotice, Downloaded, HostRef, LoadStatus, Policy
     from spillway.spend_book import BudgetView, Reservation, SpendEntry, SpendSettle
@@ -191,6 +191,15 @@ async def pool_find(find: FindHolders) -> HoldersFound:
         PoolActivities.find_holders,
         find,
         start_to_close_timeout=timedelta(minutes=2),
+        retry_policy=RetryPolicy(maximum_attempts=2),
+    )
+
+
+async def pool_quote(req: PoolQuote) -> Quoted:
+    return await workflow.execute_activity_method(
+        PoolActivities.quote,
+        req,
+        start_to_close_timeout=timedelta(seconds=30),
         retry_policy=RetryPolicy(maximum_attempts=2),
     )
 

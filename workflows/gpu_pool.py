@@ -37,6 +37,7 @@ with workflow.unsafe.imports_passed_through():
         PoolLeave,
         PoolPlaces,
         PoolView,
+        Quoted,
         Reading,
         Sent,
     )
@@ -166,6 +167,10 @@ class GpuPoolWorkflow:
     @workflow.query(name=names.POOL_VIEW)
     def view(self) -> PoolView:
         return self._book.view()
+
+    @workflow.query(name=names.POOL_QUOTE)
+    def quote(self, ask: PoolAsk) -> Quoted:
+        return self._book.quote(ask)
 
     @workflow.query(name=names.POOL_SPOT)
     def spot(self, job_id: str) -> QueueSpot | None:

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 from activities.cloud.models import Reconciled
 from activities.cloud.registry import console, key_names, label
 from spillway.gpu_pool import PoolView
-from spillway.models import ApprovalNotice, CloudAttempt, Plan, Policy
+from spillway.models import ApprovalNotice, CloudAttempt, LocalQuote, Plan, Policy
 from spillway.spend_book import BudgetShortfall, BudgetView, SpendEntry, describe
 
 
@@ -233,6 +233,18 @@ def admitted_to_unknown_host(host: str, known: list[str]) -> str:
         f"not name ({', '.join(known)}): the workers disagree on SPILLWAY_ROUTING_TIERS; nothing "
         "was rendered"
     )
+
+
+def quote_why(route: str, why: str, host: str | None, local: LocalQuote) -> str:
+    if route == "local" and host is not None:
+        return f"a place on {host} now ({why})"
+    eta = f", about {_duration(local.eta_s)}" if local.eta_s is not None else ""
+    waits = f"{_ordinal(local.position)} in line for the GPUs{eta}"
+    if route == "local":
+        return f"{waits}; it runs locally when a place frees ({why})"
+    if route == "await_approval":
+        return f"{why}: it would wait for a person (approve: the cloud), {waits}"
+    return why
 
 
 def stalled_since(since: datetime, node: str | None) -> str:

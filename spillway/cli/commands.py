@@ -125,6 +125,23 @@ async def cmd_submit(args: argparse.Namespace) -> int:
     return OK if plan.state == "completed" else FAILED
 
 
+async def cmd_quote(args: argparse.Namespace) -> int:
+    from spillway.cli.render import render_quote
+    from spillway.client.new_jobs import make_job
+
+    job = make_job(
+        args.graph,
+        prompt=args.prompt,
+        model=args.model,
+        duration=args.duration,
+        resolution=args.resolution,
+        priority=args.priority,
+    )
+    quote = await (await _jobs_client()).quote(job)
+    print(quote.model_dump_json(indent=2) if args.json else render_quote(quote))
+    return OK
+
+
 async def cmd_status(args: argparse.Namespace) -> int:
     plan = await (await _jobs_client()).status(args.job)
     _print_plan(plan, args.json)

@@ -20,6 +20,24 @@ class _Parser(argparse.ArgumentParser):
         self.exit(USAGE, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
+def job_options(sub: argparse.ArgumentParser) -> None:
+    """What `submit` and `quote` take alike."""
+    sub.add_argument("--graph", type=Path, required=True, help="API-format ComfyUI graph JSON")
+    sub.add_argument("--prompt", help="text prompt for MiniMax; without it: local only")
+    sub.add_argument("--model", help="MiniMax model (default MiniMax-Hailuo-2.3)")
+    sub.add_argument("--duration", type=int, help="cloud clip length in seconds (6 or 10)")
+    sub.add_argument("--resolution", help="cloud resolution (512P, 720P, 768P, 1080P)")
+    sub.add_argument(
+        "--priority",
+        type=int,
+        choices=range(1, 6),
+        default=3,
+        metavar="1..5",
+        help="1 first .. 5 last (default 3): Temporal's task priority for the job's work when "
+        "a queue is backlogged, and its place in the GPU line; shown by list",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="spillway",
@@ -88,12 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
         "Start a job: measure the GPU hosts, then render locally, in the cloud (only if armed or "
         "approved) or wait for approval. Everything is validated before anything starts.",
     )
-    submit.add_argument("--graph", type=Path, required=True, help="API-format ComfyUI graph JSON")
-    submit.add_argument("--prompt", help="text prompt for MiniMax; without it: local only")
+    job_options(submit)
     submit.add_argument("--job-id", help="job id (default: job-<UTC time>-<random>)")
-    submit.add_argument("--model", help="MiniMax model (default MiniMax-Hailuo-2.3)")
-    submit.add_argument("--duration", type=int, help="cloud clip length in seconds (6 or 10)")
-    submit.add_argument("--resolution", help="cloud resolution (512P, 720P, 768P, 1080P)")
     submit.add_argument(
         "--input",
         action="append",
@@ -111,17 +125,21 @@ def build_parser() -> argparse.ArgumentParser:
         "input and so in its history: a URL that holds a secret belongs in JOB_WEBHOOK_URL on "
         "the workers, which keeps it out of every history",
     )
-    submit.add_argument(
-        "--priority",
-        type=int,
-        choices=range(1, 6),
-        default=3,
-        metavar="1..5",
-        help="1 first .. 5 last (default 3): Temporal's task priority for the job's work when "
-        "a queue is backlogged; shown by list",
-    )
     submit.add_argument("--wait", action="store_true", help="follow the job until it ends")
     submit.add_argument("--json", action="store_true", help="print JSON")
+
+    quote = command(
+        "quote",
+        cmd.cmd_quote,
+        "where a job would run now, and what the cloud would cost: nothing is started",
+        "The route a job with these options would take now, under the rules a job applies: the "
+        "GPU hosts that can run its graph, its position in the GPU line (0: a place now) with an "
+        "estimate from the hosts' recent renders, the cloud's estimate for its clip and what the "
+        "budgets have left, and why. Nothing is started, queued or reserved. Read through a "
+        "running worker, whose agents measure the hosts as for a job.",
+        json="print the quote as JSON",
+    )
+    job_options(quote)
 
     command(
         "status",

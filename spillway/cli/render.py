@@ -7,7 +7,7 @@ from spillway.cli.health import Health
 from spillway.cli.pool_health import PoolHealth
 from spillway.client.jobs import JobSummary
 from spillway.gpu_pool import PoolView
-from spillway.models import HostCapabilities, LoadStatus, Plan
+from spillway.models import HostCapabilities, LoadStatus, Plan, Quote
 from spillway.spend_book import LedgerSummary, MonthSpend
 
 
@@ -310,6 +310,31 @@ def render_queue(view: PoolView) -> str:
             f"{item.since:%H:%M:%S}  {eta:>7}  {item.why}"
         )
         lines.append(_cut(row, 100))
+    return "\n".join(lines)
+
+
+def render_quote(quote: Quote) -> str:
+    """`spillway quote`: the route now, why, and both prices of waiting."""
+    local = quote.local
+    eta = "now" if local.position == 0 else f"{local.position} in line"
+    if local.position and local.eta_s is not None:
+        eta += f", starts in about {_eta(local.eta_s)}"
+    lines = [
+        f"route: {quote.route}",
+        f"  why     {quote.why}",
+        f"  here    {eta} on {', '.join(local.hosts) or 'no host'}",
+    ]
+    cloud = quote.cloud
+    if cloud is None:
+        lines.append("  cloud   none (no cloud prompt, or no cloud key on the workers)")
+    else:
+        cost = "no estimate" if cloud.estimate_usd is None else f"${cloud.estimate_usd:.2f}"
+        left = (
+            "no budget set"
+            if cloud.budget_left_usd is None
+            else f"${cloud.budget_left_usd:.2f} left in the budget"
+        )
+        lines.append(f"  cloud   {cost} on {cloud.provider} ({left})")
     return "\n".join(lines)
 
 

@@ -50,6 +50,7 @@ from spillway.models import (
     Plan,
     PriorityChange,
     QueueSpot,
+    Quote,
     VideoJob,
 )
 from spillway.settings import Settings, describe_validation_error, load_settings
@@ -200,6 +201,12 @@ class SpillwayClient:
             binding = await jobs.binding(self.temporal, job_id, decision.approved)
             decision = signed_for(binding, decision, self.settings)
         return await jobs.decide(self.temporal, job_id, decision)
+
+    async def quote(self, job: VideoJob) -> Quote:
+        """Where `job` would run now and what the cloud would cost (`spillway quote`), under
+        the rules a job applies; nothing is started. Failed when no GPU host can run its graph
+        or no worker answers."""
+        return await jobs.quote(self.temporal, self.task_queue, job)
 
     async def set_priority(
         self, job_id: str, priority: int, by: str, reason: str = ""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import uuid
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,7 @@ from spillway.models import (
     PriorityChange,
     Progress,
     QueueSpot,
+    Quote,
     VideoJob,
 )
 from spillway.names import (
@@ -62,6 +64,7 @@ from spillway.names import (
     PLAN_MEMO,
     PRIORITY_MEMO,
     PRIORITY_UPDATE,
+    QUOTE,
     VIDEO_JOB,
 )
 from spillway.settings import Settings, describe_validation_error
@@ -339,6 +342,31 @@ async def decide(client: Client, job_id: str, decision: ApprovalDecision) -> str
         raise Failed(_message(err.cause or err)) from None
     except WorkflowUpdateRPCTimeoutOrCancelledError:
         return f"accepted; still being applied: see spillway status {job_id}"
+
+
+QUOTE_WITHIN = timedelta(seconds=30)  # the hosts' probes and fits take 10 s at most each
+
+
+async def quote(client: Client, task_queue: str, job: VideoJob) -> Quote:
+    """SpillwayQuoteWorkflow on the workers' queue, under an id of its own (the job's id is
+    not taken)."""
+    try:
+        found: Quote = await client.execute_workflow(
+            QUOTE,
+            job,
+            id=f"spillway-quote-{uuid.uuid4().hex[:12]}",
+            task_queue=task_queue,
+            result_type=Quote,
+            execution_timeout=QUOTE_WITHIN,
+        )
+    except WorkflowFailureError as err:
+        if isinstance(err.cause, ApplicationError):
+            raise Failed(err.cause.message) from None
+        raise Failed(
+            f"no worker answered on task queue {task_queue!r} within "
+            f"{QUOTE_WITHIN.total_seconds():g} s: start one (spillway worker)"
+        ) from None
+    return found
 
 
 async def set_priority(client: Client, job_id: str, change: PriorityChange) -> QueueSpot | None:

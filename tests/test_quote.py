@@ -1,0 +1,134 @@
+"""`spillway quote` end to end: the worker and its agent on the real dev server, the ComfyUI
+double, the MiniMax double for the cloud's figures. Each route a quote can give, the line's
+position and ETA from the renders seen, and nothing started by asking."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.testing import WorkflowEnvironment
+
+from spillway.client import SpillwayClient
+from spillway.client import jobs as job_ops
+from spillway.client.queue import pool_view
+from spillway.models import CloudRequest, Quote, VideoJob
+from spillway.sim.comfyui import ComfyUISim
+from spillway.sim.minimax import MiniMaxSim
+from spillway.tiers import load_tiers
+from tests.support.cli import spillway as cli
+from tests.support.constants import CLIP_USD
+from tests.support.graphs import GRAIN_GRAPH, VIDEO_GRAPH
+from tests.support.jobs import Jobs
+from tests.support.settings import comfyui_values, make_settings, minimax_values
+from tests.support.waiting import until
+from worker import serving
+
+pytestmark = pytest.mark.full
+
+CLOUD = CloudRequest(prompt="a lighthouse at dusk")
+
+
+class Studio:
+    def __init__(self, client: SpillwayClient, jobs: Jobs) -> None:
+        self.client, self.jobs = client, jobs
+
+    async def quote(self, cloud: bool = False, graph: dict[str, Any] = VIDEO_GRAPH) -> Quote:
+        job = VideoJob(
+            job_id=f"quote-{uuid.uuid4().hex[:8]}", graph=graph, cloud=CLOUD if cloud else None
+        )
+        return await self.client.quote(job)
+
+    async def start(self) -> Any:
+        job = VideoJob(job_id=f"held-{uuid.uuid4().hex[:8]}", graph=VIDEO_GRAPH)
+        return await job_ops.submit(self.jobs.client, job, self.jobs.task_queue)
+
+
+@pytest.fixture
+def studio(
+    dev_env: WorkflowEnvironment,
+    comfyui: ComfyUISim,
+    minimax: MiniMaxSim,
+    gpu: Any,
+    tmp_path: Path,
+) -> Callable[..., Any]:
+    comfyui.execution_s = 0.3
+
+    @asynccontextmanager
+    async def run(**overrides: Any) -> AsyncIterator[Studio]:
+        values = comfyui_values(comfyui, tmp_path / "out") | minimax_values(minimax, tmp_path / "o")
+        queue = f"quote-{uuid.uuid4()}"
+        settings = make_settings(
+            values, SPILLWAY_TASK_QUEUE=queue, A40_MAX_JOBS=2, CLOUD_DAILY_BUDGET_USD=5, **overrides
+        )
+        tiers = load_tiers(settings.SPILLWAY_ROUTING_TIERS)
+        async with serving(dev_env.client, settings, tiers, gpu=gpu):
+            client = SpillwayClient(dev_env.client, settings=settings)
+            yield Studio(client, Jobs(dev_env.client, queue))
+
+    return run
+
+
+async def test_each_route_a_quote_gives_with_the_line_s_position_and_eta_and_nothing_started(
+    studio, comfyui: ComfyUISim, cli_env, dev_env
+):
+    async with studio() as st:
+        # An idle host: a place now.
+        idle = await st.quote()
+        assert (idle.route, idle.local.position, idle.local.hosts) == ("local", 0, ["a40_local"])
+        assert idle.cloud is None and idle.why.startswith("a place on a40_local now")
+        # Two renders seen, then both places held (their prompts pending) and one in line.
+        for _ in range(2):
+            assert (await (await st.start()).result()).state == "completed"
+        comfyui.pause()
+        held = [await st.start() for _ in range(2)]
+        for job in held:
+            await st.jobs.until(job, "running_local")
+        waiting = await st.start()
+        await st.jobs.until(waiting, "queued")
+        line = await st.quote()
+        assert (line.route, line.local.position) == ("local", 2)
+        assert line.local.eta_s is not None and line.local.eta_s > 0
+        assert line.why.startswith("2nd in line for the GPUs, about ")
+        # With a cloud prompt and the fallback not armed: a person would be asked.
+        ask = await st.quote(cloud=True)
+        assert ask.route == "await_approval" and ask.local.position == 2
+        assert ask.cloud is not None and ask.cloud.provider == "minimax"
+        assert (ask.cloud.estimate_usd, ask.cloud.budget_left_usd) == (CLIP_USD, 5.0)
+        # The command: the same as JSON; nothing was started by any of it.
+        env = cli_env(
+            TEMPORAL_ADDRESS=dev_env.client.service_client.config.target_host,
+            SPILLWAY_TASK_QUEUE=st.jobs.task_queue,
+        )
+        code, out, err = await cli(
+            "quote", "--graph", "examples/video_graph.json", "--json", env=env
+        )
+        assert code == 0, err
+        assert Quote.model_validate(json.loads(out)).local.position == 2
+        view = await pool_view(st.jobs.client, st.jobs.task_queue)
+        assert [i.job_id for i in view.line] == [waiting.id]
+        assert len(comfyui.prompt_posts) == 4
+        comfyui.resume()
+        await waiting.result()
+    # A graph no host can run: the message a job would fail with (exit 1 from the command).
+    async with studio() as st:
+        with pytest.raises(Exception, match="no GPU host can run this graph"):
+            await st.quote(graph=GRAIN_GRAPH)
+
+
+async def test_armed_with_every_place_taken_the_quote_is_the_cloud(studio, comfyui: ComfyUISim):
+    async with studio(CLOUD_VIDEO_FALLBACK_ENABLED=True) as st:
+        comfyui.pause()
+        held = [await st.start() for _ in range(2)]
+        for job in held:
+            await st.jobs.until(job, "running_local")
+        quote = await st.quote(cloud=True)
+        comfyui.resume()
+        await until(lambda: all(comfyui.state_of(p) == "done" for p in comfyui.prompt_posts))
+    assert quote.route == "cloud" and quote.why.startswith("the GPU hosts are overloaded")
+    assert quote.cloud is not None and quote.cloud.estimate_usd == CLIP_USD

@@ -1,0 +1,132 @@
+"""QuoteWorkflow: what `spillway quote` asks the workers (docs/design.md, "Quotes"): the route a
+job would take now, under the rules a job applies at its first decision, with nothing started:
+no ask reaches the GPU pool (its `quote` query answers where the ask would stand), no place is
+taken, nothing is reserved. Workflow code."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Literal
+
+from temporalio import workflow
+from temporalio.common import Priority
+from temporalio.exceptions import ActivityError, ApplicationError
+
+from workflows import activity_calls as calls
+from workflows.measure import agent_silence
+
+with workflow.unsafe.imports_passed_through():
+    from activities.comfyui.models import HostFit
+    from activities.spend.activities import SpendRequest
+    from spillway import names
+    from spillway.decision import decide, is_armed, places_taken
+    from spillway.gpu_pool import HostSeen, PoolAsk, PoolHost, PoolQuote
+    from spillway.hosts import no_answer, pick_host
+    from spillway.models import (
+        CloudQuote,
+        HostRef,
+        LoadStatus,
+        LocalQuote,
+        Policy,
+        Quote,
+        VideoJob,
+    )
+    from workflows import texts
+
+QUOTE = "quote"  # the job id its probes and policy read carry
+NO_HOST = "NoHostCanRun"
+
+
+@workflow.defn(name=names.QUOTE)
+class QuoteWorkflow:
+    @workflow.run
+    async def run(self, job: VideoJob) -> Quote:
+        policy = await calls.read_policy(QUOTE)
+        priority = Priority(priority_key=job.priority)
+        loads, fits = await asyncio.gather(
+            asyncio.gather(*(_probe(policy, h, priority) for h in policy.hosts)),
+            asyncio.gather(*(_fit(job, h, priority) for h in policy.hosts)),
+        )
+        unfit = [h.name for h, fit in zip(policy.hosts, fits, strict=True) if fit.missing]
+        if policy.hosts and len(unfit) == len(policy.hosts):
+            missing = {h.name: fit.missing for h, fit in zip(policy.hosts, fits, strict=True)}
+            raise ApplicationError(texts.no_host_can_run(missing), type=NO_HOST)
+        readings = {h.name: load for h, load in zip(policy.hosts, loads, strict=True)}
+        load = pick_host({n: r for n, r in readings.items() if n not in unfit}).load
+        armed = is_armed(policy.fallback_enabled, policy.key_present, job.cloud is not None)
+        decision = decide(load, armed=armed)
+        mode = "any" if job.cloud is None else "headroom"
+        ask = PoolAsk(
+            job_id=job.job_id,
+            asked_at=workflow.now(),
+            priority=job.priority,
+            mode=mode,
+            seen=[
+                HostSeen(name=n, reachable=r.reachable, headroom=r.reachable and not r.overloaded)
+                for n, r in readings.items()
+            ],
+            unfit=unfit,
+        )
+        hosts = [PoolHost(ref=h, max_jobs=h.max_jobs) for h in policy.hosts]
+        line = await calls.pool_quote(PoolQuote(ask=ask, hosts=hosts))
+        if decision.route != "cloud" and line.host is None:
+            decision = decide(places_taken(load, line.full), armed=armed)
+        local = LocalQuote(
+            hosts=[h.name for h in policy.hosts if h.name not in unfit],
+            position=line.position,
+            eta_s=line.eta_s,
+        )
+        # A job that may not spend waits: in line for a place, or (with a cloud prompt) also
+        # for a person.
+        route: Literal["local", "cloud", "await_approval"] = (
+            decision.route
+            if decision.route != "await"
+            else "local"
+            if job.cloud is None
+            else "await_approval"
+        )
+        return Quote(
+            local=local,
+            cloud=await _cloud(job, policy),
+            route=route,
+            why=texts.quote_why(route, decision.why, line.host, local),
+        )
+
+
+async def _probe(policy: Policy, host: HostRef, priority: Priority) -> LoadStatus:
+    try:
+        return await calls.probe(QUOTE, host, priority)
+    except ActivityError as err:
+        return no_answer(host.name, policy.thresholds, workflow.now(), agent_silence(err))
+
+
+async def _fit(job: VideoJob, host: HostRef, priority: Priority) -> HostFit:
+    try:
+        return await calls.comfyui_fit(QUOTE, host, job.graph, priority)
+    except ActivityError as err:
+        return HostFit(error=agent_silence(err))
+
+
+async def _cloud(job: VideoJob, policy: Policy) -> CloudQuote | None:
+    """The first provider's estimate for the clip and what the budgets have left; None when the
+    job has no cloud prompt or the workers hold no cloud key."""
+    if job.cloud is None or not policy.providers:
+        return None
+    provider = policy.providers[0]
+    quote = CloudQuote(provider=provider)
+    request = SpendRequest(
+        job_id=job.job_id,
+        provider=provider,
+        request=job.cloud,
+        authorised_by="quote",
+        authorisation="armed",
+    )
+    try:
+        view = await calls.spend_view(request)
+    except ActivityError as err:  # shown only: the quote goes on without the figures
+        workflow.logger.warning("quote: budget view failed: %s", err.cause or err)
+        return quote
+    left = [v for v in (view.day_remaining_usd, view.month_remaining_usd) if v is not None]
+    quote.estimate_usd = view.estimate_usd
+    quote.budget_left_usd = min(left) if left else None
+    return quote
