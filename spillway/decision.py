@@ -11,11 +11,12 @@ cover waits for a person (`budget_exhausted`), like an unarmed one.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Literal
 
 from pydantic import BaseModel
 
-from spillway.models import LoadStatus
+from spillway.models import LoadStatus, VideoJob
 
 Route = Literal["local", "cloud", "await"]
 
@@ -61,6 +62,17 @@ class Decision(BaseModel):
     trigger: Literal["overloaded", "unreachable"] | None
     reasons: list[str]
     why: str
+
+
+def patience_s(job: VideoJob, overflow_after_s: float, now: datetime) -> float | None:
+    """How long an armed job may wait in the GPU line before the cloud: its own `max_wait_s`, the
+    time to its `deadline`, else the workers' CLOUD_OVERFLOW_AFTER_S; None (or 0): overflow as
+    soon as the places are full."""
+    if job.max_wait_s is not None:
+        return job.max_wait_s or None
+    if job.deadline is not None:
+        return max((job.deadline - now).total_seconds(), 0.0)
+    return overflow_after_s or None
 
 
 def places_taken(load: LoadStatus, full: list[str]) -> LoadStatus:

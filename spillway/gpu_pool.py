@@ -117,6 +117,8 @@ class PoolAnswer(BaseModel):
     host: str | None = None
     position: int | None = None
     full: list[str] = []
+    eta_s: float | None = None  # in the line: the estimate of when it starts (None: not known)
+    render_s: float | None = None  # a typical render here (the median of the recent ones)
 
 
 class Quoted(BaseModel):
@@ -127,6 +129,7 @@ class Quoted(BaseModel):
     position: int = 0
     eta_s: float | None = None
     full: list[str] = []
+    render_s: float | None = None  # a typical render here
 
 
 class Holder(BaseModel):
@@ -347,9 +350,16 @@ class PoolBook:
         position = bisect.bisect_left(self.line, self._key(ask), key=self._key) + 1
         self.line.insert(position - 1, ask)
         self._lined[ask.job_id] = ask
+        in_line = PoolAnswer(
+            asked_at=ask.asked_at,
+            position=position,
+            full=full,
+            eta_s=self._eta(position),
+            render_s=self._typical(),
+        )
         return [
             *sent,
-            (ask.job_id, PoolAnswer(asked_at=ask.asked_at, position=position, full=full)),
+            (ask.job_id, in_line),
             *self.admit(now, freshness=timedelta(0)),
         ]
 
@@ -632,7 +642,12 @@ class PoolBook:
         if host is not None:
             return Quoted(host=host, eta_s=0.0)
         position = bisect.bisect_left(self.line, self._key(ask), key=self._key) + 1
-        return Quoted(position=position, eta_s=self._eta(position), full=self.full_reasons(ask))
+        return Quoted(
+            position=position,
+            eta_s=self._eta(position),
+            full=self.full_reasons(ask),
+            render_s=self._typical(),
+        )
 
     def spot(self, job_id: str) -> QueueSpot | None:
         ask = self._lined.get(job_id)
@@ -809,10 +824,15 @@ class PoolBook:
         del self._lined[ask.job_id]
 
     def _eta(self, position: int) -> float | None:
-        """Rounds of every place ahead of it, each as long as the hosts' recent holds."""
-        holds = [s for v in self.holds_s.values() for s in v]
+        """Rounds of every place ahead of it, each as long as a typical render."""
+        typical = self._typical()
         places = sum(h.max_jobs for h in self.hosts.values())
-        if not holds or not places:
+        if typical is None or not places:
             return None
-        # The median: one render that ran an hour does not make every wait an hour.
-        return round(math.ceil(position / places) * statistics.median(holds), 1)
+        return round(math.ceil(position / places) * typical, 1)
+
+    def _typical(self) -> float | None:
+        """The median of the hosts' recent renders: one that ran an hour does not make every
+        wait an hour."""
+        holds = [s for v in self.holds_s.values() for s in v]
+        return statistics.median(holds) if holds else None

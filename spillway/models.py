@@ -96,6 +96,7 @@ class Policy(BaseModel):
     host_fit: bool = False
     # SPILLWAY_POOL_PREFER_WARM (False in what 0.5.0 workers read)
     pool_prefer_warm: bool = False
+    overflow_after_s: float = 0.0  # CLOUD_OVERFLOW_AFTER_S: a job's patience by default
     # Local waits stop a stalled render (each agent's RENDER_STALL_S). False in what 0.5.0
     # workers read: their runs replay without the outcome.
     stall_rule: bool = False
@@ -447,6 +448,7 @@ class AwaitCarry(BaseModel):
     give_up_at: datetime
     pending_approval: ApprovalDecision | None = None
     place: JobPlace | None = None  # its ask for a GPU place (None: a run from before the pool)
+    patience_until: datetime | None = None  # an armed job in line goes to the cloud then
 
 
 class VideoJob(BaseModel):
@@ -462,7 +464,21 @@ class VideoJob(BaseModel):
     # 1 (first) .. 5 (last): Temporal's task priority for the job; 1 also goes to the front of
     # ComfyUI's queue.
     priority: Annotated[int, Field(ge=1, le=5)] = 3
+    # A job's patience (an armed job whose hosts are full waits in the GPU line while its
+    # estimated start is within it, and goes to the cloud once it is not): seconds, or a time
+    # by which it should be done (its patience: the time left minus a typical render). At most
+    # one; neither: CLOUD_OVERFLOW_AFTER_S on the workers (0: overflow as soon as they are full).
+    max_wait_s: Annotated[float, Field(ge=0, le=7 * 86400)] | None = None
+    deadline: datetime | None = None
     carry: AwaitCarry | None = None  # set only by continue-as-new
+
+    @model_validator(mode="after")
+    def _one_patience(self) -> VideoJob:
+        if self.max_wait_s is not None and self.deadline is not None:
+            raise ValueError("give max_wait_s or deadline, not both")
+        if self.deadline is not None and self.deadline.tzinfo is None:
+            raise ValueError("deadline needs a time zone (e.g. 2026-12-05T18:00:00Z)")
+        return self
 
     @model_validator(mode="after")
     def _inputs_fit_the_graph(self) -> VideoJob:

@@ -86,6 +86,10 @@ class Settings(BaseSettings):
     # fails the job. Generous, since a VAE decode of a long clip can be silent for minutes; per
     # host `render_stall_s` in routing_tiers.json. 0: never.
     RENDER_STALL_S: Annotated[float, Field(ge=0, le=7 * 86400)] = 900.0
+    # A job's patience when it names none (`submit --max-wait`): an armed job whose GPU hosts
+    # are full waits in the line while the line's estimate is within it, and overflows to the
+    # cloud once the estimate or its wait passes it. 0: overflow as soon as the places are full.
+    CLOUD_OVERFLOW_AFTER_S: Annotated[float, Field(ge=0, le=7 * 86400)] = 0.0
     COMFYUI_MAX_ATTEMPTS: Annotated[int, Field(ge=1, le=10)] = 3  # submits per job, LOST included
 
     CLOUD_VIDEO_FALLBACK_ENABLED: bool = False

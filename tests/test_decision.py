@@ -3,13 +3,16 @@ README and `spillway health` showing that same table, and the fail-open cases ar
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
 from spillway.cli.health import DECISION
-from spillway.decision import TABLE, Row, decide, is_armed, places_taken, table_rows
-from spillway.models import LoadStatus, Thresholds
+from spillway.client.new_jobs import duration_s, moment
+from spillway.decision import TABLE, Row, decide, is_armed, patience_s, places_taken, table_rows
+from spillway.errors import ConfigError
+from spillway.models import LoadStatus, Thresholds, VideoJob
 from spillway.settings import PROJECT_ROOT
 
 
@@ -103,3 +106,35 @@ def test_every_place_taken_counts_as_overloaded(
         assert seen.overloaded and decision.reasons == FULL
     else:
         assert seen == reading  # already overloaded or unreachable: the probe's reasons stand
+
+
+T = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("fields", "overflow_after_s", "patience"),
+    [
+        ({}, 0.0, None),  # today's rule: overflow as soon as the places are full
+        ({}, 300.0, 300.0),  # the studio's default
+        ({"max_wait_s": 90}, 300.0, 90.0),  # the job's own wins
+        ({"max_wait_s": 0}, 300.0, None),  # 0: at once
+        ({"deadline": T + timedelta(minutes=10)}, 0.0, 600.0),
+        ({"deadline": T - timedelta(minutes=1)}, 300.0, 0.0),  # past: no patience left
+    ],
+)
+def test_a_job_s_patience(fields: dict[str, Any], overflow_after_s: float, patience: float | None):
+    job = VideoJob(job_id="j", graph={"1": {"class_type": "EmptyImage"}}, **fields)
+    assert patience_s(job, overflow_after_s, T) == patience
+
+
+def test_a_patience_is_read_from_the_command_line_or_refused_naming_it():
+    assert [duration_s(v) for v in ("90", "90s", "10m", "2h", 1.5)] == [90, 90, 600, 7200, 1.5]
+    assert moment("2026-12-05T18:00:00Z") == datetime(2026, 12, 5, 18, tzinfo=UTC)
+    for bad, message in [("soon", "--max-wait 'soon'"), ("-5m", "not negative")]:
+        with pytest.raises(ConfigError, match=message):
+            duration_s(bad)
+    for bad, message in [("tomorrow", "ISO 8601"), ("2026-12-05T18:00:00", "its zone")]:
+        with pytest.raises(ConfigError, match=message):
+            moment(bad)
+    with pytest.raises(ValueError, match="max_wait_s or deadline, not both"):
+        VideoJob(job_id="j", graph={"1": {"class_type": "X"}}, max_wait_s=1, deadline=T)

@@ -25,6 +25,7 @@ from temporalio.exceptions import ActivityError, is_cancelled_exception
 from workflows import activity_calls as calls
 from workflows import admission, cloud_route, measure
 from workflows.job_state import (
+    ARMED,
     LOCAL,
     SIGNED_APPROVALS,
     RouteChoice,
@@ -197,6 +198,13 @@ async def wait_in_line(
                 await admission.leave(s)
                 return choice
             continue
+        if s.patience_until is not None and workflow.now() >= s.patience_until:
+            # An armed job whose patience ran out in line: the cloud (the line moves up).
+            waited = (workflow.now() - s.place.asked_at).total_seconds() if s.place else 0.0
+            s.reason(texts.waited_past_patience(waited))
+            s.patience_until = None
+            await admission.leave(s)
+            return ARMED
         if s.reprioritized:  # the same ask at its new priority: the pool moves it at once
             assert s.place is not None
             s.place = s.place.model_copy(update={"priority": s.job.priority})
@@ -235,6 +243,8 @@ async def wait_in_line(
             await admission.check(s)
             continue
         ends = [approval_deadline] if s.plan.state == "awaiting_approval" else []
+        if s.patience_until is not None:
+            ends.append(s.patience_until)
         if unreachable:
             ends.append(give_up_at)
         if line_check is not None:
@@ -380,6 +390,7 @@ def _continue_as_new(
         give_up_at=give_up_at,
         pending_approval=s.pending.decision if s.pending else None,
         place=s.place,
+        patience_until=s.patience_until,
     )
     workflow.continue_as_new(s.job.model_copy(update={"carry": carry}))
 

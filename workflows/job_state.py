@@ -113,6 +113,8 @@ class VideoJobState:
     # A `spillway priority` change the run has not yet asked the pool for.
     reprioritized: bool = False
     render_s: float | None = None  # its render, by ComfyUI's clock: the pool's ETA learns it
+    # An armed job waiting in the line by its patience: it goes to the cloud then.
+    patience_until: datetime | None = None
     answer: PoolAnswer | None = None  # the pool's answer to the ask just sent
     # Ask times of places the pool gave to asks the job no longer stands by: the run gives them
     # back, never the signal handler that learnt of them.
@@ -159,6 +161,7 @@ class VideoJobState:
             pooled=carry.place is not None,
             place=carry.place,
             unfit=carry.place.unfit if carry.place else None,
+            patience_until=carry.patience_until,
         )
 
     # --- what the policy says, once read ------------------------------------------------------

@@ -19,7 +19,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.comfyui.models import HostFit
     from activities.spend.activities import SpendRequest
     from spillway import names
-    from spillway.decision import decide, is_armed, places_taken
+    from spillway.decision import decide, is_armed, patience_s, places_taken
     from spillway.gpu_pool import HostSeen, PoolAsk, PoolHost, PoolQuote
     from spillway.hosts import no_answer, pick_host
     from spillway.models import (
@@ -69,8 +69,14 @@ class QuoteWorkflow:
         )
         hosts = [PoolHost(ref=h, max_jobs=h.max_jobs) for h in policy.hosts]
         line = await calls.pool_quote(PoolQuote(ask=ask, hosts=hosts))
+        patient = False
         if decision.route != "cloud" and line.host is None:
             decision = decide(places_taken(load, line.full), armed=armed)
+            # An armed job with patience waits in line while the estimate is within it.
+            patience = patience_s(job, policy.overflow_after_s, workflow.now()) if armed else None
+            if job.deadline is not None and patience is not None:
+                patience = max(patience - (line.render_s or 0.0), 0.0)
+            patient = patience is not None and line.eta_s is not None and line.eta_s <= patience
         local = LocalQuote(
             hosts=[h.name for h in policy.hosts if h.name not in unfit],
             position=line.position,
@@ -79,7 +85,9 @@ class QuoteWorkflow:
         # A job that may not spend waits: in line for a place, or (with a cloud prompt) also
         # for a person.
         route: Literal["local", "cloud", "await_approval"] = (
-            decision.route
+            "local"
+            if patient
+            else decision.route
             if decision.route != "await"
             else "local"
             if job.cloud is None

@@ -235,6 +235,20 @@ def admitted_to_unknown_host(host: str, known: list[str]) -> str:
     )
 
 
+def waited_past_patience(waited_s: float) -> str:
+    return f"waited_{round(waited_s)}s_reached_patience"
+
+
+def line_within_patience(eta_s: float, patience_s: float) -> str:
+    return f"line_eta_{round(eta_s)}s_within_max_wait_{round(patience_s)}s"
+
+
+def line_past_patience(eta_s: float | None, patience_s: float) -> str:
+    if eta_s is None:
+        return f"line_eta_unknown_max_wait_{round(patience_s)}s"
+    return f"line_eta_{round(eta_s)}s_gt_max_wait_{round(patience_s)}s"
+
+
 def quote_why(route: str, why: str, host: str | None, local: LocalQuote) -> str:
     if route == "local" and host is not None:
         return f"a place on {host} now ({why})"

@@ -35,7 +35,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.callbacks import EventName
     from activities.comfyui.models import HostFit
     from spillway import names
-    from spillway.decision import decide, is_armed, places_taken
+    from spillway.decision import decide, is_armed, patience_s, places_taken
     from spillway.gpu_pool import PoolAnswer
     from spillway.models import (
         ApprovalDecision,
@@ -133,14 +133,20 @@ class VideoJobWorkflow:
         armed = is_armed(policy.fallback_enabled, policy.key_present, job.cloud is not None)
         decision = decide(load, armed=armed)
         answer: PoolAnswer | None = None
+        # An armed job with patience lines up for the next place while the line's estimate is
+        # within it; without, it overflows as soon as the places are full.
+        patience = patience_s(job, policy.overflow_after_s, workflow.now()) if armed else None
+        waits_patiently, patience_reason = False, None
         if s.pooled and decision.route != "cloud":
             # A job that may still go to the cloud waits for headroom; one that can only run
-            # here takes the next place on a host that answers.
-            mode: PlaceMode = "any" if job.cloud is None else "headroom"
-            answer = await admission.ask(s, wait=not armed, mode=mode)
+            # here, or that waits by its patience, takes the next place on a host that answers.
+            mode: PlaceMode = "any" if job.cloud is None or patience is not None else "headroom"
+            answer = await admission.ask(s, wait=not armed or patience is not None, mode=mode)
             if answer.host is None:
                 load = places_taken(load, answer.full)
                 decision = decide(load, armed=armed)
+                if patience is not None and answer.position is not None:
+                    waits_patiently, patience_reason = await self._by_patience(answer, patience)
         workflow.logger.info(
             "decision job=%s route=%s trigger=%s armed=%s reasons=%s errors=%s why=%r",
             job.job_id,
@@ -153,8 +159,11 @@ class VideoJobWorkflow:
         )
         s.plan.reasons = decision.reasons
         s.plan.reasons += [f"cannot_run_on={name}" for name in s.unfit or []]
+        s.plan.reasons += [patience_reason] if patience_reason else []
         s.plan.overflow.trigger = decision.trigger
         s.plan.overflow.last_signal = load if decision.trigger else None
+        if waits_patiently:
+            return await approval.wait_in_line(s)
         if decision.route == "cloud":
             return ARMED
         if answer is None:  # a run of 0.4.0
@@ -164,6 +173,19 @@ class VideoJobWorkflow:
         if job.cloud is None:  # nobody is asked: it waits for a place
             return await approval.wait_in_line(s)
         return await approval.ask(s, None)
+
+    async def _by_patience(self, answer: PoolAnswer, patience: float) -> tuple[bool, str]:
+        """In line with its patience: it waits when the line's estimate is within it (until
+        then), else it leaves the line at once for the cloud; the reason names both figures.
+        With a deadline the patience leaves a typical render's time before it."""
+        s = self._state
+        if s.job.deadline is not None:
+            patience = max(patience - (answer.render_s or 0.0), 0.0)
+        if answer.eta_s is not None and answer.eta_s <= patience:
+            s.patience_until = workflow.now() + timedelta(seconds=patience)
+            return True, texts.line_within_patience(answer.eta_s, patience)
+        await admission.leave(s)
+        return False, texts.line_past_patience(answer.eta_s, patience)
 
     async def _give_back_strays(self) -> None:
         s = self._state

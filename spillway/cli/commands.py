@@ -110,6 +110,8 @@ async def cmd_submit(args: argparse.Namespace) -> int:
         resolution=args.resolution,
         callback_url=args.callback_url,
         priority=args.priority,
+        max_wait=args.max_wait,
+        deadline=args.deadline,
     )
     client = await _jobs_client(settings)
     plan = await client.start(
@@ -136,6 +138,8 @@ async def cmd_quote(args: argparse.Namespace) -> int:
         duration=args.duration,
         resolution=args.resolution,
         priority=args.priority,
+        max_wait=args.max_wait,
+        deadline=args.deadline,
     )
     quote = await (await _jobs_client()).quote(job)
     print(quote.model_dump_json(indent=2) if args.json else render_quote(quote))

@@ -36,6 +36,20 @@ def job_options(sub: argparse.ArgumentParser) -> None:
         help="1 first .. 5 last (default 3): Temporal's task priority for the job's work when "
         "a queue is backlogged, and its place in the GPU line; shown by list",
     )
+    patience = sub.add_mutually_exclusive_group()
+    patience.add_argument(
+        "--max-wait",
+        metavar="DURATION",
+        help="its patience (90s, 10m, 2h): armed and every GPU place taken, it waits in line "
+        "while the line's estimate is within this, and goes to the cloud once it is not "
+        "(default: the workers' CLOUD_OVERFLOW_AFTER_S; 0: at once)",
+    )
+    patience.add_argument(
+        "--deadline",
+        metavar="TIME",
+        help="done by then (ISO 8601 with a zone, e.g. 2026-12-05T18:00:00Z): its patience is "
+        "the time left minus a typical render",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -161,6 +161,8 @@ def build_job(
     *,
     callback_url: str | None = None,
     priority: int = 3,
+    max_wait_s: float | None = None,
+    deadline: datetime | None = None,
 ) -> VideoJob:
     """Validates everything at the edge: nothing starts with a bad graph or cloud request."""
     if prompt is None and cloud_options:
@@ -170,7 +172,13 @@ def build_job(
     try:
         cloud = CloudRequest(prompt=prompt, **cloud_options) if prompt is not None else None
         return VideoJob(
-            job_id=job_id, graph=graph, cloud=cloud, callback_url=callback_url, priority=priority
+            job_id=job_id,
+            graph=graph,
+            cloud=cloud,
+            callback_url=callback_url,
+            priority=priority,
+            max_wait_s=max_wait_s,
+            deadline=deadline,
         )
     except ValidationError as exc:
         raise ConfigError(describe_validation_error(exc, "job")) from None

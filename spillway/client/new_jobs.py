@@ -28,6 +28,8 @@ def make_job(
     resolution: str | None = None,
     callback_url: str | None = None,
     priority: int = 3,
+    max_wait: str | float | None = None,
+    deadline: str | datetime | None = None,
 ) -> VideoJob:
     """A job, every part checked (ConfigError naming what is wrong); nothing is started.
 
@@ -38,7 +40,9 @@ def make_job(
     job.completed|failed|cancelled POST goes there instead of the workers' JOB_WEBHOOK_URL, not
     signed with the workers' JOB_WEBHOOK_SECRET; it travels in the job's input and so in its
     history: a URL that holds a secret belongs in JOB_WEBHOOK_URL on the workers. `priority`: 1
-    (first) to 5 (last), default 3.
+    (first) to 5 (last), default 3. `max_wait` (seconds, or `90s`, `10m`, `2h`) or `deadline`
+    (ISO 8601 with a zone): the job's patience, how long an armed job may wait in the GPU line
+    before the cloud.
     """
     if isinstance(graph, Path):
         graph = jobs.read_graph(graph)
@@ -52,7 +56,41 @@ def make_job(
         {k: v for k, v in options.items() if v is not None},
         callback_url=callback_url,
         priority=priority,
+        max_wait_s=None if max_wait is None else duration_s(max_wait),
+        deadline=None if deadline is None else moment(deadline),
     )
+
+
+def duration_s(value: str | float) -> float:
+    """`90`, `90s`, `10m`, `2h` in seconds; ConfigError for anything else."""
+    if isinstance(value, int | float):
+        return float(value)
+    text = value.strip().lower()
+    unit = {"s": 1, "m": 60, "h": 3600}.get(text[-1:])
+    number = text[:-1] if unit else text
+    try:
+        seconds = float(number) * (unit or 1)
+    except ValueError:
+        raise ConfigError(f"--max-wait {value!r}: give seconds, or 90s, 10m, 2h") from None
+    if seconds < 0:
+        raise ConfigError(f"--max-wait {value!r}: a patience is not negative")
+    return seconds
+
+
+def moment(value: str | datetime) -> datetime:
+    """An ISO 8601 time with its zone; ConfigError naming what is wrong."""
+    if isinstance(value, datetime):
+        when = value
+    else:
+        try:
+            when = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+        except ValueError:
+            raise ConfigError(
+                f"--deadline {value!r}: give an ISO 8601 time, e.g. 2026-12-05T18:00:00Z"
+            ) from None
+    if when.tzinfo is None:
+        raise ConfigError(f"--deadline {value!r}: give its zone, e.g. 2026-12-05T18:00:00Z")
+    return when
 
 
 def make_decision(

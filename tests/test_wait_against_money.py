@@ -4,6 +4,7 @@ position and ETA from the renders seen, and nothing started by asking."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -132,3 +133,81 @@ async def test_armed_with_every_place_taken_the_quote_is_the_cloud(studio, comfy
         await until(lambda: all(comfyui.state_of(p) == "done" for p in comfyui.prompt_posts))
     assert quote.route == "cloud" and quote.why.startswith("the GPU hosts are overloaded")
     assert quote.cloud is not None and quote.cloud.estimate_usd == CLIP_USD
+
+
+async def renders_seen(st: Studio, comfyui: ComfyUISim, seconds: float) -> None:
+    """Two renders of `seconds` each, so that the line has an estimate."""
+    comfyui.execution_s = seconds
+    done = await asyncio.gather(*[(await st.start()).result() for _ in range(2)])
+    assert all(plan.state == "completed" for plan in done)
+
+
+async def both_places_held(st: Studio, comfyui: ComfyUISim) -> list[Any]:
+    comfyui.pause()  # their prompts stay pending: the places stay held
+    held = [await st.start() for _ in range(2)]
+    for job in held:
+        await st.jobs.until(job, "running_local")
+    return held
+
+
+async def armed_job(st: Studio, **patience: Any) -> Any:
+    job = VideoJob(
+        job_id=f"patient-{uuid.uuid4().hex[:8]}", graph=VIDEO_GRAPH, cloud=CLOUD, **patience
+    )
+    return await job_ops.submit(st.jobs.client, job, st.jobs.task_queue)
+
+
+def creates(minimax: MiniMaxSim) -> int:
+    return sum(minimax.create_calls_by_prompt.values())
+
+
+async def test_armed_and_full_a_patient_job_waits_in_line_and_renders_here_spending_nothing(
+    studio, comfyui: ComfyUISim, minimax: MiniMaxSim
+):
+    async with studio(CLOUD_VIDEO_FALLBACK_ENABLED=True) as st:
+        await renders_seen(st, comfyui, 2.0)
+        await both_places_held(st, comfyui)
+        patient = await armed_job(st, max_wait_s=600)
+        plan = await st.jobs.until(patient, "queued")
+        assert "line_eta_2s_within_max_wait_600s" in plan.reasons
+        comfyui.resume()
+        plan = await patient.result()
+    assert (plan.state, plan.route) == ("completed", "local")
+    assert creates(minimax) == 0
+
+
+async def test_armed_and_full_a_job_whose_patience_is_shorter_than_the_line_goes_to_the_cloud(
+    studio, comfyui: ComfyUISim, minimax: MiniMaxSim
+):
+    async with studio(CLOUD_VIDEO_FALLBACK_ENABLED=True) as st:
+        await renders_seen(st, comfyui, 2.0)
+        held = await both_places_held(st, comfyui)
+        hasty = await (await armed_job(st, max_wait_s=1)).result()
+        # A job in line whose wait reaches its patience leaves for the cloud then, and the job
+        # behind it moves up.
+        patient = await armed_job(st, max_wait_s=5)
+        await st.jobs.until(patient, "queued")
+        behind = await st.start()
+        await st.jobs.until(behind, "queued")
+        waited = await patient.result()
+        line = await pool_view(st.jobs.client, st.jobs.task_queue)
+        comfyui.resume()
+        await asyncio.gather(behind.result(), *(h.result() for h in held))
+    assert (hasty.route, hasty.state) == ("cloud", "completed")
+    assert "line_eta_2s_gt_max_wait_1s" in hasty.reasons
+    assert (waited.route, waited.state) == ("cloud", "completed")
+    assert any(r.startswith("waited_5s") for r in waited.reasons), waited.reasons
+    assert [i.job_id for i in line.line] == [behind.id]
+    assert creates(minimax) == 2
+
+
+async def test_with_no_estimate_yet_an_armed_job_keeps_today_s_rule(
+    studio, comfyui: ComfyUISim, minimax: MiniMaxSim
+):
+    async with studio(CLOUD_VIDEO_FALLBACK_ENABLED=True, CLOUD_OVERFLOW_AFTER_S=600) as st:
+        held = await both_places_held(st, comfyui)
+        plan = await (await armed_job(st)).result()
+        comfyui.resume()
+        await asyncio.gather(*(h.result() for h in held))
+    assert plan.route == "cloud" and "line_eta_unknown_max_wait_600s" in plan.reasons
+    assert creates(minimax) == 1
