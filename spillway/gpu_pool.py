@@ -246,6 +246,9 @@ class InLine(BaseModel):
     # A job that waits for headroom is also waiting for a person (approve: the cloud).
     state: JobState = "queued"
     why: str = ""  # what it waits for, in a few words
+    # An armed job waiting by its patience goes to the cloud then (read off the job's plan by
+    # `spillway queue`; the pool does not keep it).
+    patience_until: datetime | None = None
 
 
 class PoolView(BaseModel):

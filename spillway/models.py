@@ -415,6 +415,8 @@ class Plan(BaseModel):
     can_run: list[str] | None = None
     cannot_run: dict[str, list[str]] = {}
     priority_changes: list[PriorityRecord] = []  # `spillway priority`: who moved it, when, why
+    # An armed job waiting in the GPU line by its patience: it goes to the cloud then.
+    patience_until: datetime | None = None
 
     def hosts_text(self) -> str:
         """Which hosts can run the job, and what the others lack."""

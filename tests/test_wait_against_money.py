@@ -168,8 +168,11 @@ async def test_armed_and_full_a_patient_job_waits_in_line_and_renders_here_spend
         await renders_seen(st, comfyui, 2.0)
         await both_places_held(st, comfyui)
         patient = await armed_job(st, max_wait_s=600)
-        plan = await st.jobs.until(patient, "queued")
+        plan = await st.jobs.until(patient, lambda p: p.patience_until is not None)
         assert "line_eta_2s_within_max_wait_600s" in plan.reasons
+        # `spillway queue` shows when it would go to the cloud, as its plan does.
+        line = (await pool_view(st.jobs.client, st.jobs.task_queue)).line
+        assert [(i.job_id, i.patience_until) for i in line] == [(patient.id, plan.patience_until)]
         comfyui.resume()
         plan = await patient.result()
     assert (plan.state, plan.route) == ("completed", "local")

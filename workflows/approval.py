@@ -202,7 +202,7 @@ async def wait_in_line(
             # An armed job whose patience ran out in line: the cloud (the line moves up).
             waited = (workflow.now() - s.place.asked_at).total_seconds() if s.place else 0.0
             s.reason(texts.waited_past_patience(waited))
-            s.patience_until = None
+            s.patience_until = s.plan.patience_until = None
             await admission.leave(s)
             return ARMED
         if s.reprioritized:  # the same ask at its new priority: the pool moves it at once

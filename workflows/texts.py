@@ -68,9 +68,16 @@ def current_details(plan: Plan) -> str:
         )
     if state == "queued":
         why = f" ({_signal_text(plan)})" if plan.overflow.last_signal is not None else ""
+        patience = (
+            f" If none frees by {plan.patience_until:%H:%M:%S} UTC (its patience), it renders in "
+            "the cloud."
+            if plan.patience_until is not None
+            else ""
+        )
         return (
             f"**Waiting in the GPU line** for a place on a GPU host{why}; it runs locally as "
-            f"soon as it gets one.{_line_text(plan)}\n\n`spillway queue` shows the line now."
+            f"soon as it gets one.{patience}{_line_text(plan)}\n\n`spillway queue` shows the "
+            "line now."
         )
     if state == "probing":
         if plan.overflow.trigger == "unreachable":

@@ -183,6 +183,7 @@ class VideoJobWorkflow:
             patience = max(patience - (answer.render_s or 0.0), 0.0)
         if answer.eta_s is not None and answer.eta_s <= patience:
             s.patience_until = workflow.now() + timedelta(seconds=patience)
+            s.plan.patience_until = s.patience_until
             return True, texts.line_within_patience(answer.eta_s, patience)
         await admission.leave(s)
         return False, texts.line_past_patience(answer.eta_s, patience)

@@ -201,6 +201,11 @@ def render_plan(plan: Plan) -> str:
         lines.append(f"  decide    spillway approve|reject {plan.job_id} --by NAME [--reason TEXT]")
     if plan.cannot_run:
         lines.append("  hosts     " + plan.hosts_text())
+    if plan.patience_until is not None:
+        lines.append(
+            f"  patience  to the cloud at {plan.patience_until:%Y-%m-%d %H:%M:%S} UTC unless a "
+            "GPU place frees first"
+        )
     if plan.queue is not None:
         q = plan.queue
         eta = f", about {_eta(q.eta_s)}" if q.eta_s is not None else ""
@@ -305,9 +310,12 @@ def render_queue(view: PoolView) -> str:
     lines.append(f"  {'#':>4}  {'job':<32}  {'prio':>4}  {'since':<8}  {'ETA':>7}  why")
     for item in view.line:
         eta = "-" if item.eta_s is None else f"~{_eta(item.eta_s)}"
+        why = item.why
+        if item.patience_until is not None:
+            why += f"; cloud at {item.patience_until:%H:%M:%S}"
         row = (
             f"  {item.position:>4}  {_cut(item.job_id, 32):<32}  {item.priority:>4}  "
-            f"{item.since:%H:%M:%S}  {eta:>7}  {item.why}"
+            f"{item.since:%H:%M:%S}  {eta:>7}  {why}"
         )
         lines.append(_cut(row, 100))
     return "\n".join(lines)

@@ -16,9 +16,10 @@ from spillway import names
 from spillway import search_attributes as sa
 from spillway.errors import Failed
 from spillway.gpu_pool import PoolView
-from spillway.models import JobState, QueueSpot
+from spillway.models import JobState, Plan, QueueSpot
 
 QUERY_TIMEOUT = timedelta(seconds=10)
+PATIENCE_READ = 100  # jobs of the line whose patience `spillway queue` reads
 
 
 async def pool_view(client: Client, task_queue: str) -> PoolView:
@@ -41,6 +42,7 @@ async def pool_view(client: Client, task_queue: str) -> PoolView:
             return PoolView(hosts=[], line=[], pool="not_started")
         raise Failed(f"the GPU pool did not answer ({exc.message}): is a worker running?") from None
     await _holders_states(client, view)
+    await _patience(client, view)
     return view
 
 
@@ -58,6 +60,26 @@ async def _holders_states(client: Client, view: PoolView) -> None:
             place = places.get(execution.id)
             if place is not None and state is not None and execution.close_time is None:
                 place.state = cast(JobState, state)
+    except RPCError:
+        return
+
+
+async def _patience(client: Client, view: PoolView) -> None:
+    """When each job in line waiting by its patience goes to the cloud, from its plan (the
+    memo it publishes); the first PATIENCE_READ of the line only."""
+    patient = {item.job_id: item for item in view.line[:PATIENCE_READ] if item.state == "queued"}
+    if not patient:
+        return
+    ids = ", ".join(f"'{job_id}'" for job_id in patient)
+    query = f"WorkflowType = '{names.VIDEO_JOB}' AND WorkflowId IN ({ids})"
+    try:
+        async for execution in client.list_workflows(query):
+            item = patient.get(execution.id)
+            if item is None or execution.close_time is not None:
+                continue
+            plan = await execution.memo_value(names.PLAN_MEMO, None, type_hint=Plan)
+            if isinstance(plan, Plan):
+                item.patience_until = plan.patience_until
     except RPCError:
         return
 
