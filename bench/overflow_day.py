@@ -11,10 +11,10 @@ for armed jobs whose GPU places are all taken, run through the GPU pool's own bo
   when a place frees, and goes to the cloud when its wait reaches its patience; a longer
   estimate, or none yet, sends it to the cloud at once (what a job does, workflows/video_job.py).
 
-Arrivals come in bursts (a burst every 20 to 60 min, 1 to 10 jobs within 5 minutes); renders are drawn
-from a log-normal around 2 minutes; each job's patience is 2, 5, 10 or 20 minutes; a cloud clip
-costs $0.28. Prints per rule: cloud jobs and spend, jobs that started later than their patience,
-the mean and worst wait of local jobs, and the places' idle time.
+Arrivals come in bursts (a burst every 20 to 60 min, 1 to 10 jobs within 5 minutes); renders
+are drawn from a log-normal around 2 minutes; each job's patience is 2, 5, 10 or 20 minutes; a
+cloud clip costs $0.28. Prints per rule: cloud jobs and spend, jobs that started later than
+their patience, the mean and worst wait of local jobs, and the places' idle time.
 """
 
 from __future__ import annotations
