@@ -76,6 +76,7 @@ async def test_no_job_asked_yet_the_pool_is_not_started_and_nothing_is_wrong(
         "continue_as_new_suggested": None,
         "places_in_use": None,
         "line_length": None,
+        "drained": {},
         "wedged": None,
         "reset_from": None,
         "error": None,
