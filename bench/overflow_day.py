@@ -57,7 +57,8 @@ class Event:
 
 
 def arrivals(hours: float, rng: random.Random) -> list[Job]:
-    jobs, t, n = [], 0.0, 0
+    jobs: list[Job] = []
+    t, n = 0.0, 0
     while True:
         t += rng.uniform(20 * 60, 60 * 60)
         if t >= hours * 3600:
