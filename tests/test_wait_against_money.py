@@ -29,6 +29,7 @@ from tests.support.jobs import Jobs
 from tests.support.settings import comfyui_values, make_settings, minimax_values
 from tests.support.waiting import until
 from worker import serving
+from workflows.texts import current_details
 
 pytestmark = pytest.mark.full
 
@@ -168,8 +169,13 @@ async def test_armed_and_full_a_patient_job_waits_in_line_and_renders_here_spend
         await renders_seen(st, comfyui, 2.0)
         await both_places_held(st, comfyui)
         patient = await armed_job(st, max_wait_s=600)
-        plan = await st.jobs.until(patient, lambda p: p.patience_until is not None)
+        plan = await st.jobs.until(
+            patient, lambda p: p.state == "queued" and p.patience_until is not None
+        )
         assert "line_eta_2s_within_max_wait_600s" in plan.reasons
+        # The UI's details weigh both: its start here, and the cloud's price now.
+        assert plan.budget is not None and plan.budget.estimate_usd == CLIP_USD
+        assert "Starts in about 2 s here, or $0.28 on MiniMax now." in current_details(plan)
         # `spillway queue` shows when it would go to the cloud, as its plan does.
         line = (await pool_view(st.jobs.client, st.jobs.task_queue)).line
         assert [(i.job_id, i.patience_until) for i in line] == [(patient.id, plan.patience_until)]

@@ -115,7 +115,9 @@ def take(s: VideoJobState, answer: PoolAnswer) -> bool:
         s.next_host = answer.host
         s.plan.queue = None
     elif answer.position is not None:
-        s.plan.queue = QueueSpot(position=answer.position, ahead=answer.position - 1, eta_s=None)
+        s.plan.queue = QueueSpot(
+            position=answer.position, ahead=answer.position - 1, eta_s=answer.eta_s
+        )
     s.answer = answer
     return True
 

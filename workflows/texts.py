@@ -70,7 +70,7 @@ def current_details(plan: Plan) -> str:
         why = f" ({_signal_text(plan)})" if plan.overflow.last_signal is not None else ""
         patience = (
             f" If none frees by {plan.patience_until:%H:%M:%S} UTC (its patience), it renders in "
-            "the cloud."
+            f"the cloud.{_wait_or_pay(plan)}"
             if plan.patience_until is not None
             else ""
         )
@@ -114,6 +114,17 @@ def current_details(plan: Plan) -> str:
     if state == "cancelled":
         return f"**Cancelled**. {plan.error}" if plan.error else "**Cancelled**."
     return f"**Failed**: {plan.error}"
+
+
+def _wait_or_pay(plan: Plan) -> str:
+    """ "Starts in about 3 min here, or $0.28 on MiniMax now." for a job waiting by its patience."""
+    spot, budget = plan.queue, plan.budget
+    if budget is None or budget.estimate_usd is None or budget.provider is None:
+        return ""
+    here = f"about {_duration(spot.eta_s)}" if spot and spot.eta_s is not None else "later"
+    return (
+        f"\n\nStarts in {here} here, or ${budget.estimate_usd:.2f} on {label(budget.provider)} now."
+    )
 
 
 def _line_text(plan: Plan) -> str:

@@ -182,8 +182,9 @@ class VideoJobWorkflow:
         if s.job.deadline is not None:
             patience = max(patience - (answer.render_s or 0.0), 0.0)
         if answer.eta_s is not None and answer.eta_s <= patience:
-            s.patience_until = workflow.now() + timedelta(seconds=patience)
-            s.plan.patience_until = s.patience_until
+            until = workflow.now() + timedelta(seconds=patience)
+            await cloud_route.read_budget(s)  # what the cloud would cost now, for people
+            s.patience_until = s.plan.patience_until = until
             return True, texts.line_within_patience(answer.eta_s, patience)
         await admission.leave(s)
         return False, texts.line_past_patience(answer.eta_s, patience)
