@@ -26,18 +26,12 @@ from spillway.gpu_pool import PoolDrain, PoolInput, PoolView
 from spillway.models import CloudRequest, Plan, VideoJob
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
-from spillway.tiers import load_tiers
 from tests.support.cli import spillway as cli
 from tests.support.graphs import VIDEO_GRAPH
 from tests.support.jobs import Jobs, cause_message
-from tests.support.settings import (
-    comfyui_values,
-    make_settings,
-    minimax_values,
-)
+from tests.support.one_host import one_host
 from tests.support.two_hosts import two_hosts
 from tests.support.waiting import until
-from worker import serving
 
 pytestmark = pytest.mark.full
 
@@ -200,7 +194,7 @@ async def test_spillway_priority_moves_a_job_from_third_to_first_and_a_running_o
 
 
 @pytest.fixture
-def one_host(
+def single(
     dev_env: WorkflowEnvironment,
     comfyui: ComfyUISim,
     minimax: MiniMaxSim,
@@ -211,12 +205,10 @@ def one_host(
 
     @asynccontextmanager
     async def run(**overrides: Any) -> AsyncIterator[Jobs]:
-        values = comfyui_values(comfyui, tmp_path / "out") | minimax_values(minimax, tmp_path / "o")
-        queue = f"stall-{uuid.uuid4()}"
-        settings = make_settings(values, SPILLWAY_TASK_QUEUE=queue, RENDER_STALL_S=1, **overrides)
-        tiers = load_tiers(settings.SPILLWAY_ROUTING_TIERS)
-        async with serving(dev_env.client, settings, tiers, gpu=gpu):
-            yield Jobs(dev_env.client, queue)
+        async with one_host(
+            dev_env.client, comfyui, minimax, gpu, tmp_path, RENDER_STALL_S=1, **overrides
+        ) as settings:
+            yield Jobs(dev_env.client, settings.SPILLWAY_TASK_QUEUE)
 
     return run
 
@@ -231,10 +223,10 @@ async def start(jobs: Jobs, cloud: bool = False) -> WorkflowHandle[Any, Plan]:
 
 
 async def test_a_stalled_render_is_interrupted_and_tried_once_more_on_its_place(
-    one_host, comfyui: ComfyUISim
+    single, comfyui: ComfyUISim
 ):
     comfyui.stall_next = 1  # the first prompt hangs in its first node, silent
-    async with one_host() as jobs:
+    async with single() as jobs:
         plan = await (await start(jobs)).result()
     assert plan.prompt_id is not None
     first = plan.prompt_id.removesuffix("-2") + "-1"
@@ -245,9 +237,9 @@ async def test_a_stalled_render_is_interrupted_and_tried_once_more_on_its_place(
     assert comfyui.prompt_posts[first] == 1 and comfyui.state_of(first) == "done"
 
 
-async def test_a_second_stall_fails_the_job_naming_the_host(one_host, comfyui: ComfyUISim):
+async def test_a_second_stall_fails_the_job_naming_the_host(single, comfyui: ComfyUISim):
     comfyui.stall_next = 2
-    async with one_host() as jobs:
+    async with single() as jobs:
         handle = await start(jobs)
         with pytest.raises(WorkflowFailureError) as failed:
             await handle.result()
@@ -257,10 +249,10 @@ async def test_a_second_stall_fails_the_job_naming_the_host(one_host, comfyui: C
 
 
 async def test_an_armed_job_whose_render_stalls_goes_to_the_cloud_with_one_create(
-    one_host, comfyui: ComfyUISim, minimax: MiniMaxSim
+    single, comfyui: ComfyUISim, minimax: MiniMaxSim
 ):
     comfyui.stall_next = 1
-    async with one_host(CLOUD_VIDEO_FALLBACK_ENABLED=True) as jobs:
+    async with single(CLOUD_VIDEO_FALLBACK_ENABLED=True) as jobs:
         plan = await (await start(jobs, cloud=True)).result()
     assert (plan.state, plan.route) == ("completed", "cloud")
     assert "render_stalled=a40_local" in plan.reasons and plan.overflow.trigger == "unreachable"

@@ -21,14 +21,12 @@ from spillway.client.queue import pool_view
 from spillway.models import CloudRequest, Quote, VideoJob
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
-from spillway.tiers import load_tiers
 from tests.support.cli import spillway as cli
 from tests.support.constants import CLIP_USD
 from tests.support.graphs import GRAIN_GRAPH, VIDEO_GRAPH
 from tests.support.jobs import Jobs
-from tests.support.settings import comfyui_values, make_settings, minimax_values
+from tests.support.one_host import one_host
 from tests.support.waiting import until
-from worker import serving
 from workflows.texts import current_details
 
 pytestmark = pytest.mark.full
@@ -63,15 +61,12 @@ def studio(
 
     @asynccontextmanager
     async def run(**overrides: Any) -> AsyncIterator[Studio]:
-        values = comfyui_values(comfyui, tmp_path / "out") | minimax_values(minimax, tmp_path / "o")
-        queue = f"quote-{uuid.uuid4()}"
-        settings = make_settings(
-            values, SPILLWAY_TASK_QUEUE=queue, A40_MAX_JOBS=2, CLOUD_DAILY_BUDGET_USD=5, **overrides
-        )
-        tiers = load_tiers(settings.SPILLWAY_ROUTING_TIERS)
-        async with serving(dev_env.client, settings, tiers, gpu=gpu):
+        studio_settings = {"A40_MAX_JOBS": 2, "CLOUD_DAILY_BUDGET_USD": 5} | overrides
+        async with one_host(
+            dev_env.client, comfyui, minimax, gpu, tmp_path, **studio_settings
+        ) as settings:
             client = SpillwayClient(dev_env.client, settings=settings)
-            yield Studio(client, Jobs(dev_env.client, queue))
+            yield Studio(client, Jobs(dev_env.client, settings.SPILLWAY_TASK_QUEUE))
 
     return run
 

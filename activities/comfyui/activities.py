@@ -60,6 +60,7 @@ from activities.comfyui.models import (
     of_run,
 )
 from activities.comfyui.silence import Retried, bounded_by_silence
+from activities.comfyui.stall import RUNNING, Movement
 from activities.comfyui.watch import ComfyUIWatcher, Ended, Silent
 from activities.heartbeat import Heartbeat, unless_shutting_down
 from activities.pool import pool_holds
@@ -77,36 +78,6 @@ from spillway.settings import Settings, shown
 POST_GRACE_TIMEOUTS = 2
 # The longest a submit asks the GPU pool whether the job's place is still its own.
 PLACE_CHECK_S = 5.0
-_RUNNING = Progress(phase="running")
-
-
-class Movement:
-    """Whether a running prompt moves: a new node or sampler step. A prompt still queued, or a
-    host that does not answer (the silence rules decide then), never stalls."""
-
-    def __init__(self) -> None:
-        self.at: float | None = None  # time.time() of the last move, while it runs
-        self.last: Progress | None = None
-
-    def saw(self, news: object) -> None:
-        if isinstance(news, Silent) or (isinstance(news, Progress) and news.phase == "queued"):
-            self.at = self.last = None
-        elif isinstance(news, Progress) and news.phase == "running":
-            if self.at is None or news not in (_RUNNING, self.last):
-                self.at = time.time()
-            self.last = news if news != _RUNNING else self.last
-
-    def left(self, stall_s: float) -> float | None:
-        """Seconds until the prompt has stalled; None: no limit now."""
-        if not stall_s or self.at is None:
-            return None
-        return max(0.0, self.at + stall_s - time.time())
-
-    def stalled(self, prompt_id: str) -> ComfyUIFinished:
-        assert self.at is not None
-        node = self.last.node if self.last is not None else None
-        since = datetime.fromtimestamp(self.at, UTC)
-        return ComfyUIFinished(prompt_id=prompt_id, outcome="stalled", still_since=since, node=node)
 
 
 _SILENT = Progress(phase="ComfyUI not answering")
@@ -392,7 +363,7 @@ class ComfyUIActivities(OwnsOutputStore):
                         return ComfyUIFinished(prompt_id=req.prompt_id, outcome="lost")
                     return finished(req.prompt_id, news.entry)
                 shown = heartbeat.details
-                if news == _RUNNING and shown is not None and shown.phase == "running":
+                if news == RUNNING and shown is not None and shown.phase == "running":
                     continue  # "running" with a node or a percentage says more: keep it
                 # At once: the SDK sends the latest to the server every PROGRESS_EVERY_S.
                 heartbeat.update(news, now=news != shown)
