@@ -32,5 +32,21 @@ for _ in $(seq 1 "$busy"); do
   .venv/bin/python -c 'while True: pass' &
   hogs+=($!)
 done
-trap '[ ${#hogs[@]} -eq 0 ] || kill "${hogs[@]}" 2>/dev/null' EXIT
-.venv/bin/pytest "${args[@]}" "$@"
+# pytest's stderr is kept too: when a native crash kills it (exit 139), the thread that crashed
+# is printed again last, where a log's tail shows it (faulthandler prints every thread first).
+stderr_log=$(mktemp)
+trap '[ ${#hogs[@]} -eq 0 ] || kill "${hogs[@]}" 2>/dev/null; rm -f "$stderr_log"' EXIT
+status=0
+{ .venv/bin/pytest "${args[@]}" "$@" 2>&1 1>&3 3>&- | tee "$stderr_log" >&2; } 3>&1 || status=$?
+if [ "$status" -gt 128 ]; then
+  echo "pytest died of signal $((status - 128)); the crashed thread, as faulthandler saw it:" >&2
+  if grep -q '^Current thread' "$stderr_log"; then
+    awk '/^Current thread/{p=1} p&&(/^$/||++n>16){exit} p' "$stderr_log" >&2
+  else
+    echo "  none held the interpreter: a native thread (the Temporal core's or a C extension's)" \
+      "crashed; the main thread was at:" >&2
+    awk '/^Thread 0x/{n=0; block=""} {n++; if (n<=10) block=block $0 "\n"} END{printf "%s", block}' \
+      "$stderr_log" >&2
+  fi
+fi
+exit "$status"
