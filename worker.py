@@ -33,6 +33,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import PollerBehaviorSimpleMaximum, UnsandboxedWorkflowRunner, Worker
 
 from activities.cloud import registry as clouds
+from activities.heartbeat import PROGRESS_EVERY_S
 from activities.probe.nvml import GpuReader, NvmlReader
 from activities.registry import Agent, QueueWork, main_work
 from activities.spend.ledger import SpendLedger
@@ -73,9 +74,6 @@ POLLING: dict[str, Any] = {
     "nonsticky_to_sticky_poll_ratio": 0.5,
     "activity_task_poller_behavior": PollerBehaviorSimpleMaximum(20),
 }
-
-
-PROGRESS_EVERY_S = 1.5
 
 
 def _heartbeat_throttle(work: QueueWork, settings: Settings) -> timedelta:

@@ -30,11 +30,16 @@ from types import TracebackType
 from typing import Any, Self, TypeVar
 
 from temporalio import activity
+from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 
-from spillway.models import Progress
+from spillway import names
+from spillway.models import Progress, RenderProgress
 
 SHUTTING_DOWN = "WorkerShuttingDown"
+# How soon a render's progress reaches the server: the waits' heartbeat throttle (status, watch)
+# and the relay's interval (the UI's current details).
+PROGRESS_EVERY_S = 1.5
 _T = TypeVar("_T")
 
 
@@ -88,6 +93,57 @@ class Heartbeat:
         if self._task is not None:
             self._task.cancel()
             # Waits without raising: the block's own exception (or result) is what counts.
+            await asyncio.wait({self._task})
+            self._task = None
+
+
+class ProgressRelay:
+    """`async with ProgressRelay(client) as relay:` signals the latest progress that `relay.send`
+    was given to the activity's job (the UI's current details), at most every PROGRESS_EVERY_S:
+    a history event per change of what a render shows, as many renders as the hosts' places.
+    A signal that fails is dropped (the job has ended, the server is busy): progress is shown, it
+    decides nothing."""
+
+    def __init__(self, client: Client | None, every_s: float = PROGRESS_EVERY_S) -> None:
+        self._client, self._every = client, every_s
+        self._latest: RenderProgress | None = None
+        self._sent: RenderProgress | None = None
+        self._news = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def send(self, progress: RenderProgress) -> None:
+        self._latest = progress
+        self._news.set()
+
+    async def _relay(self, client: Client) -> None:
+        info = activity.info()
+        handle = client.get_workflow_handle(info.workflow_id or "", run_id=info.workflow_run_id)
+        while True:
+            await self._news.wait()
+            self._news.clear()
+            latest = self._latest
+            if latest is None or latest == self._sent:
+                continue
+            try:
+                await handle.signal(names.RENDER_PROGRESS_SIGNAL, latest)
+                self._sent = latest
+            except Exception as exc:
+                activity.logger.debug("progress not relayed: %s", exc)
+            await asyncio.sleep(self._every)
+
+    async def __aenter__(self) -> Self:
+        if self._client is not None:
+            self._task = asyncio.create_task(self._relay(self._client))
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._task is not None:
+            self._task.cancel()
             await asyncio.wait({self._task})
             self._task = None
 

@@ -1,14 +1,16 @@
 """Progress people can watch (README, "The local route: ComfyUI"): how long a render's progress
-takes from ComfyUI to `spillway status`, with the host's places rendering and a long GPU line
-behind them. The Temporal dev server, the worker and its agent in this process, the ComfyUI
-double rendering `--render-s` per prompt, its middle third in `--steps` sampler steps.
+takes from ComfyUI to `spillway status` and to the Temporal UI's current details, with the
+host's places rendering and a long GPU line behind them. The Temporal dev server, the worker
+and its agent in this process, the ComfyUI double rendering `--render-s` per prompt, its middle
+third in `--steps` sampler steps.
 
     .venv/bin/python bench/progress.py [--line 500] [--render-s 20] [--steps 20]
 
 The worker has two places (A40_MAX_JOBS=2); `--line` local jobs wait behind the two rendering.
-Each rendering job's status (`spillway.client.jobs.status`, what `status --json` reads) is read
-every 0.1 s; for every progress message the double sent, the time until a status showed that
-step or a later one. Prints p50 / p95 / max, and how many messages were measured.
+Each rendering job's status (`spillway.client.jobs.status`, what `status --json` reads) and its
+current details (the query the UI makes) are read every 0.1 s; for every progress message the
+double sent, the time until each showed that step or a later one. Prints p50 / p95 / max, and how
+many messages were measured.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import re
 import statistics
 import sys
 import tempfile
@@ -23,6 +26,7 @@ import time
 import uuid
 from pathlib import Path
 
+from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import Client
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -40,6 +44,7 @@ from tests.support.waiting import until
 from worker import serving
 
 READ_EVERY_S = 0.1
+UI_METADATA = "__temporal_workflow_metadata"
 
 
 async def main() -> None:
@@ -83,33 +88,45 @@ async def main() -> None:
                     f"({args.steps} steps), submitted in {time.perf_counter() - began:.1f} s"
                 )
                 seen = await asyncio.gather(*(watch(env.client, j.job_id) for j in rendering))
-        lags = []
-        for prompt_id, steps_seen in seen:
-            for sent_prompt, step, sent_at in sim.progress_sent:
-                if sent_prompt != prompt_id:
-                    continue
-                shown = [at for value, at in steps_seen if value >= step and at >= sent_at]
-                if shown:
-                    lags.append(min(shown) - sent_at)
-        cuts = statistics.quantiles(lags, n=100, method="inclusive")
-        print(
-            f"  progress message -> status shows it   p50 {cuts[49]:5.2f} s   p95 {cuts[94]:5.2f} s"
-            f"   max {max(lags):5.2f} s  ({len(lags)} messages)"
-        )
+        for what, index in (("status shows it", 0), ("the UI's details", 1)):
+            lags = []
+            for prompt_id, *shows in seen:
+                steps_seen = shows[index]
+                for sent_prompt, step, sent_at in sim.progress_sent:
+                    if sent_prompt != prompt_id:
+                        continue
+                    shown = [at for value, at in steps_seen if value >= step and at >= sent_at]
+                    if shown:
+                        lags.append(min(shown) - sent_at)
+            cuts = statistics.quantiles(lags, n=100, method="inclusive")
+            print(
+                f"  progress message -> {what:16} p50 {cuts[49]:5.2f} s   p95 {cuts[94]:5.2f} s"
+                f"   max {max(lags):5.2f} s  ({len(lags)} messages)"
+            )
     finally:
         await env.shutdown()
 
 
-async def watch(client: Client, job_id: str) -> tuple[str, list[tuple[int, float]]]:
-    """The job's prompt id, and each step its status showed with when, until it completed."""
-    seen: list[tuple[int, float]] = []
+Seen = list[tuple[int, float]]
+
+
+async def watch(client: Client, job_id: str) -> tuple[str, Seen, Seen]:
+    """The job's prompt id, and each step its status and its current details showed, with when,
+    until it completed."""
+    in_status: Seen = []
+    in_details: Seen = []
+    handle = client.get_workflow_handle(job_id)
     while True:
         plan = await job_ops.status(client, job_id)
         if plan.state == "completed":
             assert plan.prompt_id is not None
-            return plan.prompt_id, seen
+            return plan.prompt_id, in_status, in_details
         if plan.progress is not None and plan.progress.value is not None:
-            seen.append((plan.progress.value, time.time()))
+            in_status.append((plan.progress.value, time.time()))
+        metadata = await handle.query(UI_METADATA, result_type=WorkflowMetadata)
+        step = re.search(r"Progress: .* (\d+)/\d+", metadata.current_details)
+        if step is not None:
+            in_details.append((int(step.group(1)), time.time()))
         await asyncio.sleep(READ_EVERY_S)
 
 

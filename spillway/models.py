@@ -224,6 +224,21 @@ class Progress(BaseModel):
     max: int | None = None
     percent: float | None = None
 
+    def brief(self) -> str:
+        """As `status` and the Temporal UI show it: "running node 12 7/30 (23%)"."""
+        node = f" node {self.node}" if self.node else ""
+        done = f" {self.value}/{self.max}" if self.value is not None and self.max else ""
+        pct = f" ({self.percent:.0f}%)" if self.percent is not None else ""
+        return f"{self.phase}{node}{done}{pct}"
+
+
+class RenderProgress(BaseModel):
+    """A local render's progress, which its ComfyUI wait signals to the job for the Temporal
+    UI's current details (status and watch read the wait's heartbeats)."""
+
+    prompt_id: str
+    progress: Progress
+
 
 class OutputFile(BaseModel):
     path: str  # on the host that downloaded it; with SPILLWAY_OUTPUT_URL, the object's key

@@ -6,6 +6,7 @@ line moves at once; one holding a place refuses."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -14,9 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
+from activities.heartbeat import PROGRESS_EVERY_S
 from spillway import names
 from spillway.client import jobs as job_ops
 from spillway.client.hosts import set_drain
@@ -35,6 +38,7 @@ from tests.support.waiting import until
 
 pytestmark = pytest.mark.full
 
+UI_METADATA = "__temporal_workflow_metadata"  # what the Temporal UI queries for current details
 DRAIN = PoolDrain(host="gpu-a", drain=True, by="ops", reason="driver update")
 
 
@@ -205,8 +209,9 @@ def single(
 
     @asynccontextmanager
     async def run(**overrides: Any) -> AsyncIterator[Jobs]:
+        overrides = {"RENDER_STALL_S": 1} | overrides
         async with one_host(
-            dev_env.client, comfyui, minimax, gpu, tmp_path, RENDER_STALL_S=1, **overrides
+            dev_env.client, comfyui, minimax, gpu, tmp_path, **overrides
         ) as settings:
             yield Jobs(dev_env.client, settings.SPILLWAY_TASK_QUEUE)
 
@@ -258,3 +263,34 @@ async def test_an_armed_job_whose_render_stalls_goes_to_the_cloud_with_one_creat
     assert "render_stalled=a40_local" in plan.reasons and plan.overflow.trigger == "unreachable"
     assert sum(minimax.create_calls_by_prompt.values()) == 1
     assert len(comfyui.interrupts) == 1 and len(comfyui.prompt_posts) == 1
+
+
+async def test_a_render_s_progress_reaches_the_ui_s_current_details_once_per_1_5_s_at_most(
+    single, comfyui: ComfyUISim
+):
+    comfyui.execution_s = 6
+    comfyui.progress_steps = 12
+    async with single(RENDER_STALL_S=900) as jobs:
+        handle = await start(jobs)
+
+        async def details() -> str:
+            metadata = await handle.query(UI_METADATA, result_type=WorkflowMetadata)
+            return str(metadata.current_details)
+
+        shown = await until(
+            details, lambda text: "Progress: " in text, timeout_s=60, what="the UI's progress"
+        )
+        plan = await handle.result()
+        history = await handle.fetch_history()
+        ended = await details()
+    assert shown.startswith("**Rendering locally** on GPU host `a40_local`"), shown
+    assert plan.state == "completed" and "Progress" not in ended
+    relayed = [
+        e.event_time.ToDatetime()
+        for e in history.events
+        if e.workflow_execution_signaled_event_attributes.signal_name
+        == names.RENDER_PROGRESS_SIGNAL
+    ]
+    # The relay waits for the server's answer, then PROGRESS_EVERY_S, before the next.
+    gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(relayed)]
+    assert relayed and all(gap >= PROGRESS_EVERY_S for gap in gaps), gaps

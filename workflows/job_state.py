@@ -34,6 +34,7 @@ with workflow.unsafe.imports_passed_through():
         LoadStatus,
         Plan,
         Policy,
+        RenderProgress,
         VideoJob,
     )
     from spillway.settings import describe_validation_error
@@ -113,6 +114,7 @@ class VideoJobState:
     # A `spillway priority` change the run has not yet asked the pool for.
     reprioritized: bool = False
     render_s: float | None = None  # its render, by ComfyUI's clock: the pool's ETA learns it
+    progress: RenderProgress | None = None  # its render's, as the wait relays it (UI details)
     # An armed job waiting in the line by its patience: it goes to the cloud then.
     patience_until: datetime | None = None
     answer: PoolAnswer | None = None  # the pool's answer to the ask just sent
@@ -221,7 +223,7 @@ class VideoJobState:
         # `priority` too: `list` reads it there (Temporal's list does not return a priority),
         # also for jobs whose client set no memo of its own.
         workflow.upsert_memo({names.PLAN_MEMO: plan, names.PRIORITY_MEMO: self.job.priority})
-        workflow.set_current_details(texts.current_details(plan))
+        workflow.set_current_details(texts.current_details(plan, self.progress))
 
     def _published_at_start(self) -> str:
         """The plan's snapshot when the job's start already carries what its first publication

@@ -216,6 +216,7 @@ async def _follow(
             report_silence_after_s=_next_look(s, silent_since),
             silent_since=silent_since,
             stall_rule=s.policy.stall_rule,
+            relay_progress=True,
         )
         try:
             finished = await calls.comfyui_wait(

@@ -8,7 +8,14 @@ from datetime import datetime, timedelta
 from activities.cloud.models import Reconciled
 from activities.cloud.registry import console, key_names, label
 from spillway.gpu_pool import PoolView
-from spillway.models import ApprovalNotice, CloudAttempt, LocalQuote, Plan, Policy
+from spillway.models import (
+    ApprovalNotice,
+    CloudAttempt,
+    LocalQuote,
+    Plan,
+    Policy,
+    RenderProgress,
+)
 from spillway.spend_book import BudgetShortfall, BudgetView, SpendEntry, describe
 
 
@@ -46,8 +53,9 @@ def commands(job_id: str) -> tuple[str, str]:
     )
 
 
-def current_details(plan: Plan) -> str:
-    """Markdown for the Temporal UI's "Current details": what the job waits for and why."""
+def current_details(plan: Plan, progress: RenderProgress | None = None) -> str:
+    """Markdown for the Temporal UI's "Current details": what the job waits for and why, and
+    while it renders locally, how far its prompt is (`progress`, as its wait last relayed it)."""
     state = plan.state
     if state == "awaiting_approval":
         approve, reject = commands(plan.job_id)
@@ -89,6 +97,8 @@ def current_details(plan: Plan) -> str:
         rendering = (
             f"**Rendering locally** on GPU host `{plan.host}` (ComfyUI prompt `{plan.prompt_id}`)."
         )
+        if progress is not None and progress.prompt_id == plan.prompt_id:
+            rendering += f"\n\nProgress: {progress.progress.brief()}"
         since = silent_since(plan)
         if since is None:
             return rendering

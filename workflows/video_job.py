@@ -46,6 +46,7 @@ with workflow.unsafe.imports_passed_through():
         PriorityChange,
         PriorityRecord,
         QueueSpot,
+        RenderProgress,
     )
     from workflows import texts
 
@@ -242,6 +243,15 @@ class VideoJobWorkflow:
             s.strays.append(answer.asked_at)
         else:
             await admission.give_back(s, answer.asked_at)
+
+    @workflow.signal(name=names.RENDER_PROGRESS_SIGNAL)
+    def render_progress(self, news: RenderProgress) -> None:
+        """Its ComfyUI wait's relay, for the UI's current details alone (status and watch read
+        the wait's heartbeats): no plan change, no memo upsert."""
+        s = self._state
+        if s.plan.state == "running_local" and news.prompt_id == s.plan.prompt_id:
+            s.progress = news
+            workflow.set_current_details(texts.current_details(s.plan, news))
 
     @workflow.signal(name=names.APPROVAL_SIGNAL)
     def approval_signal(self, raw: RawValue = approval.NO_INPUT) -> None:

@@ -62,12 +62,12 @@ from activities.comfyui.models import (
 from activities.comfyui.silence import Retried, bounded_by_silence
 from activities.comfyui.stall import RUNNING, Movement
 from activities.comfyui.watch import ComfyUIWatcher, Ended, Silent
-from activities.heartbeat import Heartbeat, unless_shutting_down
+from activities.heartbeat import Heartbeat, ProgressRelay, unless_shutting_down
 from activities.pool import pool_holds
 from activities.storage.opening import OwnsOutputStore
 from activities.storage.store import OutputStore
 from spillway import names
-from spillway.models import Progress
+from spillway.models import Progress, RenderProgress
 from spillway.settings import Settings, shown
 
 # How long after a POST /prompt that got no answer it may still land in ComfyUI's queue, in
@@ -335,8 +335,10 @@ class ComfyUIActivities(OwnsOutputStore):
         told = req.silent_since.timestamp() if req.silent_since is not None else None
         stall = self._settings.RENDER_STALL_S if req.stall_rule else 0.0
         moved = Movement()
+        temporal = self._temporal if req.relay_progress else None
         async with (
             Heartbeat(self._wait_beat_s) as heartbeat,
+            ProgressRelay(temporal) as relay,
             self._watcher.follow(req.prompt_id, answers=told is not None) as following,
         ):
             while True:
@@ -367,6 +369,7 @@ class ComfyUIActivities(OwnsOutputStore):
                     continue  # "running" with a node or a percentage says more: keep it
                 # At once: the SDK sends the latest to the server every PROGRESS_EVERY_S.
                 heartbeat.update(news, now=news != shown)
+                relay.send(RenderProgress(prompt_id=req.prompt_id, progress=news))
 
     # --- files: outputs home, input images in ------------------------------------------------
 

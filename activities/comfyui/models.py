@@ -146,6 +146,8 @@ class ComfyUIWait(BaseModel):
     silent_since: datetime | None = None
     # Returns "stalled" once the prompt ran without progress for the agent's RENDER_STALL_S.
     stall_rule: bool = False
+    # Signals the render's progress to the job (its handler came with this field).
+    relay_progress: bool = False
 
 
 class ComfyUIFile(BaseModel):

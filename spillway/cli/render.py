@@ -216,11 +216,7 @@ def render_plan(plan: Plan) -> str:
     if plan.budget is not None:
         lines.append("  money     " + _money(plan))
     if plan.progress is not None:
-        p = plan.progress
-        step = f" node {p.node}" if p.node else ""
-        done = f" {p.value}/{p.max}" if p.value is not None and p.max else ""
-        pct = f" ({p.percent:.0f}%)" if p.percent is not None else ""
-        lines.append(f"  progress  {p.phase}{step}{done}{pct}")
+        lines.append(f"  progress  {plan.progress.brief()}")
     if plan.prompt_id is not None:
         host = f" on host {plan.host}" if plan.host else ""
         lines.append(f"  comfyui   prompt {plan.prompt_id}{host} (submit {plan.local_attempts})")
