@@ -99,13 +99,19 @@ class Heartbeat:
 
 class ProgressRelay:
     """`async with ProgressRelay(client) as relay:` signals the latest progress that `relay.send`
-    was given to the activity's job (the UI's current details), at most every PROGRESS_EVERY_S:
-    a history event per change of what a render shows, as many renders as the hosts' places.
-    A signal that fails is dropped (the job has ended, the server is busy): progress is shown, it
-    decides nothing."""
+    was given to the activity's job (the UI's current details), at most every PROGRESS_EVERY_S
+    for its first FAST_SIGNALS, then every SLOW_EVERY_S: each signal is about four history
+    events, and a render that moves for hours must stay far below the server's history limits
+    (warned at 10,240 events: 6 hours of steady progress send about 1,100 signals). A signal that
+    fails is dropped (the job has ended, the server is busy): progress is shown, it decides
+    nothing."""
+
+    FAST_SIGNALS = 400  # ten minutes of progress at PROGRESS_EVERY_S
+    SLOW_EVERY_S = 30.0
 
     def __init__(self, client: Client | None, every_s: float = PROGRESS_EVERY_S) -> None:
         self._client, self._every = client, every_s
+        self._signals = 0
         self._latest: RenderProgress | None = None
         self._sent: RenderProgress | None = None
         self._news = asyncio.Event()
@@ -129,7 +135,9 @@ class ProgressRelay:
                 self._sent = latest
             except Exception as exc:
                 activity.logger.debug("progress not relayed: %s", exc)
-            await asyncio.sleep(self._every)
+            self._signals += 1
+            fast = self._signals < self.FAST_SIGNALS
+            await asyncio.sleep(self._every if fast else self.SLOW_EVERY_S)
 
     async def __aenter__(self) -> Self:
         if self._client is not None:
