@@ -29,13 +29,13 @@ from spillway.gpu_pool import (
     Drain,
     Holder,
     PoolAsk,
-    PoolBook,
     PoolInput,
     PoolQuote,
     PoolView,
     Quoted,
 )
 from spillway.models import JobPlace, PlaceMode, Plan
+from spillway.pool_book import PoolBook
 
 CHECKS_AT_ONCE = 16
 NEVER = datetime.min.replace(tzinfo=UTC)

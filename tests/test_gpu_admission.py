@@ -24,8 +24,9 @@ from temporalio.testing import WorkflowEnvironment
 from spillway import names
 from spillway.client import jobs as job_ops
 from spillway.client.queue import pool_view
-from spillway.gpu_pool import LEAVE_CHECKS, PoolAsk, PoolInput, PoolLeave, PoolView
+from spillway.gpu_pool import PoolAsk, PoolInput, PoolLeave, PoolView
 from spillway.models import CloudRequest, Plan, VideoJob
+from spillway.pool_book import LEAVE_CHECKS
 from spillway.settings import Settings
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim

@@ -1,4 +1,4 @@
-"""The GPU pool's book (spillway/gpu_pool.py) without a server: places per host, the line in
+"""The GPU pool's book (spillway/pool_book.py) without a server: places per host, the line in
 priority then arrival order, asks and give-backs that belong to an earlier ask changing nothing,
 and what people see."""
 
@@ -11,12 +11,9 @@ import pytest
 from pydantic import ValidationError
 
 from spillway.gpu_pool import (
-    LEAVE_CHECKS,
-    WARM_PASSES,
     HostSeen,
     PoolAnswer,
     PoolAsk,
-    PoolBook,
     PoolDrain,
     PoolHost,
     PoolInput,
@@ -24,6 +21,7 @@ from spillway.gpu_pool import (
     Reading,
 )
 from spillway.hosts import ref
+from spillway.pool_book import LEAVE_CHECKS, WARM_PASSES, PoolBook
 
 T0 = datetime(2026, 12, 3, 8, 0, tzinfo=UTC)
 FREE = [HostSeen(name="a40", reachable=True, headroom=True)]

@@ -30,7 +30,6 @@ with workflow.unsafe.imports_passed_through():
         Message,
         PoolAnswer,
         PoolAsk,
-        PoolBook,
         PoolDrain,
         PoolHost,
         PoolInput,
@@ -39,9 +38,9 @@ with workflow.unsafe.imports_passed_through():
         PoolView,
         Quoted,
         Reading,
-        Sent,
     )
     from spillway.models import Policy, QueueSpot
+    from spillway.pool_book import PoolBook, Sent
     from workflows import texts
 
 POOL_JOB = "gpu-pool"  # the job id the pool's own probes and policy reads carry

@@ -1,0 +1,623 @@
+"""The GPU pool's book (docs/design.md, "GPU admission"): every host's places, who holds them, the
+line of jobs waiting for one, and what the pool last knew of each host. Pure and deterministic:
+the pool workflow (workflows/gpu_pool.py) is its one owner and applies the jobs' messages
+(spillway/gpu_pool.py) to it one at a time, so a place is never counted in one place and taken
+in another.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import statistics
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from spillway.gpu_pool import (
+    Drain,
+    Holder,
+    HostPlaces,
+    HostSeen,
+    InLine,
+    Message,
+    PlaceView,
+    PoolAnswer,
+    PoolAsk,
+    PoolDrain,
+    PoolHost,
+    PoolInput,
+    PoolLeave,
+    PoolView,
+    Quoted,
+    Reading,
+)
+from spillway.models import HostCapabilities, HostRef, QueueSpot
+from spillway.models import PlaceMode as Mode
+
+RECENT_HOLDS = 20  # hold durations per host the ETA is computed from
+# A give-back the job still contradicts after this many holder checks is dropped: one sent by
+# the job's download reaches the pool before the job itself has taken in that it let go.
+LEAVE_CHECKS = 3
+# A job in line is passed by a job whose models are warm on a freed place's host at most this
+# many times (SPILLWAY_POOL_PREFER_WARM); then it takes the next place it can use.
+WARM_PASSES = 2
+HEADROOM_WHY = "approval, or a host with headroom"
+
+
+Sent = tuple[str, PoolAnswer]  # (job id, answer)
+CHECK_NOW = datetime(2000, 1, 1, tzinfo=UTC)  # a holder's `checked_at`: check it at the next round
+
+
+def full_reason(host: str, taken: int, max_jobs: int) -> str:
+    return f"gpu_places_full_{host}_{taken}of{max_jobs}"
+
+
+class PoolBook:
+    def __init__(self, inp: PoolInput) -> None:
+        self.hosts: dict[str, PoolHost] = {}
+        self.holders: dict[str, Holder] = {h.job_id: h for h in inp.holders}
+        # Aging (SPILLWAY_POOL_AGING_S): a waiting job's priority rises one step per `aging`,
+        # which orders the line by ask time plus `aging` per step below priority 1; None: by
+        # priority, then ask time (pools of 0.5.0).
+        self.aging: timedelta | None = None
+        self.line: list[PoolAsk] = sorted(inp.line, key=self._key)
+        self._lined = {a.job_id: a for a in self.line}
+        self.readings = dict(inp.readings)
+        self.holds_s = {name: list(v) for name, v in inp.holds_s.items()}
+        self.parked: dict[str, PoolAsk] = {a.job_id: a for a in inp.parked}
+        # A give-back frees a place only once the job confirms it (pools of 0.5.0 took it on
+        # its word: anyone with signal rights could free a place that was still rendering).
+        self.verify_leaves = False
+        # Per host, the models of the job admitted there last: with `prefer_warm`, a job whose
+        # models these are takes that host first, and may go ahead of its own priority's jobs.
+        self.warm = {name: list(v) for name, v in inp.warm.items()}
+        self.prefer_warm = False
+        self.capabilities = dict(inp.capabilities)
+        self.drained = dict(inp.drained)
+        if inp.hosts:
+            self.configure(inp.hosts)
+
+    def set_aging(self, aging: timedelta | None) -> None:
+        if aging != self.aging:
+            self.aging = aging
+            self.line.sort(key=self._key)
+
+    def _key(self, ask: PoolAsk) -> tuple[Any, ...]:
+        """The line's order. With aging, a job that asked `aging` earlier than one a priority
+        step ahead of it goes first: the order never changes as time passes, only as jobs ask."""
+        if self.aging is None:
+            return ask.priority, ask.asked_at, ask.job_id
+        return ask.asked_at + (ask.priority - 1) * self.aging, ask.priority, ask.job_id
+
+    def configure(self, hosts: list[PoolHost]) -> None:
+        """The hosts in force (the workers' policy). Holders of a host no longer configured keep
+        their place until they give it back; what was known of it goes."""
+        self.hosts = {h.ref.name: h for h in hosts}
+        self.readings = {n: r for n, r in self.readings.items() if n in self.hosts}
+        self.holds_s = {n: v for n, v in self.holds_s.items() if n in self.hosts}
+        self.warm = {n: v for n, v in self.warm.items() if n in self.hosts}
+        self.capabilities = {n: c for n, c in self.capabilities.items() if n in self.hosts}
+
+    # --- what jobs say ---------------------------------------------------------------------
+
+    def ask(self, ask: PoolAsk, now: datetime) -> list[Sent]:
+        for seen in ask.seen:
+            self._note(seen.name, Reading(reachable=seen.reachable, headroom=seen.headroom, at=now))
+            self._note_capabilities(seen.name, seen.capabilities)
+        sent: list[Sent] = []
+        held = self.holders.get(ask.job_id)
+        if held is not None:
+            if held.asked_at == ask.asked_at:  # asked again (its answer may be lost): the same
+                return [(ask.job_id, PoolAnswer(asked_at=ask.asked_at, host=held.host))]
+            # A run reset to before its ask asks anew, and so does anyone who names the job:
+            # the ask waits, unanswered, until the job itself says it no longer holds its place
+            # (the holder check, asked for now), never freeing it on a message's word.
+            self.parked[ask.job_id] = ask.model_copy(update={"seen": []})
+            held.checked_at = CHECK_NOW
+            return []
+        lined = self._in_line(ask.job_id)
+        if lined is not None and ask.again and lined.asked_at == ask.asked_at:
+            lined.run_id = ask.run_id or lined.run_id  # a run continued as new asks now
+            return sent  # it is where it was
+        if lined is not None:
+            self._unline(lined)
+            if lined.asked_at == ask.asked_at:  # a changed mode; its position is kept
+                ask = ask.model_copy(update={"wait": True, "passed": lined.passed})
+        host = self._place_for(ask, [s.name for s in ask.seen if self._usable(s, ask.mode)])
+        if host is not None:
+            return [*sent, self._admit(ask, host, now)]
+        full = self.full_reasons(ask)
+        if not ask.wait:
+            return [*sent, (ask.job_id, PoolAnswer(asked_at=ask.asked_at, full=full))]
+        # What the line carries across continue-as-new stays small: the probe it came with has
+        # been noted above.
+        ask = ask.model_copy(update={"seen": [], "again": False})
+        position = bisect.bisect_left(self.line, self._key(ask), key=self._key) + 1
+        self.line.insert(position - 1, ask)
+        self._lined[ask.job_id] = ask
+        in_line = PoolAnswer(
+            asked_at=ask.asked_at,
+            position=position,
+            full=full,
+            eta_s=self._eta(position),
+            render_s=self._typical(),
+        )
+        return [
+            *sent,
+            (ask.job_id, in_line),
+            *self.admit(now, freshness=timedelta(0)),
+        ]
+
+    def give_back(self, leave: PoolLeave, now: datetime) -> bool:
+        """True when it changed something (a place freed or the line shortened). A holder's
+        give-back waits for the holder check (`verify_leaves`); leaving the line does not: a job
+        taken out of the line in its name asks again with its first ask time at its next line
+        check."""
+        held = self.holders.get(leave.job_id)
+        if held is not None and held.asked_at == leave.asked_at:
+            if held.clearing is not None:  # free only once `cleared` says so
+                return False
+            if self.verify_leaves:
+                held.left_at, held.left_prompt, held.left_checks = now, leave.prompt_id, 0
+                held.leave_unchecked, held.left_render_s = True, leave.render_s
+                return False
+            held.left_render_s = leave.render_s
+            return self._leave(held, leave.prompt_id, now, timed=True)
+        lined = self._in_line(leave.job_id)
+        if lined is not None and lined.asked_at == leave.asked_at:
+            self._unline(lined)
+            return True
+        return False
+
+    def drain(self, drain: PoolDrain, now: datetime) -> bool:
+        """A host drained (no new places; those held finish) or resumed. True when it resumed:
+        its free places go to the line. A host the workers do not have is left alone (the CLI
+        names the hosts it can drain)."""
+        if drain.host not in self.hosts:
+            return False
+        if not drain.drain:
+            return self.drained.pop(drain.host, None) is not None
+        known = self.drained.get(drain.host)
+        since = known.since if known else now
+        self.drained[drain.host] = Drain(by=drain.by, since=since, reason=drain.reason)
+        return False
+
+    def places_differ(self, places: dict[str, int]) -> bool:
+        return bool(places) and places != {n: h.max_jobs for n, h in self.hosts.items()}
+
+    def note_probe(self, host: str, reading: Reading) -> None:
+        self._note(host, reading)
+
+    # --- handing out places ----------------------------------------------------------------
+
+    def admit(self, now: datetime, freshness: timedelta) -> list[Sent]:
+        """Free places to the line in order. A job that waits for headroom takes a place only on
+        a host whose reading is at most `freshness` old and shows headroom. A job behind the
+        one whose turn it is may take the place instead when its models are warm on that host
+        and the other's are not (`_warm_instead`)."""
+        sent: list[Sent] = []
+        admitted = True
+        while admitted and self._free_hosts():
+            admitted = False
+            for ask in self.line:
+                host = self._place_for(ask, self._usable_now(ask, now, freshness))
+                if host is not None:
+                    ask = self._warm_instead(ask, host, now, freshness) or ask
+                    self._unline(ask)
+                    sent.append(self._admit(ask, host, now))
+                    admitted = True
+                    break
+        return sent
+
+    def _usable_now(self, ask: PoolAsk, now: datetime, freshness: timedelta) -> list[str]:
+        return [
+            name
+            for name, r in self.readings.items()
+            if r.reachable and (ask.mode == "any" or (r.headroom and now - r.at <= freshness))
+        ]
+
+    def _warm_instead(
+        self, turn: PoolAsk, host: str, now: datetime, freshness: timedelta
+    ) -> PoolAsk | None:
+        """The first job behind `turn`, of the same priority, whose models are warm on `host`
+        where `turn`'s are not; every job it passes (those that could take the place) counts
+        the pass, and none is passed more than WARM_PASSES times. None: `turn` goes."""
+        if not self.prefer_warm or self._warm(turn, host):
+            return None
+        passed = [turn]
+        for ask in self.line[self.line.index(turn) + 1 :]:
+            if host not in self._usable_now(ask, now, freshness) or not self._can_use(ask, host):
+                continue  # it could not take this place: nobody passes it here
+            if ask.priority != turn.priority or any(p.passed >= WARM_PASSES for p in passed):
+                return None
+            if self._warm(ask, host):
+                for p in passed:
+                    p.passed += 1
+                return ask
+            passed.append(ask)
+        return None
+
+    def _warm(self, ask: PoolAsk, host: str) -> bool:
+        return bool(ask.models) and set(ask.models) <= set(self.warm.get(host, ()))
+
+    def to_probe(self, now: datetime, every: timedelta) -> list[HostRef]:
+        """The hosts worth probing now: someone waits, the host has a free place, and what the
+        pool knows of it is older than `every` (it may have headroom, or answer, again)."""
+        if not self.line:
+            return []
+        due = []
+        for name in self._wanted(self._free_hosts()):
+            reading = self.readings.get(name)
+            if reading is None or now - reading.at >= every:
+                due.append(self.hosts[name].ref)
+        return due
+
+    def check_now(self, now: datetime, every: timedelta) -> bool:
+        """A parked ask or a give-back waits for its holder's check."""
+        return any(
+            h.clearing is None and (h.checked_at == CHECK_NOW or self._leave_due(h, now, every))
+            for h in self.holders.values()
+        )
+
+    @staticmethod
+    def _leave_due(h: Holder, now: datetime, every: timedelta) -> bool:
+        """A give-back no check has begun on since it came, or one the job contradicted, again
+        after `every` (its download's give-back may come before the job has taken in its
+        result)."""
+        if h.left_at is None:
+            return False
+        return h.leave_unchecked or now - h.checked_at >= every
+
+    def next_probe(self, now: datetime, every: timedelta) -> datetime | None:
+        """When `to_probe` will next name a host; None while it names none (nobody waits, or
+        no host has a free place)."""
+        if not self.line:
+            return None
+        due = [
+            reading.at + every if (reading := self.readings.get(name)) else now
+            for name in self._wanted(self._free_hosts())
+        ]
+        return min(due) if due else None
+
+    def next_leave_check(self, every: timedelta) -> datetime | None:
+        """When the next give-back is due for its check; None while none waits for one."""
+        due = [
+            h.checked_at if h.leave_unchecked else h.checked_at + every
+            for h in self.holders.values()
+            if h.clearing is None and h.left_at is not None
+        ]
+        return min(due) if due else None
+
+    def unheard(self, now: datetime, after: timedelta, every: timedelta) -> list[Holder]:
+        """The holders to check now: not heard from for `after`, or whose give-back is due for
+        its check (one whose prompt is being taken out is not asked again). Their give-backs
+        count as under check from here: one that comes later is checked again."""
+        due = [
+            h
+            for h in self.holders.values()
+            if h.clearing is None
+            and (now - h.checked_at >= after or self._leave_due(h, now, every))
+        ]
+        for h in due:
+            h.leave_unchecked = False
+        return due
+
+    def heard(self, job_id: str, at: datetime) -> None:
+        """The holder was checked at `at` (when the check began) and said it holds its place,
+        or could not be asked: a give-back in its name that came by then is dropped once that
+        has happened LEAVE_CHECKS times (the place stays held; the holder check goes on)."""
+        held = self.holders.get(job_id)
+        if held is None:
+            return
+        held.checked_at = max(held.checked_at, at)
+        if held.left_at is not None and not held.leave_unchecked:
+            held.left_checks += 1
+            if held.left_checks >= LEAVE_CHECKS:
+                held.left_at, held.left_prompt, held.left_checks = None, None, 0
+                held.left_render_s = None
+
+    def adopt(
+        self, job_id: str, asked_at: datetime, host: str, now: datetime, run_id: str | None = None
+    ) -> None:
+        """A place a job holds from an earlier pool: counted as held until it is given back."""
+        if job_id not in self.holders:
+            self.holders[job_id] = Holder(
+                job_id=job_id,
+                asked_at=asked_at,
+                host=host,
+                since=now,
+                checked_at=now,
+                run_id=run_id,
+                adopted=True,
+            )
+
+    def free(
+        self,
+        holder: Holder,
+        now: datetime,
+        prompt_id: str | None = None,
+        *,
+        whole_run: bool = False,
+    ) -> bool:
+        """A holder that is gone (left, terminated, reset away), as the holder check found:
+        its place back to the pool, once `prompt_id` (one ComfyUI may still hold) is out, or
+        with `whole_run`, every prompt of `prompt_id`'s run."""
+        held = self.holders.get(holder.job_id)
+        if held is None or held.asked_at != holder.asked_at or held.clearing is not None:
+            return False
+        # It gave its place back before it ended: a render, which the ETA learns from.
+        timed = held.left_at is not None and not whole_run
+        return self._leave(held, prompt_id, now, whole_run=whole_run, timed=timed)
+
+    def _leave(
+        self,
+        held: Holder,
+        prompt_id: str | None,
+        now: datetime,
+        *,
+        whole_run: bool = False,
+        timed: bool = False,
+    ) -> bool:
+        """`timed`: the job left after its render, which the ETA learns from."""
+        if prompt_id is not None:
+            held.clearing, held.clearing_run = prompt_id, whole_run
+            return False
+        self._release(held, now, timed=timed)
+        return True
+
+    def to_clear(self, now: datetime, every: timedelta) -> list[Holder]:
+        """Left places whose prompt is to be taken out now (first try, or `every` since)."""
+        return [
+            h
+            for h in self.holders.values()
+            if h.clearing is not None and (h.cleared_at is None or now - h.cleared_at >= every)
+        ]
+
+    def next_clear(self, now: datetime, every: timedelta) -> datetime | None:
+        """When `to_clear` will next name a place; None while no place is left uncleared."""
+        due = [
+            now if h.cleared_at is None else h.cleared_at + every
+            for h in self.holders.values()
+            if h.clearing is not None
+        ]
+        return min(due) if due else None
+
+    def cleared(self, holder: Holder, now: datetime) -> bool:
+        """The prompt is out of ComfyUI: the place is free."""
+        held = self.holders.get(holder.job_id)
+        if held is None or held.asked_at != holder.asked_at:
+            return False
+        self._release(held, now)
+        return True
+
+    def _release(self, held: Holder, now: datetime, *, timed: bool = False) -> None:
+        """A place back. What the ETA learns, from a job that gave its place back itself: its
+        render as ComfyUI timed it, else how long it held the place (not known for a hold
+        adopted from an earlier pool). Never from a job that ended without giving it back, or a
+        prompt taken out: those are no renders. (A spillway stopped 17 minutes mid-render made
+        one "17 minutes", and every wait behind two 8 s renders "~9 min".)"""
+        del self.holders[held.job_id]
+        took = held.left_render_s if timed else None
+        if took is None and timed and not held.adopted:
+            took = (now - held.since).total_seconds()
+        if took is not None:
+            holds = self.holds_s.setdefault(held.host, [])
+            holds.append(took)
+            del holds[:-RECENT_HOLDS]
+
+    def settle_parked(self, still_holding: set[str], now: datetime) -> list[Sent]:
+        """After a holder check: a parked ask of a job whose earlier place is free now is asked
+        (it comes after everyone already waiting, as any new ask); one whose job still holds
+        its place was not the job's (dropped); the rest wait for the next check."""
+        sent: list[Sent] = []
+        for job_id, ask in list(self.parked.items()):
+            if job_id in still_holding:
+                del self.parked[job_id]
+            elif job_id not in self.holders:
+                del self.parked[job_id]
+                sent += self.admit(now, freshness=timedelta(0))  # its old place: the line's
+                sent += self.ask(ask, now)
+        return sent
+
+    # --- what people see -------------------------------------------------------------------
+
+    def quote(self, ask: PoolAsk) -> Quoted:
+        """Where `ask` would stand if it came now; nothing changes."""
+        host = self._place_for(ask, [s.name for s in ask.seen if self._usable(s, ask.mode)])
+        if host is not None:
+            return Quoted(host=host, eta_s=0.0)
+        position = bisect.bisect_left(self.line, self._key(ask), key=self._key) + 1
+        return Quoted(
+            position=position,
+            eta_s=self._eta(position),
+            full=self.full_reasons(ask),
+            render_s=self._typical(),
+        )
+
+    def spot(self, job_id: str) -> QueueSpot | None:
+        ask = self._lined.get(job_id)
+        if ask is None:
+            return None
+        i = bisect.bisect_left(self.line, self._key(ask), key=self._key)
+        return QueueSpot(position=i + 1, ahead=i, eta_s=self._eta(i + 1))
+
+    def view(self, head: int | None = None) -> PoolView:
+        """Every host's places and the line (its first `head` only, when given)."""
+        hosts = []
+        for name in sorted(set(self.hosts) | {h.host for h in self.holders.values()}):
+            reading = self.readings.get(name)
+            places = sorted(
+                (
+                    PlaceView(job_id=h.job_id, since=h.since, clearing=h.clearing)
+                    for h in self._held_on(name)
+                ),
+                key=lambda p: p.since,
+            )
+            hosts.append(
+                HostPlaces(
+                    name=name,
+                    max_jobs=self.hosts[name].max_jobs if name in self.hosts else 0,
+                    places=places,
+                    reachable=reading.reachable if reading else None,
+                    headroom=reading.headroom if reading else None,
+                    capabilities=self.capabilities.get(name),
+                    drained=self.drained.get(name),
+                )
+            )
+        line = [
+            InLine(
+                job_id=a.job_id,
+                priority=a.priority,
+                since=a.asked_at,
+                mode=a.mode,
+                position=i + 1,
+                eta_s=self._eta(i + 1),
+                state="awaiting_approval" if a.mode == "headroom" else "queued",
+                why=HEADROOM_WHY if a.mode == "headroom" else self._waits_for(a),
+            )
+            for i, a in enumerate(self.line[:head])
+        ]
+        return PoolView(hosts=hosts, line=line)
+
+    def _waits_for(self, ask: PoolAsk) -> str:
+        """Why a job that takes any free place waits: no host (of those that can run it)
+        answers, or every place of those that answer is taken (then the jobs ahead of it take the
+        next ones)."""
+        mine = [n for n in self.hosts if self._can_use(ask, n)]
+        drained = [
+            f"host {n} drained by {d.by}" + (f": {d.reason}" if d.reason else "")
+            for n in mine
+            if (d := self.drained.get(n)) is not None
+        ]
+        answering = [n for n in mine if self._reachable(n) and n not in self.drained]
+        if not answering:
+            return "; ".join(drained) or "no GPU host answers"
+        counts = self.in_use()
+        taken = ", ".join(f"{n} {counts[n]}/{self.hosts[n].max_jobs}" for n in answering)
+        return "; ".join([f"places taken ({taken})", *drained])
+
+    def _reachable(self, host: str) -> bool:
+        reading = self.readings.get(host)
+        return reading is None or reading.reachable
+
+    def in_use(self) -> dict[str, int]:
+        return {name: len(self._held_on(name)) for name in self.hosts}
+
+    def full_reasons(self, ask: PoolAsk | None = None) -> list[str]:
+        """Every full host (of those `ask` can use); a drained host counts as full."""
+        return [
+            f"gpu_host_drained_{name}"
+            if name in self.drained
+            else full_reason(name, len(self._held_on(name)), h.max_jobs)
+            for name, h in sorted(self.hosts.items())
+            if (len(self._held_on(name)) >= h.max_jobs or name in self.drained)
+            and (ask is None or self._can_use(ask, name))
+        ]
+
+    def carried(self, signals_per_run: int, inbox: list[Message]) -> PoolInput:
+        return PoolInput(
+            inbox=inbox,
+            holders=list(self.holders.values()),
+            line=list(self.line),
+            readings=self.readings,
+            holds_s=self.holds_s,
+            signals_per_run=signals_per_run,
+            continued=True,
+            parked=list(self.parked.values()),
+            warm=self.warm,
+            capabilities=self.capabilities,
+            drained=self.drained,
+            hosts=list(self.hosts.values()),
+        )
+
+    # --- inside ----------------------------------------------------------------------------
+
+    def _note(self, host: str, reading: Reading) -> None:
+        if host not in self.hosts:  # a host nobody configured is nobody's to carry
+            return
+        known = self.readings.get(host)
+        if known is None or reading.at >= known.at:
+            self.readings[host] = reading
+
+    def _note_capabilities(self, host: str, found: HostCapabilities | None) -> None:
+        known = self.capabilities.get(host)
+        if (
+            found is not None
+            and host in self.hosts
+            and (known is None or found.read_at > known.read_at)
+        ):
+            self.capabilities[host] = found
+
+    def _usable(self, seen: HostSeen, mode: Mode) -> bool:
+        return seen.reachable and (seen.headroom or mode == "any")
+
+    def _held_on(self, host: str) -> list[Holder]:
+        return [h for h in self.holders.values() if h.host == host]
+
+    def _free_hosts(self) -> list[str]:
+        counts = self.in_use()
+        return [
+            n
+            for n, h in sorted(self.hosts.items())
+            if counts[n] < h.max_jobs and n not in self.drained
+        ]
+
+    @staticmethod
+    def _can_use(ask: PoolAsk, host: str) -> bool:
+        return host not in ask.unfit
+
+    def _wanted(self, hosts: list[str]) -> list[str]:
+        """Of `hosts`, those a job in line can use."""
+        return [n for n in hosts if any(self._can_use(a, n) for a in self.line)]
+
+    def _place_for(self, ask: PoolAsk, usable: list[str]) -> str | None:
+        """Among `usable` hosts with a free place that can run the job, one where its models
+        are warm (`prefer_warm`), then the one with the most free places (the job's own
+        preference, then the name, break ties)."""
+        free = set(self._free_hosts())
+        order = [n for n in usable if n in free and self._can_use(ask, n)]
+        if not order:
+            return None
+        counts = self.in_use()
+        return max(
+            order,
+            key=lambda n: (
+                self.prefer_warm and self._warm(ask, n),
+                self.hosts[n].max_jobs - counts[n],
+                -order.index(n),
+            ),
+        )
+
+    def _admit(self, ask: PoolAsk, host: str, now: datetime) -> Sent:
+        if ask.models:
+            self.warm[host] = list(ask.models)
+        self.holders[ask.job_id] = Holder(
+            job_id=ask.job_id,
+            asked_at=ask.asked_at,
+            host=host,
+            since=now,
+            checked_at=now,
+            run_id=ask.run_id,
+        )
+        return ask.job_id, PoolAnswer(asked_at=ask.asked_at, host=host)
+
+    def _in_line(self, job_id: str) -> PoolAsk | None:
+        return self._lined.get(job_id)
+
+    def _unline(self, ask: PoolAsk) -> None:
+        del self.line[bisect.bisect_left(self.line, self._key(ask), key=self._key)]
+        del self._lined[ask.job_id]
+
+    def _eta(self, position: int) -> float | None:
+        """Rounds of every place ahead of it, each as long as a typical render."""
+        typical = self._typical()
+        places = sum(h.max_jobs for h in self.hosts.values())
+        if typical is None or not places:
+            return None
+        return round(math.ceil(position / places) * typical, 1)
+
+    def _typical(self) -> float | None:
+        """The median of the hosts' recent renders: one that ran an hour does not make every
+        wait an hour."""
+        holds = [s for v in self.holds_s.values() for s in v]
+        return statistics.median(holds) if holds else None
