@@ -219,7 +219,7 @@ class PoolActivities:
                 raise
         book = PoolBook(PoolInput())
         book.configure(req.hosts)
-        return book.quote(req.ask)
+        return book.quote(req.ask, datetime.now(UTC))
 
     @activity.defn(name=names.POOL_CHECK)
     async def check_holders(self, check: HolderCheck) -> HoldersChecked:

@@ -6,10 +6,11 @@ for armed jobs whose GPU places are all taken, run through the GPU pool's own bo
 
 - "overflow when full" (CLOUD_OVERFLOW_AFTER_S=0): a job that finds every place taken goes to
   the cloud at once;
-- "overflow past its patience": it joins the line when the pool's estimate of its start (the
-  median of the renders seen, per round of places ahead) is within its patience, renders here
-  when a place frees, and goes to the cloud when its wait reaches its patience; a longer
-  estimate, or none yet, sends it to the cloud at once (what a job does, workflows/video_job.py).
+- "overflow past its patience": it joins the line when the pool's estimate of its start is
+  within its patience, renders here when a place frees, and goes to the cloud when the pool's
+  estimate of its start passes its patience (the renders ahead run long) or its wait reaches
+  it; a longer estimate, or none yet, sends it to the cloud at once (what a job does,
+  workflows/video_job.py, with the pool's `late` answers).
 
 Arrivals come in bursts (a burst every 20 to 60 min, 1 to 10 jobs within 5 minutes); renders
 are drawn from a log-normal around 2 minutes; each job's patience is 2, 5, 10 or 20 minutes; a
@@ -88,22 +89,28 @@ def day(jobs: list[Job], places: int, patient: bool) -> list[Job]:
         job.started = now
         heapq.heappush(events, Event(now + job.render_s, "done", job))
 
+    def to_cloud(job: Job, now: float) -> None:
+        ask_at = T0 + timedelta(seconds=job.arrives)
+        book.give_back(PoolLeave(job_id=job.name, asked_at=ask_at), T0 + timedelta(seconds=now))
+        job.cloud, job.started = True, now
+
+    checks: set[float] = set()
     while events:
         event = heapq.heappop(events)
         now, job = event.at, event.job
         at = T0 + timedelta(seconds=now)
         ask_at = T0 + timedelta(seconds=job.arrives)
         if event.kind == "arrive":
+            start_by = ask_at + timedelta(seconds=job.patience_s) if patient else None
             ask = PoolAsk(job_id=job.name, asked_at=ask_at, seen=SEEN, wait=patient)
+            ask.start_by = start_by
             [(_, answer)] = [s for s in book.ask(ask, at) if s[0] == job.name]
             if answer.host is not None:
                 start(job, now)
             elif patient and answer.eta_s is not None and answer.eta_s <= job.patience_s:
                 heapq.heappush(events, Event(now + job.patience_s, "patience", job))
             else:
-                if answer.position is not None:
-                    book.give_back(PoolLeave(job_id=job.name, asked_at=ask_at), at)
-                job.cloud, job.started = True, now
+                to_cloud(job, now)
         elif event.kind == "done" and not job.cloud:
             leave = PoolLeave(job_id=job.name, asked_at=ask_at, render_s=job.render_s)
             book.give_back(leave, at)
@@ -111,8 +118,14 @@ def day(jobs: list[Job], places: int, patient: bool) -> list[Job]:
                 if answer.host is not None:
                     start(by_name[name], now)
         elif event.kind == "patience" and job.started is None:
-            book.give_back(PoolLeave(job_id=job.name, asked_at=ask_at), at)
-            job.cloud, job.started = True, now
+            to_cloud(job, now)
+        for name, _ in book.late(at):
+            if by_name[name].started is None:
+                to_cloud(by_name[name], now)
+        due = book.next_late(at)
+        if due is not None and (check := (due - T0).total_seconds()) not in checks:
+            checks.add(check)
+            heapq.heappush(events, Event(max(check, now), "check", job))
     return jobs
 
 

@@ -62,6 +62,12 @@ class PoolAsk(BaseModel):
     ] = []
     # In line: how often a job whose models were warm went ahead of it (WARM_PASSES at most).
     passed: Annotated[int, Field(ge=0)] = 0
+    # An armed job waiting by its patience: the latest start it waits for. The pool tells it
+    # once the line's estimate says it would start later (`PoolAnswer.late`); it leaves for the
+    # cloud. `by_deadline`: `start_by` is its deadline, and a typical render must fit before it.
+    start_by: datetime | None = None
+    by_deadline: bool = False
+    told_late: bool = False  # in line: it was told
 
 
 class PoolDrain(BaseModel):
@@ -107,6 +113,8 @@ class PoolAnswer(BaseModel):
     full: list[str] = []
     eta_s: float | None = None  # in the line: the estimate of when it starts (None: not known)
     render_s: float | None = None  # a typical render here (the median of the recent ones)
+    # In the line, waiting by its patience: the estimate says it would start after `start_by`.
+    late: bool = False
 
 
 class Quoted(BaseModel):

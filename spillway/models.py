@@ -400,6 +400,9 @@ class JobPlace(BaseModel):
     priority: int = 3  # the job's, so that a new pool can take back the line (0.5.0: none)
     unfit: list[str] = []  # the hosts known to lack what its graph needs
     models: list[str] = []  # the model files its graph loads (the pool prefers them warm)
+    # Waiting by its patience: the latest start it waits for (its deadline, `by_deadline`).
+    start_by: datetime | None = None
+    by_deadline: bool = False
 
 
 class Plan(BaseModel):

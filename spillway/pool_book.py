@@ -8,7 +8,7 @@ in another.
 from __future__ import annotations
 
 import bisect
-import math
+import heapq
 import statistics
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -135,12 +135,15 @@ class PoolBook:
         position = bisect.bisect_left(self.line, self._key(ask), key=self._key) + 1
         self.line.insert(position - 1, ask)
         self._lined[ask.job_id] = ask
+        eta = self._etas(now, position)[-1]
+        ask.told_late = self._late(ask, eta, now)
         in_line = PoolAnswer(
             asked_at=ask.asked_at,
             position=position,
             full=full,
-            eta_s=self._eta(position),
+            eta_s=eta,
             render_s=self._typical(),
+            late=ask.told_late,
         )
         return [
             *sent,
@@ -419,9 +422,65 @@ class PoolBook:
                 sent += self.ask(ask, now)
         return sent
 
+    # --- patience --------------------------------------------------------------------------
+
+    def late(self, now: datetime) -> list[Sent]:
+        """Each job waiting by its patience whose estimated start has passed it, told once
+        (`late`, its position and estimate): it leaves the line for the cloud."""
+        patient = self._patient()
+        if not patient:
+            return []
+        etas = self._etas(now, patient[-1] + 1)
+        sent: list[Sent] = []
+        for i in patient:
+            ask = self.line[i]
+            if self._late(ask, etas[i], now):
+                ask.told_late = True
+                answer = PoolAnswer(
+                    asked_at=ask.asked_at,
+                    position=i + 1,
+                    eta_s=etas[i],
+                    render_s=self._typical(),
+                    late=True,
+                )
+                sent.append((ask.job_id, answer))
+        return sent
+
+    def next_late(self, now: datetime) -> datetime | None:
+        """When an estimate may next pass a patience: a job's estimated start grows at most as
+        fast as time passes, but for a jump when a held place outlasts one more of the recent
+        renders (its end is then estimated from the longer ones)."""
+        patient = self._patient()
+        typical = self._typical()
+        if not patient or typical is None:
+            return None
+        etas = self._etas(now, patient[-1] + 1)
+        due: list[datetime] = []
+        for i in patient:
+            ask, eta = self.line[i], etas[i]
+            if ask.start_by is not None and eta is not None:
+                before = typical if ask.by_deadline else 0.0
+                due.append(max(ask.start_by - timedelta(seconds=eta + before), now))
+        holds = self._holds()
+        for held in self.holders.values():
+            ran = (now - held.since).total_seconds()
+            longer = [r for r in holds if r > ran]
+            if longer and held.clearing is None:
+                due.append(held.since + timedelta(seconds=min(longer)))
+        return min(due) if due else None
+
+    def _patient(self) -> list[int]:
+        return [i for i, a in enumerate(self.line) if a.start_by is not None and not a.told_late]
+
+    def _late(self, ask: PoolAsk, eta: float | None, now: datetime) -> bool:
+        if ask.start_by is None or eta is None:
+            return False
+        before = (self._typical() or 0.0) if ask.by_deadline else 0.0
+        return now + timedelta(seconds=eta + before) > ask.start_by
+
     # --- what people see -------------------------------------------------------------------
 
-    def quote(self, ask: PoolAsk) -> Quoted:
+    def quote(self, ask: PoolAsk, now: datetime) -> Quoted:
         """Where `ask` would stand if it came now; nothing changes."""
         host = self._place_for(ask, [s.name for s in ask.seen if self._usable(s, ask.mode)])
         if host is not None:
@@ -429,19 +488,19 @@ class PoolBook:
         position = bisect.bisect_left(self.line, self._key(ask), key=self._key) + 1
         return Quoted(
             position=position,
-            eta_s=self._eta(position),
+            eta_s=self._etas(now, position)[-1],
             full=self.full_reasons(ask),
             render_s=self._typical(),
         )
 
-    def spot(self, job_id: str) -> QueueSpot | None:
+    def spot(self, job_id: str, now: datetime) -> QueueSpot | None:
         ask = self._lined.get(job_id)
         if ask is None:
             return None
         i = bisect.bisect_left(self.line, self._key(ask), key=self._key)
-        return QueueSpot(position=i + 1, ahead=i, eta_s=self._eta(i + 1))
+        return QueueSpot(position=i + 1, ahead=i, eta_s=self._etas(now, i + 1)[-1])
 
-    def view(self, head: int | None = None) -> PoolView:
+    def view(self, now: datetime, head: int | None = None) -> PoolView:
         """Every host's places and the line (its first `head` only, when given)."""
         hosts = []
         for name in sorted(set(self.hosts) | {h.host for h in self.holders.values()}):
@@ -464,6 +523,8 @@ class PoolBook:
                     drained=self.drained.get(name),
                 )
             )
+        shown = self.line[:head]
+        etas = self._etas(now, len(shown))
         line = [
             InLine(
                 job_id=a.job_id,
@@ -471,11 +532,11 @@ class PoolBook:
                 since=a.asked_at,
                 mode=a.mode,
                 position=i + 1,
-                eta_s=self._eta(i + 1),
+                eta_s=etas[i],
                 state="awaiting_approval" if a.mode == "headroom" else "queued",
                 why=HEADROOM_WHY if a.mode == "headroom" else self._waits_for(a),
             )
-            for i, a in enumerate(self.line[:head])
+            for i, a in enumerate(shown)
         ]
         return PoolView(hosts=hosts, line=line)
 
@@ -608,16 +669,41 @@ class PoolBook:
         del self.line[bisect.bisect_left(self.line, self._key(ask), key=self._key)]
         del self._lined[ask.job_id]
 
-    def _eta(self, position: int) -> float | None:
-        """Rounds of every place ahead of it, each as long as a typical render."""
+    def _etas(self, now: datetime, positions: int) -> list[float | None]:
+        """The estimated start, in seconds from `now`, of the line's first `positions` places:
+        each job ahead takes the place that frees first and holds it for a typical render. A
+        held place frees when a render as long as the recent ones that outlasted it so far
+        would end (their median); one that outlasted them all, after a typical render more, so
+        its estimate grows while it runs on. A free place frees now, a place being cleared
+        too. [None] * positions before any render was seen."""
         typical = self._typical()
         places = sum(h.max_jobs for h in self.hosts.values())
-        if typical is None or not places:
-            return None
-        return round(math.ceil(position / places) * typical, 1)
+        if typical is None or not places or positions <= 0:
+            return [None] * max(positions, 0)
+        holds = self._holds()
+        frees = []
+        for held in self.holders.values():
+            ran = (now - held.since).total_seconds()
+            longer = [r - ran for r in holds if r > ran]
+            if held.clearing is not None:
+                frees.append(0.0)
+            else:
+                frees.append(statistics.median(longer) if longer else typical)
+        frees = sorted(frees)[:places]
+        frees += [0.0] * (places - len(frees))
+        heapq.heapify(frees)
+        etas: list[float | None] = []
+        for _ in range(positions):
+            start = heapq.heappop(frees)
+            etas.append(round(start, 1))
+            heapq.heappush(frees, start + typical)
+        return etas
+
+    def _holds(self) -> list[float]:
+        return [s for v in self.holds_s.values() for s in v]
 
     def _typical(self) -> float | None:
         """The median of the hosts' recent renders: one that ran an hour does not make every
         wait an hour."""
-        holds = [s for v in self.holds_s.values() for s in v]
+        holds = self._holds()
         return statistics.median(holds) if holds else None

@@ -63,13 +63,13 @@ def test_the_line_goes_by_priority_then_arrival_and_a_freed_place_goes_to_its_he
         lined = answers(b.ask(ask(job, s, priority=prio), T0))[job]
         assert lined.position is not None
     assert [a.job_id for a in b.line] == ["p1", "p3-a", "p3-b", "p3-c"]
-    spot = b.spot("p3-b")
+    spot = b.spot("p3-b", T0)
     assert spot is not None and spot.position == 3
     assert b.give_back(PoolLeave(job_id="holder", asked_at=T0), T0 + timedelta(seconds=60))
     sent = answers(b.admit(T0 + timedelta(seconds=60), freshness=timedelta(seconds=2)))
     assert sent == {"p1": PoolAnswer(asked_at=T0 + timedelta(seconds=4), host="a40")}
     # The ETA counts rounds of the places ahead, each as long as the recent holds (60 s).
-    spot = b.spot("p3-b")
+    spot = b.spot("p3-b", T0 + timedelta(seconds=60))
     assert spot is not None and (spot.position, spot.eta_s) == (2, 120.0)
 
 
@@ -171,7 +171,7 @@ def test_a_job_only_some_hosts_can_run_waits_for_those_and_the_line_moves_past_i
     assert [h.name for h in b.to_probe(T0, SOON)] == []  # nobody in line can use "a"
     # A job any host can run goes past it to "a"; the line keeps "only-b" first for "b".
     assert answers(b.ask(ask("any", 2, seen=both), T0))["any"].host == "a"
-    [why] = [i.why for i in b.view().line]
+    [why] = [i.why for i in b.view(T0).line]
     assert why == "places taken (b 1/1)"
     b.give_back(PoolLeave(job_id="on-b", asked_at=T0), T0)
     assert answers(b.admit(T0, freshness=SOON))["only-b"].host == "b"
@@ -201,7 +201,7 @@ def test_the_book_survives_continue_as_new_and_the_view_lists_places_and_line():
     b.ask(ask("next", 1), T0)
     again = PoolBook(PoolInput.model_validate_json(b.carried(100, []).model_dump_json()))
     again.configure(list(b.hosts.values()))
-    view = again.view()
+    view = again.view(T0)
     assert [p.job_id for p in view.hosts[0].places] == ["holder"]
     assert [(i.job_id, i.position) for i in view.line] == [("next", 1)]
 
@@ -234,12 +234,12 @@ def test_the_line_says_why_each_job_waits_and_in_which_state():
     b.ask(ask("holder"), T0)
     b.ask(ask("local", 1), T0)
     b.ask(ask("asks-a-person", 2, mode="headroom"), T0)
-    line = {i.job_id: i for i in b.view().line}
+    line = {i.job_id: i for i in b.view(T0).line}
     assert (line["local"].state, line["local"].why) == ("queued", "places taken (a40 1/1)")
     assert line["asks-a-person"].state == "awaiting_approval"
     assert line["asks-a-person"].why == "approval, or a host with headroom"
     b.note_probe("a40", Reading(reachable=False, headroom=False, at=T0))
-    assert b.view().line[0].why == "no GPU host answers"
+    assert b.view(T0).line[0].why == "no GPU host answers"
 
 
 def test_a_job_in_line_asking_again_is_left_where_it_was_and_lined_by_a_pool_that_lost_it():
@@ -294,7 +294,7 @@ def test_a_place_left_with_its_prompt_maybe_in_comfyui_stays_held_until_it_is_ta
     # Its host was lost under it: the prompt may still render there.
     assert not b.give_back(PoolLeave(job_id="left", asked_at=T0, prompt_id="p-1"), T0)
     assert b.admit(T0, freshness=timedelta(seconds=2)) == []  # the place is still held
-    assert [(p.job_id, p.clearing) for p in b.view().hosts[0].places] == [("left", "p-1")]
+    assert [(p.job_id, p.clearing) for p in b.view(T0).hosts[0].places] == [("left", "p-1")]
     # Another give-back of the same ask frees nothing while the prompt is not out, and the
     # holder check does not ask a job that has left.
     assert not b.give_back(PoolLeave(job_id="left", asked_at=T0), T0)
@@ -403,7 +403,7 @@ def test_a_drained_host_gets_no_new_place_its_holders_finish_and_resume_gives_it
     assert not b.drain(PoolDrain(host="a40", drain=True, by="ops", reason="driver update"), T0)
     for i in range(3):
         assert answers(b.ask(ask(f"w{i}", 3 + i, seen=seen), T0))[f"w{i}"].position == i + 1
-    view = b.view()
+    view = b.view(T0)
     assert view.line[0].why == "places taken (b 1/1); host a40 drained by ops: driver update"
     assert b.full_reasons() == ["gpu_host_drained_a40", "gpu_places_full_b_1of1"]
     # The holders on a40 finish; nobody new gets a place there, the line moves to b.
@@ -417,13 +417,13 @@ def test_a_drained_host_gets_no_new_place_its_holders_finish_and_resume_gives_it
     b = PoolBook(b.carried(500, []))
     b.configure([PoolHost(ref=ref("q", n, m), max_jobs=m) for n, m in (("a40", 2), ("b", 1))])
     b.drain(PoolDrain(host="a40", drain=True, by="ops2"), later)
-    drained = b.view().hosts[0].drained
+    drained = b.view(T0).hosts[0].drained
     assert drained is not None and (drained.by, drained.since) == ("ops2", T0)
     # Resumed: its free places go to the line at once.
     assert b.drain(PoolDrain(host="a40", drain=False, by="ops"), later)
     sent = answers(b.admit(later, freshness=SOON))
     assert {job: a.host for job, a in sent.items()} == {"w1": "a40", "w2": "a40"}
-    assert b.view().hosts[0].drained is None
+    assert b.view(T0).hosts[0].drained is None
     # A host the workers do not have is not drained.
     assert not b.drain(PoolDrain(host="nope", drain=True, by="ops"), later)
     assert "nope" not in b.drained
@@ -458,5 +458,55 @@ def test_the_eta_learns_renders_as_comfyui_timed_them_and_one_long_hold_does_not
     assert len(b.holds_s["a40"]) == 4
     b.ask(ask("holder", 30), T0)
     b.ask(ask("next", 31), T0)
-    spot = b.spot("next")
+    spot = b.spot("next", T0)
     assert spot is not None and spot.eta_s == 8.2  # the median of 7.5, 8, 8.5 and 1020: 8.25
+
+
+def test_the_line_s_estimate_follows_the_held_render_and_grows_once_it_outlasts_the_recent_ones():
+    b = book(("a40", 1))
+    b.holds_s["a40"] = [8.0, 10.0, 12.0]
+    b.ask(ask("holder"), T0)
+    b.ask(ask("next", 1), T0)
+
+    def eta(s: int) -> float | None:
+        spot = b.spot("next", T0 + timedelta(seconds=s))
+        assert spot is not None
+        return spot.eta_s
+
+    # While it renders within the recent renders, it ends as the ones that outlasted it so far.
+    assert [eta(s) for s in (0, 5, 9, 11)] == [
+        10.0,  # 8, 10, 12 from now: their median
+        5.0,
+        2.0,  # 10 and 12 outlasted 9 s: 1 and 3 s more
+        1.0,  # only 12 did
+    ]
+    # Past all of them, a typical render more: its start moves on while it renders on.
+    assert eta(13) == eta(60) == 10.0
+
+
+def test_a_job_waiting_by_its_patience_is_told_once_when_the_estimate_passes_it():
+    b = book(("a40", 1))
+    b.holds_s["a40"] = [10.0, 10.0, 10.0]
+    b.ask(ask("holder"), T0)
+    patient = ask("patient", 1, start_by=T0 + timedelta(seconds=30))
+    lined = answers(b.ask(patient, T0 + timedelta(seconds=1)))["patient"]
+    assert (lined.position, lined.eta_s, lined.late) == (1, 9.0, False)
+    assert b.late(T0 + timedelta(seconds=15)) == []
+    # The holder outlasted every recent render at 10 s: a typical render more from now, so the
+    # estimate passes 30 s at 20 s.
+    assert b.next_late(T0 + timedelta(seconds=15)) == T0 + timedelta(seconds=20)
+    assert b.late(T0 + timedelta(seconds=20)) == []
+    [(job, told)] = b.late(T0 + timedelta(seconds=21))
+    assert (job, told.position, told.eta_s, told.late) == ("patient", 1, 10.0, True)
+    assert b.late(T0 + timedelta(seconds=25)) == [] and b.next_late(T0) is None  # told once
+
+
+def test_an_ask_already_past_its_patience_hears_it_in_its_answer_a_deadline_counting_a_render():
+    b = book(("a40", 1))
+    b.holds_s["a40"] = [10.0]
+    b.ask(ask("holder"), T0)
+    # Its deadline is 15 s away: a 10 s start and a 10 s render do not fit before it.
+    by_deadline = ask("d", 1, start_by=T0 + timedelta(seconds=15), by_deadline=True)
+    told = answers(b.ask(by_deadline, T0))["d"]
+    assert (told.position, told.eta_s, told.late) == (1, 10.0, True)
+    assert b.late(T0) == []  # told in its answer

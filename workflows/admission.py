@@ -34,9 +34,18 @@ POOL_HOME = "gpu-pool-home"
 STRAYS_BY_RUN = "gpu-pool-strays-by-run"
 
 
-async def ask(s: VideoJobState, *, wait: bool, mode: PlaceMode, fresh: bool = True) -> PoolAnswer:
+async def ask(
+    s: VideoJobState,
+    *,
+    wait: bool,
+    mode: PlaceMode,
+    fresh: bool = True,
+    start_by: datetime | None = None,
+    by_deadline: bool = False,
+) -> PoolAnswer:
     """A place now, a position in the line (`wait`), or "full". `fresh`: the job's own probe
-    just ran, and the pool may use it."""
+    just ran, and the pool may use it. `start_by`: a first ask's patience (the pool tells the
+    job when the line's estimate passes it)."""
     if s.place is None:
         s.place = JobPlace(
             asked_at=workflow.now(),
@@ -44,6 +53,8 @@ async def ask(s: VideoJobState, *, wait: bool, mode: PlaceMode, fresh: bool = Tr
             priority=s.job.priority,
             unfit=s.unfit or [],
             models=model_files(s.job.graph),
+            start_by=start_by,
+            by_deadline=by_deadline,
         )
     place = s.place.model_copy(update={"mode": mode})
     s.place = place
@@ -59,6 +70,8 @@ async def ask(s: VideoJobState, *, wait: bool, mode: PlaceMode, fresh: bool = Tr
         run_id=workflow.info().run_id,
         unfit=place.unfit,
         models=place.models,
+        start_by=place.start_by,
+        by_deadline=place.by_deadline,
     )
     unanswered = False
     while True:
@@ -97,6 +110,8 @@ async def check(s: VideoJobState) -> None:
         run_id=workflow.info().run_id,
         unfit=place.unfit,
         models=place.models,
+        start_by=place.start_by,
+        by_deadline=place.by_deadline,
     )
     if not await _signal_pool(names.POOL_ASK, request):
         await calls.pool_start(request)
@@ -118,6 +133,7 @@ def take(s: VideoJobState, answer: PoolAnswer) -> bool:
         s.plan.queue = QueueSpot(
             position=answer.position, ahead=answer.position - 1, eta_s=answer.eta_s
         )
+    s.late = s.late or answer.late
     s.answer = answer
     return True
 

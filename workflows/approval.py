@@ -198,10 +198,16 @@ async def wait_in_line(
                 await admission.leave(s)
                 return choice
             continue
-        if s.patience_until is not None and workflow.now() >= s.patience_until:
-            # An armed job whose patience ran out in line: the cloud (the line moves up).
-            waited = (workflow.now() - s.place.asked_at).total_seconds() if s.place else 0.0
-            s.reason(texts.waited_past_patience(waited))
+        if s.patience_until is not None and (workflow.now() >= s.patience_until or s.late):
+            # An armed job whose patience ran out in line, or whose start the line's estimate
+            # puts after it: the cloud (the line moves up).
+            left = (s.patience_until - workflow.now()).total_seconds()
+            if left > 0:
+                eta = s.plan.queue.eta_s if s.plan.queue is not None else None
+                s.reason(texts.line_passed_patience(eta, left))
+            else:
+                waited = (workflow.now() - s.place.asked_at).total_seconds() if s.place else 0.0
+                s.reason(texts.waited_past_patience(waited))
             s.patience_until = s.plan.patience_until = None
             await admission.leave(s)
             return ARMED
@@ -255,7 +261,11 @@ async def wait_in_line(
 
 def _woken(s: VideoJobState, ignored: int) -> Callable[[], bool]:
     return lambda: (
-        s.pending is not None or admission.admitted(s) or s.ignored != ignored or s.reprioritized
+        s.pending is not None
+        or admission.admitted(s)
+        or s.ignored != ignored
+        or s.reprioritized
+        or s.late
     )
 
 

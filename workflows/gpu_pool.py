@@ -100,6 +100,8 @@ class GpuPoolWorkflow:
                 self._policy_at, self._policy_changed = now, False
                 await self._read_policy()
             self._apply()
+            for job_id, answer in book.late(workflow.now()):
+                self._send(job_id, answer)
             if not self._probing and book.to_probe(workflow.now(), self._reprobe):
                 self._probing = True
                 self._start(self._probe())
@@ -165,15 +167,15 @@ class GpuPoolWorkflow:
 
     @workflow.query(name=names.POOL_VIEW)
     def view(self) -> PoolView:
-        return self._book.view()
+        return self._book.view(workflow.now())
 
     @workflow.query(name=names.POOL_QUOTE)
     def quote(self, ask: PoolAsk) -> Quoted:
-        return self._book.quote(ask)
+        return self._book.quote(ask, workflow.now())
 
     @workflow.query(name=names.POOL_SPOT)
     def spot(self, job_id: str) -> QueueSpot | None:
-        return self._book.spot(job_id)
+        return self._book.spot(job_id, workflow.now())
 
     def _apply(self) -> None:
         book, now = self._book, workflow.now()
@@ -242,6 +244,9 @@ class GpuPoolWorkflow:
             leave = self._book.next_leave_check(self._reprobe)
             if leave is not None:
                 waits.append(leave - now)
+        late = self._book.next_late(now)
+        if late is not None:
+            waits.append(late - now)
         if self._policy_changed:
             waits.append(self._policy_at + POLICY_AT_MOST - now)
         if not self._clearing:
@@ -392,4 +397,5 @@ class GpuPoolWorkflow:
             len(book.line)
         )
         # The head of the line only: this runs after every batch of messages, whatever its length.
-        workflow.set_current_details(texts.pool_details(book.view(DETAILS_HEAD), len(book.line)))
+        head = book.view(workflow.now(), DETAILS_HEAD)
+        workflow.set_current_details(texts.pool_details(head, len(book.line)))

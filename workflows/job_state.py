@@ -115,8 +115,10 @@ class VideoJobState:
     reprioritized: bool = False
     render_s: float | None = None  # its render, by ComfyUI's clock: the pool's ETA learns it
     progress: RenderProgress | None = None  # its render's, as the wait relays it (UI details)
-    # An armed job waiting in the line by its patience: it goes to the cloud then.
+    # An armed job waiting in the line by its patience: it goes to the cloud then, or once the
+    # pool says the line's estimate passed it (`late`).
     patience_until: datetime | None = None
+    late: bool = False
     answer: PoolAnswer | None = None  # the pool's answer to the ask just sent
     # Ask times of places the pool gave to asks the job no longer stands by: the run gives them
     # back, never the signal handler that learnt of them.

@@ -271,6 +271,11 @@ def line_within_patience(eta_s: float, patience_s: float) -> str:
     return f"line_eta_{round(eta_s)}s_within_max_wait_{round(patience_s)}s"
 
 
+def line_passed_patience(eta_s: float | None, left_s: float) -> str:
+    """While it waited: the line's estimate now puts its start after its patience."""
+    return f"line_eta_{round(eta_s or 0)}s_gt_patience_left_{round(left_s)}s"
+
+
 def line_past_patience(eta_s: float | None, patience_s: float) -> str:
     if eta_s is None:
         return f"line_eta_unknown_max_wait_{round(patience_s)}s"

@@ -142,7 +142,16 @@ class VideoJobWorkflow:
             # A job that may still go to the cloud waits for headroom; one that can only run
             # here, or that waits by its patience, takes the next place on a host that answers.
             mode: PlaceMode = "any" if job.cloud is None or patience is not None else "headroom"
-            answer = await admission.ask(s, wait=not armed or patience is not None, mode=mode)
+            start_by = None
+            if patience is not None:
+                start_by = job.deadline or workflow.now() + timedelta(seconds=patience)
+            answer = await admission.ask(
+                s,
+                wait=not armed or patience is not None,
+                mode=mode,
+                start_by=start_by,
+                by_deadline=job.deadline is not None,
+            )
             if answer.host is None:
                 load = places_taken(load, answer.full)
                 decision = decide(load, armed=armed)
