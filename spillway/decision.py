@@ -19,6 +19,7 @@ from pydantic import BaseModel
 from spillway.models import LoadStatus, VideoJob
 
 Route = Literal["local", "cloud", "await"]
+QuoteRoute = Literal["local", "cloud", "await_approval"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,14 @@ def is_armed(fallback_enabled: bool, key_present: bool, has_cloud_request: bool)
     """CLOUD_VIDEO_FALLBACK_ENABLED=1 AND a provider key on the worker AND a cloud request in the
     job (the budget is the ledger's to check)."""
     return fallback_enabled and key_present and has_cloud_request
+
+
+def quote_route(route: Route, patient: bool, has_cloud: bool) -> QuoteRoute:
+    """The route a quote names for a decision: a job waiting by its patience waits in line; one
+    that may not spend waits in line for a place, or with a cloud prompt also for a person."""
+    if patient or route == "local" or (route == "await" and not has_cloud):
+        return "local"
+    return "cloud" if route == "cloud" else "await_approval"
 
 
 def table_rows() -> list[tuple[str, str, str, str]]:

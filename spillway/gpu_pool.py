@@ -115,6 +115,8 @@ class PoolAnswer(BaseModel):
     render_s: float | None = None  # a typical render here (the median of the recent ones)
     # In the line, waiting by its patience: the estimate says it would start after `start_by`.
     late: bool = False
+    # Not lined (full, and the ask does not wait): the position it would have had (its quote).
+    would_be: int | None = None
 
 
 class Quoted(BaseModel):

@@ -100,6 +100,9 @@ class Policy(BaseModel):
     # Local waits stop a stalled render (each agent's RENDER_STALL_S). False in what 0.5.0
     # workers read: their runs replay without the outcome.
     stall_rule: bool = False
+    # A job's plan has the quote of its decision. False in what 0.5.0 workers read: their runs
+    # replay without it (a plan that changed would publish where they did not).
+    job_quote: bool = False
 
 
 class HostCapabilities(BaseModel):
@@ -126,6 +129,18 @@ class CloudQuote(BaseModel):
     estimate_usd: float | None = None
     budget_left_usd: float | None = None  # the smaller of what the day and the month have left
     eta_s: float | None = None  # not yet learnt: always None
+
+    @classmethod
+    def of(cls, provider: str, view: BudgetView | None) -> CloudQuote:
+        """With the figures of a budget view, when one was read."""
+        if view is None:
+            return cls(provider=provider)
+        left = [v for v in (view.day_remaining_usd, view.month_remaining_usd) if v is not None]
+        return cls(
+            provider=provider,
+            estimate_usd=view.estimate_usd,
+            budget_left_usd=min(left, default=None),
+        )
 
 
 class Quote(BaseModel):
@@ -435,6 +450,8 @@ class Plan(BaseModel):
     priority_changes: list[PriorityRecord] = []  # `spillway priority`: who moved it, when, why
     # An armed job waiting in the GPU line by its patience: it goes to the cloud then.
     patience_until: datetime | None = None
+    # Its decision as `spillway quote` would have given it then (None: a run of 0.5.x).
+    quote: Quote | None = None
 
     def hosts_text(self) -> str:
         """Which hosts can run the job, and what the others lack."""

@@ -128,7 +128,14 @@ class PoolBook:
             return [*sent, self._admit(ask, host, now)]
         full = self.full_reasons(ask)
         if not ask.wait:
-            return [*sent, (ask.job_id, PoolAnswer(asked_at=ask.asked_at, full=full))]
+            would_be = bisect.bisect_left(self.line, self._key(ask), key=self._key) + 1
+            answer = PoolAnswer(
+                asked_at=ask.asked_at,
+                full=full,
+                would_be=would_be,
+                eta_s=self._etas(now, would_be)[-1],
+            )
+            return [*sent, (ask.job_id, answer)]
         # What the line carries across continue-as-new stays small: the probe it came with has
         # been noted above.
         ask = ask.model_copy(update={"seen": [], "again": False})

@@ -182,6 +182,11 @@ async def test_armed_and_full_a_patient_job_waits_in_line_and_renders_here_spend
             patient, lambda p: p.state == "queued" and p.patience_until is not None
         )
         assert "line_eta_2s_within_max_wait_600s" in plan.reasons
+        # Its decision's quote, as `spillway quote` would have given it then (status --json).
+        assert plan.quote is not None and plan.quote.route == "local"
+        assert (plan.quote.local.position, plan.quote.local.eta_s) == (1, 2.0)
+        assert plan.quote.cloud is not None and plan.quote.cloud.estimate_usd == CLIP_USD
+        assert plan.quote.why.startswith("1st in line for the GPUs, about 2 s;")
         # The UI's details weigh both: its start here, and the cloud's price now.
         assert plan.budget is not None and plan.budget.estimate_usd == CLIP_USD
         assert "Starts in about 2 s here, or $0.28 on MiniMax now." in current_details(plan)
@@ -213,6 +218,8 @@ async def test_armed_and_full_a_job_whose_patience_is_shorter_than_the_line_goes
         await asyncio.gather(behind.result(), *(h.result() for h in held))
     assert (hasty.route, hasty.state) == ("cloud", "completed")
     assert "line_eta_2s_gt_max_wait_1s" in hasty.reasons
+    assert hasty.quote is not None and hasty.quote.route == "cloud"
+    assert (hasty.quote.local.position, hasty.quote.local.eta_s) == (1, 2.0)
     assert (waited.route, waited.state) == ("cloud", "completed")
     assert any(r.startswith("line_eta_2s_gt_patience_left_") for r in waited.reasons), waited
     assert [i.job_id for i in line.line] == [behind.id]

@@ -24,7 +24,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.cloud.registry import PROVIDERS
     from activities.spend.activities import SpendRequest
     from activities.spend.guard import NOT_ARMED, WRONG_WORLD
-    from spillway.models import CloudAttempt, CloudInfo
+    from spillway.models import CloudAttempt, CloudInfo, CloudQuote
     from spillway.spend_book import REFUSED, Reservation, SettleState, SpendEntry, SpendSettle
     from workflows import texts
 
@@ -156,9 +156,19 @@ async def read_budget(s: VideoJobState) -> None:
     try:
         view = await calls.spend_view(spend_request(s, ARMED, _first_provider(s)))
         s.plan.budget = view.model_copy(update={"exhausted": exhausted})
+        if s.plan.quote is not None:
+            s.plan.quote.cloud = cloud_quote(s)
     except ActivityError as err:  # shown to people only
         _unless_cancelled(err)
         workflow.logger.warning("budget view failed: %s", err.cause or err)
+
+
+def cloud_quote(s: VideoJobState) -> CloudQuote | None:
+    """A quote's cloud part: the first provider, with the figures of the budget view the job
+    read (none before it read one)."""
+    if s.job.cloud is None or not s.policy.providers:
+        return None
+    return CloudQuote.of(s.policy.providers[0], s.plan.budget)
 
 
 async def release_unused(s: VideoJobState) -> None:

@@ -6,7 +6,6 @@ taken, nothing is reserved. Workflow code."""
 from __future__ import annotations
 
 import asyncio
-from typing import Literal
 
 from temporalio import workflow
 from temporalio.common import Priority
@@ -19,7 +18,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.comfyui.models import HostFit
     from activities.spend.activities import SpendRequest
     from spillway import names
-    from spillway.decision import decide, is_armed, patience_s, places_taken
+    from spillway.decision import decide, is_armed, patience_s, places_taken, quote_route
     from spillway.gpu_pool import HostSeen, PoolAsk, PoolHost, PoolQuote
     from spillway.hosts import no_answer, pick_host
     from spillway.models import (
@@ -82,17 +81,7 @@ class QuoteWorkflow:
             position=line.position,
             eta_s=line.eta_s,
         )
-        # A job that may not spend waits: in line for a place, or (with a cloud prompt) also
-        # for a person.
-        route: Literal["local", "cloud", "await_approval"] = (
-            "local"
-            if patient
-            else decision.route
-            if decision.route != "await"
-            else "local"
-            if job.cloud is None
-            else "await_approval"
-        )
+        route = quote_route(decision.route, patient, job.cloud is not None)
         return Quote(
             local=local,
             cloud=await _cloud(job, policy),
@@ -121,7 +110,6 @@ async def _cloud(job: VideoJob, policy: Policy) -> CloudQuote | None:
     if job.cloud is None or not policy.providers:
         return None
     provider = policy.providers[0]
-    quote = CloudQuote(provider=provider)
     request = SpendRequest(
         job_id=job.job_id,
         provider=provider,
@@ -133,8 +121,5 @@ async def _cloud(job: VideoJob, policy: Policy) -> CloudQuote | None:
         view = await calls.spend_view(request)
     except ActivityError as err:  # shown only: the quote goes on without the figures
         workflow.logger.warning("quote: budget view failed: %s", err.cause or err)
-        return quote
-    left = [v for v in (view.day_remaining_usd, view.month_remaining_usd) if v is not None]
-    quote.estimate_usd = view.estimate_usd
-    quote.budget_left_usd = min(left) if left else None
-    return quote
+        return CloudQuote(provider=provider)
+    return CloudQuote.of(provider, view)

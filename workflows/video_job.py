@@ -35,17 +35,26 @@ with workflow.unsafe.imports_passed_through():
     from activities.callbacks import EventName
     from activities.comfyui.models import HostFit
     from spillway import names
-    from spillway.decision import decide, is_armed, patience_s, places_taken
+    from spillway.decision import (
+        Decision,
+        decide,
+        is_armed,
+        patience_s,
+        places_taken,
+        quote_route,
+    )
     from spillway.gpu_pool import PoolAnswer
     from spillway.models import (
         ApprovalDecision,
         IgnoredSignal,
         JobPlace,
+        LocalQuote,
         PlaceMode,
         Plan,
         PriorityChange,
         PriorityRecord,
         QueueSpot,
+        Quote,
         RenderProgress,
     )
     from workflows import texts
@@ -172,6 +181,8 @@ class VideoJobWorkflow:
         s.plan.reasons += [patience_reason] if patience_reason else []
         s.plan.overflow.trigger = decision.trigger
         s.plan.overflow.last_signal = load if decision.trigger else None
+        if policy.job_quote:
+            s.plan.quote = self._quote(decision, answer, waits_patiently)
         if waits_patiently:
             return await approval.wait_in_line(s)
         if decision.route == "cloud":
@@ -183,6 +194,28 @@ class VideoJobWorkflow:
         if job.cloud is None:  # nobody is asked: it waits for a place
             return await approval.wait_in_line(s)
         return await approval.ask(s, None)
+
+    def _quote(self, decision: Decision, answer: PoolAnswer | None, patient: bool) -> Quote:
+        """The decision as `spillway quote` would have given it: the line as the pool answered
+        the job's ask, the cloud's figures where the job read them (`read_budget`)."""
+        s = self._state
+        unfit = s.unfit or []
+        local = LocalQuote(
+            hosts=[h.name for h in s.policy.hosts if h.name not in unfit], position=0
+        )
+        if answer is not None and answer.host is None:
+            local.position = answer.position or answer.would_be or 0
+            local.eta_s = answer.eta_s
+        elif answer is not None:
+            local.eta_s = 0.0
+        route = quote_route(decision.route, patient, s.job.cloud is not None)
+        host = answer.host if answer is not None else None
+        return Quote(
+            local=local,
+            cloud=cloud_route.cloud_quote(s),
+            route=route,
+            why=texts.quote_why(route, decision.why, host, local),
+        )
 
     async def _by_patience(self, answer: PoolAnswer, patience: float) -> tuple[bool, str]:
         """In line with its patience: it waits when the line's estimate is within it (until

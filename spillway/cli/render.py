@@ -197,6 +197,8 @@ def render_plan(plan: Plan) -> str:
             f"  priority  {change.priority} (was {change.was}) by {change.by} "
             f"at {change.at:%Y-%m-%d %H:%M:%S} UTC{said}"
         )
+    if plan.quote is not None:
+        lines.append(f"  decided   {plan.quote.route}: {plan.quote.why}")
     if plan.state == "awaiting_approval":
         lines.append(f"  decide    spillway approve|reject {plan.job_id} --by NAME [--reason TEXT]")
     if plan.cannot_run:
