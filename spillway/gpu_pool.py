@@ -9,9 +9,9 @@ earlier ask of the same job changes nothing of a later one.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, model_serializer
 
 from spillway.models import HostCapabilities, HostRef, JobState
 from spillway.models import PlaceMode as Mode
@@ -23,6 +23,8 @@ MAX_MODELS = 16  # model files per ask: a graph loads a handful
 # whose input does not decode), so whatever arrives the pool's carried state stays small.
 MAX_ID = 255  # job ids are at most 100 characters (spillway.models.JobId)
 MAX_HOSTS_SEEN = 64
+MAX_SHAPE = 16  # a graph's shape: a short hash (activities/comfyui/capabilities.graph_shape)
+MAX_SHAPES = 32  # shapes whose recent renders the pool keeps
 
 
 class HostSeen(BaseModel):
@@ -68,6 +70,17 @@ class PoolAsk(BaseModel):
     start_by: datetime | None = None
     by_deadline: bool = False
     told_late: bool = False  # in line: it was told
+    # What kind of render its graph is: the line's estimate takes renders of the same shape
+    # where the pool has seen some (None: any render).
+    shape: Annotated[str, Field(max_length=MAX_SHAPE)] | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_defaults(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Fields at their defaults are left out (they read back as those): the line the pool
+        carries across continue-as-new stays well under Temporal's payload warning."""
+        data: dict[str, Any] = handler(self)
+        fields = type(self).model_fields
+        return {k: v for k, v in data.items() if k not in fields or v != fields[k].default}
 
 
 class PoolDrain(BaseModel):
@@ -152,6 +165,7 @@ class Holder(BaseModel):
     left_checks: int = 0
     left_render_s: float | None = None
     adopted: bool = False  # from an earlier pool: when it took its place is not known
+    shape: str | None = None  # its graph's (PoolAsk.shape)
 
 
 class Reading(BaseModel):
@@ -190,6 +204,8 @@ class PoolInput(BaseModel):
     line: list[PoolAsk] = []
     readings: dict[str, Reading] = {}
     holds_s: dict[str, list[float]] = {}  # recent hold durations per host, newest last
+    # The same per graph shape (PoolAsk.shape), the MAX_SHAPES renewed last.
+    shape_holds: dict[str, list[float]] = {}
     # Asks naming a holder with another ask time, until the holder check says whether that job
     # still holds its place (then the ask is dropped) or not (its run was reset: asked anew).
     parked: list[PoolAsk] = []

@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from spillway.gpu_pool import (
+    MAX_SHAPES,
     Drain,
     Holder,
     HostPlaces,
@@ -64,6 +65,7 @@ class PoolBook:
         self._lined = {a.job_id: a for a in self.line}
         self.readings = dict(inp.readings)
         self.holds_s = {name: list(v) for name, v in inp.holds_s.items()}
+        self.shape_holds = {shape: list(v) for shape, v in inp.shape_holds.items()}
         self.parked: dict[str, PoolAsk] = {a.job_id: a for a in inp.parked}
         # A give-back frees a place only once the job confirms it (pools of 0.5.0 took it on
         # its word: anyone with signal rights could free a place that was still rendering).
@@ -149,7 +151,7 @@ class PoolBook:
             position=position,
             full=full,
             eta_s=eta,
-            render_s=self._typical(),
+            render_s=self._typical(ask.shape),
             late=ask.told_late,
         )
         return [
@@ -414,6 +416,12 @@ class PoolBook:
             holds = self.holds_s.setdefault(held.host, [])
             holds.append(took)
             del holds[:-RECENT_HOLDS]
+        if took is not None and held.shape is not None:
+            # Renewed last at the end: the shapes seen least recently go first.
+            shaped = self.shape_holds.pop(held.shape, [])
+            self.shape_holds[held.shape] = [*shaped, took][-RECENT_HOLDS:]
+            for old in list(self.shape_holds)[:-MAX_SHAPES]:
+                del self.shape_holds[old]
 
     def settle_parked(self, still_holding: set[str], now: datetime) -> list[Sent]:
         """After a holder check: a parked ask of a job whose earlier place is free now is asked
@@ -447,7 +455,7 @@ class PoolBook:
                     asked_at=ask.asked_at,
                     position=i + 1,
                     eta_s=etas[i],
-                    render_s=self._typical(),
+                    render_s=self._typical(ask.shape),
                     late=True,
                 )
                 sent.append((ask.job_id, answer))
@@ -458,20 +466,18 @@ class PoolBook:
         fast as time passes, but for a jump when a held place outlasts one more of the recent
         renders (its end is then estimated from the longer ones)."""
         patient = self._patient()
-        typical = self._typical()
-        if not patient or typical is None:
+        if not patient or not self._holds():
             return None
         etas = self._etas(now, patient[-1] + 1)
         due: list[datetime] = []
         for i in patient:
             ask, eta = self.line[i], etas[i]
             if ask.start_by is not None and eta is not None:
-                before = typical if ask.by_deadline else 0.0
+                before = (self._typical(ask.shape) or 0.0) if ask.by_deadline else 0.0
                 due.append(max(ask.start_by - timedelta(seconds=eta + before), now))
-        holds = self._holds()
         for held in self.holders.values():
             ran = (now - held.since).total_seconds()
-            longer = [r for r in holds if r > ran]
+            longer = [r for r in self._holds(held.shape) if r > ran]
             if longer and held.clearing is None:
                 due.append(held.since + timedelta(seconds=min(longer)))
         return min(due) if due else None
@@ -482,7 +488,7 @@ class PoolBook:
     def _late(self, ask: PoolAsk, eta: float | None, now: datetime) -> bool:
         if ask.start_by is None or eta is None:
             return False
-        before = (self._typical() or 0.0) if ask.by_deadline else 0.0
+        before = (self._typical(ask.shape) or 0.0) if ask.by_deadline else 0.0
         return now + timedelta(seconds=eta + before) > ask.start_by
 
     # --- what people see -------------------------------------------------------------------
@@ -497,7 +503,7 @@ class PoolBook:
             position=position,
             eta_s=self._etas(now, position)[-1],
             full=self.full_reasons(ask),
-            render_s=self._typical(),
+            render_s=self._typical(ask.shape),
         )
 
     def spot(self, job_id: str, now: datetime) -> QueueSpot | None:
@@ -589,6 +595,7 @@ class PoolBook:
             line=list(self.line),
             readings=self.readings,
             holds_s=self.holds_s,
+            shape_holds=self.shape_holds,
             signals_per_run=signals_per_run,
             continued=True,
             parked=list(self.parked.values()),
@@ -666,6 +673,7 @@ class PoolBook:
             since=now,
             checked_at=now,
             run_id=ask.run_id,
+            shape=ask.shape,
         )
         return ask.job_id, PoolAnswer(asked_at=ask.asked_at, host=host)
 
@@ -678,39 +686,49 @@ class PoolBook:
 
     def _etas(self, now: datetime, positions: int) -> list[float | None]:
         """The estimated start, in seconds from `now`, of the line's first `positions` places:
-        each job ahead takes the place that frees first and holds it for a typical render. A
-        held place frees when a render as long as the recent ones that outlasted it so far
-        would end (their median); one that outlasted them all, after a typical render more, so
-        its estimate grows while it runs on. A free place frees now, a place being cleared
-        too. [None] * positions before any render was seen."""
-        typical = self._typical()
+        each job ahead takes the place that frees first and holds it for a typical render of
+        its shape. A held place frees when a render as long as the recent ones (of its shape)
+        that outlasted it so far would end (their median); one that outlasted them all, after
+        a typical render more, so its estimate grows while it runs on. A free place frees now,
+        a place being cleared too. [None] * positions before any render was seen."""
         places = sum(h.max_jobs for h in self.hosts.values())
-        if typical is None or not places or positions <= 0:
+        typical: dict[str | None, float] = {}
+
+        def render(shape: str | None) -> float:
+            if shape not in typical:
+                typical[shape] = statistics.median(self._holds(shape))
+            return typical[shape]
+
+        if not self._holds() or not places or positions <= 0:
             return [None] * max(positions, 0)
-        holds = self._holds()
         frees = []
         for held in self.holders.values():
             ran = (now - held.since).total_seconds()
-            longer = [r - ran for r in holds if r > ran]
+            longer = [r - ran for r in self._holds(held.shape) if r > ran]
             if held.clearing is not None:
                 frees.append(0.0)
             else:
-                frees.append(statistics.median(longer) if longer else typical)
+                frees.append(statistics.median(longer) if longer else render(held.shape))
         frees = sorted(frees)[:places]
         frees += [0.0] * (places - len(frees))
         heapq.heapify(frees)
         etas: list[float | None] = []
-        for _ in range(positions):
+        for i in range(positions):
             start = heapq.heappop(frees)
             etas.append(round(start, 1))
-            heapq.heappush(frees, start + typical)
+            heapq.heappush(
+                frees, start + render(self.line[i].shape if i < len(self.line) else None)
+            )
         return etas
 
-    def _holds(self) -> list[float]:
+    def _holds(self, shape: str | None = None) -> list[float]:
+        """The recent renders of `shape` where the pool has seen some, else of every shape."""
+        if shape is not None and self.shape_holds.get(shape):
+            return self.shape_holds[shape]
         return [s for v in self.holds_s.values() for s in v]
 
-    def _typical(self) -> float | None:
-        """The median of the hosts' recent renders: one that ran an hour does not make every
-        wait an hour."""
-        holds = self._holds()
+    def _typical(self, shape: str | None = None) -> float | None:
+        """The median of the recent renders (of `shape` where known): one that ran an hour does
+        not make every wait an hour."""
+        holds = self._holds(shape)
         return statistics.median(holds) if holds else None

@@ -6,6 +6,7 @@ post_prompt_value_not_in_list)."""
 
 from __future__ import annotations
 
+import copy
 import json
 from datetime import UTC, datetime
 from pathlib import Path
@@ -15,11 +16,11 @@ import httpx
 import pytest
 
 from activities.comfyui.answers import MalformedAnswer
-from activities.comfyui.capabilities import Capabilities, capabilities, model_files
+from activities.comfyui.capabilities import Capabilities, capabilities, graph_shape, model_files
 from activities.comfyui.client import ComfyUIClient
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.comfyui_graph import Host
-from tests.support.graphs import GRAIN_GRAPH
+from tests.support.graphs import GRAIN_GRAPH, VIDEO_GRAPH
 
 TRANSCRIPTS = Path(__file__).resolve().parent / "comfyui_transcripts"
 READ_AT = datetime(2026, 12, 5, 9, 0, tzinfo=UTC)
@@ -106,6 +107,21 @@ def test_the_model_files_a_graph_loads_are_the_values_that_name_one():
         "wan_2.1_vae.safetensors",
     ]
     assert model_files({"1": "not a node", "2": {"inputs": None}}) == []
+
+
+def test_a_graph_s_shape_ignores_seeds_and_prompts_and_follows_its_size_and_models():
+    shape = graph_shape(VIDEO_GRAPH)
+    assert len(shape) == 16
+    other_colour = copy.deepcopy(VIDEO_GRAPH)
+    other_colour["1"]["inputs"]["color"] = 99  # like a seed or a prompt: the same render
+    assert graph_shape(other_colour) == shape
+    longer = copy.deepcopy(VIDEO_GRAPH)
+    longer["1"]["inputs"]["batch_size"] = 81  # 81 frames, not 4
+    assert graph_shape(longer) != shape
+    other_model = VIDEO_GRAPH | {
+        "9": {"class_type": "UNETLoader", "inputs": {"unet_name": "wan2.2_t2v_14B.safetensors"}}
+    }
+    assert graph_shape(other_model) != shape
 
 
 def test_an_answer_that_is_not_a_map_of_node_classes_is_malformed_and_odd_specs_are_skipped():

@@ -220,11 +220,12 @@ def test_a_reset_run_asking_anew_gives_its_old_place_to_the_line_and_waits_behin
 
 
 def test_two_thousand_in_line_carry_less_than_temporal_warns_about():
-    # Temporal warns at 512 KB per payload and refuses 2 MB. 2,000 uuid-named jobs carried
-    # 264 KB (132 bytes each) once the probe each came with was no longer carried.
+    # Temporal warns at 512 KB per payload and refuses 2 MB. 2,000 uuid-named jobs with their
+    # graph's shape carry 223 KB (111 bytes each): not the probe each came with, and no field
+    # at its default.
     b = book()
     for i in range(2002):
-        b.ask(ask(f"{i:08d}-7f3c-4a1e-9b2d-0c5e8a7d6f41", i, seen=BUSY), T0)
+        b.ask(ask(f"{i:08d}-7f3c-4a1e-9b2d-0c5e8a7d6f41", i, seen=BUSY, shape="0f" * 8), T0)
     carried = b.carried(500, []).model_dump_json()
     assert len(b.line) == 2000 and len(carried) < 512 * 1024, len(carried)
 
@@ -510,3 +511,22 @@ def test_an_ask_already_past_its_patience_hears_it_in_its_answer_a_deadline_coun
     told = answers(b.ask(by_deadline, T0))["d"]
     assert (told.position, told.eta_s, told.late) == (1, 10.0, True)
     assert b.late(T0) == []  # told in its answer
+
+
+def test_the_estimate_takes_renders_of_each_job_s_own_shape_where_it_has_seen_some():
+    b = book(("a40", 1))
+    # A 2 s test image and a 100 s video render seen; a shape never seen takes them all.
+    for job, shape, took in [("i1", "image", 2.0), ("v1", "video", 100.0), ("i2", "image", 2.0)]:
+        b.ask(ask(job, shape=shape), T0)
+        assert b.give_back(PoolLeave(job_id=job, asked_at=T0, render_s=took), T0)
+    assert b.shape_holds == {"video": [100.0], "image": [2.0, 2.0]}
+    b.ask(ask("video-holder", 1, shape="video"), T0)
+    b.ask(ask("image-next", 2, shape="image"), T0)
+    b.ask(ask("after", 3, shape="new"), T0)
+    spots = {j: b.spot(j, T0) for j in ("image-next", "after")}
+    assert {j: s.eta_s for j, s in spots.items() if s is not None} == {
+        "image-next": 100.0,  # behind a video render
+        "after": 102.0,  # and a 2 s image
+    }
+    quoted = b.quote(ask("q", 4, shape="video", seen=BUSY), T0)
+    assert (quoted.position, quoted.eta_s, quoted.render_s) == (3, 102.0 + 2.0, 100.0)

@@ -18,7 +18,7 @@ from workflows import activity_calls as calls
 from workflows.job_state import VideoJobState
 
 with workflow.unsafe.imports_passed_through():
-    from activities.comfyui.capabilities import model_files
+    from activities.comfyui.capabilities import graph_shape, model_files
     from spillway import names
     from spillway.gpu_pool import HostSeen, PoolAnswer, PoolAsk, PoolLeave
     from spillway.models import JobPlace, PlaceMode, QueueSpot
@@ -72,6 +72,7 @@ async def ask(
         models=place.models,
         start_by=place.start_by,
         by_deadline=place.by_deadline,
+        shape=graph_shape(s.job.graph),
     )
     unanswered = False
     while True:
@@ -112,6 +113,7 @@ async def check(s: VideoJobState) -> None:
         models=place.models,
         start_by=place.start_by,
         by_deadline=place.by_deadline,
+        shape=graph_shape(s.job.graph),
     )
     if not await _signal_pool(names.POOL_ASK, request):
         await calls.pool_start(request)

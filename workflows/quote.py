@@ -15,6 +15,7 @@ from workflows import activity_calls as calls
 from workflows.measure import agent_silence
 
 with workflow.unsafe.imports_passed_through():
+    from activities.comfyui.capabilities import graph_shape
     from activities.comfyui.models import HostFit
     from activities.spend.activities import SpendRequest
     from spillway import names
@@ -65,6 +66,7 @@ class QuoteWorkflow:
                 for n, r in readings.items()
             ],
             unfit=unfit,
+            shape=graph_shape(job.graph),
         )
         hosts = [PoolHost(ref=h, max_jobs=h.max_jobs) for h in policy.hosts]
         line = await calls.pool_quote(PoolQuote(ask=ask, hosts=hosts))

@@ -7,13 +7,15 @@ on the recorded transcripts in tests/comfyui_transcripts/.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel
 
 from activities.comfyui.answers import MalformedAnswer
-from spillway.gpu_pool import MAX_MODELS
+from spillway.gpu_pool import MAX_MODELS, MAX_SHAPE
 from spillway.models import HostCapabilities
 
 Option = str | int | float | bool
@@ -118,6 +120,31 @@ def model_files(graph: dict[str, Any]) -> list[str]:
         and value.lower().endswith(MODEL_ENDINGS)
     }
     return sorted(found)[:MAX_MODELS]
+
+
+# Inputs whose values make one render of a graph much longer than another (a clip's frames, its
+# size, the sampler's steps); seeds and prompts do not.
+SHAPE_INPUTS = frozenset(
+    {"width", "height", "length", "frames", "num_frames", "video_frames", "batch_size", "steps"}
+)
+
+
+def graph_shape(graph: dict[str, Any]) -> str:
+    """What kind of render a graph is, for the GPU line's estimate (a 14B video render is not a
+    2 s test image): a short hash of its node classes, the model files it loads and its
+    SHAPE_INPUTS values. Graphs that differ only in seeds or prompts have one shape."""
+    classes = sorted(
+        str(node.get("class_type")) for node in graph.values() if isinstance(node, dict)
+    )
+    sizes = sorted(
+        f"{node.get('class_type')}.{name}={value}"
+        for node in graph.values()
+        if isinstance(node, dict) and isinstance(given := node.get("inputs"), dict)
+        for name, value in given.items()
+        if name in SHAPE_INPUTS and isinstance(value, int | float)
+    )
+    text = json.dumps([classes, model_files(graph), sizes])
+    return hashlib.sha256(text.encode()).hexdigest()[:MAX_SHAPE]
 
 
 def capabilities(
