@@ -56,6 +56,7 @@ class PolicyActivities:
             pool_prefer_warm=s.SPILLWAY_POOL_PREFER_WARM,
             stall_rule=True,
             job_quote=True,
+            cloud_eta=True,
             overflow_after_s=s.CLOUD_OVERFLOW_AFTER_S,
             pool_ask_again_s=s.SPILLWAY_POOL_ASK_AGAIN_S,
             host_fit=True,

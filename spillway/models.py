@@ -103,6 +103,9 @@ class Policy(BaseModel):
     # A job's plan has the quote of its decision. False in what 0.5.0 workers read: their runs
     # replay without it (a plan that changed would publish where they did not).
     job_quote: bool = False
+    # A cloud job tells the ledger how long its video took (the cloud's ETA). False in what
+    # 0.5.0 workers read: their runs replay without the settle.
+    cloud_eta: bool = False
 
 
 class HostCapabilities(BaseModel):
@@ -128,7 +131,8 @@ class CloudQuote(BaseModel):
     provider: str
     estimate_usd: float | None = None
     budget_left_usd: float | None = None  # the smaller of what the day and the month have left
-    eta_s: float | None = None  # not yet learnt: always None
+    # Its recent create-to-done times' median (None: none recorded yet).
+    eta_s: float | None = None
 
     @classmethod
     def of(cls, provider: str, view: BudgetView | None) -> CloudQuote:
@@ -140,6 +144,7 @@ class CloudQuote(BaseModel):
             provider=provider,
             estimate_usd=view.estimate_usd,
             budget_left_usd=min(left, default=None),
+            eta_s=view.eta_s,
         )
 
 

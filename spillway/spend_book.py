@@ -35,10 +35,11 @@ The rules (docs/design.md, money invariants 2, 5 and 6):
 from __future__ import annotations
 
 import hashlib
+import statistics
 from datetime import datetime, timedelta
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, model_serializer
 
 SpendState = Literal["reserved", "charged", "maybe_charged", "released", "refused"]
 # What a reservation became.
@@ -52,6 +53,14 @@ Period = Literal["day", "month"]
 # month had spent; NaN made every budget comparison false, and once carried (as null) the
 # ledger's next run could not read its own input.
 Usd = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+Seconds = Annotated[float, Field(ge=0, le=7 * 86400, allow_inf_nan=False)]
+RECENT_DONE = 20  # create-to-done times per provider the cloud's ETA is the median of
+
+
+def _without_unset(data: dict[str, Any], *names: str) -> dict[str, Any]:
+    """`data` without `names` where they are empty: what a ledger's input was before they
+    existed serialises as it did, so a seal made then still checks (ledger_seal.py)."""
+    return {k: v for k, v in data.items() if k not in names or v}
 
 
 class Budgets(BaseModel):
@@ -86,6 +95,12 @@ class SpendEntry(BaseModel):
     approval_until: datetime | None = None
     settled_at: datetime | None = None
     note: str = ""
+    # From its create being sent to its video being ready, by the job's clock.
+    done_s: Seconds | None = None
+
+    @model_serializer(mode="wrap")
+    def _as_sealed(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _without_unset(handler(self), "done_s")
 
 
 class ReserveRequest(BaseModel):
@@ -150,6 +165,7 @@ class SettleRequest(BaseModel):
     cost_usd: Usd | None = None  # the provider's own figure replaces the estimate
     # The nonce whose hash the create attempt began with: only that attempt knows it.
     nonce: Annotated[str, Field(max_length=128)] = ""
+    done_s: Seconds | None = None  # a charged entry's video is ready, this long after its create
 
 
 class BudgetShortfall(BaseModel):
@@ -187,6 +203,7 @@ class LedgerSummary(BaseModel):
     closed_as: str | None = None
     # Why this ledger run grants nothing: its input is not one spillway made (ledger_seal.py).
     untrusted: str | None = None
+    done_s: dict[str, list[float]] = {}  # per provider, its recent create-to-done times
 
 
 class IncarnationAsk(BaseModel):
@@ -231,6 +248,12 @@ class LedgerInput(BaseModel):
     sealed_at: datetime | None = None
     sealed_after: str | None = None  # the ledger's run the sealed one follows (None: the first)
     seal: str | None = None
+    # Per provider, its last RECENT_DONE create-to-done times (the cloud's ETA).
+    done_s: dict[str, list[float]] = {}
+
+    @model_serializer(mode="wrap")
+    def _as_sealed(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _without_unset(handler(self), "done_s")
 
 
 # --- what the workflow gets back from the `spend_reserve` activity ---------------------------
@@ -260,6 +283,7 @@ class SpendSettle(BaseModel):
     # A create attempt's nonce it gave up with its provable refusal (its own settle did not
     # reach the ledger): nothing else can free the entry it began.
     nonce: str = ""
+    done_s: Seconds | None = None  # its video is ready, this long after its create was sent
 
 
 class BudgetView(BaseModel):
@@ -273,6 +297,8 @@ class BudgetView(BaseModel):
     # for and the key of its clip's figure in routing_tiers.json (`spillway approve` signs both).
     provider: str | None = None
     cost_key: str | None = None
+    # The provider's recent create-to-done times, their median (None: none recorded yet).
+    eta_s: float | None = None
 
 
 # --- the book ------------------------------------------------------------------------------
@@ -312,16 +338,24 @@ class SpendBook:
         spent: dict[str, float] | None = None,
         created: dict[str, str] | None = None,
         approvals: dict[str, datetime] | None = None,
+        done_s: dict[str, list[float]] | None = None,
     ) -> None:
         self.entries = list(entries)
         self.budgets = budgets
         self.spent = dict(spent or {})
         self.created = {month: set(tags.split()) for month, tags in (created or {}).items()}
         self.approvals = dict(approvals or {})
+        self.done_s = {provider: list(v) for provider, v in (done_s or {}).items()}
 
     @classmethod
     def of(cls, inp: LedgerInput) -> SpendBook:
-        return cls(inp.entries, inp.budgets, inp.spent, inp.created, inp.approvals)
+        return cls(inp.entries, inp.budgets, inp.spent, inp.created, inp.approvals, inp.done_s)
+
+    def eta_s(self, provider: str) -> float | None:
+        """The cloud's ETA for `provider`: the median of its recent create-to-done times (one
+        task stuck for an hour does not make every estimate an hour)."""
+        done = self.done_s.get(provider)
+        return statistics.median(done) if done else None
 
     # --- reading -------------------------------------------------------------------------
 
@@ -356,7 +390,10 @@ class SpendBook:
     def summary(self, now: datetime) -> LedgerSummary:
         month = [e for e in self.entries if _same("month", e.at, now)]
         return LedgerSummary(
-            day=self.totals("day", now), month=self.totals("month", now), entries=month
+            day=self.totals("day", now),
+            month=self.totals("month", now),
+            entries=month,
+            done_s=self.done_s,
         )
 
     def carried(self, now: datetime, updates_per_run: int) -> LedgerInput:
@@ -385,6 +422,7 @@ class SpendBook:
             created={m: " ".join(sorted(t)) for m, t in created.items() if m >= oldest},
             approvals=approvals,
             updates_per_run=updates_per_run,
+            done_s=self.done_s,
         )
 
     def month_spent(self, month: str) -> float:
@@ -558,7 +596,8 @@ class SpendBook:
                 entry=entry,
             )
         if entry.state == req.state and entry.task_id == (req.task_id or entry.task_id):
-            return None if same_cost else entry  # the provider's own cost, learnt later
+            learnt = not same_cost or (req.done_s is not None and entry.done_s is None)
+            return entry if learnt else None  # the provider's own cost, its time, learnt later
         own, sent = entry.run_id == req.run_id, entry.sent_at is not None
         allowed = {
             # Only a create that never began gives its money back unasked ...
@@ -596,13 +635,19 @@ class SpendBook:
             # Once used, the nonce is in the ledger's history for anyone who can read it.
             entry.token = NONCE_USED
         unsent = entry.state == "reserved" and entry.sent_at is None
+        only_done = entry.state == req.state and req.cost_usd in (None, entry.cost_usd)
         entry.state = "released" if unsent else req.state
-        entry.settled_at = now
+        entry.settled_at = entry.settled_at if only_done else now
         entry.cost_usd = req.cost_usd if req.cost_usd is not None else entry.cost_usd
         entry.task_id = req.task_id or entry.task_id
         entry.note = (
             "the create never began: nothing was sent" if unsent else req.note or entry.note
         )
+        if req.done_s is not None and entry.done_s is None and entry.state == "charged":
+            entry.done_s = req.done_s
+            done = self.done_s.setdefault(entry.provider, [])
+            done.append(req.done_s)
+            del done[:-RECENT_DONE]
         return entry
 
 

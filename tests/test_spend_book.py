@@ -402,3 +402,24 @@ def test_the_same_attempt_beginning_again_with_another_token_is_refused():
     begun_with("mine", book)  # its first answer was lost: it asks again
     error = refused("exists", lambda: begun_with("read off Temporal", book))
     assert "with another token" in error.message
+
+
+def test_a_create_s_time_to_done_is_learnt_once_and_carried_and_an_old_input_reads_as_before():
+    book = SpendBook([], Budgets())
+    for n, took in enumerate((40.0, 60.0, 3600.0)):
+        job = f"job-{n}"
+        book.reserve(*ask(job=job), NOW)
+        book.begin(BeginCreate(job_id=job, run_id="run-a"), ANY, NOW)
+        charged = SettleRequest(job_id=job, run_id="run-a", state="charged", task_id=f"t-{n}")
+        book.settle(charged, ANY, NOW)
+        done = charged.model_copy(update={"done_s": took})
+        entry = book.settle(done, ANY, NOW + timedelta(seconds=took))
+        assert entry.done_s == took and entry.settled_at == NOW  # settled when charged
+        book.settle(done.model_copy(update={"done_s": 1.0}), ANY, NOW)  # retried: learnt once
+    # The median: one task stuck for an hour does not make every estimate an hour.
+    assert book.eta_s("minimax") == 60.0 and book.eta_s("kling") is None
+    carried = book.carried(NOW, 2000)
+    assert SpendBook.of(carried).eta_s("minimax") == 60.0
+    # What a ledger's input was before these times: its JSON, so a seal made then still checks.
+    before = LedgerInput(entries=[e.model_copy(update={"done_s": None}) for e in book.entries])
+    assert "done_s" not in before.model_dump_json()

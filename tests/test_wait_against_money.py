@@ -214,6 +214,8 @@ async def test_armed_and_full_a_job_whose_patience_is_shorter_than_the_line_goes
         await st.jobs.until(behind, "queued")
         waited = await patient.result()
         line = await pool_view(st.jobs.client, st.jobs.task_queue)
+        # Two videos made in the cloud: the cloud's ETA learnt their create-to-done times.
+        learnt = await st.quote(cloud=True)
         comfyui.resume()
         await asyncio.gather(behind.result(), *(h.result() for h in held))
     assert (hasty.route, hasty.state) == ("cloud", "completed")
@@ -224,6 +226,7 @@ async def test_armed_and_full_a_job_whose_patience_is_shorter_than_the_line_goes
     assert any(r.startswith("line_eta_2s_gt_patience_left_") for r in waited.reasons), waited
     assert [i.job_id for i in line.line] == [behind.id]
     assert creates(minimax) == 2
+    assert learnt.cloud is not None and learnt.cloud.eta_s is not None and learnt.cloud.eta_s > 0
 
 
 async def test_with_no_estimate_yet_an_armed_job_keeps_today_s_rule(

@@ -10,6 +10,7 @@ reset job finds already recorded. Workflow code.
 from __future__ import annotations
 
 import asyncio
+from datetime import datetime
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
@@ -216,9 +217,13 @@ async def _render(
     poll = CloudPoll(job_id=s.job.job_id, task_id=task_id)
     done = await calls.cloud_poll(provider, poll, s.heartbeat, s.priority)
     cloud.units = done.units
-    if done.cost_usd is not None:  # the provider's own figure replaces the estimate
-        cloud.cost_usd = done.cost_usd
-        await _settle(s, "charged", task_id, done.cost_usd)
+    # How long the video took from its create, for the cloud's ETA: only by a run that sent it.
+    sent = s.create_started if s.create_started != datetime.min else None
+    took = (workflow.now() - sent).total_seconds() if sent and s.policy.cloud_eta else None
+    if done.cost_usd is not None or took is not None:
+        if done.cost_usd is not None:  # the provider's own figure replaces the estimate
+            cloud.cost_usd = done.cost_usd
+        await _settle(s, "charged", task_id, done.cost_usd, done_s=took)
     download = CloudDownload(
         job_id=s.job.job_id,
         task_id=task_id,
@@ -352,8 +357,14 @@ async def _settle(
     task_id: str | None,
     cost_usd: float | None = None,
     nonce: str = "",
+    done_s: float | None = None,
 ) -> SpendEntry | None:
     settle = SpendSettle(
-        job_id=s.job.job_id, state=state, task_id=task_id, cost_usd=cost_usd, nonce=nonce
+        job_id=s.job.job_id,
+        state=state,
+        task_id=task_id,
+        cost_usd=cost_usd,
+        nonce=nonce,
+        done_s=done_s,
     )
     return await calls.spend_settle(settle)

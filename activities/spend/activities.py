@@ -6,6 +6,8 @@ ledger is reached through ledger.py.
 
 from __future__ import annotations
 
+import statistics
+
 from pydantic import BaseModel
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -109,6 +111,7 @@ class SpendActivities:
                     note=req.note,
                     cost_usd=req.cost_usd,
                     nonce=req.nonce,
+                    done_s=req.done_s,
                 )
             )
         except SpendRefused as refused:
@@ -158,4 +161,9 @@ class SpendActivities:
             month_remaining_usd=left(budgets.monthly_usd, summary.month if summary else None),
             provider=req.provider or None,
             cost_key=registry.cost_key(req.provider, req.request, self._settings) or None,
+            eta_s=_median(summary.done_s.get(req.provider)) if summary else None,
         )
+
+
+def _median(done: list[float] | None) -> float | None:
+    return round(statistics.median(done), 1) if done else None
