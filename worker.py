@@ -40,6 +40,7 @@ from activities.spend.ledger import SpendLedger
 from activities.storage.opening import open_output_store
 from spillway import names
 from spillway import search_attributes as sa
+from spillway.cli import leave
 from spillway.errors import ConfigError
 from spillway.gpu_pool import PoolPlaces
 from spillway.hosts import WAITS_SUFFIX, gpu_hosts
@@ -280,4 +281,6 @@ async def main(*, agents: bool = True, only_host: str | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(asyncio.run(main()))
+    # Not sys.exit: a worker that gave up (Temporal unreachable) crashed now and then in the
+    # interpreter's shutdown ("PyGILState_Release ... finalizing", exit -6 instead of 1).
+    leave(asyncio.run(main()))

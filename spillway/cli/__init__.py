@@ -50,7 +50,12 @@ def _fail(code: int, message: str) -> int:
 
 
 def main() -> NoReturn:
-    code = run()
+    leave(run())
+
+
+def leave(code: int) -> NoReturn:
+    """Exits with `code` once the output is out, without the interpreter's shutdown (see the
+    module's docstring); `python worker.py` leaves so too."""
     with contextlib.suppress(BrokenPipeError):
         sys.stdout.flush()
         sys.stderr.flush()
