@@ -112,21 +112,30 @@ Seen = list[tuple[int, float]]
 
 async def watch(client: Client, job_id: str) -> tuple[str, Seen, Seen]:
     """The job's prompt id, and each step its status and its current details showed, with when,
-    until it completed."""
+    until it completed. Two readers of their own: a slow read of one does not delay the other."""
     in_status: Seen = []
     in_details: Seen = []
     handle = client.get_workflow_handle(job_id)
+    ended = asyncio.Event()
+
+    async def details() -> None:
+        while not ended.is_set():
+            metadata = await handle.query(UI_METADATA, result_type=WorkflowMetadata)
+            step = re.search(r"Progress: .* (\d+)/\d+", metadata.current_details)
+            if step is not None:
+                in_details.append((int(step.group(1)), time.time()))
+            await asyncio.sleep(READ_EVERY_S)
+
+    reading = asyncio.create_task(details())
     while True:
         plan = await job_ops.status(client, job_id)
         if plan.state == "completed":
             assert plan.prompt_id is not None
+            ended.set()
+            await reading
             return plan.prompt_id, in_status, in_details
         if plan.progress is not None and plan.progress.value is not None:
             in_status.append((plan.progress.value, time.time()))
-        metadata = await handle.query(UI_METADATA, result_type=WorkflowMetadata)
-        step = re.search(r"Progress: .* (\d+)/\d+", metadata.current_details)
-        if step is not None:
-            in_details.append((int(step.group(1)), time.time()))
         await asyncio.sleep(READ_EVERY_S)
 
 
