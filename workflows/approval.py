@@ -209,6 +209,7 @@ async def wait_in_line(
                 waited = (workflow.now() - s.place.asked_at).total_seconds() if s.place else 0.0
                 s.reason(texts.waited_past_patience(waited))
             s.patience_until = s.plan.patience_until = None
+            s.late = False
             await admission.leave(s)
             return ARMED
         if s.reprioritized:  # the same ask at its new priority: the pool moves it at once
@@ -265,7 +266,7 @@ def _woken(s: VideoJobState, ignored: int) -> Callable[[], bool]:
         or admission.admitted(s)
         or s.ignored != ignored
         or s.reprioritized
-        or s.late
+        or (s.late and s.patience_until is not None)
     )
 
 

@@ -229,6 +229,7 @@ class VideoJobWorkflow:
             await cloud_route.read_budget(s)  # what the cloud would cost now, for people
             s.patience_until = s.plan.patience_until = until
             return True, texts.line_within_patience(answer.eta_s, patience)
+        s.late = False  # its answer said so: it leaves now
         await admission.leave(s)
         return False, texts.line_past_patience(answer.eta_s, patience)
 
