@@ -242,7 +242,10 @@ async def wait_in_line(
                     or s.reprioritized
                 )
             )
-            if s.pending is None and not s.reprioritized and not admission.admitted(s):
+            # A late answer is acted on here: the next run would not hear it again.
+            late = s.late and s.patience_until is not None
+            acted = s.pending is not None or s.reprioritized or late
+            if not acted and not admission.admitted(s):
                 _continue_as_new(s, approval_deadline, give_up_at)
             continue
         if line_check is not None and now - checked >= line_check:
