@@ -43,7 +43,25 @@ PROGRESS_EVERY_S = 1.5
 _T = TypeVar("_T")
 
 
-class Heartbeat:
+class _Beside:
+    """A task that runs beside an `async with` block and is cancelled when the block ends."""
+
+    _task: asyncio.Task[None] | None = None
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            # Waits without raising: the block's own exception (or result) is what counts.
+            await asyncio.wait({self._task})
+            self._task = None
+
+
+class Heartbeat(_Beside):
     """`async with Heartbeat(every_s, details) as hb:` heartbeats the latest details on entry and
     every `every_s` seconds until the block ends. `details=None` beats nothing on entry and then
     beats without details until some are known (e.g. ComfyUI has not answered yet)."""
@@ -52,7 +70,6 @@ class Heartbeat:
         if every_s <= 0:
             raise ValueError(f"every_s must be positive, not {every_s}")
         self._every, self._details = every_s, details
-        self._task: asyncio.Task[None] | None = None
 
     @property
     def details(self) -> Progress | None:
@@ -84,20 +101,8 @@ class Heartbeat:
         self._task = asyncio.create_task(self._beat_forever())
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            # Waits without raising: the block's own exception (or result) is what counts.
-            await asyncio.wait({self._task})
-            self._task = None
 
-
-class ProgressRelay:
+class ProgressRelay(_Beside):
     """`async with ProgressRelay(client) as relay:` signals the latest progress that `relay.send`
     was given to the activity's job (the UI's current details), at most every PROGRESS_EVERY_S
     for its first FAST_SIGNALS, then every SLOW_EVERY_S: each signal is about four history
@@ -115,7 +120,6 @@ class ProgressRelay:
         self._latest: RenderProgress | None = None
         self._sent: RenderProgress | None = None
         self._news = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
 
     def send(self, progress: RenderProgress) -> None:
         self._latest = progress
@@ -143,17 +147,6 @@ class ProgressRelay:
         if self._client is not None:
             self._task = asyncio.create_task(self._relay(self._client))
         return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.wait({self._task})
-            self._task = None
 
 
 async def unless_shutting_down(work: Coroutine[Any, Any, _T]) -> _T:
