@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # The test command (README, CI): sets up .venv if needed, then lint, format check, types, the
-# layers contract (import-linter) and the tests. docs/testing.md says what each lane holds.
+# layers contract (import-linter) and the tests, in four processes that each take whole files
+# (pytest-xdist; most tests wait on a server, a timer or a process, so four share two cores well).
+# docs/testing.md says what each lane holds.
 #   --fast        the unit lane only (no dev server, no worker processes, no reliability scenarios)
 #   --durations   also print the 30 slowest tests with their seconds
 #   --under-load  only the tests that run a Temporal server, while two busy processes hold both
 #                 cores (what a shared CI machine does to them); lint and types are skipped
-# Other arguments go to pytest, e.g. scripts/test.sh -k guard, scripts/test.sh --fast -x
+# Other arguments go to pytest, e.g. scripts/test.sh -k guard, scripts/test.sh --fast -x;
+# -n 0 runs the tests in this one process (what --pdb and -s need), -n 2 in two.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-args=()
+args=(-n 4 --dist loadfile)
 checks=1
 busy=0
 while [ $# -gt 0 ]; do

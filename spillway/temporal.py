@@ -7,6 +7,7 @@ The worker, every CLI command and the tests share this, and the pydantic data co
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import sysconfig
@@ -32,7 +33,9 @@ DEFAULT_ADDRESS = "localhost:7233"
 
 def connect_config() -> dict[str, Any]:
     try:
-        config = dict(ClientConfig.load_client_connect_config())
+        # os.environ, as settings read it, rather than the C environment the SDK reads by
+        # default: one source, and a process that embeds spillway can set it from Python alone.
+        config = dict(ClientConfig.load_client_connect_config(override_env_vars=dict(os.environ)))
     except Exception as exc:  # the SDK raises its bridge's own ConfigError type
         raise ConfigError(f"Temporal client configuration: {exc}") from None
     config.setdefault("target_host", DEFAULT_ADDRESS)

@@ -105,10 +105,34 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.full)
         if fixtures & SERVER_FIXTURES or item.nodeid.startswith(FULL_LANE_PATHS):
             item.add_marker(pytest.mark.server)
+    items.sort(key=_run_order)
+
+
+def _run_order(item: pytest.Item) -> tuple[bool, bool, bool]:
+    """The reliability scenarios first, then the other full-lane files: when the suite runs in
+    several processes (scripts/test.sh), files are handed out in this order, so the long ones
+    start first and the short ones fill in at the end. Within a process the secrets scenario
+    goes last, so it sees what the scenarios before it left (each process checks the rest at
+    its end: tests/reliability/conftest.py)."""
+    return (
+        not item.nodeid.startswith("tests/reliability/"),
+        item.get_closest_marker("full") is None,
+        item.nodeid.startswith("tests/reliability/test_secrets.py"),
+    )
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     replay_guard.now_running(item.nodeid)  # whose workflows the replay guard names
+
+
+@pytest.hookimpl(trylast=True)  # after the session's fixtures, and their guards, ended
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    replay_guard.send_to_controller(session.config)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    replay_guard.received_from(node)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
@@ -131,6 +155,7 @@ async def _start_local(guard: ServerGuard) -> WorkflowEnvironment:
         data_converter=pydantic_data_converter,
         dev_server_existing_path=installed_binary("temporal"),
         interceptors=[guard.interceptor],
+        port=free_ports(1)[0],
     )
 
 
@@ -175,6 +200,7 @@ async def env(
         data_converter=pydantic_data_converter,
         test_server_existing_path=installed_binary("temporal-test-server"),
         interceptors=[guard.interceptor],
+        port=free_ports(1)[0],
     )
     try:
         await register_search_attributes(environment.client)

@@ -37,6 +37,7 @@ from spillway.models import Plan, VideoJob
 from spillway.settings import load_settings
 from spillway.temporal import installed_binary, register_search_attributes
 from tests.support.callback_workflow import FireAndForget, JobThatCallsBack
+from tests.support.cli import free_ports
 from tests.support.graphs import VIDEO_GRAPH
 from tests.support.jobs import Jobs, RunJobs
 from tests.support.route_stubs import FREE, RouteStubs
@@ -105,6 +106,7 @@ async def env() -> AsyncIterator[WorkflowEnvironment]:
     environment = await WorkflowEnvironment.start_time_skipping(
         data_converter=pydantic_data_converter,
         test_server_existing_path=installed_binary("temporal-test-server"),
+        port=free_ports(1)[0],
     )
     await register_search_attributes(environment.client)  # the jobs at the end set them
     yield environment

@@ -7,7 +7,6 @@ approval test) and a signed one too. `health` says who can approve."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
@@ -33,8 +32,8 @@ from tests.test_video_job_workflow import HOUR
 from worker import WORKFLOWS
 from workflows.job_state import SIGNED_APPROVALS
 
-SECRET = "approval-secret-" + uuid.uuid4().hex  # distinctive: searched for in histories
-OTHER_SECRET = "another-secret-" + uuid.uuid4().hex
+SECRET = "approval-secret-75dae3c0598f44c5"  # distinctive: searched for in histories
+OTHER_SECRET = "another-secret-1c9e04b27d3a6f58"
 NOW = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
 JOB = approvals.Binding(
     job_id="job-42", incarnation="0193-first-run", provider="minimax", cost_key="768P/6s"

@@ -22,6 +22,7 @@ from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
 from tests.reliability.harness import (
     BIG_VIDEO_BYTES,
+    SECRETS,
     WORKER_DEFAULTS,
     DevServer,
     Sightings,
@@ -34,18 +35,11 @@ from tests.support.jobs import Jobs
 from tests.support.replay_guard import ServerGuard
 from tests.support.worker_process import worker_env
 
-SECRETS_MODULE = "tests/reliability/test_secrets.py"
-
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "slow: a long reliability scenario; CI runs it, `-m 'not slow'` skips it"
     )
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # The secrets check reads what the other scenarios wrote: it goes last.
-    items.sort(key=lambda item: item.nodeid.startswith(SECRETS_MODULE))
 
 
 @pytest.fixture(scope="session")
@@ -114,16 +108,23 @@ async def dev_server_guards(pytestconfig: pytest.Config) -> AsyncIterator[DevSer
 
 @pytest.fixture(scope="session")
 async def temporal_server(
-    tmp_path_factory: pytest.TempPathFactory, dev_server_guards: DevServerGuards
+    tmp_path_factory: pytest.TempPathFactory,
+    dev_server_guards: DevServerGuards,
+    sightings: Sightings,
 ) -> AsyncIterator[DevServer]:
-    """At the end every run on it is replayed (`DevServerGuards`)."""
+    """At the end the secrets scenario's check is made again over everything this process
+    read, and the histories and UI answers of the jobs since (or of all, where this process did
+    not run that scenario: the suite may run in several), and every run on it is replayed
+    (`DevServerGuards`)."""
     server = DevServer(tmp_path_factory.mktemp("temporal") / "temporal.db", ui=True)
     await server.start()
     yield server
     try:
+        await sightings.sweep(server)
         await dev_server_guards.check(server)
     finally:
         await server.stop()
+    assert sightings.leaks() == [], f"the key ({SECRETS[1]}) leaked into these"
 
 
 @pytest.fixture

@@ -41,11 +41,12 @@ assert SECRETS[1] in CANARY_KEY
 
 class Sightings:
     """Texts a person or a tool could read, by where they were read (`kind: detail`), and the
-    jobs started on the shared server (their histories and UI answers are read at the end)."""
+    jobs started on the shared server (their histories and UI answers are read by `sweep`)."""
 
     def __init__(self) -> None:
         self.texts: list[tuple[str, str]] = []
         self.jobs: list[str] = []
+        self.swept: set[str] = set()
 
     def add(self, where: str, text: str) -> None:
         self.texts.append((where, text))
@@ -55,6 +56,20 @@ class Sightings:
 
     def leaks(self) -> list[str]:
         return [where for where, text in self.texts if any(s in text for s in SECRETS)]
+
+    async def sweep(self, server: DevServer) -> None:
+        """Adds the history and the UI's answers of every job not read yet."""
+        limit = asyncio.Semaphore(8)
+
+        async def read(http: httpx.AsyncClient, job_id: str) -> None:
+            async with limit:
+                self.add(f"history: {job_id}", await history_text(server.client, job_id))
+                self.add(f"ui api: {job_id}", await api_texts(http, server.api(), job_id))
+
+        unread = [job_id for job_id in self.jobs if job_id not in self.swept]
+        self.swept.update(unread)
+        async with httpx.AsyncClient() as http:
+            await asyncio.gather(*(read(http, job_id) for job_id in unread))
 
 
 class DevServer:

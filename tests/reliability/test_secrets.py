@@ -8,14 +8,12 @@ the key in its error messages) and checks everything together.
 
 from __future__ import annotations
 
-import asyncio
-
 import httpx
 from aiohttp import web
 
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
-from tests.reliability.harness import SECRETS, DevServer, Sightings, api_texts, cli, history_text
+from tests.reliability.harness import SECRETS, DevServer, Sightings, cli
 from tests.support.cli import decoded, temporal_show
 from tests.support.constants import BUSY_VRAM_PCT, CANARY_KEY
 
@@ -120,16 +118,11 @@ async def test_the_key_never_shows_in_histories_logs_metrics_cli_output_or_the_u
     sightings.add(f"metrics: worker {worker.task_queue}", await worker.metrics())
     sightings.add(f"worker log: {worker.task_queue}", worker.log)
 
-    # Every job of the suite on this server: its history and what the UI shows of it.
-    limit = asyncio.Semaphore(8)
-
-    async def read(http: httpx.AsyncClient, job_id: str) -> None:
-        async with limit:
-            sightings.add(f"history: {job_id}", await history_text(temporal_server.client, job_id))
-            sightings.add(f"ui api: {job_id}", await api_texts(http, temporal_server.api(), job_id))
-
+    # Every job of the scenarios before this one on this server (in this process, when the
+    # suite runs in several: each sweeps what its own scenarios left when its session ends, see
+    # conftest.py): its history and what the UI shows of it.
+    await sightings.sweep(temporal_server)
     async with httpx.AsyncClient() as http:
-        await asyncio.gather(*(read(http, job_id) for job_id in sightings.jobs))
         listing = await http.get(f"{temporal_server.api()}/workflows", timeout=10)
         sightings.add("ui api: the workflow list", decoded(listing.json()))
 

@@ -9,6 +9,7 @@ import asyncio
 import base64
 import contextlib
 import io
+import itertools
 import json
 import os
 import socket
@@ -46,14 +47,21 @@ def _run(args: list[str], env: dict[str, str]) -> tuple[int, str, str]:
 
 @contextlib.contextmanager
 def _environment(env: dict[str, str]) -> Iterator[None]:
-    saved = dict(os.environ)
-    os.environ.clear()
-    os.environ.update(env)
+    """`env` as os.environ, the mapping everything spillway reads its settings from (pydantic-
+    settings, and temporalio.envconfig: spillway/temporal.py hands it os.environ), without
+    setenv/unsetenv: changing the C environment on this thread while another thread's native
+    code reads it (getenv in the resolver, the Temporal core, time zones) is a use-after-free,
+    a segfault of the whole run under load."""
+    environ: Any = os.environ
+    data = environ._data
+    saved = dict(data)
+    data.clear()
+    data.update({environ.encodekey(k): environ.encodevalue(v) for k, v in env.items()})
     try:
         yield
     finally:
-        os.environ.clear()
-        os.environ.update(saved)
+        data.clear()
+        data.update(saved)
 
 
 async def spillway_process(*args: str, env: dict[str, str]) -> tuple[int, str, str]:
@@ -115,11 +123,32 @@ def payloads(node: Any) -> list[str]:
     return found
 
 
+# Ports for the servers tests start (dev servers, test servers, `spillway dev`) come from below
+# the kernel's ephemeral range (32768-60999 here), a slice for each parallel pytest process, in
+# turn: a port the kernel handed one process for a moment (bind to 0, close, start the server)
+# could be handed to another process, or to an outgoing connection, before the server binds it.
+PORTS_FROM, PORTS_PER_PROCESS = 20000, 2000
+_next_port = itertools.count()
+
+
+def _process_slot() -> int:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")  # gw0, gw1, ...: pytest-xdist's
+    return int(worker.removeprefix("gw")) % 6
+
+
 def free_ports(n: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
+    """`n` ports nobody listens on, none handed out before by this process (until its slice of
+    2,000 wraps around)."""
+    first = PORTS_FROM + _process_slot() * PORTS_PER_PROCESS
+    ports: list[int] = []
+    for _ in range(PORTS_PER_PROCESS):
+        port = first + next(_next_port) % PORTS_PER_PROCESS
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        ports.append(port)
+        if len(ports) == n:
+            return ports
+    raise AssertionError(f"no {n} free ports in {first}-{first + PORTS_PER_PROCESS - 1}")

@@ -370,6 +370,19 @@ class _Runs(WorkflowInboundInterceptor):
 PER_TEST = "the time-skipping test server of "  # `env`: a server of each test's own
 
 
+def send_to_controller(config: pytest.Config) -> None:
+    """In a pytest-xdist worker process: its reports go to the process that prints the summary."""
+    output = getattr(config, "workeroutput", None)
+    if output is not None:
+        output["replay_reports"] = [dataclasses.asdict(r) for r in config.stash.get(REPORTS, [])]
+
+
+def received_from(node: Any) -> None:
+    """In the controller: a worker process's reports, when it ends."""
+    reports = getattr(node, "workeroutput", {}).get("replay_reports", [])
+    node.config.stash.setdefault(REPORTS, []).extend(Report(**r) for r in reports)
+
+
 def summary(config: pytest.Config) -> Sequence[Report]:
     """The reports of the guards that ran, for the end-of-run summary: those of the tests'
     own time-skipping servers as one."""
