@@ -1,8 +1,10 @@
 """Fixtures of the reliability suite (issue 7): one Temporal dev server process for the session
 (Web UI included, so its API can be read), worker processes on it, the session's `sightings`,
 and `killed_mid_download`, the download-kill scenario the worker and the agent both go through.
-The secrets scenario runs last, so it sees what every other scenario left behind. At the end
-every run on every DevServer is replayed (`DevServerGuards`, tests/support/replay_guard.py).
+The secrets scenario runs after the others of its process; when the session's server stops,
+everything the process's scenarios left is checked for the key again (the suite runs in several
+processes: scripts/test.sh). At the end every run on every DevServer is replayed
+(`DevServerGuards`, tests/support/replay_guard.py).
 
 `slow` marks the scenarios a quick local run skips (`pytest -m "not slow"`); CI runs them all.
 The spend ledger's scenarios start their workers with `ledger_workers`: each runs twice, with

@@ -1,9 +1,11 @@
 """Scenario 7: a distinctive MINIMAX_API_KEY (every worker of this suite holds it, and so does
 every `spillway` command's environment) never shows in what a person or a tool can read:
 histories (payloads decoded), worker logs, the workers' Prometheus metrics, CLI output and the
-Temporal UI's API, across every scenario of the suite. Runs last (see conftest.py): it reads the
-texts the other scenarios left in `sightings`, adds its own cloud jobs (one where MiniMax echoes
-the key in its error messages) and checks everything together.
+Temporal UI's API, across every scenario of the suite. Runs after the other scenarios of its
+process (tests/conftest.py orders them): it reads the texts they left in `sightings`, adds its own
+cloud jobs (one where MiniMax echoes the key in its error messages) and checks everything
+together; each process checks what its scenarios left once more at its end (conftest.py), so
+the scenarios other processes ran are checked there.
 """
 
 from __future__ import annotations
