@@ -23,11 +23,12 @@ from spillway.sim.comfyui import ComfyUISim
 from tests.reliability.harness import DevServer
 from tests.support.graphs import VIDEO_GRAPH
 from tests.support.jobs import Jobs, pool_settled
-from tests.support.waiting import until
+from tests.support.waiting import until_all
 
 JOBS = int(os.environ.get("SPILLWAY_BURST_JOBS", "200"))
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300 + 2 * JOBS)]
+# A backstop only: `until_all` fails when the jobs stop ending; a busy machine may take long.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600 + 5 * JOBS)]
 
 
 async def _ended(client: Client, queue: str) -> int:
@@ -57,13 +58,7 @@ async def test_a_burst_of_jobs_at_once_all_complete_through_two_places(
     started = time.monotonic()
     await asyncio.gather(*(jobs.submit(None, VIDEO_GRAPH) for _ in range(JOBS)))
     submitted_s = time.monotonic() - started
-    # Generous: 2 jobs a second were seen.
-    await until(
-        lambda: _ended(client, queue),
-        lambda n: n == JOBS,
-        timeout_s=60 + JOBS,
-        what="every job's end",
-    )
+    await until_all(lambda: _ended(client, queue), JOBS, what="the jobs' ends")
     total_s = time.monotonic() - started
 
     completed = await client.count_workflows(

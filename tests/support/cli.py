@@ -127,18 +127,18 @@ def payloads(node: Any) -> list[str]:
 # the kernel's ephemeral range (32768-60999 here), a slice for each parallel pytest process, in
 # turn: a port the kernel handed one process for a moment (bind to 0, close, start the server)
 # could be handed to another process, or to an outgoing connection, before the server binds it.
-PORTS_FROM, PORTS_PER_PROCESS = 20000, 2000
+PORTS_FROM, PORTS_PER_PROCESS, SLICES = 20000, 1500, 8  # up to 31999
 _next_port = itertools.count()
 
 
 def _process_slot() -> int:
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")  # gw0, gw1, ...: pytest-xdist's
-    return int(worker.removeprefix("gw")) % 6
+    return int(worker.removeprefix("gw")) % SLICES
 
 
 def free_ports(n: int) -> list[int]:
-    """`n` ports nobody listens on, none handed out before by this process (until its slice of
-    2,000 wraps around)."""
+    """`n` ports nobody listens on, none handed out before by this process (until its slice
+    wraps around)."""
     first = PORTS_FROM + _process_slot() * PORTS_PER_PROCESS
     ports: list[int] = []
     for _ in range(PORTS_PER_PROCESS):

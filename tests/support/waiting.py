@@ -1,8 +1,11 @@
 """The one way a test waits: `until(read, good)` reads again until the reading is good and
-returns it, or fails saying what it waited for and what it read last.
+returns it, or fails saying what it waited for and what it read last. A scale scenario, whose
+pace is the machine's, waits with `until_all(count, total)`: it fails only when the count stops
+growing.
 
     await until(lambda: minimax.create_bodies)                       # a condition
     plan = await until(lambda: jobs.status(job_id), lambda p: p.route is not None)  # a reading
+    await until_all(lambda: ended(queue), 200)                        # progress
 """
 
 from __future__ import annotations
@@ -67,6 +70,34 @@ async def until(
         raise AssertionError(
             f"waited {timeout_s:g} s for {waited_for}; last reading: {reading!r}"
         ) from None
+
+
+async def until_all(
+    count: Callable[[], Any],
+    total: int,
+    *,
+    stall_s: float = 120.0,
+    every_s: float = 0.5,
+    what: str | None = None,
+) -> None:
+    """Reads `count` (a function or a coroutine function) until it reaches `total`. A busy
+    machine only slows the count down: this fails when it has not grown for `stall_s` (wall
+    clock), naming `what` and the count it stopped at, however long the whole takes."""
+    what = what or _caller()
+    done = -1
+    while done < total:
+        last = done
+
+        def moved(n: int, last: int = last) -> bool:
+            return n >= total or n > last
+
+        done = await until(
+            count,
+            moved,
+            timeout_s=stall_s,
+            every_s=every_s,
+            what=f"{what} to go on from {last} of {total}",
+        )
 
 
 def _caller() -> str:
