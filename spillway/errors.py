@@ -7,3 +7,7 @@ class ConfigError(Exception):
 
 class Failed(Exception):
     """The operation was refused or failed (exit 1); the message says why."""
+
+
+class JobNotFound(Failed):
+    """The server knows no job of that id (exit 1)."""

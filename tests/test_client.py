@@ -5,6 +5,7 @@ priority in `list`; presigned output URLs."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import uuid
@@ -18,10 +19,12 @@ from temporalio.client import Client
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
+import spillway.client as client_module
 from activities.minimax.activities import CREATE as MINIMAX_CREATE
 from activities.storage.opening import presign_outputs
 from spillway.client import SpillwayClient, make_decision
-from spillway.errors import ConfigError, Failed
+from spillway.client import jobs as job_ops
+from spillway.errors import ConfigError, Failed, JobNotFound
 from spillway.models import OutputFile, Plan, plan_json
 from tests.support.cli import spillway, temporal
 from tests.support.graphs import VIDEO_GRAPH
@@ -188,3 +191,41 @@ async def test_status_presigns_outputs_kept_in_object_storage(s3):
     # This machine cannot sign (no output store configured): no URL, and no error.
     unsigned = await presign_outputs(plan, make_settings())
     assert [out.url for out in unsigned.outputs] == [None, None]
+
+
+async def test_wait_asks_again_for_a_job_the_server_denies_after_showing_it(
+    dev_env: WorkflowEnvironment, monkeypatch: pytest.MonkeyPatch
+):
+    """A starved or restarting dev server has answered NOT_FOUND for a job it had just shown
+    (`scripts/test.sh --under-load`): `wait` asks again for up to GONE_AFTER_S before it says
+    the job is gone; a job it never saw is not found at once. The server's answers are played
+    here, since no server can be made to give that one on cue."""
+    gone = JobNotFound("job j not found")
+    answers: list[Plan | JobNotFound] = []
+
+    async def status(client: Client, job_id: str) -> Plan:
+        answer = answers.pop(0) if len(answers) > 1 else answers[0]
+        if isinstance(answer, JobNotFound):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(job_ops, "status", status)
+    monkeypatch.setattr(client_module, "POLL_S", 0.01)
+    monkeypatch.setattr(client_module, "GONE_AFTER_S", 0.5)
+    client = SpillwayClient(dev_env.client, settings=make_settings())
+
+    answers[:] = [
+        Plan(job_id="j", state="probing"),
+        gone,
+        gone,
+        Plan(job_id="j", state="completed"),
+    ]
+    assert (await client.wait("j")).state == "completed"
+    answers[:] = [Plan(job_id="j", state="probing"), gone]
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(JobNotFound):
+        await client.wait("j")
+    assert asyncio.get_running_loop().time() - started >= 0.5
+    answers[:] = [gone]
+    with pytest.raises(JobNotFound):
+        await client.wait("j")

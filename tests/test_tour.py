@@ -21,6 +21,9 @@ from tests.support.constants import CLIP_USD, FREE_VRAM_PCT
 from tests.support.waiting import until
 
 BIN = Path(sys.executable).parent
+# Each step is a process of its own (the console script, `spillway dev` and what it starts):
+# on a busy machine the tour took 109 s of the default 180 (scripts/test.sh --under-load).
+pytestmark = pytest.mark.timeout(600)
 
 
 def tour_lines() -> list[str]:

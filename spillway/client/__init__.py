@@ -41,7 +41,7 @@ from spillway.client import jobs
 from spillway.client.inputs import prepare_inputs
 from spillway.client.jobs import JobSummary
 from spillway.client.new_jobs import make_decision, make_job, signed_for
-from spillway.errors import ConfigError, Failed
+from spillway.errors import ConfigError, Failed, JobNotFound
 from spillway.models import (
     FINAL_STATES,
     ApprovalDecision,
@@ -69,6 +69,7 @@ __all__ = [
 ]
 
 POLL_S = 1.0  # how often `wait` reads the job
+GONE_AFTER_S = 30.0  # how long `wait` asks again for a job it has seen that the server denies
 
 
 class SpillwayClient:
@@ -223,8 +224,20 @@ class SpillwayClient:
         `on_progress(plan)` on the first read and whenever state, route or progress change.
         No worker is needed to wait, but only a running one moves the job on."""
         seen: tuple[Any, ...] | None = None
+        missing_since: float | None = None
         while True:
-            plan = await jobs.status(self.temporal, job_id)
+            try:
+                plan = await jobs.status(self.temporal, job_id)
+            except JobNotFound:
+                # A starved or restarting dev server has answered NOT_FOUND for a job it had just
+                # shown: a job seen once is asked for again before it is said to be gone.
+                now_s = asyncio.get_running_loop().time()
+                missing_since = missing_since or now_s
+                if seen is None or now_s - missing_since >= GONE_AFTER_S:
+                    raise
+                await asyncio.sleep(POLL_S)
+                continue
+            missing_since = None
             now = (plan.state, plan.route, plan.progress)
             if on_progress is not None and now != seen:
                 on_progress(plan)

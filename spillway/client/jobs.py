@@ -46,7 +46,7 @@ from spillway import approvals
 from spillway import search_attributes as sa
 from spillway.addresses import Refused, check
 from spillway.client.queue import spot
-from spillway.errors import ConfigError, Failed
+from spillway.errors import ConfigError, Failed, JobNotFound
 from spillway.models import (
     ApprovalDecision,
     CloudRequest,
@@ -402,5 +402,5 @@ async def _described(handle: WorkflowHandle[Any, Any], job_id: str) -> WorkflowE
         return await handle.describe()
     except RPCError as exc:
         if exc.status == RPCStatusCode.NOT_FOUND:
-            raise Failed(f"job {job_id} not found") from None
+            raise JobNotFound(f"job {job_id} not found") from None
         raise

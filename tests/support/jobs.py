@@ -55,6 +55,7 @@ from activities.spend.vet import LedgerVetting
 from spillway import names
 from spillway.client import jobs as job_ops
 from spillway.client.queue import pool_view
+from spillway.errors import JobNotFound
 from spillway.gpu_pool import PoolView
 from spillway.hosts import WAITS_SUFFIX, gpu_hosts, ref
 from spillway.models import FINAL_STATES, CloudRequest, JobState, Plan, VideoJob
@@ -117,9 +118,24 @@ class Jobs:
         a time-skipping server does not skip while a test polls."""
         done = want if callable(want) else lambda plan: plan.state == want
         name = job if isinstance(job, str) else job.id
-        return await until(
-            lambda: self.status(job), done, timeout_s=timeout_s, what=f"job {name}: {want}"
+
+        async def read() -> Plan | None:
+            # A starved or restarting dev server can deny a job it has: read again.
+            with contextlib.suppress(JobNotFound):
+                return await self.status(job)
+            return None
+
+        def good(plan: Plan | None) -> bool:
+            return plan is not None and bool(done(plan))
+
+        plan = await until(
+            read,
+            good,
+            timeout_s=timeout_s,
+            what=f"job {name}: {want}",
         )
+        assert plan is not None
+        return plan
 
     async def finished(self, job: Job, timeout_s: float = 90) -> Plan:
         return await self.until(job, lambda plan: plan.state in FINAL_STATES, timeout_s)
