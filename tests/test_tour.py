@@ -24,6 +24,10 @@ BIN = Path(sys.executable).parent
 # Each step is a process of its own (the console script, `spillway dev` and what it starts):
 # on a busy machine the tour took 109 s of the default 180 (scripts/test.sh --under-load).
 pytestmark = pytest.mark.timeout(600)
+# Renders of 30 s, not the default 8: on a busy machine each command of the tour takes seconds
+# (a process, its imports), and with 8 s renders tour-3's place was free again before tour-5
+# was submitted, so tour-5 never waited in line as the tour says it does.
+RENDER_S = 30
 
 
 def tour_lines() -> list[str]:
@@ -73,6 +77,7 @@ class Dev:
             "--port", str(self.port), "--ui-port", str(self.ui),
             "--comfyui-port", str(self.comfyui), "--guard-port", str(self.guard),
             "--minimax-port", str(self.minimax), "--kling-port", str(self.kling),
+            "--render-s", str(RENDER_S),
             cwd=PROJECT_ROOT, env=self.env,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
         )  # fmt: skip

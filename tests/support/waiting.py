@@ -53,13 +53,15 @@ async def until(
     included) it fails with an AssertionError naming `what` (by default the line that called
     it) and the last reading."""
     reading: Any = None
+    reads = 0
     scope = asyncio.timeout(timeout_s)
     try:
         async with scope:
             while True:
-                reading = read()
-                if inspect.isawaitable(reading):
-                    reading = await reading
+                answer = read()
+                if inspect.isawaitable(answer):
+                    answer = await answer
+                reading, reads = answer, reads + 1
                 if good(reading):
                     return reading
                 await asyncio.sleep(every_s)
@@ -67,8 +69,9 @@ async def until(
         if not scope.expired():
             raise  # the read itself timed out: its own error says more
         waited_for = what or _caller()
+        last = f"last reading: {reading!r}" if reads else "no read returned"
         raise AssertionError(
-            f"waited {timeout_s:g} s for {waited_for}; last reading: {reading!r}"
+            f"waited {timeout_s:g} s for {waited_for}; {reads} reads, {last}"
         ) from None
 
 
