@@ -131,15 +131,21 @@ PORTS_FROM, PORTS_PER_PROCESS, SLICES = 20000, 1500, 8  # up to 31999
 _next_port = itertools.count()
 
 
-def _process_slot() -> int:
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")  # gw0, gw1, ...: pytest-xdist's
-    return int(worker.removeprefix("gw")) % SLICES
-
-
 def free_ports(n: int) -> list[int]:
-    """`n` ports nobody listens on, none handed out before by this process (until its slice
-    wraps around)."""
-    first = PORTS_FROM + _process_slot() * PORTS_PER_PROCESS
+    """`n` ports nobody listens on. In a pytest-xdist process (gw0, gw1, ...) from its slice,
+    none handed out before by this process until the slice wraps around; in a plain pytest run
+    (`-n 0`, or two runs side by side) the kernel's choice, as no slice is known to be its own."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None:
+        sockets = [socket.socket() for _ in range(n)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        chosen = [s.getsockname()[1] for s in sockets]
+        for s in sockets:
+            s.close()
+        return chosen
+    slot = int(worker.removeprefix("gw")) % SLICES
+    first = PORTS_FROM + slot * PORTS_PER_PROCESS
     ports: list[int] = []
     for _ in range(PORTS_PER_PROCESS):
         port = first + next(_next_port) % PORTS_PER_PROCESS
