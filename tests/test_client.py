@@ -229,3 +229,19 @@ async def test_wait_asks_again_for_a_job_the_server_denies_after_showing_it(
     answers[:] = [gone]
     with pytest.raises(JobNotFound):
         await client.wait("j")
+
+
+async def test_a_start_denied_the_namespace_is_asked_again_then_names_the_setting(
+    dev_env: WorkflowEnvironment, monkeypatch: pytest.MonkeyPatch
+):
+    """A dev server starved of CPU has answered a start with `Namespace default is not found`
+    (`scripts/test.sh --under-load`): a denied start started nothing, so it is asked again for
+    NAMESPACE_GRACE_S; a namespace that is not there is then named, with the setting to check."""
+    monkeypatch.setattr(job_ops, "NAMESPACE_GRACE_S", 1.5)
+    config = dev_env.client.config()
+    config["namespace"] = f"nowhere-{uuid.uuid4().hex[:8]}"
+    client = SpillwayClient(Client(**config), settings=make_settings())
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(Failed, match=r"not found \(asked for 2 s\): is TEMPORAL_NAMESPACE right"):
+        await client.submit(VIDEO_GRAPH, job_id=new_id())
+    assert asyncio.get_running_loop().time() - started >= 1.5

@@ -71,6 +71,7 @@ from spillway.settings import Settings, describe_validation_error
 
 # Temporal refuses payloads over 2 MB; a graph that big is not an API-format graph anyway.
 MAX_GRAPH_BYTES = 1_500_000
+NAMESPACE_GRACE_S = 30.0  # how long a start asks again when the server denies the namespace
 
 
 class JobSummary(BaseModel):
@@ -188,29 +189,44 @@ async def submit(client: Client, job: VideoJob, task_queue: str) -> WorkflowHand
     nodes = ", ".join(sorted({n["class_type"] for n in job.graph.values()}))
     cloud = f'cloud prompt: "{job.cloud.prompt[:80]}"' if job.cloud else "local only"
     plan = Plan(job_id=job.job_id)
-    try:
-        return await client.start_workflow(
-            VIDEO_JOB,
-            job,
-            id=job.job_id,
-            task_queue=task_queue,
-            result_type=Plan,
-            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-            priority=Priority(priority_key=job.priority),
-            # What the job's first workflow task would publish, set at once: `status` and
-            # `list` know the job before a worker picks it up, and the workflow upserts
-            # nothing then (workflows/job_state.py).
-            memo={PLAN_MEMO: plan, PRIORITY_MEMO: job.priority},
-            search_attributes=TypedSearchAttributes([SearchAttributePair(sa.STATE, plan.state)]),
-            static_summary=f"video job {job.job_id}: {len(job.graph)} nodes; {cloud}",
-            static_details=f"ComfyUI nodes: {nodes}",
-        )
-    except WorkflowAlreadyStartedError:
-        raise Failed(f"job {job.job_id} already exists: choose another --job-id") from None
-    except RPCError as exc:
-        if exc.status == RPCStatusCode.INVALID_ARGUMENT and sa.STATE.name in exc.message:
-            raise Failed(f"{exc.message}: run `spillway init` once for this namespace") from None
-        raise
+    asked_since = time.monotonic()
+    while True:
+        try:
+            return await client.start_workflow(
+                VIDEO_JOB,
+                job,
+                id=job.job_id,
+                task_queue=task_queue,
+                result_type=Plan,
+                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                priority=Priority(priority_key=job.priority),
+                # What the job's first workflow task would publish, set at once: `status` and
+                # `list` know the job before a worker picks it up, and the workflow upserts
+                # nothing then (workflows/job_state.py).
+                memo={PLAN_MEMO: plan, PRIORITY_MEMO: job.priority},
+                search_attributes=TypedSearchAttributes(
+                    [SearchAttributePair(sa.STATE, plan.state)]
+                ),
+                static_summary=f"video job {job.job_id}: {len(job.graph)} nodes; {cloud}",
+                static_details=f"ComfyUI nodes: {nodes}",
+            )
+        except WorkflowAlreadyStartedError:
+            raise Failed(f"job {job.job_id} already exists: choose another --job-id") from None
+        except RPCError as exc:
+            if exc.status == RPCStatusCode.INVALID_ARGUMENT and sa.STATE.name in exc.message:
+                raise Failed(
+                    f"{exc.message}: run `spillway init` once for this namespace"
+                ) from None
+            if exc.status != RPCStatusCode.NOT_FOUND:
+                raise
+            # The namespace, denied: a dev server starved of CPU has denied the one it serves.
+            # A start denied so started nothing, so it is asked again for a while.
+            if time.monotonic() - asked_since >= NAMESPACE_GRACE_S:
+                raise Failed(
+                    f"{exc.message.rstrip('.')} (asked for {NAMESPACE_GRACE_S:.0f} s): is "
+                    f"TEMPORAL_NAMESPACE right? `temporal operator namespace list` names them"
+                ) from None
+            await asyncio.sleep(1.0)
 
 
 async def status(client: Client, job_id: str) -> Plan:
