@@ -52,6 +52,10 @@ VET_RETRY = RetryPolicy(
 )
 CONTINUING = "SpendLedgerContinuing"  # not a refusal: asked again, it reaches the next run
 UNVETTED = "SpendLedgerUnvetted"  # not a refusal: nothing was decided, asked again
+UNSETTLED = "SpendLedgerUnsettled"  # not a refusal: turned away before acceptance, asked again
+# Between the activations of two workflow tasks the history grows by 3 events at least
+# (completed, scheduled, started). See `_open`.
+_NEXT_TASK_AT_LEAST = 3
 
 _Answer = TypeVar("_Answer", SpendEntry, Budgets)
 
@@ -85,6 +89,8 @@ class SpendLedgerWorkflow:
         # continued run holds what its predecessor handed on, any other nothing.
         self._trusted = inp.trusted is True and workflow.info().continued_run_id is not None
         self._untrusted: str | None = None  # why the vet refuses everything
+        # The history length when the last vet answer (or failure) reached the run loop.
+        self._answered_at: int | None = None
 
     @workflow.run
     async def run(self, inp: LedgerInput) -> None:
@@ -132,6 +138,7 @@ class SpendLedgerWorkflow:
         except ActivityError as err:
             why = f"the spend ledger could not vet it ({err.cause or err}): nothing was decided"
             answers = [Vetted(failed=why)] * len(batch)
+        self._answered_at = workflow.info().get_current_history_length()
         for request, terms in zip(batch, answers, strict=True):
             if request.ask.purpose != "terms":  # what changes the book counts towards its run's end
                 self._accepted += 1
@@ -268,6 +275,23 @@ class SpendLedgerWorkflow:
     def _open(self) -> None:
         if self._continuing:
             raise ApplicationError("the spend ledger is continuing as new", type=CONTINUING)
+        # An update must never be accepted in a later activation than the vet answer it goes
+        # out with. A legacy query task (a query the server handed straight to a worker while no
+        # workflow task was pending) carries the events written until a worker polls it: core
+        # applies the vet's result there, and the answers and the next vet wait to go out with
+        # the workflow task that follows. An update that task brings is accepted after them; on
+        # replay it comes in the same activation as the vet's result, is accepted before them,
+        # and the history no longer replays ("UpdateMachine in state AcceptCommandCreated ...").
+        # The tell: the vet answer came fewer events back than a workflow task boundary takes
+        # (in one activation the validators run before the answer is applied). Turned away, the
+        # update leaves nothing in the history (validators do not run on replay) and the caller
+        # asks again.
+        since = workflow.info().get_current_history_length() - (self._answered_at or 0)
+        if self._answered_at is not None and since < _NEXT_TASK_AT_LEAST:
+            raise ApplicationError(
+                "the spend ledger has answers on their way out: nothing was decided, ask again",
+                type=UNSETTLED,
+            )
 
 
 def _error(refused: SpendRefused) -> ApplicationError:
