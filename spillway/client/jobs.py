@@ -3,7 +3,7 @@ list, decide, each on a temporalio Client, and the edge checks of a graph and a 
 
 `status` never needs a worker: the plan comes from the workflow's memo (running jobs), its result
 (completed) or its failure (failed); progress from the running activity's last heartbeat.
-A job's priority travels three ways (README, "Starting jobs from code"): in its input (the
+A job's priority travels three ways (docs/clients.md, "Starting jobs from code"): in its input (the
 workflow's own use), as Temporal's task priority (its workflow and activity tasks, when a queue
 is backlogged) and in its memo, which is where `list` reads it (Temporal's list does not return
 an execution's priority).
