@@ -1,6 +1,7 @@
 """The guide stays true: every setting the code reads is in docs/configuration.md with the default
-the code has, every relative link and anchor of README.md and docs/*.md resolves, and
-docs/layout.md names every module. Plain file reads: the fast lane."""
+the code has, every relative link and anchor of README.md and docs/*.md resolves,
+docs/layout.md names every module, and the callbacks' retry time is the policy's. Plain file
+reads: the fast lane."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 from pydantic import AnyUrl, SecretStr
 from pydantic.fields import FieldInfo
 
+from activities.callbacks import CALLBACK_RETRY
 from spillway.settings import PROJECT_ROOT, Settings
 
 DOCS = PROJECT_ROOT / "docs"
@@ -173,3 +175,16 @@ def test_the_layout_page_names_every_module():
     ]
     missing = [module for module in modules if f"`{module}`" not in layout]
     assert not missing, f"docs/layout.md does not name: {', '.join(missing)}"
+
+
+def test_the_callback_retry_time_the_guide_gives_is_the_policys():
+    waits, wait = 0.0, CALLBACK_RETRY.initial_interval.total_seconds()
+    cap = CALLBACK_RETRY.maximum_interval
+    assert cap is not None
+    for _ in range(CALLBACK_RETRY.maximum_attempts - 1):
+        waits += min(wait, cap.total_seconds())
+        wait *= CALLBACK_RETRY.backoff_coefficient
+    minutes, seconds = divmod(int(waits), 60)
+    said = f"{minutes} min {seconds} s"
+    for page in ("clients.md", "design.md"):
+        assert said in (DOCS / page).read_text(encoding="utf-8"), f"docs/{page} lacks {said}"
