@@ -1,5 +1,5 @@
-"""Progress people can watch (README, "The local route: ComfyUI"): how long a render's progress
-takes from ComfyUI to `spillway status` and to the Temporal UI's current details, with the
+"""Progress people can watch (docs/jobs.md, "The local route: ComfyUI"): how long a render's
+progress takes from ComfyUI to `spillway status` and to the Temporal UI's current details, with the
 host's places rendering and a long GPU line behind them. The Temporal dev server, the worker
 and its agent in this process, the ComfyUI double rendering `--render-s` per prompt, its middle
 third in `--steps` sampler steps.

@@ -1,10 +1,11 @@
 """The load probe's NVML reading against `nvidia-smi`, idle and under a matrix-product load.
 
-Run on a machine with an NVIDIA GPU, PyTorch and `nvidia-ml-py` (the numbers in the README's
-"The load probe" came from one): `python3 scripts/device_nvml.py [--seconds 20]`. It reads GPU 0
-through the same `NvmlReader` and `read_apart` the probe and the agents use, pairs each reading
-with `nvidia-smi`'s, and prints a table. Only pydantic and pynvml are needed besides PyTorch:
-the reader's module is loaded by its path, so the rest of spillway need not be installed.
+Run on a machine with an NVIDIA GPU, PyTorch and `nvidia-ml-py` (the numbers in
+docs/hosts.md, "Is a GPU host busy?", came from one): `python3 scripts/device_nvml.py
+[--seconds 20]`. It reads GPU 0 through the same `NvmlReader` and `read_apart` the probe and
+the agents use, pairs each reading with `nvidia-smi`'s, and prints a table. Only pydantic and
+pynvml are needed besides PyTorch: the reader's module is loaded by its path, so the rest of
+spillway need not be installed.
 """
 
 from __future__ import annotations

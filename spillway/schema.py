@@ -1,6 +1,7 @@
 """The published contract, committed as docs/schema/*.json: the JSON Schemas a client in any
 language needs to start `VideoJobWorkflow` itself (workflow id = job id, task queue
-SPILLWAY_TASK_QUEUE), decide an approval and read a plan (README, "Starting jobs from code").
+SPILLWAY_TASK_QUEUE), decide an approval and read a plan (docs/clients.md, "Starting jobs from
+code").
 `spillway schema [NAME] [--write DIR]` prints or writes them; tests/test_schema.py checks the
 committed files are current."""
 

@@ -379,7 +379,8 @@ class SpendBook:
                 spent += cost
         spent += self.spent.get(_key(period, now), 0.0)
         budget = self.budgets.of(period)
-        remaining = None if budget is None else round(budget - spent - reserved, 6)
+        # + 0.0: a budget spent to the cent leaves -0.0 after rounding, which prints "$-0.00".
+        remaining = None if budget is None else round(budget - spent - reserved, 6) + 0.0
         return PeriodTotals(
             budget_usd=budget,
             spent_usd=round(spent, 6),
@@ -495,7 +496,7 @@ class SpendBook:
                 return BudgetShortfall(
                     period=period,
                     budget_usd=totals.budget_usd,
-                    remaining_usd=round(max(remaining, 0.0), 2),
+                    remaining_usd=round(max(remaining, 0.0), 2) + 0.0,
                     estimate_usd=cost_usd,
                 )
         return None

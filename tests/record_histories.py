@@ -1,8 +1,8 @@
 """Records the histories the replay test replays: one job per main path of the released
 version, run on the time-skipping server with the route stubs, written to
 tests/histories/<version>/. A release records its own set; a change between releases that
-alters a workflow's commands is patched (README, "Releases and running jobs") and must replay
-every released version's histories. Never re-record to make a failing replay pass:
+alters a workflow's commands is patched (docs/operations.md, "Releases and running jobs") and
+must replay every released version's histories. Never re-record to make a failing replay pass:
 
     .venv/bin/python -m tests.record_histories NAME...
 """

@@ -16,7 +16,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from spillway import search_attributes
 from spillway.cli.parser import build_parser
-from tests.support.cli import one_line, spillway, spillway_process
+from tests.support.cli import free_ports, one_line, spillway, spillway_process
 from tests.support.constants import FREE_VRAM_PCT
 from tests.support.graphs import VIDEO_GRAPH
 
@@ -119,12 +119,15 @@ async def test_load_with_every_source_hanging_returns_within_timeout_plus_one_se
 
 async def test_health_shows_trigger_logic_and_never_the_key(cli_env, comfyui, guard):
     key = "mm-" + uuid.uuid4().hex
+    (nothing_there,) = free_ports(1)
     env = cli_env(
         COMFYUI_URL=comfyui.url,
         A40_GUARD_URL=guard.url,
         CLOUD_VIDEO_FALLBACK_ENABLED="1",
         MINIMAX_API_KEY=key,
         APPROVAL_TIMEOUT_S="600",
+        # No Temporal, so no worker answers: not whatever server this machine runs on 7233.
+        TEMPORAL_ADDRESS=f"127.0.0.1:{nothing_there}",
     )
     code, out, err = await spillway("health", "--json", env=env)
     assert code == 0, err
@@ -158,6 +161,7 @@ async def test_health_shows_trigger_logic_and_never_the_key(cli_env, comfyui, gu
 
     code, text, _ = await spillway("health", env=env)
     assert code == 0 and "armed yes" in text and "waits 600s" in text
+    assert "the GPU pool re-probes each host with a free place every 2s" in text
     assert "who can approve: anyone who can signal the namespace" in text
     assert "set SPILLWAY_APPROVAL_SECRET" in text
     assert key not in out + err + text

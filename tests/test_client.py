@@ -245,3 +245,17 @@ async def test_a_start_denied_the_namespace_is_asked_again_then_names_the_settin
     with pytest.raises(Failed, match=r"not found \(asked for 2 s\): is TEMPORAL_NAMESPACE right"):
         await client.submit(VIDEO_GRAPH, job_id=new_id())
     assert asyncio.get_running_loop().time() - started >= 1.5
+
+
+def test_an_approval_whose_job_ended_first_is_answered_with_the_jobs_end_not_temporals_words():
+    # What the server answers when the job's run failed while it used the approval.
+    temporal_words = (
+        "Workflow Update failed because the Workflow completed before the Update completed."
+    )
+    assert job_ops.ended_first(temporal_words)
+    assert not job_ops.ended_first("job x is not awaiting approval (state: running_cloud)")
+    plan = Plan(job_id="x", state="failed", error="MiniMax balance is empty (code 1008)")
+    assert job_ops.ended_before_answer("x", plan) == (
+        "job x ended (failed) before it answered this decision: MiniMax balance is empty "
+        "(code 1008) (spillway status x)"
+    )

@@ -40,6 +40,7 @@ WORKER_EXTRAS = {
     "SPILLWAY_SHUTDOWN_GRACE_S",
     "SPILLWAY_AGENT_HOST",  # docker-compose.yml's, for the agent service's --host
     "SPILLWAY_SECRETS_DIR",  # read before the settings, which it may complete
+    "POSTGRES_PASSWORD",  # docker-compose.yml's, for PostgreSQL and Temporal's connection to it
 }
 # Deliberately not the default: the real hosts, the compose stack's UI, metrics switched on.
 NOT_DEFAULT = {"COMFYUI_URL", "A40_GUARD_URL", "SPILLWAY_UI_URL", "SPILLWAY_METRICS_PORT"}
@@ -219,6 +220,13 @@ def test_env_example_documents_exactly_the_settings_the_worker_reads(env_example
     assert documented >= WORKER_EXTRAS
     assert set(SECRETS) & set(active) <= PROVIDER_KEYS
     assert all(active[key] == "" for key in PROVIDER_KEYS), "the example ships no key"
+
+
+def test_env_example_names_every_variable_docker_compose_reads(env_example):
+    active, commented = env_example
+    read = set(re.findall(r"\$\{([A-Z][A-Z0-9_]*)", COMPOSE.read_text(encoding="utf-8")))
+    missing = read - set(active) - commented
+    assert missing == set(), "read by docker-compose.yml, not in .env.example"
 
 
 def test_env_example_values_are_valid_and_are_the_defaults(env_example):

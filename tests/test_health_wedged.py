@@ -1,7 +1,7 @@
 """`spillway health` names a spend ledger whose workflow task fails and is retried ("wedged": a
 nondeterminism error after a deploy, a bug in its code), which answers every update with
 "Workflow Task in failed state" so no cloud job can run, and says the way back: terminate it,
-start the new workers, `spillway ledger restore` (README, "What the workers see").
+start the new workers, `spillway ledger restore` (docs/operations.md, "Health").
 
 The ledger is wedged on purpose on the real dev server: a worker on its task queue whose
 SpendLedgerWorkflow raises a plain exception, which fails the workflow task (not the workflow)
@@ -67,7 +67,7 @@ async def test_health_names_a_wedged_ledger_and_the_way_back(
             await until(lambda: attempt(started), lambda a: a > 1, timeout_s=120, every_s=0.2)
         code, out, err = await spillway("health", "--json", env=env)
 
-        assert code == 0, err  # health reports what is down and exits 0 (README)
+        assert code == 0, err  # health reports what is down and exits 0 (docs/operations.md)
         budget = json.loads(out)["budget"]
         assert {"daily_usd", "monthly_usd", "day", "month", "error", "warning"} <= set(budget)
         found = budget["wedged"]

@@ -18,7 +18,7 @@ from worker import REPLAYED
 
 # A spend ledger of 0.4.0 is not carried over: its handlers awaited a local activity, and 0.5.0's
 # only queue requests (other commands), so the upgrade terminates it and restores its entries
-# (README, "Releases and running jobs").
+# (docs/operations.md, "Releases and running jobs").
 LEDGER_REPLACED = {"0.4.0/spend-ledger"}
 HISTORIES = {
     f"{path.parent.name}/{path.stem}": path.read_text()

@@ -3,6 +3,7 @@ go, takeovers only before a create began, budgets per UTC day and month, and the
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime, timedelta
 from typing import Literal
 
@@ -189,6 +190,17 @@ def test_armed_spending_stops_where_the_budget_would_be_exceeded(daily, monthly,
             assert error.shortfall.period == period
             assert error.shortfall.remaining_usd == pytest.approx(1.0 - 3 * CLIP_USD)
     assert granted == 3  # 3 x 0.28 = 0.84 <= 1.00 < 4 x 0.28
+
+
+def test_a_budget_spent_to_the_cent_has_nothing_left_never_minus_nothing():
+    book = SpendBook([], Budgets())
+    for n in range(3):  # 0.28 + 0.28 + 0.28 is a hair over 0.84 in floating point
+        book.reserve(*ask(job=f"job-{n}", daily=0.84), NOW)
+    left = book.totals("day", NOW).remaining_usd
+    assert left == 0.0 and math.copysign(1.0, left) == 1.0
+    error = refused("budget", lambda: book.reserve(*ask(job="job-3", daily=0.84), NOW))
+    assert error.shortfall is not None
+    assert "has $0.00 left" in str(error), str(error)
 
 
 def test_a_plain_approval_respects_the_budget_and_over_budget_goes_past_it():

@@ -150,6 +150,8 @@ async def dev(tmp_path: Path, cli_env: Callable[..., dict[str, str]]) -> AsyncIt
 EXPECTED = {
     "spillway submit --graph examples/video_graph.json --job-id tour-1": [
         "job tour-1: completed on the local route",
+        "outputs/tour-1/",  # where the video landed, with its size and sha256
+        "bytes",
         "sha256",
         "tour-1: running_local local — running",  # its progress, while it renders
     ],
@@ -166,13 +168,15 @@ EXPECTED = {
     "spillway watch tour-2": [
         "job tour-2: completed on the cloud route",
         "approved by owner",
+        "minimax task",  # rendered in the MiniMax simulator
         f"estimated ${CLIP_USD}",
     ],
     "spillway sim gpu --free": [f"'vram_used_pct': {FREE_VRAM_PCT}"],
     "spillway submit --graph examples/video_graph.json --job-id tour-3": ["submitted job tour-3"],
     "spillway submit --graph examples/video_graph.json --job-id tour-4": ["submitted job tour-4"],
     "spillway submit --graph examples/video_graph.json --job-id tour-5": ["submitted job tour-5"],
-    "spillway queue": ["GPU places", "2 of 2 in use", "in line: 1", "tour-5"],
+    # who holds the places, and who is next
+    "spillway queue": ["GPU places", "2 of 2 in use", "tour-3", "tour-4", "in line: 1", "tour-5"],
 }
 
 

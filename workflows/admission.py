@@ -1,7 +1,8 @@
 """A job's side of GPU admission (docs/design.md, "GPU admission"): it asks the GPU pool for a
 place by signal (a pool that is not running is started by an activity, with that ask), learns
-the answer by the pool's signal, waits in the line holding nothing (no activity, no heartbeat,
-no timer of its own), and gives its place back at every end. An answer to an ask the job no
+the answer by the pool's signal, waits in the line holding no activity and no heartbeat, only
+timers (its line check; the approval window's end, the give-up and its patience where they
+apply), and gives its place back at every end. An answer to an ask the job no
 longer stands by (it went to the cloud, was cancelled, asked again) is given back at once.
 Workflow code.
 """

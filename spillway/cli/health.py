@@ -60,7 +60,8 @@ class CloudFallback(BaseModel):
 
 class Approval(BaseModel):
     timeout_s: float
-    recheck_s: float
+    recheck_s: float  # APPROVAL_RECHECK_S: only jobs started by 0.4.0 still re-probe by themselves
+    pool_reprobe_s: float = 2.0  # SPILLWAY_POOL_REPROBE_S: the GPU pool re-probes for the rest
     webhook_configured: bool
     # SPILLWAY_APPROVAL_SECRET: in this shell (its approve|reject are signed), and on the workers
     # (they use only signed decisions; None: no worker answered).
@@ -103,6 +104,7 @@ def approval_health(settings: Settings, workers: WorkersHealth | None) -> Approv
     return Approval(
         timeout_s=settings.APPROVAL_TIMEOUT_S,
         recheck_s=settings.APPROVAL_RECHECK_S,
+        pool_reprobe_s=settings.SPILLWAY_POOL_REPROBE_S,
         webhook_configured=settings.APPROVAL_WEBHOOK_URL is not None,
         signed=signed,
         workers_signed=workers_signed,

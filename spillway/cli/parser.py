@@ -315,8 +315,10 @@ def build_parser() -> argparse.ArgumentParser:
         "run everything locally: Temporal dev server + Web UI, the worker, and simulators",
         "Without TEMPORAL_ADDRESS, start the Temporal dev server (Web UI included) with its "
         "jobs kept in .spillway/temporal.db, register the search attributes and run the "
-        "worker; with --simulate also the ComfyUI, guard and MiniMax simulators on their usual "
-        "local ports (no GPU, no key, no money). Ctrl-C stops everything it started.",
+        "worker; with --simulate also the ComfyUI, guard, MiniMax and Kling simulators on their "
+        "usual local ports (no GPU, no key, no money), its jobs kept apart in "
+        ".spillway/sim/temporal.db on the task queue spillway-sim (<SPILLWAY_TASK_QUEUE>-sim). "
+        "Ctrl-C stops everything it started.",
     )
     dev.add_argument("--simulate", action="store_true", help="serve the simulators too")
     dev.add_argument("--port", type=int, default=7233, help="Temporal frontend (7233)")

@@ -69,8 +69,9 @@ def render_health(health: Health) -> str:
             f"  {p.name:<8} (tier {p.tier}) at {p.base_url}: key present {yes[p.key_present]}"
             for p in cloud.providers
         ),
-        f"Approval: waits {approval.timeout_s:g}s (then the job runs locally), re-probes every "
-        f"{approval.recheck_s:g}s, webhook {'set' if approval.webhook_configured else 'not set'}",
+        f"Approval: waits {approval.timeout_s:g}s (then the job runs locally); meanwhile the GPU "
+        f"pool re-probes each host with a free place every {approval.pool_reprobe_s:g}s, webhook "
+        f"{'set' if approval.webhook_configured else 'not set'}",
         f"  who can approve: {approval.who_can_approve}",
         _budget_line(health),
         "Decision:",

@@ -20,7 +20,7 @@ approval, Temporal unreachable; exit 1). A job that ends failed is not an except
 
 Clients in other languages start the workflow `VideoJobWorkflow` themselves with the JSON of a job
 (workflow id = job id, task queue SPILLWAY_TASK_QUEUE): `spillway.schema.schemas()`, committed
-as docs/schema/*.json, is that contract (README, "Starting jobs from code").
+as docs/schema/*.json, is that contract (docs/clients.md, "Starting jobs from code").
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ list, decide, each on a temporalio Client, and the edge checks of a graph and a 
 
 `status` never needs a worker: the plan comes from the workflow's memo (running jobs), its result
 (completed) or its failure (failed); progress from the running activity's last heartbeat.
-A job's priority travels three ways (README, "Starting jobs from code"): in its input (the
+A job's priority travels three ways (docs/clients.md, "Starting jobs from code"): in its input (the
 workflow's own use), as Temporal's task priority (its workflow and activity tasks, when a queue
 is backlogged) and in its memo, which is where `list` reads it (Temporal's list does not return
 an execution's priority).
@@ -350,7 +350,7 @@ async def decide(client: Client, job_id: str, decision: ApprovalDecision) -> str
             rpc_timeout=timedelta(seconds=5),
         )
     except WorkflowUpdateFailedError as err:
-        raise Failed(_message(err.cause or err)) from None
+        raise Failed(await _decision_refused(client, job_id, err)) from None
     except WorkflowUpdateRPCTimeoutOrCancelledError:
         await handle.signal(APPROVAL_SIGNAL, decision)
         sent = "sent as a signal: no worker answered; it applies when a worker runs"
@@ -363,9 +363,33 @@ async def decide(client: Client, job_id: str, decision: ApprovalDecision) -> str
         answer: str = await accepted.result(rpc_timeout=timedelta(seconds=60))
         return answer
     except WorkflowUpdateFailedError as err:
-        raise Failed(_message(err.cause or err)) from None
+        raise Failed(await _decision_refused(client, job_id, err)) from None
     except WorkflowUpdateRPCTimeoutOrCancelledError:
         return f"accepted; still being applied: see spillway status {job_id}"
+
+
+# What Temporal itself answers an update whose workflow run ended before the handler did (a job
+# that failed while it used the approval) or before it was accepted: not the job's own words.
+RUN_ENDED_FIRST = ("completed before the Update completed", "update was aborted")
+
+
+def ended_first(message: str) -> bool:
+    return any(text.lower() in message.lower() for text in RUN_ENDED_FIRST)
+
+
+def ended_before_answer(job_id: str, plan: Plan) -> str:
+    why = f": {plan.error}" if plan.error else ""
+    return (
+        f"job {job_id} ended ({plan.state}) before it answered this decision{why} "
+        f"(spillway status {job_id})"
+    )
+
+
+async def _decision_refused(client: Client, job_id: str, err: WorkflowUpdateFailedError) -> str:
+    message = _message(err.cause or err)
+    if not ended_first(message):
+        return message
+    return ended_before_answer(job_id, await status(client, job_id))
 
 
 QUOTE_WITHIN = timedelta(seconds=30)  # the hosts' probes and fits take 10 s at most each

@@ -1,0 +1,190 @@
+"""The guide stays true: every setting the code reads is in docs/configuration.md with the default
+the code has, every relative link and anchor of README.md and docs/*.md resolves,
+docs/layout.md names every module, and the callbacks' retry time is the policy's. Plain file
+reads: the fast lane."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from pydantic import AnyUrl, SecretStr
+from pydantic.fields import FieldInfo
+
+from activities.callbacks import CALLBACK_RETRY
+from spillway.settings import PROJECT_ROOT, Settings
+
+DOCS = PROJECT_ROOT / "docs"
+CONFIGURATION = DOCS / "configuration.md"
+PAGES = [PROJECT_ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+# Where spillway reads the environment itself, besides the Settings class.
+PACKAGES = ("spillway", "workflows", "activities")
+CODE = [PROJECT_ROOT / "worker.py"] + [
+    path for package in PACKAGES for path in sorted((PROJECT_ROOT / package).rglob("*.py"))
+]
+ENV_READ = re.compile(
+    r"""os\.environ(?:\.get\(|\[)\s*["']([A-Z][A-Z0-9_]+)["']"""
+    r"""|getenv\(\s*["']([A-Z][A-Z0-9_]+)["']"""
+    r"""|["']([A-Z][A-Z0-9_]+)["']\s+(?:not\s+)?in\s+os\.environ"""
+)
+COMPOSE_READ = re.compile(r"\$\{([A-Z][A-Z0-9_]*)(?::-([^}]*))?\}")
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def documented_settings() -> dict[str, str]:
+    """`NAME` -> its default cell, from every table row of docs/configuration.md."""
+    rows: dict[str, str] = {}
+    for line in CONFIGURATION.read_text(encoding="utf-8").splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split(" | ")]
+        if line.startswith("| `") and len(cells) == 3:
+            name = re.fullmatch(r"`([A-Z][A-Z0-9_]*)`", cells[0])
+            if name:
+                rows[name.group(1)] = cells[1]
+    return rows
+
+
+def written_default(field: FieldInfo) -> str | None:
+    """The default as the page writes it: `85` for 85.0, `false` or `0` for False; None: unset."""
+    value = field.default
+    if value is None or value == "" or isinstance(value, SecretStr):
+        return None
+    if isinstance(value, bool):
+        return "true|1" if value else "false|0"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, AnyUrl):
+        return str(value).rstrip("/")
+    if isinstance(value, Path):
+        return value.name if value.is_absolute() else str(value)
+    return str(value)
+
+
+def default_is_written(cell: str, expected: str | None) -> bool:
+    if expected is None:
+        return cell.startswith("unset")
+    return any(f"`{choice}`" in cell for choice in expected.split("|"))
+
+
+UNKNOWN = "?"  # read where the code names no default (os.environ.get, `${X}` in compose)
+
+
+def settings_read() -> dict[str, str | None]:
+    """Every variable the code reads, with the default it has (None: unset; UNKNOWN: the read
+    names none, only the row is checked)."""
+    read: dict[str, str | None] = {}
+    for name, field in Settings.model_fields.items():
+        aliases = getattr(field.validation_alias, "choices", None) or [name]
+        for alias in aliases:
+            read[str(alias)] = written_default(field)
+    for path in CODE:
+        for match in ENV_READ.finditer(path.read_text(encoding="utf-8")):
+            read.setdefault(next(g for g in match.groups() if g), UNKNOWN)
+    compose = (PROJECT_ROOT / "docker-compose.yml").read_text(encoding="utf-8")
+    for name, default in COMPOSE_READ.findall(compose):
+        read.setdefault(name, default or UNKNOWN)
+    return read
+
+
+def test_every_setting_the_code_reads_is_in_the_configuration_page_with_its_default():
+    rows = documented_settings()
+    read = settings_read()
+    missing = sorted(set(read) - set(rows))
+    assert not missing, f"docs/configuration.md lacks a row for: {', '.join(missing)}"
+    wrong = [
+        f"{name}: the code's default is {expected or 'unset'}, the page says {rows[name]}"
+        for name, expected in sorted(read.items())
+        if expected != UNKNOWN and not default_is_written(rows[name], expected)
+    ]
+    assert not wrong, "docs/configuration.md shows another default:\n" + "\n".join(wrong)
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lowercase, punctuation dropped (hyphens, underscores and
+    spaces kept), each space a hyphen."""
+    text = re.sub(r"[`*]|\[([^\]]*)\]\([^)]*\)", r"\1", heading).strip().lower()
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def outside_code(text: str) -> str:
+    """A page without its fenced code blocks, inline code blanked (a span may wrap lines)."""
+    lines, fenced = [], False
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif not fenced:
+            lines.append(line)
+    return re.sub(r"`[^`]*`", "``", "\n".join(lines))
+
+
+def anchors(page: Path) -> set[str]:
+    """The anchors of a page's headings (not the `# comments` of its code blocks); a heading's
+    inline code counts for its slug, and a repeated heading gets -1, -2 as on GitHub."""
+    seen: dict[str, int] = {}
+    found = set()
+    fenced = False
+    for line in page.read_text(encoding="utf-8").splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+            continue
+        heading = None if fenced else re.match(r"#{1,6}\s+(.+?)\s*#*\s*$", line)
+        if heading is None:
+            continue
+        base = slug(heading.group(1))
+        n = seen.get(base, 0)
+        seen[base] = n + 1
+        found.add(base if n == 0 else f"{base}-{n}")
+    return found
+
+
+def broken_links(page: Path) -> list[str]:
+    broken = []
+    for target in LINK.findall(outside_code(page.read_text(encoding="utf-8"))):
+        if re.match(r"[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto:
+            continue
+        path, _, anchor = target.partition("#")
+        file = (page.parent / path).resolve() if path else page
+        if not file.exists():
+            broken.append(f"{target}: no file {file.relative_to(PROJECT_ROOT)}")
+        elif anchor and file.suffix == ".md" and anchor not in anchors(file):
+            broken.append(f"{target}: no heading #{anchor} in {file.name}")
+    return broken
+
+
+def test_every_relative_link_and_anchor_of_the_readme_and_the_guide_resolves():
+    broken = [
+        f"{page.relative_to(PROJECT_ROOT)}: {b}" for page in PAGES for b in broken_links(page)
+    ]
+    assert not broken, "links that do not resolve:\n" + "\n".join(broken)
+
+
+def test_slugs_follow_githubs_rules():
+    assert slug("Python: `spillway.client`") == "python-spillwayclient"
+    assert slug("Is a GPU host busy? `spillway load`") == "is-a-gpu-host-busy-spillway-load"
+    assert slug("The give-back with the download, and what the aims meet (2026-12-04)") == (
+        "the-give-back-with-the-download-and-what-the-aims-meet-2026-12-04"
+    )
+    assert slug("SPILLWAY_POOL_AGING_S") == "spillway_pool_aging_s"
+
+
+def test_the_layout_page_names_every_module():
+    layout = (DOCS / "layout.md").read_text(encoding="utf-8")
+    modules = [
+        path.relative_to(PROJECT_ROOT).as_posix()
+        for package in PACKAGES
+        for path in sorted((PROJECT_ROOT / package).rglob("*.py"))
+    ]
+    missing = [module for module in modules if f"`{module}`" not in layout]
+    assert not missing, f"docs/layout.md does not name: {', '.join(missing)}"
+
+
+def test_the_callback_retry_time_the_guide_gives_is_the_policys():
+    waits, wait = 0.0, CALLBACK_RETRY.initial_interval.total_seconds()
+    cap = CALLBACK_RETRY.maximum_interval
+    assert cap is not None
+    for _ in range(CALLBACK_RETRY.maximum_attempts - 1):
+        waits += min(wait, cap.total_seconds())
+        wait *= CALLBACK_RETRY.backoff_coefficient
+    minutes, seconds = divmod(int(waits), 60)
+    said = f"{minutes} min {seconds} s"
+    for page in ("clients.md", "design.md"):
+        assert said in (DOCS / page).read_text(encoding="utf-8"), f"docs/{page} lacks {said}"
