@@ -12,7 +12,8 @@ reference (docs/design.md, "MiniMax facts"); tests and `spillway dev --simulate`
 
 Knobs: `set_statuses`, `fail_with`, `inject` (one-shot base_resp codes on create, query or
 retrieve), `fault_next_create` ("hang" or "drop" after the whole create was received, the task
-made or not), `release`, `expire_next_urls`, `create_delay_s` (a slow but normal create), plus
+made or not), `release`, `expire_next_urls`, `create_delay_s` (a slow but normal create), `creates_held` (an
+event: every create answers only once it is set), plus
 SimServer's per-path faults and `answers`.
 Counters: `create_calls`, `create_calls_by_prompt`, `tasks_created`, `tasks_by_prompt`,
 `query_hits`, `retrieve_hits`, `download_hits`, `download_auth_headers`, and `requests`
@@ -116,6 +117,7 @@ class MiniMaxSim(CloudSim):
             "retrieve": deque(),
         }
         self.create_delay_s = 0.0  # every create answers (normally) only after this
+        self.creates_held: asyncio.Event | None = None
         self._expire_next: deque[int] = deque()
         self._urls: dict[str, tuple[int, int | None]] = {}  # token -> (file_id, expired status)
         self._files: dict[int, SimTask] = {}
@@ -211,6 +213,8 @@ class MiniMaxSim(CloudSim):
             )
         if self.create_delay_s:
             await asyncio.sleep(self.create_delay_s)
+        if self.creates_held is not None:
+            await self.creates_held.wait()
         if self._injected["create"]:
             code, msg, with_task = self._injected["create"].popleft()
             made = self._new_task(body, prompt) if with_task and isinstance(body, dict) else None

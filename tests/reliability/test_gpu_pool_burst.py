@@ -10,7 +10,6 @@ the figures)."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 
@@ -22,7 +21,7 @@ from spillway.gpu_pool import PoolInput
 from spillway.sim.comfyui import ComfyUISim
 from tests.reliability.harness import DevServer
 from tests.support.graphs import VIDEO_GRAPH
-from tests.support.jobs import Jobs, pool_settled
+from tests.support.jobs import Jobs, pool_settled, start_all
 from tests.support.waiting import until_all
 
 JOBS = int(os.environ.get("SPILLWAY_BURST_JOBS", "200"))
@@ -56,7 +55,7 @@ async def test_a_burst_of_jobs_at_once_all_complete_through_two_places(
             task_queue=names.pool_queue(queue),
         )
     started = time.monotonic()
-    await asyncio.gather(*(jobs.submit(None, VIDEO_GRAPH) for _ in range(JOBS)))
+    await start_all(lambda: jobs.submit(None, VIDEO_GRAPH) for _ in range(JOBS))
     submitted_s = time.monotonic() - started
     await until_all(lambda: _ended(client, queue), JOBS, what="the jobs' ends")
     total_s = time.monotonic() - started

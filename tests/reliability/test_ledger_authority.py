@@ -211,13 +211,14 @@ async def test_forged_ledger_updates_change_no_budget_and_no_entry(
 async def test_forged_settles_with_a_negative_or_nan_cost_during_a_create_change_nothing(
     ledger_workers, jobs_on, comfyui: ComfyUISim, minimax: MiniMaxSim
 ):
-    minimax.create_delay_s = 3.0  # the job's create is in flight while the forgeries arrive
+    # The job's create is in flight while the forgeries arrive, however long they take.
+    minimax.creates_held = asyncio.Event()
     comfyui.set_vram_used_pct(BUSY_VRAM_PCT)
     worker = await ledger_workers(
         COMFYUI_URL=comfyui.url,
         MINIMAX_BASE_URL=minimax.url,
         CLOUD_VIDEO_FALLBACK_ENABLED=1,
-        MINIMAX_CREATE_TIMEOUT_S=30,
+        MINIMAX_CREATE_TIMEOUT_S=60,  # the longest allowed: held until the forgeries are answered
     )
     jobs = jobs_on(worker)
     job = await jobs.submit("a slow create")
@@ -227,6 +228,7 @@ async def test_forged_settles_with_a_negative_or_nan_cost_during_a_create_change
     for cost in (-1e9, float("nan"), float("inf")):
         settle = {"job_id": job, "run_id": run_id, "state": "maybe_charged", "cost_usd": cost}
         refusals.append(await forged(jobs.client, worker.task_queue, names.LEDGER_SETTLE, settle))
+    minimax.creates_held.set()
     plan = await jobs.until(job, "completed")
     summary = await ledger(jobs.client, worker.task_queue)
 
@@ -245,13 +247,13 @@ async def test_forged_frees_and_begins_during_a_create_change_nothing_and_the_cr
     create's activity id and attempt) asks the ledger to free the entry, to re-price it, and to
     begin it again, as that very attempt or as another: only the attempt holding the nonce it
     began with may, so each is refused and the real create settles as it would have."""
-    minimax.create_delay_s = 3.0
+    minimax.creates_held = asyncio.Event()
     comfyui.set_vram_used_pct(BUSY_VRAM_PCT)
     worker = await ledger_workers(
         COMFYUI_URL=comfyui.url,
         MINIMAX_BASE_URL=minimax.url,
         CLOUD_VIDEO_FALLBACK_ENABLED=1,
-        MINIMAX_CREATE_TIMEOUT_S=30,
+        MINIMAX_CREATE_TIMEOUT_S=60,  # the longest allowed: held until the forgeries are answered
     )
     jobs = jobs_on(worker)
     job = await jobs.submit("a slow create")
@@ -282,6 +284,7 @@ async def test_forged_frees_and_begins_during_a_create_change_nothing_and_the_cr
         ),
     }
     why = {name: await forged(jobs.client, queue, u, arg) for name, (u, arg) in forgeries.items()}
+    minimax.creates_held.set()
     plan = await jobs.until(job, "completed")
     after = await ledger(jobs.client, queue)
 

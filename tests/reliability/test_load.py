@@ -17,6 +17,7 @@ import contextlib
 import json
 import uuid
 from collections import Counter, defaultdict
+from functools import partial
 
 import pytest
 from temporalio.client import Client, WorkflowFailureError, WorkflowUpdateFailedError
@@ -30,7 +31,7 @@ from tests.reliability.harness import Sightings, cli
 from tests.support.comfyui import posts_for
 from tests.support.constants import BUSY_VRAM_PCT, FREE_VRAM_PCT
 from tests.support.graphs import VIDEO_GRAPH, graph_without
-from tests.support.jobs import Jobs
+from tests.support.jobs import Jobs, start_all
 from tests.support.waiting import until_all
 
 JOBS = 300
@@ -128,17 +129,8 @@ async def test_three_hundred_jobs_on_one_worker_with_a_flipping_gpu_and_racing_a
     rejected_graph = graph_without(VIDEO_GRAPH, "2", "fps")
 
     flipping = asyncio.create_task(flip(comfyui))
-    # 300 jobs in flight, started 20 at a time: 300 starts in one instant timed out on a dev
-    # server starved by the load check (scripts/test.sh --under-load), and a start that timed out
-    # may or may not have started its job.
-    starting = asyncio.Semaphore(20)
-
-    async def start(job_id: str) -> None:
-        async with starting:
-            graph = rejected_graph if job_id in bad else VIDEO_GRAPH
-            await jobs.submit(prompts.get(job_id), graph, job_id=job_id)
-
-    await asyncio.gather(*(start(j) for j in ids))
+    graphs = {j: rejected_graph if j in bad else VIDEO_GRAPH for j in ids}
+    await start_all(partial(jobs.submit, prompts.get(j), graphs[j], job_id=j) for j in ids)
     people = Approvers(jobs.client, worker.task_queue, ids)
     approving = asyncio.create_task(people.run())
 

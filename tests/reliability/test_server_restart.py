@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from spillway.client import jobs as job_ops
 from spillway.models import ApprovalDecision, JobState, Plan
@@ -32,6 +33,9 @@ from tests.support.graphs import VIDEO_GRAPH, graph_without
 from tests.support.jobs import Jobs
 from tests.support.waiting import until
 
+# Each wait's deadline: 50 jobs, two workers and the server on two cores, which the load check
+# shares with two busy processes (a job took over 60 s from its start to `failed` there).
+PATIENCE_S = 300
 BEFORE = {
     "completed": 10,
     "failed": 8,
@@ -48,6 +52,7 @@ STILL_PROCESSING = {
 }
 
 
+@pytest.mark.timeout(1200)  # a backstop: each wait has its own deadline
 async def test_a_dev_server_restart_keeps_fifty_jobs_in_every_state_and_all_of_them_finish(
     tmp_path: Path, workers, comfyui: ComfyUISim, minimax: MiniMaxSim, sightings: Sightings
 ):
@@ -86,7 +91,7 @@ async def _scenario(
 
         async def put(state: JobState, jobs: Jobs, n: int, **submit: Any) -> None:
             ids = [await jobs.submit(**submit) for _ in range(n)]
-            await asyncio.gather(*(jobs.until(j, state) for j in ids))
+            await asyncio.gather(*(jobs.until(j, state, PATIENCE_S) for j in ids))
             by_state[state] = ids
 
         await asyncio.gather(
@@ -97,7 +102,9 @@ async def _scenario(
         comfyui.pause()
         await put("running_local", on_local, 8)
         posted = by_state["running_local"]
-        await until(lambda: posts_of(comfyui, posted) == dict.fromkeys(posted, 1))
+        await until(
+            lambda: posts_of(comfyui, posted) == dict.fromkeys(posted, 1), timeout_s=PATIENCE_S
+        )
         comfyui.set_vram_used_pct(BUSY_VRAM_PCT)
         await put("awaiting_approval", on_local, 16)
         minimax.answers[QUERY_PATH] = STILL_PROCESSING
@@ -108,7 +115,9 @@ async def _scenario(
             await job_ops.decide(server.client, job_id, approval)
         # Each create answered and its task id kept (a create cut off by the outage would be
         # ambiguous, and rightly fail its job).
-        await asyncio.gather(*(on_local.until(j, _has_task) for j in by_state["running_cloud"]))
+        await asyncio.gather(
+            *(on_local.until(j, _has_task, PATIENCE_S) for j in by_state["running_cloud"])
+        )
         assert minimax.tasks_created == 8
 
         env = local.env
@@ -140,7 +149,11 @@ async def _scenario(
         await gone.start()
 
         final = dict(
-            zip(before, await asyncio.gather(*(on_local.finished(j) for j in before)), strict=True)
+            zip(
+                before,
+                await asyncio.gather(*(on_local.finished(j, PATIENCE_S) for j in before)),
+                strict=True,
+            )
         )
         async with httpx.AsyncClient() as http:
             for job_id in before:
@@ -195,4 +208,4 @@ async def _listed(
         return expected is None or Counter(jobs.values()) == Counter(expected)
 
     what = f"spillway list to show {expected}"
-    return await until(listed, shows, timeout_s=60, every_s=0.2, what=what)
+    return await until(listed, shows, timeout_s=PATIENCE_S, every_s=0.2, what=what)
