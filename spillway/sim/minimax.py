@@ -12,9 +12,9 @@ reference (docs/design.md, "MiniMax facts"); tests and `spillway dev --simulate`
 
 Knobs: `set_statuses`, `fail_with`, `inject` (one-shot base_resp codes on create, query or
 retrieve), `fault_next_create` ("hang" or "drop" after the whole create was received, the task
-made or not), `release`, `expire_next_urls`, `create_delay_s` (a slow but normal create), `creates_held` (an
-event: every create answers only once it is set), plus
-SimServer's per-path faults and `answers`.
+made or not), `release`, `expire_next_urls`, `create_delay_s` (a slow but normal create),
+`creates_held` (an event: every create answers only once it is set), plus SimServer's per-path
+faults and `answers`.
 Counters: `create_calls`, `create_calls_by_prompt`, `tasks_created`, `tasks_by_prompt`,
 `query_hits`, `retrieve_hits`, `download_hits`, `download_auth_headers`, and `requests`
 (bodies and query parameters, never the Authorization header).
