@@ -38,15 +38,15 @@ from activities.probe.nvml import GpuReader, NvmlReader
 from activities.registry import Agent, QueueWork, main_work
 from activities.spend.ledger import SpendLedger
 from activities.storage.opening import open_output_store
-from spillway import names
-from spillway import search_attributes as sa
 from spillway.cli import leave
-from spillway.errors import ConfigError
-from spillway.gpu_pool import PoolPlaces
-from spillway.hosts import WAITS_SUFFIX, gpu_hosts
-from spillway.settings import Settings, load_settings
+from spillway.core import names
+from spillway.core import search_attributes as sa
+from spillway.core.errors import ConfigError
+from spillway.core.gpu_pool import PoolPlaces
+from spillway.core.hosts import WAITS_SUFFIX, gpu_hosts
+from spillway.core.settings import Settings, load_settings
+from spillway.core.tiers import RoutingTiers, load_tiers
 from spillway.temporal import TemporalUnreachable, connect
-from spillway.tiers import RoutingTiers, load_tiers
 from workflows.callback import CallbackWorkflow
 from workflows.gpu_pool import GpuPoolWorkflow
 from workflows.health import HealthWorkflow
@@ -57,7 +57,7 @@ from workflows.video_job import VideoJobWorkflow
 log = logging.getLogger("spillway.worker")
 
 WORKFLOWS = [VideoJobWorkflow, SpendLedgerWorkflow, HealthWorkflow, CallbackWorkflow, QuoteWorkflow]
-POOL = GpuPoolWorkflow  # on a queue of its own (spillway.names.pool_queue)
+POOL = GpuPoolWorkflow  # on a queue of its own (spillway.core.names.pool_queue)
 REPLAYED = [*WORKFLOWS, POOL]  # what the recorded histories are replayed against
 # No sandbox in production. Temporal's sandbox re-imports workflow modules per run to isolate
 # their state (ours hold constants only: tests/test_workflow_modules.py), and even with them

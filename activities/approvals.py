@@ -1,7 +1,7 @@
 """`approval_verify`: whether a person's decision may be used, checked by a worker because the
 workflow cannot hold the secret (workflow code reads no environment, and what it holds is in its
 history). With SPILLWAY_APPROVAL_SECRET set only a decision signed with it for this job
-incarnation, provider and clip, and not expired, is acceptable (spillway/approvals.py); without
+incarnation, provider and clip, and not expired, is acceptable (spillway/core/approvals.py); without
 it every decision is, and anyone who can signal the namespace can approve (`spillway health`
 says so).
 
@@ -18,9 +18,9 @@ from pydantic import BaseModel
 from temporalio import activity
 
 from activities.cloud import registry
-from spillway import approvals, names
-from spillway.models import ApprovalDecision, CloudRequest
-from spillway.settings import Settings
+from spillway.core import approvals, names
+from spillway.core.models import ApprovalDecision, CloudRequest
+from spillway.core.settings import Settings
 
 
 class ApprovalCheck(BaseModel):

@@ -5,9 +5,9 @@ The body is the event's JSON (`event`, `job_id`, `plan`), sent the Standard Webh
 (standardwebhooks.com): `webhook-id` is the delivery id the workflow chooses, the same on every
 retry of one event, so a receiver can drop duplicates; `webhook-timestamp` is the Unix time of
 each attempt's send; `webhook-signature` is `v1,<base64 HMAC-SHA256 of "<id>.<timestamp>.<raw
-body>">` keyed with the workers' JOB_WEBHOOK_SECRET (spillway.settings.webhook_key). Signing the
-id and the time with the body lets a receiver refuse a replayed or re-dated delivery, which the
-deprecated `X-Spillway-Signature: sha256=<hex HMAC of the body>` (still sent, with
+body>">` keyed with the workers' JOB_WEBHOOK_SECRET (spillway.core.settings.webhook_key).
+Signing the id and the time with the body lets a receiver refuse a replayed or re-dated delivery,
+which the deprecated `X-Spillway-Signature: sha256=<hex HMAC of the body>` (still sent, with
 `X-Spillway-Delivery` and `X-Spillway-Event`, for one release) cannot.
 
 Only the workers' own JOB_WEBHOOK_URL is signed. A per-job URL is chosen by whoever submits the
@@ -41,10 +41,10 @@ from temporalio.exceptions import ApplicationError
 
 from activities import pinned
 from activities.storage.opening import presign_outputs
-from spillway import names
-from spillway.addresses import Checked, Refused, check
-from spillway.models import JobId, Plan, plan_json
-from spillway.settings import Settings, webhook_key
+from spillway.core import names
+from spillway.core.addresses import Checked, Refused, check
+from spillway.core.models import JobId, Plan, plan_json
+from spillway.core.settings import Settings, webhook_key
 
 CALLBACK_REFUSED = "CallbackRefused"  # the receiver answered, but not 2xx
 CALLBACK_UNREACHABLE = "CallbackUnreachable"  # no answer: refused, reset, timed out

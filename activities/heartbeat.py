@@ -33,8 +33,8 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 
-from spillway import names
-from spillway.models import Progress, RenderProgress
+from spillway.core import names
+from spillway.core.models import Progress, RenderProgress
 
 SHUTTING_DOWN = "WorkerShuttingDown"
 # How soon a render's progress reaches the server: the waits' heartbeat throttle (status, watch)

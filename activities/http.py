@@ -28,6 +28,6 @@ def why(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-# To the last `@` of the URL (as spillway.settings.shown reads it): a password may hold an
+# To the last `@` of the URL (as spillway.core.settings.shown reads it): a password may hold an
 # unencoded `/` or `@`, and more of a URL hidden is the safe side.
 _USER_INFO = re.compile(r"//[^\s?#]*@")

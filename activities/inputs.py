@@ -4,7 +4,7 @@ client gave. The ComfyUI upload and the cloud creates use it.
 
 The bytes stay in memory only as long as the activity needs them and appear in no message: errors
 name the input's node and where it is, never its content (nor a URL's query, which may be a
-signature). A URL is fetched only if spillway.addresses allows it, checked again at every
+signature). A URL is fetched only if spillway.core.addresses allows it, checked again at every
 redirect, and only from the addresses that check resolved (activities/pinned.py); a failed fetch
 says "could not fetch", never how (which ports answer is not for a client to learn). What was
 read must be an image of the kinds spillway takes before anything is uploaded or sent.
@@ -19,10 +19,10 @@ import httpx
 
 from activities import pinned
 from activities.storage.store import OutputStore, StoreError
-from spillway.addresses import Refused, check
-from spillway.images import ACCEPTED, MAX_INPUT_BYTES, sniff
-from spillway.models import JobInput
-from spillway.settings import shown
+from spillway.core.addresses import Refused, check
+from spillway.core.images import ACCEPTED, MAX_INPUT_BYTES, sniff
+from spillway.core.models import JobInput
+from spillway.core.settings import shown
 
 URL_TIMEOUT = httpx.Timeout(30.0, connect=10.0)
 MAX_REDIRECTS = 5

@@ -9,9 +9,9 @@ import httpx
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from spillway import names
-from spillway.models import ApprovalNotice
-from spillway.settings import Settings
+from spillway.core import names
+from spillway.core.models import ApprovalNotice
+from spillway.core.settings import Settings
 
 
 class NotifyActivities:

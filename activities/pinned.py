@@ -1,5 +1,5 @@
 """An HTTP client for a URL a client named, which connects only to the addresses
-spillway.addresses checked (docs/design.md, "Clients, inputs and outputs"). httpx would resolve
+spillway.core.addresses checked (docs/design.md, "Clients, inputs and outputs"). httpx would resolve
 the name again when it connects, and an answer that changed since the check (DNS rebinding)
 would take the request where the check never looked. Here the connection goes to a checked
 address while TLS (server name, certificate) and the Host header keep the URL's name.
@@ -19,7 +19,7 @@ from contextlib import asynccontextmanager, contextmanager
 import httpcore
 import httpx
 
-from spillway.addresses import Checked
+from spillway.core.addresses import Checked
 
 # httpcore raises its own errors; callers catch httpx's, which bear the same names. The more
 # specific first.

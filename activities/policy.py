@@ -7,11 +7,11 @@ from pydantic import BaseModel
 from temporalio import activity
 
 from activities.cloud import registry as clouds
-from spillway import names
-from spillway.hosts import gpu_hosts, ref
-from spillway.models import Policy
-from spillway.settings import Settings
-from spillway.tiers import RoutingTiers
+from spillway.core import names
+from spillway.core.hosts import gpu_hosts, ref
+from spillway.core.models import Policy
+from spillway.core.settings import Settings
+from spillway.core.tiers import RoutingTiers
 
 
 class PolicyRequest(BaseModel):

@@ -23,9 +23,9 @@ from temporalio.common import QueryRejectCondition
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.comfyui.models import prompt_id_for
-from spillway import names
-from spillway import search_attributes as sa
-from spillway.gpu_pool import (
+from spillway.core import names
+from spillway.core import search_attributes as sa
+from spillway.core.gpu_pool import (
     Drain,
     Holder,
     PoolAsk,
@@ -34,8 +34,8 @@ from spillway.gpu_pool import (
     PoolView,
     Quoted,
 )
-from spillway.models import JobPlace, PlaceMode, Plan
-from spillway.pool_book import PoolBook
+from spillway.core.models import JobPlace, PlaceMode, Plan
+from spillway.core.pool_book import PoolBook
 
 CHECKS_AT_ONCE = 16
 NEVER = datetime.min.replace(tzinfo=UTC)

@@ -24,10 +24,10 @@ from activities.spend.activities import SpendActivities
 from activities.spend.ledger import SpendLedger
 from activities.spend.vet import LedgerVetting
 from activities.storage.store import OutputStore
-from spillway.hosts import WAITS_SUFFIX, GpuHost, host_settings, ref
-from spillway.names import pool_queue, vet_queue
-from spillway.settings import Settings
-from spillway.tiers import RoutingTiers
+from spillway.core.hosts import WAITS_SUFFIX, GpuHost, host_settings, ref
+from spillway.core.names import pool_queue, vet_queue
+from spillway.core.settings import Settings
+from spillway.core.tiers import RoutingTiers
 
 
 @dataclass

@@ -55,11 +55,11 @@ from bench.common import (
     start_doubles,
     start_worker,
 )
-from spillway import names
 from spillway.client.jobs import submit
 from spillway.client.queue import pool_view
-from spillway.hosts import WAITS_SUFFIX
-from spillway.models import CloudRequest, VideoJob
+from spillway.core import names
+from spillway.core.hosts import WAITS_SUFFIX
+from spillway.core.models import CloudRequest, VideoJob
 from tests.support.graphs import VIDEO_GRAPH
 from tests.support.waiting import until
 from worker import POLLING, WORKFLOW_RUNNER

@@ -29,10 +29,10 @@ from temporalio.client import Client
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import rss_mb, run_main, start_dev_server, start_doubles, start_worker
-from spillway import names
-from spillway import search_attributes as sa
 from spillway.client.jobs import submit
-from spillway.models import CloudRequest, VideoJob
+from spillway.core import names
+from spillway.core import search_attributes as sa
+from spillway.core.models import CloudRequest, VideoJob
 from tests.support.graphs import VIDEO_GRAPH
 
 

@@ -11,7 +11,7 @@ from typing import Any
 from temporalio import activity, workflow
 from temporalio.common import Priority
 
-from spillway.hosts import WAITS_SUFFIX
+from spillway.core.hosts import WAITS_SUFFIX
 from workflows.activity_calls import (
     PROBE_BOUND,
     HostCall,

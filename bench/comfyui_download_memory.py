@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from activities.comfyui.activities import ComfyUIActivities
 from activities.comfyui.models import ComfyUIDownload, ComfyUIFile
 from bench.common import comfyui_finished, reset_peak, serve_comfyui, status_kib
-from spillway.models import OutputFile
-from spillway.settings import Settings
+from spillway.core.models import OutputFile
+from spillway.core.settings import Settings
 from spillway.sim.comfyui_files import content_sha256, file_key
 from tests.support.graphs import VIDEO_GRAPH as TEST_GRAPH
 

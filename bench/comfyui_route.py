@@ -49,10 +49,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.bare_workflow import BareWorkflow, JobShapedWorkflow, noop
 from bench.common import child_pid, cpu_s, run_main, start_dev_server, start_doubles
 from spillway.client.jobs import submit
-from spillway.hosts import WAITS_SUFFIX
-from spillway.models import VideoJob
-from spillway.settings import Settings
-from spillway.tiers import load_tiers
+from spillway.core.hosts import WAITS_SUFFIX
+from spillway.core.models import VideoJob
+from spillway.core.settings import Settings
+from spillway.core.tiers import load_tiers
 from tests.support.graphs import VIDEO_GRAPH
 from worker import POLLING, WORKFLOW_RUNNER, serving
 

@@ -27,7 +27,7 @@ from activities.comfyui.models import (
     ComfyUIWait,
     prompt_id_for,
 )
-from spillway.settings import PROJECT_ROOT
+from spillway.core.settings import PROJECT_ROOT
 from spillway.sim.comfyui import ComfyUISim
 from spillway.temporal import installed_binary, register_search_attributes
 

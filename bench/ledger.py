@@ -33,10 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from activities.spend.ledger import SpendLedger
 from activities.spend.vet import LedgerVetting
 from bench.common import run_main, start_dev_server
-from spillway import names
-from spillway.models import CloudRequest, VideoJob
-from spillway.settings import Settings
-from spillway.spend_book import (
+from spillway.core import names
+from spillway.core.models import CloudRequest, VideoJob
+from spillway.core.settings import Settings
+from spillway.core.spend_book import (
     BeginCreate,
     Budgets,
     LedgerInput,
@@ -46,7 +46,7 @@ from spillway.spend_book import (
     SpendRefused,
     Vetted,
 )
-from spillway.tiers import load_tiers
+from spillway.core.tiers import load_tiers
 from workflows.spend_ledger import SpendLedgerWorkflow
 
 PAYLOAD_LIMIT = 2 * 1024 * 1024

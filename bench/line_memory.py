@@ -30,9 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import run_main, start_dev_server
 from spillway.client.jobs import submit
 from spillway.client.queue import pool_view
-from spillway.errors import Failed
-from spillway.models import VideoJob
-from spillway.tiers import load_tiers
+from spillway.core.errors import Failed
+from spillway.core.models import VideoJob
+from spillway.core.tiers import load_tiers
 from tests.support.a40 import FakeGpu
 from tests.support.comfyui import ComfyUIDouble
 from tests.support.constants import FREE_VRAM_PCT

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from activities.probe.activities import LoadStatusActivities
 from activities.probe.nvml import GpuReading
-from spillway.settings import Settings
+from spillway.core.settings import Settings
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.guard import GuardSim
 

@@ -1,6 +1,6 @@
 """A simulated studio day (docs/performance.md, "Wait or pay"): the same arrivals under two rules
 for armed jobs whose GPU places are all taken, run through the GPU pool's own book
-(spillway/pool_book.py) in simulated time, in a second of CPU.
+(spillway/core/pool_book.py) in simulated time, in a second of CPU.
 
     .venv/bin/python bench/overflow_day.py [--hours 10] [--places 2] [--seed 7]
 
@@ -31,9 +31,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from spillway.gpu_pool import HostSeen, PoolAsk, PoolHost, PoolInput, PoolLeave
-from spillway.hosts import ref
-from spillway.pool_book import PoolBook
+from spillway.core.gpu_pool import HostSeen, PoolAsk, PoolHost, PoolInput, PoolLeave
+from spillway.core.hosts import ref
+from spillway.core.pool_book import PoolBook
 
 T0 = datetime(2026, 12, 7, 8, 0, tzinfo=UTC)
 CLIP_USD = 0.28

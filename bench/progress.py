@@ -34,9 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.admission import start_jobs
 from bench.common import run_main, start_dev_server
 from spillway.client import jobs as job_ops
-from spillway.models import VideoJob
+from spillway.core.models import VideoJob
+from spillway.core.tiers import load_tiers
 from spillway.sim.comfyui import ComfyUISim
-from spillway.tiers import load_tiers
 from tests.support.a40 import FakeGpu
 from tests.support.graphs import VIDEO_GRAPH
 from tests.support.settings import comfyui_values, make_settings

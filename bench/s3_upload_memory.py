@@ -38,7 +38,7 @@ from activities.storage.opening import open_output_store
 from activities.storage.s3 import PART_BYTES
 from activities.storage.store import OutputStore, StoredOutput
 from bench.common import comfyui_finished, reset_peak, serve_comfyui, status_kib
-from spillway.settings import Settings
+from spillway.core.settings import Settings
 from spillway.sim.comfyui_files import content_sha256, file_key
 from tests.support.graphs import VIDEO_GRAPH
 from tests.support.s3 import S3Endpoint, moto_server

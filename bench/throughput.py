@@ -23,10 +23,10 @@ from temporalio.testing import WorkflowEnvironment
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import rss_mb, run_main, start_dev_server, start_doubles, start_worker
-from spillway import search_attributes as sa
 from spillway.client.jobs import submit
-from spillway.models import ApprovalDecision, CloudRequest, VideoJob
-from spillway.names import DECIDE_UPDATE
+from spillway.core import search_attributes as sa
+from spillway.core.models import ApprovalDecision, CloudRequest, VideoJob
+from spillway.core.names import DECIDE_UPDATE
 from tests.support.graphs import VIDEO_GRAPH
 
 

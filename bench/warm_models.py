@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import run_main, start_dev_server
 from spillway.client.jobs import submit
-from spillway.models import VideoJob
+from spillway.core.models import VideoJob
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.comfyui_graph import Host
 from tests.support.a40 import FakeGpu

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from spillway.gpu_pool import PoolView
-from spillway.models import ApprovalDecision, Plan, Quote, VideoJob
+from spillway.core.gpu_pool import PoolView
+from spillway.core.models import ApprovalDecision, Plan, Quote, VideoJob
 
 SCHEMA_NAMES = ("video-job", "approval", "plan", "queue", "quote")
 JSON_SCHEMA = "https://json-schema.org/draft/2020-12/schema"
@@ -25,7 +25,7 @@ def schemas() -> dict[str, dict[str, Any]]:
     --json`, SpillwayQuoteWorkflow's result)."""
     job = VideoJob.model_json_schema(mode="validation")
     del job["properties"]["carry"]
-    # What the workflow checks of a graph (spillway.models._check_graph), for other languages.
+    # What the workflow checks of a graph (spillway.core.models._check_graph), for other languages.
     job["properties"]["graph"] = {
         "description": "an API-format ComfyUI graph (ComfyUI: Export (API)): node id -> node",
         "type": "object",

@@ -25,8 +25,8 @@ from temporalio.envconfig import ClientConfig
 from temporalio.runtime import Runtime
 from temporalio.service import RPCError, RPCStatusCode
 
-from spillway import search_attributes
-from spillway.errors import ConfigError
+from spillway.core import search_attributes
+from spillway.core.errors import ConfigError
 
 DEFAULT_ADDRESS = "localhost:7233"
 

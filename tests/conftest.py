@@ -34,7 +34,7 @@ from tests.support.cli import free_ports
 from tests.support.replay_guard import ServerGuard
 
 # The doubles that serve input images and receive callbacks listen on 127.0.0.1, which the
-# address rule refuses (spillway/addresses.py): allowed for every test, worker process and CLI
+# address rule refuses (spillway/core/addresses.py): allowed for every test, worker process and CLI
 # call (cli_env), as a studio lists its own file server. tests/test_addresses.py takes the rule
 # as shipped.
 ALLOW_LOOPBACK = {"SPILLWAY_INPUT_ALLOW_HOSTS": "127.0.0.1"}

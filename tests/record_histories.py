@@ -19,10 +19,10 @@ from temporalio.client import WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from spillway import names
-from spillway.gpu_pool import PoolView
-from spillway.models import ApprovalDecision, JobInput, VideoJob
-from spillway.names import APPROVAL_SIGNAL
+from spillway.core import names
+from spillway.core.gpu_pool import PoolView
+from spillway.core.models import ApprovalDecision, JobInput, VideoJob
+from spillway.core.names import APPROVAL_SIGNAL
 from spillway.temporal import installed_binary, register_search_attributes
 from tests.support.images import I2V_GRAPH
 from tests.support.jobs import RunJobs, job_runner

@@ -1,4 +1,4 @@
-"""Fetch only what was meant (spillway/addresses.py): an input URL or a job's own callback URL
+"""Fetch only what was meant (spillway/core/addresses.py): an input URL or a job's own callback URL
 that is, or resolves to, a loopback, private or link-local address is refused at submit and
 again where it would be fetched or posted, redirects included, unless its host is listed in
 SPILLWAY_INPUT_ALLOW_HOSTS; the name checked is the one httpx connects to, and the connection
@@ -32,11 +32,11 @@ from activities.callbacks import (
 )
 from activities.inputs import InputUnreadable, read_input
 from activities.storage.local import LocalOutputStore
-from spillway.addresses import Checked, Refused, allow_list, check
 from spillway.client import jobs
-from spillway.errors import ConfigError
-from spillway.models import JobInput, VideoJob
-from spillway.settings import Settings
+from spillway.core.addresses import Checked, Refused, allow_list, check
+from spillway.core.errors import ConfigError
+from spillway.core.models import JobInput, VideoJob
+from spillway.core.settings import Settings
 from tests.support.activity import run_activity
 from tests.support.cli import free_ports
 from tests.support.graphs import VIDEO_GRAPH

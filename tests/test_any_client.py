@@ -13,8 +13,8 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
 from temporalio.exceptions import ApplicationError
 
-from spillway import search_attributes as sa
-from spillway.models import Plan
+from spillway.core import search_attributes as sa
+from spillway.core.models import Plan
 from tests.support.graphs import VIDEO_GRAPH
 from tests.support.jobs import RunJobs
 from tests.support.route_stubs import FREE, RouteStubs

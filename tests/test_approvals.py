@@ -17,9 +17,9 @@ from temporalio.client import (
 from temporalio.exceptions import ApplicationError
 
 from activities.minimax.activities import CREATE as MINIMAX_CREATE
-from spillway import names
-from spillway.models import ApprovalDecision, AwaitCarry, CloudRequest, Plan, Policy, VideoJob
-from spillway.names import APPROVAL_SIGNAL, DECIDE_UPDATE
+from spillway.core import names
+from spillway.core.models import ApprovalDecision, AwaitCarry, CloudRequest, Plan, Policy, VideoJob
+from spillway.core.names import APPROVAL_SIGNAL, DECIDE_UPDATE
 from tests.support.constants import CLIP_USD
 from tests.support.graphs import VIDEO_GRAPH
 from tests.support.jobs import RunJobs, cause_message, pool_settled

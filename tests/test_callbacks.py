@@ -31,10 +31,10 @@ from temporalio.worker import Worker
 from activities import callbacks
 from activities import callbacks as cb
 from activities.callbacks import CallbackActivities, sign, standard_signature
-from spillway import names
-from spillway.errors import ConfigError
-from spillway.models import Plan, VideoJob
-from spillway.settings import load_settings
+from spillway.core import names
+from spillway.core.errors import ConfigError
+from spillway.core.models import Plan, VideoJob
+from spillway.core.settings import load_settings
 from spillway.temporal import installed_binary, register_search_attributes
 from tests.support.callback_workflow import FireAndForget, JobThatCallsBack
 from tests.support.cli import free_ports

@@ -14,8 +14,8 @@ from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
 from temporalio.api.workflowservice.v1 import RegisterNamespaceRequest
 from temporalio.testing import WorkflowEnvironment
 
-from spillway import search_attributes
 from spillway.cli.parser import build_parser
+from spillway.core import search_attributes
 from tests.support.cli import free_ports, one_line, spillway, spillway_process
 from tests.support.constants import FREE_VRAM_PCT
 from tests.support.graphs import VIDEO_GRAPH

@@ -18,8 +18,8 @@ from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
 from activities.minimax.activities import CREATE as MINIMAX_CREATE
-from spillway import names
-from spillway.models import Plan
+from spillway.core import names
+from spillway.core.models import Plan
 from tests.support.cli import one_line, spillway, temporal
 from tests.support.constants import CLIP_USD
 from tests.support.graphs import VIDEO_GRAPH

@@ -24,8 +24,8 @@ from activities.minimax.activities import CREATE as MINIMAX_CREATE
 from activities.storage.opening import presign_outputs
 from spillway.client import SpillwayClient, make_decision
 from spillway.client import jobs as job_ops
-from spillway.errors import ConfigError, Failed, JobNotFound
-from spillway.models import OutputFile, Plan, plan_json
+from spillway.core.errors import ConfigError, Failed, JobNotFound
+from spillway.core.models import OutputFile, Plan, plan_json
 from tests.support.cli import spillway, temporal
 from tests.support.graphs import VIDEO_GRAPH
 from tests.support.jobs import PROMPT, Jobs, RunJobs

@@ -15,7 +15,7 @@ import pytest
 from temporalio.client import WorkflowFailureError
 from temporalio.testing import WorkflowEnvironment
 
-from spillway.models import Plan
+from spillway.core.models import Plan
 from spillway.sim.kling import KlingSim
 from spillway.sim.minimax import MiniMaxSim
 from tests.support.cli import spillway, temporal_show

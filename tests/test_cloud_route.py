@@ -15,8 +15,8 @@ from temporalio.client import WorkflowFailureError
 from temporalio.testing import WorkflowEnvironment
 
 from spillway.client import SpillwayClient
-from spillway.models import Plan
-from spillway.names import APPROVAL_SIGNAL
+from spillway.core.models import Plan
+from spillway.core.names import APPROVAL_SIGNAL
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
 from tests.support.cli import spillway, temporal_show

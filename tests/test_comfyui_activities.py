@@ -30,8 +30,8 @@ from activities.comfyui.models import (
     ComfyUIUploaded,
 )
 from spillway.client.inputs import prepare_inputs
-from spillway.images import with_inputs
-from spillway.models import Downloaded, JobInput, Progress
+from spillway.core.images import with_inputs
+from spillway.core.models import Downloaded, JobInput, Progress
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.comfyui_run import Failure
 from tests.support.comfyui import (

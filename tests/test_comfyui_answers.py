@@ -26,7 +26,7 @@ from activities.comfyui.answers import (
     socket_prompt,
 )
 from activities.comfyui.models import EXECUTION_FAILED, INTERRUPTED, ComfyUIFile, ComfyUIFinished
-from spillway.models import Progress
+from spillway.core.models import Progress
 from tests.support.comfyui import ESCAPING_OUTPUTS
 
 TRANSCRIPTS = Path(__file__).resolve().parent / "comfyui_transcripts"

@@ -16,7 +16,7 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.comfyui.activities import ComfyUIActivities
 from activities.comfyui.models import ComfyUIFinished, ComfyUISubmit
-from spillway.models import Progress
+from spillway.core.models import Progress
 from spillway.sim.comfyui_run import Failure
 from tests.support.comfyui import ComfyUIDouble, submit_request, wait_request
 from tests.support.graphs import SLOW_GRAPH, VIDEO_GRAPH

@@ -1,5 +1,6 @@
-"""Every row of the decision table (docs/design.md, "The decision"; spillway.decision.TABLE), the
-README and `spillway health` showing that same table, and the fail-open cases around it."""
+"""Every row of the decision table (docs/design.md, "The decision";
+spillway.core.decision.TABLE), the README and `spillway health` showing that same table, and the
+fail-open cases around it."""
 
 from __future__ import annotations
 
@@ -10,10 +11,18 @@ import pytest
 
 from spillway.cli.health import DECISION
 from spillway.client.new_jobs import duration_s, moment
-from spillway.decision import TABLE, Row, decide, is_armed, patience_s, places_taken, table_rows
-from spillway.errors import ConfigError
-from spillway.models import LoadStatus, Thresholds, VideoJob
-from spillway.settings import PROJECT_ROOT
+from spillway.core.decision import (
+    TABLE,
+    Row,
+    decide,
+    is_armed,
+    patience_s,
+    places_taken,
+    table_rows,
+)
+from spillway.core.errors import ConfigError
+from spillway.core.models import LoadStatus, Thresholds, VideoJob
+from spillway.core.settings import PROJECT_ROOT
 
 
 def load(reachable: bool, overloaded: bool, reasons: list[str] | None = None) -> LoadStatus:

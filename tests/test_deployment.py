@@ -23,7 +23,7 @@ from ruamel.yaml import YAML
 
 from activities.cloud import registry
 from activities.minimax.client import MiniMaxTiming
-from spillway.settings import PROJECT_ROOT, Settings
+from spillway.core.settings import PROJECT_ROOT, Settings
 
 COMPOSE = PROJECT_ROOT / "docker-compose.yml"
 DOCKERFILE = PROJECT_ROOT / "Dockerfile"

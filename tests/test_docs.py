@@ -12,7 +12,7 @@ from pydantic import AnyUrl, SecretStr
 from pydantic.fields import FieldInfo
 
 from activities.callbacks import CALLBACK_RETRY
-from spillway.settings import PROJECT_ROOT, Settings
+from spillway.core.settings import PROJECT_ROOT, Settings
 
 DOCS = PROJECT_ROOT / "docs"
 CONFIGURATION = DOCS / "configuration.md"

@@ -21,16 +21,16 @@ from temporalio.api.workflowservice.v1 import ResetWorkflowExecutionRequest
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
-from spillway import names
 from spillway.client import jobs as job_ops
 from spillway.client.queue import pool_view
-from spillway.gpu_pool import PoolAsk, PoolInput, PoolLeave, PoolView
-from spillway.models import CloudRequest, Plan, VideoJob
-from spillway.pool_book import LEAVE_CHECKS
-from spillway.settings import Settings
+from spillway.core import names
+from spillway.core.gpu_pool import PoolAsk, PoolInput, PoolLeave, PoolView
+from spillway.core.models import CloudRequest, Plan, VideoJob
+from spillway.core.pool_book import LEAVE_CHECKS
+from spillway.core.settings import Settings
+from spillway.core.tiers import load_tiers
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
-from spillway.tiers import load_tiers
 from tests.support.cli import spillway as cli
 from tests.support.graphs import VIDEO_GRAPH
 from tests.support.jobs import Jobs, pool_settled, reset_to_first_workflow_task

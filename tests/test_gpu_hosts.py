@@ -18,11 +18,11 @@ import pytest
 from temporalio.client import WorkflowFailureError
 from temporalio.testing import WorkflowEnvironment
 
-from spillway.models import Plan
-from spillway.settings import Settings
+from spillway.core.models import Plan
+from spillway.core.settings import Settings
+from spillway.core.tiers import load_tiers
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
-from spillway.tiers import load_tiers
 from tests.support.cli import spillway
 from tests.support.constants import BUSY_VRAM_PCT, CANARY_KEY, FREE_VRAM_PCT
 from tests.support.graphs import SLOW_GRAPH, VIDEO_GRAPH

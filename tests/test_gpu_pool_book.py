@@ -1,4 +1,4 @@
-"""The GPU pool's book (spillway/pool_book.py) without a server: places per host, the line in
+"""The GPU pool's book (spillway/core/pool_book.py) without a server: places per host, the line in
 priority then arrival order, asks and give-backs that belong to an earlier ask changing nothing,
 and what people see."""
 
@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from pydantic import ValidationError
 
-from spillway.gpu_pool import (
+from spillway.core.gpu_pool import (
     HostSeen,
     PoolAnswer,
     PoolAsk,
@@ -20,8 +20,8 @@ from spillway.gpu_pool import (
     PoolLeave,
     Reading,
 )
-from spillway.hosts import ref
-from spillway.pool_book import LEAVE_CHECKS, WARM_PASSES, PoolBook
+from spillway.core.hosts import ref
+from spillway.core.pool_book import LEAVE_CHECKS, WARM_PASSES, PoolBook
 
 T0 = datetime(2026, 12, 3, 8, 0, tzinfo=UTC)
 FREE = [HostSeen(name="a40", reachable=True, headroom=True)]

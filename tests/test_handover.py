@@ -9,7 +9,7 @@ import pytest
 from temporalio.exceptions import ApplicationError
 
 from activities.cloud.models import CloudCreate, CloudPoll
-from spillway.models import CloudRequest
+from spillway.core.models import CloudRequest
 from tests.support.activity import as_job
 from tests.support.waiting import until
 

@@ -21,14 +21,14 @@ from temporalio.client import WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
-from spillway import names
 from spillway.cli.health import Health
 from spillway.cli.pool_health import pool_health, pool_remedy, pool_start_command
 from spillway.cli.render import render_health
-from spillway.gpu_pool import Holder, PoolAsk, PoolInput
-from spillway.hosts import gpu_hosts
+from spillway.core import names
+from spillway.core.gpu_pool import Holder, PoolAsk, PoolInput
+from spillway.core.hosts import gpu_hosts
+from spillway.core.tiers import load_tiers
 from spillway.sim.comfyui import ComfyUISim
-from spillway.tiers import load_tiers
 from tests.support.cli import spillway, temporal
 from tests.support.jobs import reset_to_first_workflow_task
 from tests.support.settings import comfyui_values, make_settings

@@ -19,11 +19,11 @@ from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
-from spillway import names
 from spillway.cli.health import Health, ledger_remedy
 from spillway.cli.render import render_health
 from spillway.cli.wedged import wedged
-from spillway.spend_book import LedgerInput
+from spillway.core import names
+from spillway.core.spend_book import LedgerInput
 from tests.support.cli import spillway, temporal
 from tests.support.waiting import until
 

@@ -11,7 +11,7 @@ from typing import Any
 from temporalio.testing import ActivityEnvironment
 
 from activities.heartbeat import Heartbeat, unless_shutting_down
-from spillway.models import Progress
+from spillway.core.models import Progress
 
 
 async def beats_of(body: Any) -> list[Any]:

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from spillway.errors import ConfigError
-from spillway.hosts import gpu_hosts, no_answer, pick_host, ref
-from spillway.models import LoadStatus, Thresholds
-from spillway.settings import PROJECT_ROOT, Settings
-from spillway.tiers import load_tiers
+from spillway.core.errors import ConfigError
+from spillway.core.hosts import gpu_hosts, no_answer, pick_host, ref
+from spillway.core.models import LoadStatus, Thresholds
+from spillway.core.settings import PROJECT_ROOT, Settings
+from spillway.core.tiers import load_tiers
 from tests.support.settings import two_host_tiers
 
 SEED = Thresholds(vram_busy_pct=85, util_busy_pct=95)

@@ -19,7 +19,7 @@ from temporalio.testing import WorkflowEnvironment
 from spillway.cli.render import capabilities_brief, render_plan
 from spillway.client import jobs as job_ops
 from spillway.client.queue import pool_view
-from spillway.models import Plan, VideoJob
+from spillway.core.models import Plan, VideoJob
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.comfyui_graph import Host
 from tests.support.graphs import GRAIN_GRAPH, VIDEO_GRAPH

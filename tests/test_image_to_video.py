@@ -20,11 +20,11 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.testing import WorkflowEnvironment
 
 from spillway.client import SpillwayClient
-from spillway.models import Plan
-from spillway.settings import Settings
+from spillway.core.models import Plan
+from spillway.core.settings import Settings
+from spillway.core.tiers import load_tiers
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
-from spillway.tiers import load_tiers
 from tests.support.constants import BUSY_VRAM_PCT
 from tests.support.graphs import VIDEO_GRAPH
 from tests.support.images import I2V_GRAPH, jpeg, png

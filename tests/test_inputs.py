@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from spillway.client.inputs import prepare_inputs
-from spillway.errors import ConfigError
-from spillway.images import ImageInfo, sniff, with_inputs
-from spillway.settings import Settings
+from spillway.core.errors import ConfigError
+from spillway.core.images import ImageInfo, sniff, with_inputs
+from spillway.core.settings import Settings
 from tests.support.images import gif, jpeg, png, webp
 
 if TYPE_CHECKING:

@@ -17,7 +17,7 @@ from activities.cloud.models import CreateVerdict
 from activities.kling.answers import KlingTask
 from activities.kling.client import KlingClient, KlingError, KlingTiming
 from activities.kling.requests import Kind, create_body, sign_jwt
-from spillway.settings import Settings
+from spillway.core.settings import Settings
 from spillway.sim.kling import KlingSim
 from tests.support.kling import CANARY_ACCESS, CANARY_SECRET
 

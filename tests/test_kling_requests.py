@@ -28,10 +28,10 @@ from activities.kling.requests import (
     sign_jwt,
     verify_jwt,
 )
-from spillway.models import CloudRequest
-from spillway.names import run_tag
-from spillway.settings import PROJECT_ROOT
-from spillway.tiers import load_tiers
+from spillway.core.models import CloudRequest
+from spillway.core.names import run_tag
+from spillway.core.settings import PROJECT_ROOT
+from spillway.core.tiers import load_tiers
 
 PROMPT = "a heron lifting off over a spillway at dawn"
 

@@ -30,8 +30,8 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer, UnsandboxedWorkflowRunner, Worker
 
 from activities.spend.vet import VetAnswers, VetBatch
-from spillway import names
-from spillway.spend_book import Budgets, LedgerInput, Vetted
+from spillway.core import names
+from spillway.core.spend_book import Budgets, LedgerInput, Vetted
 from tests.support.waiting import until
 from workflows.spend_ledger import UNSETTLED, SpendLedgerWorkflow
 

@@ -1,4 +1,4 @@
-"""The seal on a spend ledger's input (spillway/ledger_seal.py): made with the workers' secret
+"""The seal on a spend ledger's input (spillway/core/ledger_seal.py): made with the workers' secret
 for one ledger id, over the whole input, and fresh only just before the run it starts; and
 `spillway health`'s word on workers that do not seal."""
 
@@ -12,10 +12,10 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.policy import PolicyActivities, PolicyRequest
 from spillway.cli.health import UNSEALED, BudgetHealth, WorkersHealth, ledger_seal_health
-from spillway.ledger_seal import SEAL_FRESH, sealed, why_not_sealed
-from spillway.models import WorkersView
-from spillway.spend_book import LedgerInput
-from spillway.tiers import load_tiers
+from spillway.core.ledger_seal import SEAL_FRESH, sealed, why_not_sealed
+from spillway.core.models import WorkersView
+from spillway.core.spend_book import LedgerInput
+from spillway.core.tiers import load_tiers
 from tests.support.settings import KEY, make_settings
 
 SECRET = "0123456789abcdef0123456789abcdef"

@@ -9,7 +9,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities.probe.activities import LoadProbeRequest, LoadStatusActivities
-from spillway.models import LoadStatus
+from spillway.core.models import LoadStatus
 from tests.support.constants import FREE_VRAM_PCT
 from tests.support.workflows import ProbeOnce
 

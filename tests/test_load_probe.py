@@ -9,8 +9,8 @@ import pytest
 
 from activities.probe.activities import LoadStatusActivities
 from activities.probe.nvml import GpuReader, NvmlReader
-from spillway.models import LoadStatus
-from spillway.settings import Settings
+from spillway.core.models import LoadStatus
+from spillway.core.settings import Settings
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.guard import GUARD_STATUS_PATH, GuardSim
 from spillway.sim.server import Fault

@@ -12,7 +12,7 @@ import pytest
 
 from activities.probe import activities as load_status
 from activities.probe.activities import LoadStatusActivities
-from spillway.models import LoadStatus
+from spillway.core.models import LoadStatus
 from spillway.sim.comfyui import ComfyUISim
 from tests.support.constants import BUSY_VRAM_PCT
 

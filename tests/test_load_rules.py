@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import pytest
 
 from activities.probe.rules import Readings, assess, vram_pct
-from spillway.models import Thresholds
+from spillway.core.models import Thresholds
 from tests.support.constants import FREE_VRAM_PCT
 
 SEED = Thresholds(vram_busy_pct=85, util_busy_pct=95)

@@ -18,12 +18,12 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
 from activities.comfyui.models import prompt_id_for
-from spillway.models import Plan
-from spillway.names import run_tag
-from spillway.settings import Settings
+from spillway.core.models import Plan
+from spillway.core.names import run_tag
+from spillway.core.settings import Settings
+from spillway.core.tiers import load_tiers
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.comfyui_run import Failure
-from spillway.tiers import load_tiers
 from tests.support.comfyui import posts_for
 from tests.support.graphs import SLOW_GRAPH, VIDEO_GRAPH, graph_without
 from tests.support.jobs import Jobs

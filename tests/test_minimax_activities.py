@@ -22,8 +22,8 @@ from activities.cloud.models import CloudCreate, CloudCreated, CloudDone, CloudD
 from activities.minimax.activities import MiniMaxActivities
 from activities.minimax.answers import PERMANENT_CODES, RATE_LIMIT_CODES, SERVER_TROUBLE_CODES
 from spillway.client.inputs import prepare_inputs
-from spillway.hosts import WAITS_SUFFIX
-from spillway.models import CloudRequest, Downloaded, JobInput
+from spillway.core.hosts import WAITS_SUFFIX
+from spillway.core.models import CloudRequest, Downloaded, JobInput
 from spillway.sim.minimax import MiniMaxSim
 from tests.support.activity import cancelled_in_flight, run_activity
 from tests.support.cli import decoded

@@ -11,8 +11,8 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities.notify import NotifyActivities
-from spillway.models import ApprovalNotice
-from spillway.settings import Settings
+from spillway.core.models import ApprovalNotice
+from spillway.core.settings import Settings
 from tests.support.route_stubs import BUSY
 
 SECRET_PATH = "/services/T000/B000/XXXX-secret-webhook-token"

@@ -20,13 +20,13 @@ from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
 from activities.heartbeat import PROGRESS_EVERY_S
-from spillway import names
 from spillway.client import jobs as job_ops
 from spillway.client.hosts import set_drain
 from spillway.client.queue import pool_view
-from spillway.errors import ConfigError
-from spillway.gpu_pool import PoolDrain, PoolInput, PoolView
-from spillway.models import CloudRequest, Plan, VideoJob
+from spillway.core import names
+from spillway.core.errors import ConfigError
+from spillway.core.gpu_pool import PoolDrain, PoolInput, PoolView
+from spillway.core.models import CloudRequest, Plan, VideoJob
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
 from tests.support.cli import spillway as cli

@@ -18,8 +18,8 @@ from activities.cloud.models import CloudCreate, CloudCreated, CloudDone, CloudD
 from activities.comfyui.models import ComfyUIDownload, ComfyUIFinished, ComfyUIUpload
 from activities.storage.opening import open_output_store, presign
 from spillway.client.inputs import prepare_inputs
-from spillway.images import with_inputs
-from spillway.models import CloudRequest, Downloaded
+from spillway.core.images import with_inputs
+from spillway.core.models import CloudRequest, Downloaded
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
 from tests.support.comfyui import submit_request, wait_request

@@ -12,8 +12,8 @@ from temporalio.client import WorkflowExecutionStatus
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
 from activities.pool import HolderCheck, PoolActivities
-from spillway import names
-from spillway.gpu_pool import Holder, PoolAsk, PoolInput
+from spillway.core import names
+from spillway.core.gpu_pool import Holder, PoolAsk, PoolInput
 
 
 def _holder(job_id: str) -> Holder:

@@ -11,9 +11,9 @@ from typing import Any
 import jsonschema  # type: ignore[import-untyped]
 import pytest
 
-from spillway.models import ApprovalDecision, Plan, VideoJob
+from spillway.core.models import ApprovalDecision, Plan, VideoJob
+from spillway.core.settings import PROJECT_ROOT
 from spillway.schema import SCHEMA_NAMES, schema_text, schemas
-from spillway.settings import PROJECT_ROOT
 from tests.support.cli import spillway
 from tests.support.graphs import VIDEO_GRAPH
 from tests.support.images import I2V_GRAPH

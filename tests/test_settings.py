@@ -13,9 +13,9 @@ import pytest
 from pydantic import SecretStr
 
 from activities.cloud import registry
-from spillway.errors import ConfigError
-from spillway.settings import PROJECT_ROOT, Settings, load_settings, shown, webhook_key
-from spillway.tiers import load_tiers
+from spillway.core.errors import ConfigError
+from spillway.core.settings import PROJECT_ROOT, Settings, load_settings, shown, webhook_key
+from spillway.core.tiers import load_tiers
 
 
 @pytest.fixture

@@ -18,13 +18,13 @@ from temporalio.exceptions import ApplicationError
 from temporalio.worker import Replayer
 
 from activities.approvals import ApprovalCheck, ApprovalVerdict
-from spillway import approvals
 from spillway.cli.health import OPEN_TO_NAMESPACE, who_can_approve
 from spillway.client import SpillwayClient
 from spillway.client import jobs as client_jobs
-from spillway.errors import Failed
-from spillway.models import ApprovalDecision, Plan
-from spillway.names import APPROVAL_SIGNAL, APPROVAL_VERIFY, DECIDE_UPDATE
+from spillway.core import approvals
+from spillway.core.errors import Failed
+from spillway.core.models import ApprovalDecision, Plan
+from spillway.core.names import APPROVAL_SIGNAL, APPROVAL_VERIFY, DECIDE_UPDATE
 from tests.support.jobs import Jobs, RunJobs, history_text
 from tests.support.route_stubs import BUSY, RouteStubs
 from tests.support.settings import KEY, make_settings

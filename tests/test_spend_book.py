@@ -10,7 +10,7 @@ from typing import Literal
 import pytest
 from pydantic import ValidationError
 
-from spillway.spend_book import (
+from spillway.core.spend_book import (
     APPROVAL_REFUSED,
     Authorisation,
     BeginCreate,

@@ -22,8 +22,8 @@ from activities.storage.local import LocalOutputStore
 from activities.storage.opening import LazyOutputStore, open_output_store, presign, s3_location
 from activities.storage.s3 import S3OutputStore
 from activities.storage.store import IncompleteDownload, StoreError, UnsafeName
-from spillway.errors import ConfigError
-from spillway.settings import Settings, load_settings
+from spillway.core.errors import ConfigError
+from spillway.core.settings import Settings, load_settings
 
 if TYPE_CHECKING:
     from tests.support.s3 import S3Endpoint

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from spillway.settings import PROJECT_ROOT
+from spillway.core.settings import PROJECT_ROOT
 from tests.support.cli import free_ports
 from tests.support.constants import CLIP_USD, FREE_VRAM_PCT
 from tests.support.waiting import until

@@ -18,9 +18,9 @@ from activities.kling.activities import POLL as KLING_POLL
 from activities.kling.activities import RECONCILE as KLING_RECONCILE
 from activities.minimax.activities import CREATE as MINIMAX_CREATE
 from activities.spend.ledger import SpendLedger
-from spillway import names
-from spillway.models import ApprovalDecision, LoadStatus, Plan
-from spillway.names import APPROVAL_SIGNAL, DECIDE_UPDATE, run_tag
+from spillway.core import names
+from spillway.core.models import ApprovalDecision, LoadStatus, Plan
+from spillway.core.names import APPROVAL_SIGNAL, DECIDE_UPDATE, run_tag
 from tests.support.constants import CLIP_USD
 from tests.support.jobs import RunJobs, cause_message
 from tests.support.route_stubs import BUSY, DOWN, FREE, RouteStubs

@@ -20,7 +20,7 @@ from temporalio.testing import WorkflowEnvironment
 from spillway.client import SpillwayClient
 from spillway.client import jobs as job_ops
 from spillway.client.queue import pool_view
-from spillway.models import CloudRequest, Quote, VideoJob
+from spillway.core.models import CloudRequest, Quote, VideoJob
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
 from tests.support.cli import spillway as cli

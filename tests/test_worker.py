@@ -7,7 +7,7 @@ import asyncio
 
 import httpx
 
-from spillway.models import Plan
+from spillway.core.models import Plan
 from spillway.sim.comfyui import ComfyUISim
 from tests.support.cli import free_ports
 from tests.support.jobs import Jobs

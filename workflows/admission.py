@@ -20,9 +20,9 @@ from workflows.job_state import VideoJobState
 
 with workflow.unsafe.imports_passed_through():
     from activities.comfyui.capabilities import graph_shape, model_files
-    from spillway import names
-    from spillway.gpu_pool import HostSeen, PoolAnswer, PoolAsk, PoolLeave
-    from spillway.models import JobPlace, PlaceMode, QueueSpot
+    from spillway.core import names
+    from spillway.core.gpu_pool import HostSeen, PoolAnswer, PoolAsk, PoolLeave
+    from spillway.core.models import JobPlace, PlaceMode, QueueSpot
 
 # Runs of 0.4.0 decide without the pool (a waiting job of theirs re-probes on its own) and read
 # the policy as a local activity.

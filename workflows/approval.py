@@ -36,14 +36,14 @@ from workflows.job_state import (
 
 with workflow.unsafe.imports_passed_through():
     from activities.approvals import ApprovalCheck
-    from spillway.models import (
+    from spillway.core.models import (
         ApprovalDecision,
         ApprovalNotice,
         ApprovalRecord,
         AwaitCarry,
         IgnoredSignal,
     )
-    from spillway.spend_book import APPROVAL_REFUSED
+    from spillway.core.spend_book import APPROVAL_REFUSED
     from workflows import texts
 
 MAX_IGNORED_SIGNALS = 20

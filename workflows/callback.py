@@ -24,8 +24,8 @@ with workflow.unsafe.imports_passed_through():
         EventName,
         JobEvent,
     )
-    from spillway import names
-    from spillway.models import Plan
+    from spillway.core import names
+    from spillway.core.models import Plan
 
 
 @workflow.defn(name=names.CALLBACK)

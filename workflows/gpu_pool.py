@@ -24,8 +24,8 @@ from workflows.timers import Alarms
 
 with workflow.unsafe.imports_passed_through():
     from activities.pool import FindHolders, HolderCheck
-    from spillway import names
-    from spillway.gpu_pool import (
+    from spillway.core import names
+    from spillway.core.gpu_pool import (
         Holder,
         Message,
         PoolAnswer,
@@ -39,8 +39,8 @@ with workflow.unsafe.imports_passed_through():
         Quoted,
         Reading,
     )
-    from spillway.models import Policy, QueueSpot
-    from spillway.pool_book import PoolBook, Sent
+    from spillway.core.models import Policy, QueueSpot
+    from spillway.core.pool_book import PoolBook, Sent
     from workflows import texts
 
 POOL_JOB = "gpu-pool"  # the job id the pool's own probes and policy reads carry

@@ -15,8 +15,8 @@ from workflows import activity_calls as calls
 from workflows.measure import agent_silence
 
 with workflow.unsafe.imports_passed_through():
-    from spillway import names
-    from spillway.models import HostRef, HostView, WorkersView
+    from spillway.core import names
+    from spillway.core.models import HostRef, HostView, WorkersView
 
 
 @workflow.defn(name=names.HEALTH)

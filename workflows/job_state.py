@@ -21,10 +21,10 @@ from temporalio.exceptions import TimeoutError as ActivityTimeout
 from workflows.timers import Alarms
 
 with workflow.unsafe.imports_passed_through():
-    from spillway import names
-    from spillway import search_attributes as sa
-    from spillway.gpu_pool import PoolAnswer
-    from spillway.models import (
+    from spillway.core import names
+    from spillway.core import search_attributes as sa
+    from spillway.core.gpu_pool import PoolAnswer
+    from spillway.core.models import (
         ApprovalDecision,
         AwaitCarry,
         HostCapabilities,
@@ -37,8 +37,8 @@ with workflow.unsafe.imports_passed_through():
         RenderProgress,
         VideoJob,
     )
-    from spillway.settings import describe_validation_error
-    from spillway.spend_book import Authorisation, Reservation
+    from spillway.core.settings import describe_validation_error
+    from spillway.core.spend_book import Authorisation, Reservation
     from workflows import texts
 
 FAILED = "JobFailed"  # the type of the failure a failed job ends with

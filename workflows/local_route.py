@@ -31,12 +31,12 @@ with workflow.unsafe.imports_passed_through():
         Release,
         prompt_id_for,
     )
-    from spillway import names
-    from spillway.decision import is_armed
-    from spillway.gpu_pool import PoolLeave
-    from spillway.hosts import no_answer
-    from spillway.images import with_inputs
-    from spillway.models import HostRef
+    from spillway.core import names
+    from spillway.core.decision import is_armed
+    from spillway.core.gpu_pool import PoolLeave
+    from spillway.core.hosts import no_answer
+    from spillway.core.images import with_inputs
+    from spillway.core.models import HostRef
     from workflows import texts
 
 _T = TypeVar("_T")

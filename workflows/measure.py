@@ -14,8 +14,8 @@ from workflows.job_state import VideoJobState
 
 with workflow.unsafe.imports_passed_through():
     from activities.comfyui.models import HostFit
-    from spillway.hosts import no_answer, pick_host
-    from spillway.models import HostRef, LoadStatus
+    from spillway.core.hosts import no_answer, pick_host
+    from spillway.core.models import HostRef, LoadStatus
 
 
 async def measure(s: VideoJobState) -> LoadStatus:

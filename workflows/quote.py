@@ -18,11 +18,11 @@ with workflow.unsafe.imports_passed_through():
     from activities.comfyui.capabilities import graph_shape
     from activities.comfyui.models import HostFit
     from activities.spend.activities import SpendRequest
-    from spillway import names
-    from spillway.decision import decide, is_armed, patience_s, places_taken, quote_route
-    from spillway.gpu_pool import HostSeen, PoolAsk, PoolHost, PoolQuote
-    from spillway.hosts import no_answer, pick_host
-    from spillway.models import (
+    from spillway.core import names
+    from spillway.core.decision import decide, is_armed, patience_s, places_taken, quote_route
+    from spillway.core.gpu_pool import HostSeen, PoolAsk, PoolHost, PoolQuote
+    from spillway.core.hosts import no_answer, pick_host
+    from spillway.core.models import (
         CloudQuote,
         HostRef,
         LoadStatus,

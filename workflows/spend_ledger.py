@@ -28,8 +28,8 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from activities.spend.vet import LedgerVetting, VetBatch, VetRequest
-    from spillway import names
-    from spillway.spend_book import (
+    from spillway.core import names
+    from spillway.core.spend_book import (
         REFUSED,
         BeginCreate,
         Budgets,
@@ -84,7 +84,7 @@ class SpendLedgerWorkflow:
         # until the vet hands over what that run held (`_reset_held`).
         self._reset_from: str | None = None
         self._reset_held: str | None = None
-        # Whether this run is one spillway made (the vet's word, spillway/ledger_seal.py): only
+        # Whether this run is one spillway made (the vet's word, spillway/core/ledger_seal.py): only
         # a trusted run hands trust on to the run it continues as. Until the vet has spoken, a
         # continued run holds what its predecessor handed on, any other nothing.
         self._trusted = inp.trusted is True and workflow.info().continued_run_id is not None

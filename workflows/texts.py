@@ -7,8 +7,8 @@ from datetime import datetime, timedelta
 
 from activities.cloud.models import Reconciled
 from activities.cloud.registry import console, key_names, label
-from spillway.gpu_pool import PoolView
-from spillway.models import (
+from spillway.core.gpu_pool import PoolView
+from spillway.core.models import (
     ApprovalNotice,
     CloudAttempt,
     LocalQuote,
@@ -16,7 +16,7 @@ from spillway.models import (
     Policy,
     RenderProgress,
 )
-from spillway.spend_book import BudgetShortfall, BudgetView, SpendEntry, describe
+from spillway.core.spend_book import BudgetShortfall, BudgetView, SpendEntry, describe
 
 
 def check(provider: str) -> str:
@@ -383,7 +383,7 @@ def over_budget(shortfall: BudgetShortfall, job_id: str) -> str:
 
 
 def not_signed(job_id: str, why: str) -> str:
-    """A decision the workers refused: `why` is spillway.approvals' ("unsigned", ...)."""
+    """A decision the workers refused: `why` is spillway.core.approvals' ("unsigned", ...)."""
     fix = {
         "unsigned": "send it with `spillway approve|reject` or spillway.client on a machine "
         "that has SPILLWAY_APPROVAL_SECRET (a signal typed into the Temporal UI cannot spend)",

@@ -34,8 +34,8 @@ from workflows.job_state import (
 with workflow.unsafe.imports_passed_through():
     from activities.callbacks import EventName
     from activities.comfyui.models import HostFit
-    from spillway import names
-    from spillway.decision import (
+    from spillway.core import names
+    from spillway.core.decision import (
         Decision,
         decide,
         is_armed,
@@ -43,8 +43,8 @@ with workflow.unsafe.imports_passed_through():
         places_taken,
         quote_route,
     )
-    from spillway.gpu_pool import PoolAnswer
-    from spillway.models import (
+    from spillway.core.gpu_pool import PoolAnswer
+    from spillway.core.models import (
         ApprovalDecision,
         IgnoredSignal,
         JobPlace,

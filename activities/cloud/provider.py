@@ -42,9 +42,9 @@ from activities.spend.ledger import Ledger
 from activities.storage.opening import OwnsOutputStore
 from activities.storage.store import IncompleteDownload, OutputStore
 from activities.storage.store import Progress as StoreProgress
-from spillway.models import CloudRequest, Downloaded, JobInput, Progress
-from spillway.settings import Settings
-from spillway.spend_book import token_of
+from spillway.core.models import CloudRequest, Downloaded, JobInput, Progress
+from spillway.core.settings import Settings
+from spillway.core.spend_book import token_of
 
 
 class Timing(Protocol):

@@ -10,10 +10,10 @@ from types import MappingProxyType
 from activities.cloud.provider import CloudProvider
 from activities.kling.activities import PROVIDER as KLING
 from activities.minimax.activities import PROVIDER as MINIMAX
-from spillway.errors import ConfigError
-from spillway.models import CloudRequest
-from spillway.settings import Settings
-from spillway.tiers import RoutingTiers
+from spillway.core.errors import ConfigError
+from spillway.core.models import CloudRequest
+from spillway.core.settings import Settings
+from spillway.core.tiers import RoutingTiers
 
 PROVIDERS: Mapping[str, CloudProvider] = MappingProxyType({p.name: p for p in (MINIMAX, KLING)})
 
@@ -63,7 +63,7 @@ def configured(settings: Settings) -> list[str]:
 
 
 def armed(settings: Settings) -> bool:
-    """Armed for a job that has a cloud request (spillway.decision.is_armed): the switch and at
+    """Armed for a job that has a cloud request (spillway.core.decision.is_armed): the switch and at
     least one provider's keys."""
     return settings.CLOUD_VIDEO_FALLBACK_ENABLED and bool(configured(settings))
 

@@ -66,9 +66,9 @@ from activities.heartbeat import Heartbeat, ProgressRelay, unless_shutting_down
 from activities.pool import pool_holds
 from activities.storage.opening import OwnsOutputStore
 from activities.storage.store import OutputStore
-from spillway import names
-from spillway.models import Progress, RenderProgress
-from spillway.settings import Settings, shown
+from spillway.core import names
+from spillway.core.models import Progress, RenderProgress
+from spillway.core.settings import Settings, shown
 
 # How long after a POST /prompt that got no answer it may still land in ComfyUI's queue, in
 # request timeouts (COMFYUI_REQUEST_TIMEOUT_S). The client gave up after one timeout; ComfyUI

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from activities.comfyui.models import EXECUTION_FAILED, INTERRUPTED, ComfyUIFile, ComfyUIFinished
-from spillway.models import Progress
+from spillway.core.models import Progress
 
 OUTPUT_KINDS = ("images", "gifs", "videos")
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")

@@ -15,8 +15,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from activities.comfyui.answers import MalformedAnswer
-from spillway.gpu_pool import MAX_MODELS, MAX_SHAPE
-from spillway.models import HostCapabilities
+from spillway.core.gpu_pool import MAX_MODELS, MAX_SHAPE
+from spillway.core.models import HostCapabilities
 
 Option = str | int | float | bool
 MAX_OPTION = 255  # characters: a model file's or a sampler's name, never a prompt's text

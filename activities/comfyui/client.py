@@ -25,7 +25,7 @@ from activities.comfyui.capabilities import Capabilities, capabilities
 from activities.comfyui.models import ComfyUIFile
 from activities.http import MAYBE_SENT, why
 from activities.storage.store import IncompleteDownload
-from spillway.settings import shown
+from spillway.core.settings import shown
 
 # One ComfyUI request (COMFYUI_REQUEST_TIMEOUT_S); waits and downloads heartbeat meanwhile, so
 # a slow answer is not a dead worker. A submit that times out is retried and finds its prompt

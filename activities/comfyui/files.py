@@ -30,8 +30,8 @@ from activities.comfyui.models import (
 from activities.heartbeat import Heartbeat
 from activities.inputs import read_input
 from activities.storage.store import CHUNK_BYTES, OutputStore, StoredOutput, announced_bytes
-from spillway.images import sniff
-from spillway.models import Downloaded, Progress
+from spillway.core.images import sniff
+from spillway.core.models import Downloaded, Progress
 
 
 class ComfyUIFiles:

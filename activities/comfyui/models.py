@@ -12,8 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from spillway.gpu_pool import PoolLeave
-from spillway.models import Downloaded, HostCapabilities, JobInput
+from spillway.core.gpu_pool import PoolLeave
+from spillway.core.models import Downloaded, HostCapabilities, JobInput
 
 # ApplicationError types of the ComfyUI activities. Non-retryable ones are also raised with
 # non_retryable=True; naming them in a retry policy is documentation, not a requirement.
@@ -40,7 +40,7 @@ UPLOAD_SUBFOLDER = "spillway"  # inputs go to ComfyUI's input/spillway/, under c
 
 def prompt_id_for(job_id: str, attempt: int, run_tag: str) -> str:
     """Attempt 1 is the first submit; the workflow resubmits with attempt + 1 only after LOST.
-    The run's tag (spillway.names.run_tag) keeps a reset or re-run of a job from meeting the
+    The run's tag (spillway.core.names.run_tag) keeps a reset or re-run of a job from meeting the
     earlier run's prompt in a long-lived ComfyUI's history."""
     return f"spillway-{job_id}-{run_tag}-{attempt}"
 

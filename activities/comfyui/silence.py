@@ -27,7 +27,7 @@ from temporalio.exceptions import ApplicationError
 from activities.comfyui.client import ComfyUIClient, Unavailable
 from activities.comfyui.models import HOST_SILENT, HostBound, Silence
 from activities.heartbeat import Heartbeat
-from spillway.models import Progress
+from spillway.core.models import Progress
 
 
 class Retried(Progress):

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 from activities.comfyui.models import ComfyUIFinished
 from activities.comfyui.watch import Silent
-from spillway.models import Progress
+from spillway.core.models import Progress
 
 RUNNING = Progress(phase="running")  # what the poll says of a running prompt: no movement
 

@@ -38,7 +38,7 @@ from typing import Any
 
 from activities.comfyui.answers import Queued, socket_news, socket_prompt
 from activities.comfyui.client import ComfyUIClient, Unavailable
-from spillway.models import Progress
+from spillway.core.models import Progress
 
 _log = logging.getLogger(__name__)
 HISTORY_READS = 8  # history requests at once, e.g. after a restart emptied the queue

@@ -58,8 +58,8 @@ from activities.kling.requests import (
     external_task_ids,
     kind_of,
 )
-from spillway.models import CloudRequest, Downloaded, Progress
-from spillway.settings import Settings
+from spillway.core.models import CloudRequest, Downloaded, Progress
+from spillway.core.settings import Settings
 
 # The activities' names: on the wire, in every job's history.
 CREATE = "kling_create"

@@ -23,8 +23,8 @@ from activities.heartbeat import Heartbeat
 from activities.kling.client import KlingClient, KlingTiming
 from activities.kling.errors import AMBIGUOUS_CREATE
 from activities.kling.requests import Kind, kind_of
-from spillway.models import Progress
-from spillway.settings import shown
+from spillway.core.models import Progress
+from spillway.core.settings import shown
 
 # What a person can do about a provable refusal, by Kling's code.
 _WHAT_TO_DO = {

@@ -26,7 +26,7 @@ from activities.storage.store import (
     StoreError,
     announced_bytes,
 )
-from spillway.models import Downloaded, Progress
+from spillway.core.models import Downloaded, Progress
 
 
 class KlingDownloader:

@@ -26,8 +26,8 @@ import json
 import re
 from typing import Any, Literal
 
-from spillway.models import CloudRequest
-from spillway.names import run_tag
+from spillway.core.models import CloudRequest
+from spillway.core.names import run_tag
 
 Kind = Literal["text2video", "image2video"]
 Mode = Literal["std", "pro"]

@@ -46,8 +46,8 @@ from activities.minimax.errors import (
     TASK_FAILED,
     UNAVAILABLE,
 )
-from spillway.models import CloudRequest, Downloaded, Progress
-from spillway.settings import Settings
+from spillway.core.models import CloudRequest, Downloaded, Progress
+from spillway.core.settings import Settings
 
 _A = TypeVar("_A", bound=BaseModel)
 # The activities' names: on the wire, in every job's history.

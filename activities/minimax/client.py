@@ -23,7 +23,7 @@ from pydantic import BaseModel, ValidationError
 from activities.cloud.models import CreateVerdict
 from activities.http import NOT_SENT, why
 from activities.minimax.answers import classify_create
-from spillway.settings import Settings, shown
+from spillway.core.settings import Settings, shown
 
 _HEADER_SAFE = re.compile(r"[\x21-\x7e]+")
 _A = TypeVar("_A", bound=BaseModel)

@@ -21,8 +21,8 @@ from activities.inputs import InputUnreadable
 from activities.minimax.client import MiniMaxClient
 from activities.minimax.errors import AMBIGUOUS_CREATE
 from activities.storage.store import OutputStore
-from spillway.images import FIRST_FRAME_MAX_BYTES
-from spillway.models import Progress
+from spillway.core.images import FIRST_FRAME_MAX_BYTES
+from spillway.core.models import Progress
 
 
 @dataclass

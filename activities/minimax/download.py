@@ -27,7 +27,7 @@ from activities.storage.store import (
     StoreError,
     announced_bytes,
 )
-from spillway.models import Downloaded, Progress
+from spillway.core.models import Downloaded, Progress
 
 # What an expired pre-signed download URL answers (object stores use 403; some CDNs 404/410).
 EXPIRED_URL_STATUSES = frozenset({401, 403, 404, 410})

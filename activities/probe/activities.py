@@ -25,9 +25,9 @@ from activities.probe.answers import Answer, Guard, Queue, SystemStats, parse
 from activities.probe.nvml import GpuReader, GpuReadError, read_apart
 from activities.probe.rules import Readings, assess, vram_pct
 from activities.probe.shared_read import SharedRead
-from spillway import names
-from spillway.models import LoadStatus
-from spillway.settings import Settings, shown
+from spillway.core import names
+from spillway.core.models import LoadStatus
+from spillway.core.settings import Settings, shown
 
 # How long a good `/queue` answer serves other probes after its request: behind a backlog it is
 # the one big read (every waiting prompt's graph), and a count half a second old decides as well

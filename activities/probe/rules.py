@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from spillway.hosts import UNREACHABLE
-from spillway.models import LoadStatus, Thresholds
+from spillway.core.hosts import UNREACHABLE
+from spillway.core.models import LoadStatus, Thresholds
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,10 @@ from temporalio.service import RPCError
 from activities.cloud import registry
 from activities.spend.ledger import Ledger
 from activities.spend.vet import budgets_of, estimate_usd
-from spillway import names
-from spillway.models import CloudRequest
-from spillway.settings import Settings
-from spillway.spend_book import (
+from spillway.core import names
+from spillway.core.models import CloudRequest
+from spillway.core.settings import Settings
+from spillway.core.spend_book import (
     APPROVAL_REFUSED,
     REFUSED,
     Authorisation,
@@ -33,7 +33,7 @@ from spillway.spend_book import (
     SpendSettle,
     recorded_create,
 )
-from spillway.tiers import RoutingTiers
+from spillway.core.tiers import RoutingTiers
 
 
 class SpendRequest(BaseModel):

@@ -14,10 +14,10 @@ from temporalio.exceptions import ApplicationError
 
 from activities.cloud.models import CreateVerdict
 from activities.spend.ledger import Ledger
-from spillway import names
-from spillway.models import Progress
-from spillway.settings import Settings
-from spillway.spend_book import (
+from spillway.core import names
+from spillway.core.models import Progress
+from spillway.core.settings import Settings
+from spillway.core.spend_book import (
     REFUSED,
     Authorisation,
     BeginCreate,

@@ -18,15 +18,15 @@ from temporalio.api.enums.v1 import WorkflowTaskFailedCause
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client, WorkflowHandle, WorkflowHistoryEventFilterType
 
-from spillway import names
-from spillway.ledger_seal import why_not_sealed
-from spillway.spend_book import Budgets, LedgerInput, SpendEntry, recorded_create
+from spillway.core import names
+from spillway.core.ledger_seal import why_not_sealed
+from spillway.core.spend_book import Budgets, LedgerInput, SpendEntry, recorded_create
 
 
 async def not_made_by_spillway(
     client: Client, ledger_id: str, run_id: str, secret: str
 ) -> str | None:
-    """Why a run of the ledger is not one spillway made (spillway/ledger_seal.py): its input
+    """Why a run of the ledger is not one spillway made (spillway/core/ledger_seal.py): its input
     neither carried on from a trusted run by continue-as-new nor sealed with `secret` just
     before it started. None when it is. Read off its first event, which nothing sent to the run
     can change."""

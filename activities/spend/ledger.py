@@ -29,9 +29,9 @@ from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.spend.history import archived_create
-from spillway import names
-from spillway.ledger_seal import sealed
-from spillway.spend_book import (
+from spillway.core import names
+from spillway.core.ledger_seal import sealed
+from spillway.core.spend_book import (
     REFUSED,
     BeginCreate,
     Budgets,

@@ -1,6 +1,6 @@
 """What the spend ledger learns for itself before it changes anything (docs/design.md, "The spend
 ledger and the budget", Authority): an activity of SpendLedgerWorkflow, on a queue of its own
-beside the ledger's (`spillway.names.vet_queue`), that vets every request the ledger's inbox
+beside the ledger's (`spillway.core.names.vet_queue`), that vets every request the ledger's inbox
 held, in one go.
 
 Anyone who can reach the namespace can send the ledger an update, so a request is believed only
@@ -33,10 +33,10 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.cloud import registry
 from activities.spend.history import held_before_reset, not_made_by_spillway, reset_base
-from spillway import approvals, names
-from spillway.models import ApprovalDecision, CloudRequest, Plan, VideoJob
-from spillway.settings import Settings
-from spillway.spend_book import (
+from spillway.core import approvals, names
+from spillway.core.models import ApprovalDecision, CloudRequest, Plan, VideoJob
+from spillway.core.settings import Settings
+from spillway.core.spend_book import (
     APPROVAL_REFUSED,
     REFUSED,
     Authorisation,
@@ -45,7 +45,7 @@ from spillway.spend_book import (
     SpendBook,
     Vetted,
 )
-from spillway.tiers import RoutingTiers
+from spillway.core.tiers import RoutingTiers
 
 Purpose = Literal["reserve", "begin", "settle", "terms"]
 

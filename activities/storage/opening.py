@@ -12,9 +12,9 @@ from collections.abc import AsyncIterable, AsyncIterator
 
 from activities.storage.local import LocalOutputStore
 from activities.storage.store import OutputStore, StoredOutput, StoreError, Upload
-from spillway.errors import ConfigError
-from spillway.models import OutputFile, Plan
-from spillway.settings import Settings
+from spillway.core.errors import ConfigError
+from spillway.core.models import OutputFile, Plan
+from spillway.core.settings import Settings
 
 PRESIGN_EXPIRES_S = 3600  # how long a presigned output URL from `status` lasts
 

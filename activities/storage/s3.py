@@ -42,7 +42,7 @@ from activities.storage.store import (
     Upload,
     folders,
 )
-from spillway.settings import Settings
+from spillway.core.settings import Settings
 
 if TYPE_CHECKING:
     from types_aiobotocore_s3 import S3Client

@@ -25,7 +25,7 @@ import httpx
 from pydantic import BaseModel
 from temporalio.exceptions import ApplicationError
 
-from spillway.models import OutputFile
+from spillway.core.models import OutputFile
 
 STORE_FAILED = "OutputStoreFailed"  # the activity failure a StoreError becomes (`failure`)
 MAX_PRESIGN_S = 7 * 86400  # SigV4's limit

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from spillway.cli.parser import USAGE, build_parser
-from spillway.errors import ConfigError, Failed
+from spillway.core.errors import ConfigError, Failed
 
 OK, FAILED = 0, 1
 

@@ -10,15 +10,15 @@ import sys
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from spillway.errors import ConfigError, Failed
-from spillway.settings import Settings, load_settings, shown
-from spillway.tiers import RoutingTiers, load_tiers
+from spillway.core.errors import ConfigError, Failed
+from spillway.core.settings import Settings, load_settings, shown
+from spillway.core.tiers import RoutingTiers, load_tiers
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from spillway.client import SpillwayClient
-    from spillway.models import Plan
+    from spillway.core.models import Plan
 
 OK, FAILED = 0, 1
 
@@ -36,7 +36,7 @@ async def _jobs_client(settings: Settings | None = None) -> SpillwayClient:
 
 
 async def cmd_init(args: argparse.Namespace) -> int:
-    from spillway.settings import make_secret_file, secrets_dir
+    from spillway.core.settings import make_secret_file, secrets_dir
     from spillway.temporal import register_search_attributes
 
     settings = load_settings()
@@ -253,8 +253,8 @@ async def cmd_host(args: argparse.Namespace) -> int:
     from spillway.cli.render import render_hosts
     from spillway.client.hosts import set_drain
     from spillway.client.queue import pool_view
-    from spillway.gpu_pool import PoolDrain
-    from spillway.settings import describe_validation_error
+    from spillway.core.gpu_pool import PoolDrain
+    from spillway.core.settings import describe_validation_error
 
     if args.action == "list":
         jobs = await _jobs_client()
@@ -390,6 +390,6 @@ def _print_plan_head(job_id: str, state: str, as_json: bool) -> None:
 
 def _print_plan(plan: Plan, as_json: bool) -> None:
     from spillway.cli.render import render_plan
-    from spillway.models import plan_json
+    from spillway.core.models import plan_json
 
     print(plan_json(plan) if as_json else render_plan(plan))

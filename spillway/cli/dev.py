@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from spillway.errors import Failed
+from spillway.core.errors import Failed
 
 if TYPE_CHECKING:
-    from spillway.settings import Settings
+    from spillway.core.settings import Settings
 
 STATE_DIR = Path(".spillway")
 SIM_SUFFIX = "-sim"
@@ -213,7 +213,7 @@ def _banner(
 ) -> str:
     """`kept`: the folder where this run keeps the spend ledger's secret (None: set outside)."""
     from activities.cloud import registry as clouds
-    from spillway.settings import load_settings
+    from spillway.core.settings import load_settings
 
     settings = load_settings()
     lines = ["spillway dev is running (Ctrl-C stops everything it started)"]
@@ -251,9 +251,9 @@ def _banner(
 
 
 async def run_dev(options: DevOptions) -> int:
-    from spillway.settings import load_settings, make_secret_file
+    from spillway.core.settings import load_settings, make_secret_file
+    from spillway.core.tiers import load_tiers
     from spillway.temporal import connect, register_search_attributes
-    from spillway.tiers import load_tiers
     from worker import run_worker
 
     async with contextlib.AsyncExitStack() as stack:

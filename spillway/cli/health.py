@@ -15,12 +15,12 @@ from activities.probe.activities import LoadStatusActivities
 from activities.probe.nvml import NvmlReader
 from spillway.cli.pool_health import PoolHealth, pool_health
 from spillway.cli.wedged import WedgedWorkflow, failing, wedged
-from spillway.decision import table_rows
-from spillway.errors import Failed
-from spillway.models import LoadStatus, WorkersView
-from spillway.settings import Settings, shown
-from spillway.spend_book import PeriodTotals
-from spillway.tiers import RoutingTiers
+from spillway.core.decision import table_rows
+from spillway.core.errors import Failed
+from spillway.core.models import LoadStatus, WorkersView
+from spillway.core.settings import Settings, shown
+from spillway.core.spend_book import PeriodTotals
+from spillway.core.tiers import RoutingTiers
 
 if TYPE_CHECKING:
     pass
@@ -184,7 +184,7 @@ async def temporal_health(settings: Settings) -> TemporalHealth:
     from temporalio.api.taskqueue.v1 import TaskQueue
     from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 
-    from spillway import search_attributes as sa
+    from spillway.core import search_attributes as sa
     from spillway.temporal import TemporalUnreachable, connect, connect_config
 
     config = connect_config()
@@ -259,9 +259,9 @@ async def workers_health(settings: Settings, timeout_s: float = 20) -> WorkersHe
 
 
 async def budget_health(settings: Settings) -> BudgetHealth:
-    from spillway import names
     from spillway.client.budget import ledger_summary
-    from spillway.spend_book import CARRY_WARN_BYTES
+    from spillway.core import names
+    from spillway.core.spend_book import CARRY_WARN_BYTES
     from spillway.temporal import TemporalUnreachable, connect
 
     report = BudgetHealth(

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import NoReturn, get_args
 
 from spillway.cli import commands as cmd
-from spillway.models import JobState
+from spillway.core.models import JobState
 from spillway.schema import SCHEMA_NAMES
 
 USAGE = 2  # the exit code of bad input, usage or configuration

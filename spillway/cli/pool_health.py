@@ -17,7 +17,7 @@ from spillway.cli.wedged import (
     reset_from,
     wedged_run,
 )
-from spillway.gpu_pool import Drain
+from spillway.core.gpu_pool import Drain
 
 if TYPE_CHECKING:
     from temporalio.client import Client
@@ -78,7 +78,7 @@ def pool_remedy(pool_id: str, line_check_s: float) -> str:
 
 def pool_start_command(task_queue: str) -> str:
     """The `temporal` command that starts the pool before any job asks (an empty PoolInput)."""
-    from spillway import names
+    from spillway.core import names
 
     return (
         f"temporal workflow start --type {names.GPU_POOL} --task-queue "
@@ -102,8 +102,8 @@ async def pool_health(
     from temporalio.service import RPCError, RPCStatusCode
 
     from activities.spend.ledger import RPC_TIMEOUT
-    from spillway import names
-    from spillway.gpu_pool import PoolView
+    from spillway.core import names
+    from spillway.core.gpu_pool import PoolView
 
     pool_id = names.pool_id(task_queue)
     report = PoolHealth(state="unknown", workflow_id=pool_id)

@@ -12,7 +12,7 @@
 
     asyncio.run(main())
 
-Every method raises one of two errors from spillway.errors, each with a one-line message:
+Every method raises one of two errors from spillway.core.errors, each with a one-line message:
 `ConfigError` for bad input or configuration (nothing was started; the command's exit 2) and
 `Failed` when the operation was refused or failed (job not found, already exists, not awaiting
 approval, Temporal unreachable; exit 1). A job that ends failed is not an exception: its plan says
@@ -41,8 +41,8 @@ from spillway.client import jobs
 from spillway.client.inputs import prepare_inputs
 from spillway.client.jobs import JobSummary
 from spillway.client.new_jobs import make_decision, make_job, signed_for
-from spillway.errors import ConfigError, Failed, JobNotFound
-from spillway.models import (
+from spillway.core.errors import ConfigError, Failed, JobNotFound
+from spillway.core.models import (
     FINAL_STATES,
     ApprovalDecision,
     JobInput,
@@ -53,10 +53,10 @@ from spillway.models import (
     Quote,
     VideoJob,
 )
-from spillway.settings import Settings, describe_validation_error, load_settings
+from spillway.core.settings import Settings, describe_validation_error, load_settings
 
 if TYPE_CHECKING:
-    from spillway.spend_book import LedgerSummary
+    from spillway.core.spend_book import LedgerSummary
 
 __all__ = [
     "ConfigError",
@@ -77,7 +77,7 @@ class SpillwayClient:
 
     `SpillwayClient.connect()` connects as the workers do; `SpillwayClient(temporal_client)` uses
     a client you have (its payload converter becomes pydantic's, which spillway's models need;
-    its codec, if any, is kept). `settings` default to the environment's (spillway.settings:
+    its codec, if any, is kept). `settings` default to the environment's (spillway.core.settings:
     SPILLWAY_TASK_QUEUE, the budgets `budget()` falls back on); `task_queue` overrides theirs.
     """
 

@@ -10,10 +10,10 @@ import time
 
 from temporalio.client import Client
 
-from spillway import names
 from spillway.client.queue import pool_view
-from spillway.errors import ConfigError, Failed
-from spillway.gpu_pool import HostPlaces, PoolDrain, PoolInput, PoolView
+from spillway.core import names
+from spillway.core.errors import ConfigError, Failed
+from spillway.core.gpu_pool import HostPlaces, PoolDrain, PoolInput, PoolView
 
 APPLIED_WITHIN_S = 15.0  # the pool applies a message within a workflow task; a worker must run
 LOOK_EVERY_S = 0.2

@@ -14,10 +14,10 @@ from urllib.parse import urlsplit
 
 from activities.storage.opening import open_output_store
 from activities.storage.store import StoreError, UnsafeName, chunks_of
-from spillway.errors import ConfigError, Failed
-from spillway.images import MAX_INPUT_BYTES, MAX_URL_CHARS, check_image, image_loaders
-from spillway.models import IMAGE_LOADERS, JobInput
-from spillway.settings import Settings
+from spillway.core.errors import ConfigError, Failed
+from spillway.core.images import MAX_INPUT_BYTES, MAX_URL_CHARS, check_image, image_loaders
+from spillway.core.models import IMAGE_LOADERS, JobInput
+from spillway.core.settings import Settings
 
 
 def _describe(graph: Mapping[str, Any], node_ids: list[str]) -> str:

@@ -42,12 +42,12 @@ from temporalio.common import (
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from spillway import approvals
-from spillway import search_attributes as sa
-from spillway.addresses import Refused, check
 from spillway.client.queue import spot
-from spillway.errors import ConfigError, Failed, JobNotFound
-from spillway.models import (
+from spillway.core import approvals
+from spillway.core import search_attributes as sa
+from spillway.core.addresses import Refused, check
+from spillway.core.errors import ConfigError, Failed, JobNotFound
+from spillway.core.models import (
     ApprovalDecision,
     CloudRequest,
     JobState,
@@ -58,7 +58,7 @@ from spillway.models import (
     Quote,
     VideoJob,
 )
-from spillway.names import (
+from spillway.core.names import (
     APPROVAL_SIGNAL,
     DECIDE_UPDATE,
     PLAN_MEMO,
@@ -67,7 +67,7 @@ from spillway.names import (
     QUOTE,
     VIDEO_JOB,
 )
-from spillway.settings import Settings, describe_validation_error
+from spillway.core.settings import Settings, describe_validation_error
 
 # Temporal refuses payloads over 2 MB; a graph that big is not an API-format graph anyway.
 MAX_GRAPH_BYTES = 1_500_000
@@ -140,7 +140,7 @@ def check_callback_url(url: str) -> str:
 
 async def check_addresses(job: VideoJob, settings: Settings) -> None:
     """The job's input URLs and its callback URL, held to the rule the workers apply
-    (spillway/addresses.py), so a refused one fails here, before anything starts."""
+    (spillway/core/addresses.py), so a refused one fails here, before anything starts."""
     for item in job.inputs:
         if item.uri.startswith(("http://", "https://")):
             try:

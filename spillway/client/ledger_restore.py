@@ -19,10 +19,10 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.spend.history import not_made_by_spillway, rebuilt
-from spillway import names
-from spillway.errors import Failed
-from spillway.ledger_seal import sealed
-from spillway.spend_book import LedgerInput, SpendBook
+from spillway.core import names
+from spillway.core.errors import Failed
+from spillway.core.ledger_seal import sealed
+from spillway.core.spend_book import LedgerInput, SpendBook
 
 
 class Restored(BaseModel):
@@ -47,7 +47,7 @@ async def restore(
     from_run: str | None = None,
 ) -> Restored:
     """`seal_with`: SPILLWAY_LEDGER_SECRET, without which workers that have one trust the
-    restored ledger with nothing (spillway/ledger_seal.py); with it, the entries come from the
+    restored ledger with nothing (spillway/core/ledger_seal.py); with it, the entries come from the
     newest run spillway made. `from_run`: from this closed run instead, whoever made it."""
     ledger_id = names.ledger_id(task_queue)
     closed = await _closed_run(client, ledger_id, empty)

@@ -11,11 +11,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from spillway import approvals
 from spillway.client import jobs
-from spillway.errors import ConfigError
-from spillway.models import ApprovalDecision, VideoJob
-from spillway.settings import Settings, describe_validation_error
+from spillway.core import approvals
+from spillway.core.errors import ConfigError
+from spillway.core.models import ApprovalDecision, VideoJob
+from spillway.core.settings import Settings, describe_validation_error
 
 
 def make_job(

@@ -12,11 +12,11 @@ from temporalio.client import Client, WorkflowQueryRejectedError
 from temporalio.common import QueryRejectCondition
 from temporalio.service import RPCError, RPCStatusCode
 
-from spillway import names
-from spillway import search_attributes as sa
-from spillway.errors import Failed
-from spillway.gpu_pool import PoolView
-from spillway.models import JobState, Plan, QueueSpot
+from spillway.core import names
+from spillway.core import search_attributes as sa
+from spillway.core.errors import Failed
+from spillway.core.gpu_pool import PoolView
+from spillway.core.models import JobState, Plan, QueueSpot
 
 QUERY_TIMEOUT = timedelta(seconds=10)
 PATIENCE_READ = 100  # jobs of the line whose patience `spillway queue` reads

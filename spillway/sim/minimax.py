@@ -34,7 +34,7 @@ from typing import Any, Literal, Unpack
 from aiohttp import web
 
 from activities.minimax.answers import STATUS_MSGS
-from spillway.models import MINIMAX_MODELS
+from spillway.core.models import MINIMAX_MODELS
 from spillway.sim.cloud import CloudSim, Listening
 from spillway.sim.server import json_body
 

@@ -21,8 +21,8 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
-from spillway import names
-from spillway.models import LoadStatus, Plan
+from spillway.core import names
+from spillway.core.models import LoadStatus, Plan
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
 from spillway.temporal import installed_binary, register_search_attributes

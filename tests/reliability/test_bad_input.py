@@ -14,7 +14,7 @@ from temporalio.client import Client
 from temporalio.service import RPCError
 
 from activities.minimax.activities import POLL as MINIMAX_POLL
-from spillway import names
+from spillway.core import names
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.guard import GuardSim
 from spillway.sim.minimax import CREATE_PATH, QUERY_PATH, MiniMaxSim

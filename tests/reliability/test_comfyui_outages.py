@@ -16,8 +16,8 @@ import asyncio
 
 import pytest
 
-from spillway import names
-from spillway.models import Plan
+from spillway.core import names
+from spillway.core.models import Plan
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
 from tests.reliability.harness import creates_of, posts_of, probes

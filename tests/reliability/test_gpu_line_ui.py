@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import httpx
 
-from spillway import names
+from spillway.core import names
 from spillway.sim.comfyui import ComfyUISim
 from tests.reliability.harness import DevServer
 from tests.support.cli import decoded

@@ -16,8 +16,8 @@ import time
 import pytest
 from temporalio.client import Client
 
-from spillway import names
-from spillway.gpu_pool import PoolInput
+from spillway.core import names
+from spillway.core.gpu_pool import PoolInput
 from spillway.sim.comfyui import ComfyUISim
 from tests.reliability.harness import DevServer
 from tests.support.graphs import VIDEO_GRAPH

@@ -8,8 +8,8 @@ from __future__ import annotations
 import asyncio
 import json
 
-from spillway import names
 from spillway.client.queue import pool_view
+from spillway.core import names
 from spillway.sim.comfyui import ComfyUISim
 from tests.reliability.harness import posts_of
 from tests.support.graphs import VIDEO_GRAPH

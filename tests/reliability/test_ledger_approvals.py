@@ -25,9 +25,9 @@ from typing import Any
 from temporalio.client import Client
 from temporalio.common import WorkflowIDReusePolicy
 
-from spillway import approvals, names
 from spillway.client import jobs as client_jobs
-from spillway.models import ApprovalDecision, CloudRequest, Plan, VideoJob
+from spillway.core import approvals, names
+from spillway.core.models import ApprovalDecision, CloudRequest, Plan, VideoJob
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
 from tests.reliability.test_money import ledger

@@ -36,12 +36,12 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from activities.cloud.models import CloudCreate
 from activities.spend.ledger import SpendLedger
-from spillway import names
-from spillway.ledger_seal import sealed
-from spillway.models import CloudRequest
+from spillway.core import names
+from spillway.core.ledger_seal import sealed
+from spillway.core.models import CloudRequest
+from spillway.core.spend_book import LedgerInput
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
-from spillway.spend_book import LedgerInput
 from tests.reliability.harness import cli
 from tests.reliability.test_money import ledger
 from tests.support.constants import BUSY_VRAM_PCT, CLIP_USD, LEDGER_SECRET

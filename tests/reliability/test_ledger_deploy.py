@@ -24,8 +24,8 @@ from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
-from spillway import names
-from spillway.models import FINAL_STATES, Plan
+from spillway.core import names
+from spillway.core.models import FINAL_STATES, Plan
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
 from tests.reliability.harness import Worker, assert_replay, creates_of

@@ -15,10 +15,10 @@ from temporalio.api.workflowservice.v1 import DeleteWorkflowExecutionRequest
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.service import RPCError, RPCStatusCode
 
-from spillway.models import Plan
+from spillway.core.models import Plan
+from spillway.core.spend_book import LedgerInput
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
-from spillway.spend_book import LedgerInput
 from tests.reliability.test_ledger_authority import (
     busy_and_armed,
     ledger_started,

@@ -1,4 +1,4 @@
-"""Who starts the spend ledger (issue 35, item 2; spillway/ledger_seal.py): with
+"""Who starts the spend ledger (issue 35, item 2; spillway/core/ledger_seal.py): with
 SPILLWAY_LEDGER_SECRET on the workers, a ledger someone else started on spillway's queue, after
 terminating spillway's, grants nothing whatever its input says, and `spillway health` names it;
 `spillway ledger restore` then brings back what spillway's own run held, never what the intruder
@@ -13,11 +13,11 @@ from typing import Any
 
 from temporalio.client import Client, WorkflowHandle
 
-from spillway import names
-from spillway.ledger_seal import sealed
+from spillway.core import names
+from spillway.core.ledger_seal import sealed
+from spillway.core.spend_book import LedgerInput
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
-from spillway.spend_book import LedgerInput
 from tests.reliability.harness import cli
 from tests.reliability.test_ledger_authority import ledger_started, replace_ledger
 from tests.reliability.test_money import ledger

@@ -18,11 +18,11 @@ from temporalio.api.workflowservice.v1 import ResetWorkflowExecutionRequest
 from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy
 
-from spillway import names
-from spillway.models import FINAL_STATES
+from spillway.core import names
+from spillway.core.models import FINAL_STATES
+from spillway.core.spend_book import LedgerInput
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
-from spillway.spend_book import LedgerInput
 from tests.reliability.test_ledger_authority import ledger_started, replace_ledger
 from tests.reliability.test_money import ledger
 from tests.support.constants import BUSY_VRAM_PCT, CLIP_USD

@@ -23,8 +23,8 @@ import pytest
 from temporalio.client import Client, WorkflowFailureError, WorkflowUpdateFailedError
 from temporalio.service import RPCError
 
-from spillway.models import ApprovalDecision, Plan
-from spillway.names import APPROVAL_SIGNAL, DECIDE_UPDATE
+from spillway.core.models import ApprovalDecision, Plan
+from spillway.core.names import APPROVAL_SIGNAL, DECIDE_UPDATE
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
 from tests.reliability.harness import Sightings, cli

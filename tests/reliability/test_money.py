@@ -22,12 +22,12 @@ import pytest
 from temporalio.client import Client
 
 from activities.spend.ledger import SpendLedger
-from spillway import search_attributes as sa
-from spillway.models import ApprovalDecision
-from spillway.names import APPROVAL_SIGNAL
+from spillway.core import search_attributes as sa
+from spillway.core.models import ApprovalDecision
+from spillway.core.names import APPROVAL_SIGNAL
+from spillway.core.spend_book import LedgerSummary
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import SIM_API_KEY, MiniMaxSim
-from spillway.spend_book import LedgerSummary
 from tests.reliability.harness import probes
 from tests.support.constants import BUSY_VRAM_PCT, CLIP_USD
 from tests.support.jobs import reset_to_first_workflow_task, start_all

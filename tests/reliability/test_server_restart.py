@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from spillway.client import jobs as job_ops
-from spillway.models import ApprovalDecision, JobState, Plan
+from spillway.core.models import ApprovalDecision, JobState, Plan
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import QUERY_PATH, MiniMaxSim
 from tests.reliability.harness import DevServer, Sightings, api_texts, cli, history_text, posts_of

@@ -20,7 +20,7 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from spillway import names
+from spillway.core import names
 from tests.support.waiting import until
 
 RunActivity = Callable[[Callable[[Any], Awaitable[Any]], Any], Awaitable[tuple[Any, list[Any]]]]

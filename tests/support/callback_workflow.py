@@ -17,7 +17,7 @@ with workflow.unsafe.imports_passed_through():
         CallbackDelivery,
         CallbackResult,
     )
-    from spillway import names
+    from spillway.core import names
     from workflows.callback import CallbackWorkflow
 
 

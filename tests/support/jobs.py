@@ -52,15 +52,15 @@ from activities.spend.activities import SpendActivities, SpendRequest
 from activities.spend.guard import CreateGuard
 from activities.spend.ledger import SpendLedger
 from activities.spend.vet import LedgerVetting
-from spillway import names
 from spillway.client import jobs as job_ops
 from spillway.client.queue import pool_view
-from spillway.errors import JobNotFound
-from spillway.gpu_pool import PoolView
-from spillway.hosts import WAITS_SUFFIX, gpu_hosts, ref
-from spillway.models import FINAL_STATES, CloudRequest, JobState, Plan, VideoJob
-from spillway.spend_book import BudgetView, SpendEntry
-from spillway.tiers import load_tiers
+from spillway.core import names
+from spillway.core.errors import JobNotFound
+from spillway.core.gpu_pool import PoolView
+from spillway.core.hosts import WAITS_SUFFIX, gpu_hosts, ref
+from spillway.core.models import FINAL_STATES, CloudRequest, JobState, Plan, VideoJob
+from spillway.core.spend_book import BudgetView, SpendEntry
+from spillway.core.tiers import load_tiers
 from tests.support.graphs import VIDEO_GRAPH
 from tests.support.route_stubs import RouteStubs
 from tests.support.settings import make_settings

@@ -20,9 +20,8 @@ import pytest
 
 from activities.minimax.activities import MiniMaxActivities
 from activities.minimax.client import MiniMaxTiming
-from spillway.settings import Settings
-from spillway.sim.minimax import MiniMaxSim
-from spillway.spend_book import (
+from spillway.core.settings import Settings
+from spillway.core.spend_book import (
     BeginCreate,
     Budgets,
     LedgerSummary,
@@ -32,6 +31,7 @@ from spillway.spend_book import (
     SpendEntry,
     Vetted,
 )
+from spillway.sim.minimax import MiniMaxSim
 from tests.support.constants import CANARY_KEY, CLIP_USD
 from tests.support.settings import SettingsFactory
 

@@ -12,10 +12,10 @@ from typing import Any
 
 from temporalio.client import Client
 
-from spillway.settings import Settings
+from spillway.core.settings import Settings
+from spillway.core.tiers import load_tiers
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
-from spillway.tiers import load_tiers
 from tests.support.settings import comfyui_values, make_settings, minimax_values
 from worker import serving
 

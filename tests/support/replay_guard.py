@@ -58,7 +58,7 @@ from temporalio.worker import (
 )
 from temporalio.worker import Interceptor as WorkerInterceptor
 
-from spillway import names
+from spillway.core import names
 from tests.support.callback_workflow import FireAndForget, JobThatCallsBack
 from tests.support.workflows import ProbeOnce, RenderLocally, SubmitOnce
 from worker import REPLAYED

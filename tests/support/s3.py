@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from spillway.settings import Settings
+from spillway.core.settings import Settings
 
 if TYPE_CHECKING:
     from types_aiobotocore_s3 import S3Client

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from spillway.settings import PROJECT_ROOT, Settings
+from spillway.core.settings import PROJECT_ROOT, Settings
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
 from tests.support.constants import CANARY_KEY, TEST_KEY

@@ -14,8 +14,8 @@ from typing import Any
 
 from temporalio.client import Client
 
+from spillway.core.tiers import load_tiers
 from spillway.sim.comfyui import ComfyUISim
-from spillway.tiers import load_tiers
 from tests.support.settings import comfyui_values, make_settings, two_host_tiers
 from worker import serving
 

@@ -25,8 +25,8 @@ from temporalio.client import WorkflowFailureError, WorkflowHandle
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
-from spillway.models import Plan
-from spillway.settings import PROJECT_ROOT
+from spillway.core.models import Plan
+from spillway.core.settings import PROJECT_ROOT
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.kling import KlingSim
 from spillway.sim.minimax import MiniMaxSim

@@ -22,8 +22,8 @@ with workflow.unsafe.imports_passed_through():
     )
     from activities.minimax.activities import PROVIDER as MINIMAX
     from activities.probe.activities import LoadProbeRequest
-    from spillway import names
-    from spillway.models import Downloaded, HostRef, LoadStatus
+    from spillway.core import names
+    from spillway.core.models import Downloaded, HostRef, LoadStatus
 
 HEARTBEAT = timedelta(seconds=30)  # SPILLWAY_HEARTBEAT_TIMEOUT_S's largest value
 

@@ -16,7 +16,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from spillway.models import LoadStatus, VideoJob
+from spillway.core.models import LoadStatus, VideoJob
 
 Route = Literal["local", "cloud", "await"]
 QuoteRoute = Literal["local", "cloud", "await_approval"]

@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from spillway.errors import ConfigError
-from spillway.models import IMAGE_LOADERS
+from spillway.core.errors import ConfigError
+from spillway.core.models import IMAGE_LOADERS
 
 MAX_INPUT_BYTES = 50 << 20  # any input: uploads and first frames are read whole
 MAX_URL_CHARS = 2000  # JobInput.uri's limit

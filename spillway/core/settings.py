@@ -29,11 +29,11 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from spillway.addresses import allow_list
-from spillway.errors import ConfigError
-from spillway.models import Thresholds
+from spillway.core.addresses import allow_list
+from spillway.core.errors import ConfigError
+from spillway.core.models import Thresholds
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parents[2]  # the checkout (or image) above spillway/core/
 
 # An approval secret anyone could guess would let anyone approve spending.
 MIN_APPROVAL_SECRET = 16
@@ -148,11 +148,11 @@ class Settings(BaseSettings):
     A40_MAX_JOBS: Annotated[int, Field(ge=1, le=1000)] = 2
     APPROVAL_WEBHOOK_URL: CheckedUrl | None = None
     # Set on the workers and on the approvers' machines: only decisions signed with it are used
-    # (spillway/approvals.py), so signalling the namespace no longer approves spending. Unset:
+    # (spillway/core/approvals.py), so signalling the namespace no longer approves spending. Unset:
     # anyone who can signal the namespace can approve.
     SPILLWAY_APPROVAL_SECRET: SecretStr | None = None
     # Set on the workers and where `spillway ledger restore` runs: a spend ledger then grants
-    # only on input spillway made (spillway/ledger_seal.py), so starting one is no longer
+    # only on input spillway made (spillway/core/ledger_seal.py), so starting one is no longer
     # enough to spend. Unset: any start of the ledger on spillway's queue is believed.
     SPILLWAY_LEDGER_SECRET: SecretStr | None = None
     # A waiting job continues as new after this many wake-ups (signals it was sent; re-probes of

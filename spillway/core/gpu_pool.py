@@ -1,6 +1,6 @@
 """What the GPU pool and the jobs tell each other, what the pool carries across continue-as-new,
 and what `spillway queue` shows of it (docs/design.md, "GPU admission"). The book that applies
-them is spillway/pool_book.py.
+them is spillway/core/pool_book.py.
 
 A job is known by its id and the moment it asked (`asked_at`): an answer or a give-back for an
 earlier ask of the same job changes nothing of a later one.
@@ -13,15 +13,15 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, model_serializer
 
-from spillway.models import HostCapabilities, HostRef, JobState
-from spillway.models import PlaceMode as Mode
+from spillway.core.models import HostCapabilities, HostRef, JobState
+from spillway.core.models import PlaceMode as Mode
 
 MAX_MODELS = 16  # model files per ask: a graph loads a handful
 
 
 # What one message may carry: a signal over these is dropped whole (the SDK drops a signal
 # whose input does not decode), so whatever arrives the pool's carried state stays small.
-MAX_ID = 255  # job ids are at most 100 characters (spillway.models.JobId)
+MAX_ID = 255  # job ids are at most 100 characters (spillway.core.models.JobId)
 MAX_HOSTS_SEEN = 64
 MAX_SHAPE = 16  # a graph's shape: a short hash (activities/comfyui/capabilities.graph_shape)
 MAX_SHAPES = 32  # shapes whose recent renders the pool keeps

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from spillway.spend_book import Authorisation, BudgetView
+from spillway.core.spend_book import Authorisation, BudgetView
 
 
 # --- a GPU host's load, and the policy the workers decide with -----------------------------
@@ -318,7 +318,7 @@ class ApprovalDecision(_DecisionFields):
     "reason": "client deadline"}` (the Temporal UI's "Send a Signal" takes this JSON).
 
     With SPILLWAY_APPROVAL_SECRET on the workers only a signed decision is used
-    (spillway.approvals): `spillway approve|reject` and spillway.client sign it when their
+    (spillway.core.approvals): `spillway approve|reject` and spillway.client sign it when their
     environment has the secret. A signature is no secret (it is in the job's history); the
     secret never travels."""
 

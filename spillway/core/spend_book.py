@@ -90,7 +90,8 @@ class SpendEntry(BaseModel):
     sent_by: str | None = None  # which activity attempt began it (run/activity/attempt)
     # sha256 of the nonce that attempt drew (None: begun by a release without tokens).
     token: str | None = None
-    # The signed approval it was granted on (spillway.approvals.digest) and that signature's end.
+    # The signed approval it was granted on (spillway.core.approvals.digest) and that signature's
+    # end.
     approval: str | None = None
     approval_until: datetime | None = None
     settled_at: datetime | None = None
@@ -242,7 +243,7 @@ class LedgerInput(BaseModel):
     approvals: dict[str, datetime] = {}
     # Continue as new after this many accepted updates (or when the server suggests it).
     updates_per_run: Annotated[int, Field(ge=1)] = 2000
-    # Who made it (spillway/ledger_seal.py): set by a continue-as-new, True when the run that
+    # Who made it (spillway/core/ledger_seal.py): set by a continue-as-new, True when the run that
     # continued was trusted; sealed by a worker's first start or `spillway ledger restore`.
     trusted: bool | None = None
     sealed_at: datetime | None = None

@@ -14,9 +14,9 @@ from datetime import datetime
 
 from pydantic import BaseModel
 
-from spillway.models import HostRef, LoadStatus, Thresholds
-from spillway.settings import Settings
-from spillway.tiers import RoutingTiers
+from spillway.core.models import HostRef, LoadStatus, Thresholds
+from spillway.core.settings import Settings
+from spillway.core.tiers import RoutingTiers
 
 WAITS_SUFFIX = "-waits"
 UNREACHABLE = "comfyui_unreachable"  # the reason code of a host that gave no answer

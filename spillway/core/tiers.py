@@ -8,8 +8,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from spillway.errors import ConfigError
-from spillway.settings import CheckedUrl, describe_validation_error
+from spillway.core.errors import ConfigError
+from spillway.core.settings import CheckedUrl, describe_validation_error
 
 
 class VideoTier(BaseModel):

@@ -1,7 +1,7 @@
 """The GPU pool's book (docs/design.md, "GPU admission"): every host's places, who holds them, the
 line of jobs waiting for one, and what the pool last knew of each host. Pure and deterministic:
 the pool workflow (workflows/gpu_pool.py) is its one owner and applies the jobs' messages
-(spillway/gpu_pool.py) to it one at a time, so a place is never counted in one place and taken
+(spillway/core/gpu_pool.py) to it one at a time, so a place is never counted in one place and taken
 in another.
 """
 
@@ -13,7 +13,7 @@ import statistics
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from spillway.gpu_pool import (
+from spillway.core.gpu_pool import (
     MAX_SHAPES,
     Drain,
     Holder,
@@ -32,8 +32,8 @@ from spillway.gpu_pool import (
     Quoted,
     Reading,
 )
-from spillway.models import HostCapabilities, HostRef, QueueSpot
-from spillway.models import PlaceMode as Mode
+from spillway.core.models import HostCapabilities, HostRef, QueueSpot
+from spillway.core.models import PlaceMode as Mode
 
 RECENT_HOLDS = 20  # hold durations per host the ETA is computed from
 # A give-back the job still contradicts after this many holder checks is dropped: one sent by

@@ -26,7 +26,7 @@ from datetime import UTC, datetime, timedelta
 
 from pydantic import BaseModel
 
-from spillway.models import ApprovalDecision
+from spillway.core.models import ApprovalDecision
 
 SIGNATURE_PREFIX = "v2,"
 # Signatures of releases that bound the job id only: refused, the approver signs again.
