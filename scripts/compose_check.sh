@@ -179,6 +179,11 @@ if ((${#missing[@]})); then
   say "apt-get install ${missing[*]}"
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null
 fi
+for port in 7233 8080 "$COMFYUI_PORT" "$MINIMAX_PORT"; do
+  if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+    die "port $port is in use on this host (the stack publishes 7233 and 8080; the doubles: COMPOSE_CHECK_COMFYUI_PORT, COMPOSE_CHECK_MINIMAX_PORT)"
+  fi
+done
 mkdir -p "$CACHE"
 WORK=$(mktemp -d /tmp/spillway-compose-check.XXXXXX)
 # crun refuses this machine's hybrid cgroup layout, and raising limits above the machine's is not
@@ -443,10 +448,11 @@ stack_ready() {  # waits for each link of the start order in turn
   wait_for "temporal-ui running" 60 is_running temporal-ui
   wait_for "the UI answers on 8080" 60 curl -fsS -o /dev/null http://127.0.0.1:8080/
   say "temporal-ui: http://127.0.0.1:8080 answers"
-  for queue in "$QUEUE" "$QUEUE-waits" "$QUEUE-ledger-vet" "$QUEUE-gpu-pool" "$QUEUE-gpu-$AGENT_HOST"; do
+  for queue in "$QUEUE" "$QUEUE-waits" "$QUEUE-ledger-vet" "$QUEUE-gpu-pool" \
+    "$QUEUE-gpu-$AGENT_HOST" "$QUEUE-gpu-$AGENT_HOST-waits"; do
     wait_for "a poller on $queue" 180 queue_polled "$queue"
   done
-  say "worker x$(podman ps -q --filter "label=com.docker.compose.project=$PROJECT" --filter label=com.docker.compose.service=worker | wc -l) polling $QUEUE, $QUEUE-waits, $QUEUE-ledger-vet, $QUEUE-gpu-pool; the agent $QUEUE-gpu-$AGENT_HOST"
+  say "worker x$(podman ps -q --filter "label=com.docker.compose.project=$PROJECT" --filter label=com.docker.compose.service=worker | wc -l) polling $QUEUE, $QUEUE-waits, $QUEUE-ledger-vet, $QUEUE-gpu-pool; the agent $QUEUE-gpu-$AGENT_HOST(-waits)"
 }
 
 step "up: the start order"
@@ -454,6 +460,12 @@ STACK_MADE=1
 compose up -d >"$WORK/up.log" 2>&1 || { tail -30 "$WORK/up.log" >&2; die "docker compose up failed"; }
 grep -i 'level=warn' "$WORK/up.log" | sed 's/^/   compose: /' || true
 stack_ready
+podman exec "$(container worker)" test -s /app/secrets/SPILLWAY_LEDGER_SECRET ||
+  die "no ledger secret in the spillway-secrets volume"
+say "workers run as uid $(podman exec "$(container worker)" id -u), hold the MiniMax double's key and started: spillway-init's ledger secret is in the spillway-secrets volume"
+metrics=$(podman exec "$(container agent)" python -c \
+  'import urllib.request; print(len(urllib.request.urlopen("http://worker:9464/metrics", timeout=10).read().splitlines()))')
+say "http://worker:9464/metrics answers on the compose network: $metrics lines"
 proved "postgresql -> admin-tools -> temporal -> namespace -> init -> workers + agent, UI"
 
 step "a. a job to the ComfyUI double"
