@@ -177,7 +177,9 @@ for tool in podman runc debootstrap jq curl; do
 done
 if ((${#missing[@]})); then
   say "apt-get install ${missing[*]}"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/tmp/spillway-compose-check-apt.log 2>&1 ||
+    die "apt-get install failed: see /tmp/spillway-compose-check-apt.log"
+  rm -f /tmp/spillway-compose-check-apt.log
 fi
 for port in 7233 8080 "$COMFYUI_PORT" "$MINIMAX_PORT"; do
   if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
@@ -201,7 +203,8 @@ if [ "$(cat "$CACHE/venv/.installed" 2>/dev/null)" != "$compose_pin" ]; then
   say "installing $compose_pin into $CACHE/venv"
   rm -rf "$CACHE/venv"
   python3 -m venv "$CACHE/venv"
-  "$CACHE/venv/bin/pip" install -q "$compose_pin"
+  "$CACHE/venv/bin/pip" install -q "$compose_pin" >"$CACHE/pip.log" 2>&1 ||
+    die "pip install $compose_pin failed: see $CACHE/pip.log"
   echo "$compose_pin" >"$CACHE/venv/.installed"
 fi
 COMPOSE_BIN=$("$CACHE/venv/bin/python" -c \
