@@ -284,3 +284,10 @@ def test_the_gpu_hosts_work_is_the_agents_alone(compose):
     # ComfyUI has no authentication: the network it shares with the agent has no route out.
     assert compose["networks"]["gpu"]["internal"] is True
     assert "gpu" in agent["networks"] and "gpu" not in services["worker"].get("networks", [])
+
+
+def test_spillways_processes_get_their_sigterm_even_while_starting(compose):
+    # PID 1 ignores a signal it has no handler for, and spillway installs its SIGTERM handler
+    # only after its imports: without an init, a stop during start-up waits stop_grace_period.
+    for name in ("spillway-init", "worker", "agent"):
+        assert compose["services"][name]["init"] is True, name
