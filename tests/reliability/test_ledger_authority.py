@@ -39,7 +39,7 @@ from activities.spend.ledger import SpendLedger
 from spillway.core import names
 from spillway.core.ledger_seal import sealed
 from spillway.core.models import CloudRequest
-from spillway.core.spend_book import LedgerInput
+from spillway.core.spend_book import LedgerInput, LedgerSummary
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
 from tests.reliability.harness import cli
@@ -117,7 +117,17 @@ async def replace_ledger(
 
 async def ledger_started(client: Client, task_queue: str) -> None:
     """The worker's start asks the ledger to read the budgets."""
-    await until(lambda: SpendLedger(client, task_queue).summary(), lambda s: s is not None)
+
+    async def summary() -> LedgerSummary | None:
+        try:
+            return await SpendLedger(client, task_queue).summary()
+        except RPCError as err:
+            # A query a starved server did not answer in time: asked again.
+            if err.status not in (RPCStatusCode.CANCELLED, RPCStatusCode.DEADLINE_EXCEEDED):
+                raise
+            return None
+
+    await until(summary, lambda s: s is not None, timeout_s=120)
 
 
 async def test_a_foreign_workflow_named_like_spillways_job_cannot_spend(
