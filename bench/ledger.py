@@ -34,18 +34,17 @@ from activities.spend.ledger import SpendLedger
 from activities.spend.vet import LedgerVetting
 from bench.common import run_main, start_dev_server
 from spillway.core import names
-from spillway.core.models import CloudRequest, VideoJob
-from spillway.core.settings import Settings
-from spillway.core.spend_book import (
+from spillway.core.ledger import (
     BeginCreate,
     Budgets,
     LedgerInput,
     ReserveRequest,
     SettleRequest,
-    SpendBook,
-    SpendRefused,
     Vetted,
 )
+from spillway.core.models import CloudRequest, VideoJob
+from spillway.core.settings import Settings
+from spillway.core.spend_book import SpendBook, SpendRefused
 from spillway.core.tiers import load_tiers
 from workflows.spend_ledger import SpendLedgerWorkflow
 

@@ -23,7 +23,7 @@ from spillway.cli.health import Health, ledger_remedy
 from spillway.cli.render import render_health
 from spillway.cli.wedged import wedged
 from spillway.core import names
-from spillway.core.spend_book import LedgerInput
+from spillway.core.ledger import LedgerInput
 from tests.support.cli import spillway, temporal
 from tests.support.waiting import until
 

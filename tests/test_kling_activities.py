@@ -31,9 +31,9 @@ from activities.kling.activities import KlingActivities
 from activities.kling.client import KlingClient
 from activities.kling.requests import sign_jwt
 from spillway.client.inputs import prepare_inputs
+from spillway.core.ledger import SettleRequest, SpendEntry
 from spillway.core.models import CloudRequest, Downloaded, JobInput
 from spillway.core.names import run_tag
-from spillway.core.spend_book import SettleRequest, SpendEntry
 from spillway.sim.kling import KlingSim
 from tests.support.activity import cancelled_in_flight, run_activity
 from tests.support.images import I2V_GRAPH, png, webp

@@ -31,7 +31,7 @@ from temporalio.worker import Replayer, UnsandboxedWorkflowRunner, Worker
 
 from activities.spend.vet import VetAnswers, VetBatch
 from spillway.core import names
-from spillway.core.spend_book import Budgets, LedgerInput, Vetted
+from spillway.core.ledger import Budgets, LedgerInput, Vetted
 from tests.support.waiting import until
 from workflows.spend_ledger import UNSETTLED, SpendLedgerWorkflow
 

@@ -12,9 +12,9 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.policy import PolicyActivities, PolicyRequest
 from spillway.cli.health import UNSEALED, BudgetHealth, WorkersHealth, ledger_seal_health
+from spillway.core.ledger import LedgerInput
 from spillway.core.ledger_seal import SEAL_FRESH, sealed, why_not_sealed
 from spillway.core.models import WorkersView
-from spillway.core.spend_book import LedgerInput
 from spillway.core.tiers import load_tiers
 from tests.support.settings import KEY, make_settings
 

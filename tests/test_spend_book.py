@@ -10,17 +10,19 @@ from typing import Literal
 import pytest
 from pydantic import ValidationError
 
-from spillway.core.spend_book import (
-    APPROVAL_REFUSED,
+from spillway.core.ledger import (
     Authorisation,
     BeginCreate,
     Budgets,
     LedgerInput,
     ReserveRequest,
     SettleRequest,
+    Vetted,
+)
+from spillway.core.spend_book import (
+    APPROVAL_REFUSED,
     SpendBook,
     SpendRefused,
-    Vetted,
     recorded_create,
     token_of,
 )

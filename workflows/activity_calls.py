@@ -48,8 +48,8 @@ with workflow.unsafe.imports_passed_through():
     from activities.spend.activities import SpendActivities, SpendRequest
     from spillway.core.gpu_pool import PoolAsk, PoolQuote, Quoted
     from spillway.core.hosts import WAITS_SUFFIX
+    from spillway.core.ledger import BudgetView, Reservation, SpendEntry, SpendSettle
     from spillway.core.models import ApprovalNotice, Downloaded, HostRef, LoadStatus, Policy
-    from spillway.core.spend_book import BudgetView, Reservation, SpendEntry, SpendSettle
 
 # Reads that cost nothing may retry for as long as it takes; a stuck one is visible in the UI.
 FREE_RETRY = RetryPolicy(

@@ -25,8 +25,9 @@ with workflow.unsafe.imports_passed_through():
     from activities.cloud.registry import PROVIDERS
     from activities.spend.activities import SpendRequest
     from activities.spend.guard import NOT_ARMED, WRONG_WORLD
+    from spillway.core.ledger import Reservation, SettleState, SpendEntry, SpendSettle
     from spillway.core.models import CloudAttempt, CloudInfo, CloudQuote
-    from spillway.core.spend_book import REFUSED, Reservation, SettleState, SpendEntry, SpendSettle
+    from spillway.core.spend_book import REFUSED
     from workflows import texts
 
 DISARMED = "fallback_disarmed"  # the reason a job waits when armed spending is refused now

@@ -24,6 +24,7 @@ with workflow.unsafe.imports_passed_through():
     from spillway.core import names
     from spillway.core import search_attributes as sa
     from spillway.core.gpu_pool import PoolAnswer
+    from spillway.core.ledger import Authorisation, Reservation
     from spillway.core.models import (
         ApprovalDecision,
         AwaitCarry,
@@ -38,7 +39,6 @@ with workflow.unsafe.imports_passed_through():
         VideoJob,
     )
     from spillway.core.settings import describe_validation_error
-    from spillway.core.spend_book import Authorisation, Reservation
     from workflows import texts
 
 FAILED = "JobFailed"  # the type of the failure a failed job ends with

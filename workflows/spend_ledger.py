@@ -29,8 +29,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 with workflow.unsafe.imports_passed_through():
     from activities.spend.vet import LedgerVetting, VetBatch, VetRequest
     from spillway.core import names
-    from spillway.core.spend_book import (
-        REFUSED,
+    from spillway.core.ledger import (
         BeginCreate,
         Budgets,
         IncarnationAsk,
@@ -38,11 +37,10 @@ with workflow.unsafe.imports_passed_through():
         LedgerSummary,
         ReserveRequest,
         SettleRequest,
-        SpendBook,
         SpendEntry,
-        SpendRefused,
         Vetted,
     )
+    from spillway.core.spend_book import REFUSED, SpendBook, SpendRefused
 
 # Retried for a while (a describe the server cannot answer now), then the callers hear that the
 # ledger did not answer and send nothing (they ask again).

@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 from activities.cloud.models import Reconciled
 from activities.cloud.registry import console, key_names, label
 from spillway.core.gpu_pool import PoolView
+from spillway.core.ledger import BudgetShortfall, BudgetView, SpendEntry
 from spillway.core.models import (
     ApprovalNotice,
     CloudAttempt,
@@ -16,7 +17,7 @@ from spillway.core.models import (
     Policy,
     RenderProgress,
 )
-from spillway.core.spend_book import BudgetShortfall, BudgetView, SpendEntry, describe
+from spillway.core.spend_book import describe
 
 
 def check(provider: str) -> str:

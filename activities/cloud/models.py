@@ -13,8 +13,8 @@ from typing import Literal
 
 from pydantic import BaseModel
 
+from spillway.core.ledger import Authorisation, Usd
 from spillway.core.models import CloudRequest, JobId, JobInput
-from spillway.core.spend_book import Authorisation, Usd
 
 CreateOutcome = Literal["created", "retry", "refused", "ambiguous"]
 

@@ -17,11 +17,7 @@ from activities.cloud import registry
 from activities.spend.ledger import Ledger
 from activities.spend.vet import budgets_of, estimate_usd
 from spillway.core import names
-from spillway.core.models import CloudRequest
-from spillway.core.settings import Settings
-from spillway.core.spend_book import (
-    APPROVAL_REFUSED,
-    REFUSED,
+from spillway.core.ledger import (
     Authorisation,
     BudgetView,
     PeriodTotals,
@@ -29,10 +25,11 @@ from spillway.core.spend_book import (
     ReserveRequest,
     SettleRequest,
     SpendEntry,
-    SpendRefused,
     SpendSettle,
-    recorded_create,
 )
+from spillway.core.models import CloudRequest
+from spillway.core.settings import Settings
+from spillway.core.spend_book import APPROVAL_REFUSED, REFUSED, SpendRefused, recorded_create
 from spillway.core.tiers import RoutingTiers
 
 

@@ -15,17 +15,10 @@ from temporalio.exceptions import ApplicationError
 from activities.cloud.models import CreateVerdict
 from activities.spend.ledger import Ledger
 from spillway.core import names
+from spillway.core.ledger import Authorisation, BeginCreate, SettleRequest, SpendEntry
 from spillway.core.models import Progress
 from spillway.core.settings import Settings
-from spillway.core.spend_book import (
-    REFUSED,
-    Authorisation,
-    BeginCreate,
-    SettleRequest,
-    SpendEntry,
-    SpendRefused,
-    token_of,
-)
+from spillway.core.spend_book import REFUSED, SpendRefused, token_of
 
 NOT_ARMED = "SpendNotArmed"
 WRONG_WORLD = "SpendWrongWorld"

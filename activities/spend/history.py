@@ -19,8 +19,9 @@ from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client, WorkflowHandle, WorkflowHistoryEventFilterType
 
 from spillway.core import names
+from spillway.core.ledger import Budgets, LedgerInput, SpendEntry
 from spillway.core.ledger_seal import why_not_sealed
-from spillway.core.spend_book import Budgets, LedgerInput, SpendEntry, recorded_create
+from spillway.core.spend_book import recorded_create
 
 
 async def not_made_by_spillway(

@@ -30,9 +30,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.spend.history import archived_create
 from spillway.core import names
-from spillway.core.ledger_seal import sealed
-from spillway.core.spend_book import (
-    REFUSED,
+from spillway.core.ledger import (
     BeginCreate,
     Budgets,
     BudgetShortfall,
@@ -42,8 +40,9 @@ from spillway.core.spend_book import (
     ReserveRequest,
     SettleRequest,
     SpendEntry,
-    SpendRefused,
 )
+from spillway.core.ledger_seal import sealed
+from spillway.core.spend_book import REFUSED, SpendRefused
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")

@@ -34,17 +34,10 @@ from temporalio.service import RPCError, RPCStatusCode
 from activities.cloud import registry
 from activities.spend.history import held_before_reset, not_made_by_spillway, reset_base
 from spillway.core import approvals, names
+from spillway.core.ledger import Authorisation, Budgets, LedgerInput, Vetted
 from spillway.core.models import ApprovalDecision, CloudRequest, Plan, VideoJob
 from spillway.core.settings import Settings
-from spillway.core.spend_book import (
-    APPROVAL_REFUSED,
-    REFUSED,
-    Authorisation,
-    Budgets,
-    LedgerInput,
-    SpendBook,
-    Vetted,
-)
+from spillway.core.spend_book import APPROVAL_REFUSED, REFUSED, SpendBook
 from spillway.core.tiers import RoutingTiers
 
 Purpose = Literal["reserve", "begin", "settle", "terms"]

@@ -17,9 +17,9 @@ from spillway.cli.pool_health import PoolHealth, pool_health
 from spillway.cli.wedged import WedgedWorkflow, failing, wedged
 from spillway.core.decision import table_rows
 from spillway.core.errors import Failed
+from spillway.core.ledger import PeriodTotals
 from spillway.core.models import LoadStatus, WorkersView
 from spillway.core.settings import Settings, shown
-from spillway.core.spend_book import PeriodTotals
 from spillway.core.tiers import RoutingTiers
 
 if TYPE_CHECKING:

@@ -7,8 +7,8 @@ from spillway.cli.health import Health
 from spillway.cli.pool_health import PoolHealth
 from spillway.client.jobs import JobSummary
 from spillway.core.gpu_pool import PoolView
+from spillway.core.ledger import LedgerSummary, MonthSpend
 from spillway.core.models import HostCapabilities, LoadStatus, Plan, Quote
-from spillway.core.spend_book import LedgerSummary, MonthSpend
 
 
 def _pct(value: float | None) -> str:

@@ -56,7 +56,7 @@ from spillway.core.models import (
 from spillway.core.settings import Settings, describe_validation_error, load_settings
 
 if TYPE_CHECKING:
-    from spillway.core.spend_book import LedgerSummary
+    from spillway.core.ledger import LedgerSummary
 
 __all__ = [
     "ConfigError",

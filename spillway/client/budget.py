@@ -12,8 +12,8 @@ from activities.spend.ledger import SpendLedger
 from activities.spend.vet import budgets_of
 from spillway.core import names
 from spillway.core.errors import Failed
+from spillway.core.ledger import LedgerSummary, MonthSpend, PeriodTotals, SpendEntry
 from spillway.core.settings import Settings
-from spillway.core.spend_book import LedgerSummary, MonthSpend, PeriodTotals, SpendEntry
 
 
 async def ledger_summary(client: Client, settings: Settings) -> LedgerSummary:

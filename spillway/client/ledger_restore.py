@@ -21,8 +21,9 @@ from temporalio.service import RPCError, RPCStatusCode
 from activities.spend.history import not_made_by_spillway, rebuilt
 from spillway.core import names
 from spillway.core.errors import Failed
+from spillway.core.ledger import LedgerInput
 from spillway.core.ledger_seal import sealed
-from spillway.core.spend_book import LedgerInput, SpendBook
+from spillway.core.spend_book import SpendBook
 
 
 class Restored(BaseModel):

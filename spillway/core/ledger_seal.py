@@ -18,7 +18,7 @@ import hashlib
 import hmac
 from datetime import datetime, timedelta
 
-from spillway.core.spend_book import LedgerInput
+from spillway.core.ledger import LedgerInput
 
 # How long before a run's start its input may have been sealed (a restore rebuilds the entries
 # first, from the closed run's history), and how far after (the sealer's clock ahead of the

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from spillway.core.spend_book import Authorisation, BudgetView
+from spillway.core.ledger import Authorisation, BudgetView
 
 
 # --- a GPU host's load, and the policy the workers decide with -----------------------------

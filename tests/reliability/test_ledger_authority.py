@@ -37,9 +37,9 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 from activities.cloud.models import CloudCreate
 from activities.spend.ledger import SpendLedger
 from spillway.core import names
+from spillway.core.ledger import LedgerInput, LedgerSummary
 from spillway.core.ledger_seal import sealed
 from spillway.core.models import CloudRequest
-from spillway.core.spend_book import LedgerInput, LedgerSummary
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
 from tests.reliability.harness import cli

@@ -14,8 +14,8 @@ from typing import Any
 from temporalio.client import Client, WorkflowHandle
 
 from spillway.core import names
+from spillway.core.ledger import LedgerInput
 from spillway.core.ledger_seal import sealed
-from spillway.core.spend_book import LedgerInput
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
 from tests.reliability.harness import cli

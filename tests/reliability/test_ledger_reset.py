@@ -19,8 +19,8 @@ from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy
 
 from spillway.core import names
+from spillway.core.ledger import LedgerInput
 from spillway.core.models import FINAL_STATES
-from spillway.core.spend_book import LedgerInput
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
 from tests.reliability.test_ledger_authority import ledger_started, replace_ledger

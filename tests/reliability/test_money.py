@@ -23,9 +23,9 @@ from temporalio.client import Client
 
 from activities.spend.ledger import SpendLedger
 from spillway.core import search_attributes as sa
+from spillway.core.ledger import LedgerSummary
 from spillway.core.models import ApprovalDecision
 from spillway.core.names import APPROVAL_SIGNAL
-from spillway.core.spend_book import LedgerSummary
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import SIM_API_KEY, MiniMaxSim
 from tests.reliability.harness import probes

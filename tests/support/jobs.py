@@ -58,8 +58,8 @@ from spillway.core import names
 from spillway.core.errors import JobNotFound
 from spillway.core.gpu_pool import PoolView
 from spillway.core.hosts import WAITS_SUFFIX, gpu_hosts, ref
+from spillway.core.ledger import BudgetView, SpendEntry
 from spillway.core.models import FINAL_STATES, CloudRequest, JobState, Plan, VideoJob
-from spillway.core.spend_book import BudgetView, SpendEntry
 from spillway.core.tiers import load_tiers
 from tests.support.graphs import VIDEO_GRAPH
 from tests.support.route_stubs import RouteStubs

@@ -20,17 +20,17 @@ import pytest
 
 from activities.minimax.activities import MiniMaxActivities
 from activities.minimax.client import MiniMaxTiming
-from spillway.core.settings import Settings
-from spillway.core.spend_book import (
+from spillway.core.ledger import (
     BeginCreate,
     Budgets,
     LedgerSummary,
     ReserveRequest,
     SettleRequest,
-    SpendBook,
     SpendEntry,
     Vetted,
 )
+from spillway.core.settings import Settings
+from spillway.core.spend_book import SpendBook
 from spillway.sim.minimax import MiniMaxSim
 from tests.support.constants import CANARY_KEY, CLIP_USD
 from tests.support.settings import SettingsFactory

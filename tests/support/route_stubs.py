@@ -28,8 +28,9 @@ from activities.minimax.errors import CREATE_GAVE_UP as MINIMAX_GAVE_UP
 from activities.probe.activities import LoadProbeRequest
 from activities.spend.guard import Beginning, CreateGuard
 from spillway.core import names
+from spillway.core.ledger import BeginCreate
 from spillway.core.models import ApprovalNotice, Downloaded, LoadStatus, OutputFile, Thresholds
-from spillway.core.spend_book import BeginCreate, token_of
+from spillway.core.spend_book import token_of
 from tests.support.constants import BUSY_VRAM_PCT, FREE_VRAM_PCT
 
 SEED = Thresholds(vram_busy_pct=85, util_busy_pct=95)
