@@ -24,6 +24,7 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import activity
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
@@ -36,8 +37,9 @@ from tests.support.waiting import until
 from workflows.spend_ledger import UNSETTLED, SpendLedgerWorkflow
 
 SPLIT_WITHIN_S = 300  # each attempt takes a few seconds; about one in three splits
-# Pacing, not waits for a condition: the query must reach the server before the vet's result
-# does, and C after it. An attempt where they land otherwise has no split, and the next is made.
+# Pacing, not waits for a condition (neither a query nor an update waiting for a worker shows
+# on the server): the query must reach the server before the vet's result does, and C before
+# the worker starts. An attempt where they land otherwise has no split, and the next is made.
 PACE_S = 0.5
 
 
@@ -69,11 +71,10 @@ async def configure(handle: WorkflowHandle[Any, Any], turned_away: list[str], na
             turned_away.append(name)
 
 
-async def accepted(handle: WorkflowHandle[Any, Any]) -> int:
+async def recorded(handle: WorkflowHandle[Any, Any], kind: EventType.ValueType) -> int:
+    """How many events of `kind` the history holds."""
     history = await handle.fetch_history()
-    return sum(
-        e.HasField("workflow_execution_update_accepted_event_attributes") for e in history.events
-    )
+    return sum(e.event_type == kind for e in history.events)
 
 
 async def attempt(client: Client, queue: str, vet: Vet) -> tuple[WorkflowHandle[Any, Any], bool]:
@@ -95,13 +96,22 @@ async def attempt(client: Client, queue: str, vet: Vet) -> tuple[WorkflowHandle[
         a = asyncio.create_task(configure(handle, turned_away, "A"))
         await until(lambda: vet.held, timeout_s=60, what="A's vet")
         b = asyncio.create_task(configure(handle, turned_away, "B"))
-        await until(lambda: accepted(handle), lambda n: n >= 2, timeout_s=60, what="B accepted")
+        await until(
+            lambda: recorded(handle, EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED),
+            lambda n: n >= 2,
+            timeout_s=60,
+            what="B accepted",
+        )
     query = asyncio.create_task(
         handle.query(names.LEDGER_BUDGETS, result_type=Budgets, rpc_timeout=timedelta(seconds=120))
     )
     await asyncio.sleep(PACE_S)
     vet.gate.set()
-    await asyncio.sleep(PACE_S)
+    await until(
+        lambda: recorded(handle, EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED),
+        timeout_s=60,
+        what="the vet's result recorded",
+    )
     c = asyncio.create_task(configure(handle, turned_away, "C"))
     await asyncio.sleep(PACE_S)
     async with ledger_worker():
