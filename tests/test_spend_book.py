@@ -157,6 +157,46 @@ def test_an_unsent_reservation_settled_as_maybe_charged_is_released_instead():
     assert entry.state == "released" and "never began" in entry.note
 
 
+def test_a_job_that_says_maybe_over_a_freed_entry_hears_the_entry_as_it_is():
+    """The job's settle after a lost create, retried once its worker died after the ledger
+    released the unsent reservation, or sent after the attempt recorded the provider's "no":
+    the job is told what the ledger knows, never "no entry" (it would then say a charge may
+    exist that the ledger never counts)."""
+    book = SpendBook([], Budgets())
+    book.reserve(*ask(), NOW)
+    assert book.settle(*settle("maybe_charged", run="run-a"), NOW).state == "released"
+    again = book.settle(*settle("maybe_charged", run="run-a"), NOW)
+    assert again.state == "released" and "never began" in again.note
+    assert book.totals("day", NOW).spent_usd == 0
+
+    other = SpendBook([], Budgets())
+    other.reserve(*ask(), NOW)
+    begun_with("the attempt's own", other)
+    no = SettleRequest(job_id="job-1", run_id="run-a", state="refused", nonce="the attempt's own")
+    other.settle(no, ANY, NOW)
+    assert other.settle(*settle("maybe_charged"), NOW).state == "refused"
+    assert other.totals("day", NOW).spent_usd == 0
+
+
+def test_a_job_whose_freed_entry_left_at_a_continue_as_new_hears_none_began():
+    book = SpendBook([], Budgets())
+    book.reserve(*ask(incarnation="i-1"), NOW)
+    book.settle(SettleRequest(job_id="job-1", run_id="run-a", state="released"), ANY, NOW)
+    again = SpendBook.of(book.carried(NOW, 2000))
+    maybe = SettleRequest(job_id="job-1", run_id="run-a", state="maybe_charged")
+    error = refused("no_reservation", lambda: again.settle(maybe, Vetted(incarnation="i-1"), NOW))
+    assert error.entry is not None and error.entry.state == "released"
+    # A create that went out leaves its tag: nobody is told that none began.
+    charged = SpendBook([], Budgets())
+    charged.reserve(*ask(incarnation="i-1"), NOW)
+    charged.begin(BeginCreate(job_id="job-1", run_id="run-a"), Vetted(incarnation="i-1"), NOW)
+    done = SettleRequest(job_id="job-1", run_id="run-a", state="charged", task_id="t-1")
+    charged.settle(done, Vetted(incarnation="i-1"), NOW)
+    later = SpendBook.of(charged.carried(NOW, 2000))
+    error = refused("no_reservation", lambda: later.settle(maybe, Vetted(incarnation="i-1"), NOW))
+    assert error.entry is None
+
+
 def test_an_ambiguous_create_counts_as_spent_and_may_learn_its_task_later():
     book = SpendBook([], Budgets())
     book.reserve(*ask(), NOW)

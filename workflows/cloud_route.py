@@ -295,6 +295,9 @@ async def _create_failed(
         found = await _settle(s, "maybe_charged", None)
         if found is not None and found.state == "released":
             raise NotBegun()
+        if found is not None and found.state == "refused":
+            # The attempt recorded the provider's provable "no" before its worker was lost.
+            raise Refused(found.note or "refused before making anything")
         # The create had recorded its task before the worker was lost: follow that task.
         if found is not None and found.state == "charged" and found.task_id:
             return _follow(s, found)[1]

@@ -334,8 +334,22 @@ class SpendBook:
             if entry is not None:
                 return entry
         if entry is None:
-            if req.state in ENDED_FREE and mine:
-                return None  # released or refused already: a retried settle
+            # Released or refused already, so nothing of it is spent: a retried settle (its
+            # first answer lost with its worker), or a job that lost its create's worker and
+            # says "maybe" where the ledger knows. Either hears the entry as it is: told "no
+            # entry", a job would say a charge may exist that the ledger rightly never counts.
+            if mine and req.state in (*ENDED_FREE, "maybe_charged"):
+                return None
+            if req.state == "maybe_charged" and not self.created_before(
+                req.job_id, terms.incarnation
+            ):
+                # Its release left at a continue-as-new (a begun entry is always carried, a
+                # charged one leaves its tag): no create of this job ever began.
+                raise SpendRefused(
+                    f"job {req.job_id} has no open spend entry: no create of it began",
+                    "no_reservation",
+                    entry=_never_began(req, terms, now),
+                )
             raise SpendRefused(f"job {req.job_id} has no open spend entry", "no_reservation")
         same_cost = req.cost_usd is None or req.cost_usd == entry.cost_usd
         proven = entry.token is not None and _hash(req.nonce) == entry.token
@@ -401,6 +415,23 @@ class SpendBook:
             done.append(req.done_s)
             del done[:-RECENT_DONE]
         return entry
+
+
+def _never_began(req: SettleRequest, terms: Vetted, now: datetime) -> SpendEntry:
+    """What the book says of a job it holds nothing of: a reservation released unsent."""
+    return SpendEntry(
+        job_id=req.job_id,
+        run_id=req.run_id,
+        incarnation=terms.incarnation,
+        provider="",
+        cost_usd=None,
+        state="released",
+        authorised_by="",
+        authorisation="armed",
+        at=now,
+        settled_at=now,
+        note="the spend ledger holds no create of this job: none began",
+    )
 
 
 def has_create(entry: SpendEntry) -> bool:

@@ -142,9 +142,13 @@ async def workers(
     started: list[Worker] = []
 
     async def start(
-        server: DevServer = temporal_server, args: list[str] | None = None, **overrides: Any
+        server: DevServer = temporal_server,
+        args: list[str] | None = None,
+        module: str | None = None,
+        **overrides: Any,
     ) -> Worker:
-        """`args`: a `spillway` command instead of `python worker.py` (e.g. an agent)."""
+        """`args`: a `spillway` command instead of `python worker.py` (e.g. an agent); `module`:
+        a module of the project run with `python -m` instead."""
         env = worker_env(
             cli_env,
             address=server.address,
@@ -152,7 +156,7 @@ async def workers(
             outputs=tmp_path / "outputs",
             **WORKER_DEFAULTS | overrides,
         )
-        worker = Worker(env, args)
+        worker = Worker(env, args, module)
         started.append(worker)
         await worker.start()
         return worker

@@ -22,13 +22,14 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
 from spillway.core import names
+from spillway.core.ledger import LedgerSummary
 from spillway.core.models import LoadStatus, Plan
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
 from spillway.temporal import installed_binary, register_search_attributes
 from tests.support.cli import decoded, free_ports, spillway
 from tests.support.comfyui import posts_for
-from tests.support.constants import CANARY_KEY
+from tests.support.constants import CANARY_KEY, CLIP_USD
 from tests.support.waiting import until
 from tests.support.worker_process import FAST_CLOUD, FAST_WORKER, WorkerProcess
 from worker import REPLAYED
@@ -261,6 +262,33 @@ async def assert_replay(client: Client, task_queue: str) -> None:
 def posts_of(comfyui: ComfyUISim, job_ids: Iterable[str]) -> dict[str, int]:
     """POST /prompt that reached ComfyUI for each job's first attempt."""
     return {job: posts_for(comfyui, job) for job in job_ids}
+
+
+CHARGE_MAY_EXIST = "a charge may exist"  # workflows/texts.py, every ambiguous create's words
+
+
+def assert_spend_covers(
+    summary: LedgerSummary, cloud: MiniMaxSim, plans: Iterable[Plan], clip_usd: float = CLIP_USD
+) -> None:
+    """Money invariant 5 as people read it (docs/design.md): the ledger's spent plus reserved
+    covers every task the provider double made, and a job that ended saying a charge may exist
+    is counted as spent (its latest entry `maybe_charged` or `charged`; a settled one may have
+    left the entries at a continue-as-new, folded into the totals)."""
+    day = summary.day
+    entries = "\n".join(e.model_dump_json() for e in summary.entries)
+    made = cloud.tasks_created * clip_usd
+    assert day.spent_usd + day.reserved_usd >= made - 1e-6, (
+        f"the ledger counts {day.spent_usd} spent + {day.reserved_usd} reserved for "
+        f"{cloud.tasks_created} tasks made ({made:.2f}):\n{entries}"
+    )
+    latest = {e.job_id: e for e in summary.entries}
+    for plan in plans:
+        entry = latest.get(plan.job_id)
+        if CHARGE_MAY_EXIST in (plan.error or "") and entry is not None:
+            assert entry.state in ("maybe_charged", "charged"), (
+                f"job {plan.job_id} says a charge may exist; the ledger holds "
+                f"{entry.model_dump_json()}"
+            )
 
 
 def creates_of(minimax: MiniMaxSim, prompts: dict[str, str]) -> dict[str, int]:

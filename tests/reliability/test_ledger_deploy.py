@@ -28,7 +28,7 @@ from spillway.core import names
 from spillway.core.models import FINAL_STATES, Plan
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
-from tests.reliability.harness import Worker, assert_replay, creates_of
+from tests.reliability.harness import Worker, assert_replay, assert_spend_covers, creates_of
 from tests.reliability.test_money import ledger
 from tests.support.constants import BUSY_VRAM_PCT, CLIP_USD
 from tests.support.jobs import Jobs
@@ -146,8 +146,11 @@ async def test_a_worker_killed_and_restarted_five_times_mid_burst_leaves_a_ledge
     }
     assert all(creates[job] <= 1 for job in lost), {job: creates[job] for job in lost}
     assert minimax.tasks_created == minimax.create_calls == sum(creates.values())
-    held = [(e.job_id, e.state, e.sent_at is not None, e.task_id) for e in summary.entries]
-    assert summary.day.spent_usd == pytest.approx(JOBS * CLIP_USD), (summary.day, lost, held)
+    # Whole, one per line: pytest's repr of a long tuple cuts the entries a failure needs.
+    held = "\n".join(e.model_dump_json() for e in summary.entries)
+    spent_as_said = f"day {summary.day.model_dump_json()}\nlost {sorted(lost)}\nentries:\n{held}"
+    assert_spend_covers(summary, minimax, ended)
+    assert summary.day.spent_usd == pytest.approx(JOBS * CLIP_USD), spent_as_said
     assert summary.day.reserved_usd == 0
     entries = {e.job_id: e for e in summary.entries}  # settled ones leave at a continue-as-new
     for plan in ended:

@@ -28,7 +28,7 @@ from spillway.core.models import ApprovalDecision
 from spillway.core.names import APPROVAL_SIGNAL
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import SIM_API_KEY, MiniMaxSim
-from tests.reliability.harness import probes
+from tests.reliability.harness import assert_spend_covers, probes
 from tests.support.constants import BUSY_VRAM_PCT, CLIP_USD
 from tests.support.jobs import reset_to_first_workflow_task, start_all
 from tests.support.waiting import until, until_all
@@ -85,7 +85,9 @@ async def test_300_armed_jobs_racing_for_a_budget_of_10_clips_make_exactly_10_cr
     charged = [e for e in summary.entries if e.state == "charged"]
     assert len(charged) == 10 and len(summary.entries) == 10
     assert {e.task_id for e in charged} == set(minimax.tasks)
-    waiting = [p for p in await asyncio.gather(*map(jobs.status, ids)) if p.route is None]
+    plans = await asyncio.gather(*map(jobs.status, ids))
+    assert_spend_covers(summary, minimax, plans)
+    waiting = [p for p in plans if p.route is None]
     assert len(waiting) == 290
     for plan in waiting:
         assert "budget_exhausted" in plan.reasons and plan.budget is not None
@@ -120,7 +122,9 @@ async def test_a_completed_cloud_job_reset_to_its_first_workflow_task_creates_no
     assert again.cloud is not None and again.cloud.task_id == first.cloud.task_id
     assert f"followed_recorded_task={first.cloud.task_id}" in again.reasons
     assert (minimax.create_calls, minimax.tasks_created) == (1, 1)
-    [entry] = (await ledger(jobs.client, worker.task_queue)).entries
+    summary = await ledger(jobs.client, worker.task_queue)
+    assert_spend_covers(summary, minimax, [again])
+    [entry] = summary.entries
     assert (entry.state, entry.task_id) == ("charged", first.cloud.task_id)
 
 
@@ -146,7 +150,9 @@ async def test_a_job_cancelled_during_a_slow_create_records_the_task_it_ordered(
     assert f"cancelled_after_create={task_id}" in plan.reasons
     assert plan.error is not None and f"ordered task {task_id}" in plan.error
     assert (minimax.create_calls, minimax.tasks_created) == (1, 1)
-    [entry] = (await ledger(jobs.client, worker.task_queue)).entries
+    summary = await ledger(jobs.client, worker.task_queue)
+    assert_spend_covers(summary, minimax, [plan])
+    [entry] = summary.entries
     assert (entry.state, entry.task_id) == ("charged", task_id)
 
 

@@ -67,10 +67,12 @@ def worker_env(
 
 class WorkerProcess:
     """`python worker.py` by default; `args` runs the `spillway` command instead (e.g. `agent
-    --host NAME`, `worker --no-agents`)."""
+    --host NAME`, `worker --no-agents`), `module` a module of the project (`python -m`)."""
 
-    def __init__(self, env: dict[str, str], args: list[str] | None = None) -> None:
-        self.env, self.args = env, args
+    def __init__(
+        self, env: dict[str, str], args: list[str] | None = None, module: str | None = None
+    ) -> None:
+        self.env, self.args, self.module = env, args, module
         self.task_queue = env["SPILLWAY_TASK_QUEUE"]
         self.output: list[str] = []
         self._proc: asyncio.subprocess.Process | None = None
@@ -89,11 +91,12 @@ class WorkerProcess:
         self._proc.send_signal(sig)
 
     async def start(self) -> None:
-        command = (
-            [str(Path(sys.executable).parent / "spillway"), *self.args]
-            if self.args
-            else [sys.executable, str(PROJECT_ROOT / "worker.py")]
-        )
+        if self.args:
+            command = [str(Path(sys.executable).parent / "spillway"), *self.args]
+        elif self.module:
+            command = [sys.executable, "-m", self.module]
+        else:
+            command = [sys.executable, str(PROJECT_ROOT / "worker.py")]
         proc = await asyncio.create_subprocess_exec(
             *command,
             env=self.env,
