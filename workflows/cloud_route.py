@@ -205,10 +205,10 @@ def requote(
         return
     if shortfall is not None:
         seen = seen.refused(shortfall)
-    if disarmed:
+    sent = choice.authorisation or "armed"
+    if disarmed:  # what it was sent as armed for no longer holds: a person decides
         seen = replace(seen, armed=False)
-    if choice.authorisation in ("approved", "approved_over_budget"):
-        seen = replace(seen, approval=choice.authorisation)
+    seen = replace(seen, approval=None if disarmed and sent == "armed" else sent)
     s.plan.quote = quote_of(s, route(seen))
 
 

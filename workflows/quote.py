@@ -79,7 +79,13 @@ class QuoteWorkflow:
                 has_cloud=job.cloud is not None,
                 hosts=tuple(h.name for h in policy.hosts),
                 unfit=tuple(unfit),
-                line=Line.model_validate(line.model_dump()),
+                line=Line(
+                    host=line.host,
+                    position=line.position,
+                    eta_s=line.eta_s,
+                    render_s=line.render_s,
+                    full=line.full,
+                ),
                 patience_s=(
                     patience_s(job, policy.overflow_after_s, workflow.now()) if armed else None
                 ),

@@ -146,7 +146,8 @@ class Seen:
     """What the caller measured and read for `route`; the function reads nothing else, not
     even a clock. `line` None: the pool was not asked (yet). `budget` None: not read (the
     ledger checks when it reserves). `shortfall`: the ledger refused the reservation.
-    `approval`: how a person authorised the cloud, when one did."""
+    `approval`: how the job was sent to the cloud, when it was (a person's approval, or armed:
+    its host lost, its patience over); None while it is being decided."""
 
     load: LoadStatus
     armed: bool
@@ -197,22 +198,25 @@ def route(seen: Seen) -> Verdict:
     )
     probed = decide(seen.load, seen.armed)
     decision, patient, patience = probed, False, None
+    # Sent to the cloud already (a person's approval; armed, its host lost or its patience
+    # over): neither a place nor the patience counts any more, only the budget.
+    sent = seen.approval is not None and seen.has_cloud
     # An armed job the probe finds overloaded or unreachable never asks the pool: the line
     # matters only to the others.
     if probed.route != "cloud" and line is not None:
-        if line.host is not None:
+        if line.host is not None and not sent:
             placed = probed.model_copy(update={"route": "local"})
-            why = _placed(line.host, probed)
+            why = _placed(line.host, probed) + _hosts_note(seen)
             return Verdict(decision=placed, quote="local", why=why, local=local)
-        decision = decide(places_taken(seen.load, line.full), seen.armed)
-        if seen.armed and seen.patience_s is not None:
-            patience = seen.patience_s
-            if seen.by_deadline:
-                patience = max(patience - (line.render_s or 0.0), 0.0)
-            patient = line.eta_s is not None and line.eta_s <= patience
+        if line.host is None:
+            decision = decide(places_taken(seen.load, line.full), seen.armed)
+            if seen.armed and seen.patience_s is not None and not sent:
+                patience = seen.patience_s
+                if seen.by_deadline:
+                    patience = max(patience - (line.render_s or 0.0), 0.0)
+                patient = line.eta_s is not None and line.eta_s <= patience
     shortfall = None
-    approved = seen.approval in ("approved", "approved_over_budget")
-    if approved and seen.has_cloud and not patient:
+    if sent:
         decision = decision.model_copy(update={"route": "cloud"})
     if decision.route == "cloud" and not patient:
         shortfall = _short(seen)
@@ -286,10 +290,10 @@ def _why(seen: Seen, verdict: Verdict) -> str:
     if verdict.shortfall is not None:
         short = verdict.shortfall
         in_line = f"; meanwhile {waits}" if waits else ""
+        gpus = f" The GPU hosts are {decision.trigger};" if decision.trigger else ""
         return (
-            f"{BUDGET_EXHAUSTED} ({short.period}): {short.text()}. The GPU hosts are "
-            f"{decision.trigger or 'overloaded'}; it would wait for a person: "
-            f"{OVER_BUDGET_BY_A_PERSON}{in_line}{hosts}"
+            f"{BUDGET_EXHAUSTED} ({short.period}): {short.text()}.{gpus} it would wait for a "
+            f"person: {OVER_BUDGET_BY_A_PERSON}{in_line}{hosts}"
         )
     if verdict.quote == "await_approval":
         in_line = f", {waits}" if waits else ""
