@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 
 from activities.cloud.models import Reconciled
 from activities.cloud.registry import console, key_names, label
-from spillway.core.decision import duration, ordinal
+from spillway.core.decision import BUDGET_EXHAUSTED, duration, ordinal
 from spillway.core.gpu_pool import PoolView
 from spillway.core.ledger import BudgetShortfall, BudgetView, SpendEntry
 from spillway.core.models import (
@@ -337,7 +337,8 @@ def _money_text(plan: Plan, *, markdown: bool) -> str:
     text = "; ".join(parts)
     if view.exhausted is not None:
         text += (
-            f". The {'daily' if view.exhausted == 'day' else 'monthly'} budget cannot cover it: "
+            f". {BUDGET_EXHAUSTED}: the {'daily' if view.exhausted == 'day' else 'monthly'} "
+            "budget cannot cover it: "
             f"only `spillway approve {plan.job_id} --by NAME --over-budget` sends it to the cloud"
         )
     return f"\n\n{text}." if markdown else f" {text}."
