@@ -224,7 +224,7 @@ def route(seen: Seen) -> Verdict:
             decision = decision.model_copy(update={"route": "await"})
     verdict = Verdict(
         decision=decision,
-        quote=_quote_route(decision.route, patient, seen.has_cloud, line),
+        quote=_quote_route(decision.route, patient, seen.has_cloud),
         why="",
         local=local,
         patient=patient,
@@ -257,7 +257,7 @@ def _short(seen: Seen) -> BudgetShortfall | None:
     return None
 
 
-def _quote_route(route: Route, patient: bool, has_cloud: bool, line: Line | None) -> QuoteRoute:
+def _quote_route(route: Route, patient: bool, has_cloud: bool) -> QuoteRoute:
     """A job waiting by its patience waits in line; one that may not spend waits in line for a
     place, or with a cloud prompt also for a person."""
     if patient or route == "local" or (route == "await" and not has_cloud):
@@ -290,9 +290,9 @@ def _why(seen: Seen, verdict: Verdict) -> str:
     if verdict.shortfall is not None:
         short = verdict.shortfall
         in_line = f"; meanwhile {waits}" if waits else ""
-        gpus = f" The GPU hosts are {decision.trigger};" if decision.trigger else ""
+        gpus = f" (the GPU hosts are {decision.trigger})" if decision.trigger else ""
         return (
-            f"{BUDGET_EXHAUSTED} ({short.period}): {short.text()}.{gpus} it would wait for a "
+            f"{BUDGET_EXHAUSTED} ({short.period}): {short.text()}{gpus}. It would wait for a "
             f"person: {OVER_BUDGET_BY_A_PERSON}{in_line}{hosts}"
         )
     if verdict.quote == "await_approval":
@@ -307,11 +307,11 @@ def _cloud_why(seen: Seen, verdict: Verdict) -> str:
         return f"a person approved it past the budget ({decision.why})"
     if seen.approval == "approved":
         return f"a person approved the cloud ({decision.why})"
-    line = seen.line
-    if seen.patience_s is not None and line is not None and line.host is None:
+    line, patience = seen.line, verdict.patience_s
+    if patience is not None and line is not None:  # weighed, and the line's estimate passed it
         eta = "unknown" if line.eta_s is None else duration(line.eta_s)
-        left = verdict.patience_s if verdict.patience_s is not None else seen.patience_s
-        return f"{decision.why}; the line's estimate ({eta}) passes its patience ({duration(left)})"
+        passed = f"the line's estimate ({eta}) passes its patience ({duration(patience)})"
+        return f"{decision.why}; {passed}"
     return decision.why
 
 
