@@ -168,6 +168,10 @@ async def test_an_armed_job_the_budget_cannot_cover_waits_saying_so(run_dev_jobs
     assert stubs.creates == 0 and stubs.calls[MINIMAX_CREATE] == 0
     details = current_details(plan)  # what the UI shows
     assert "budget cannot cover" in details and "$0.10 left today" in details
+    assert "budget_exhausted: the daily budget" in details
+    # Its decision no longer reads "cloud ... armed": the ledger's refusal is its why.
+    assert plan.quote is not None and plan.quote.route == "await_approval"
+    assert plan.quote.why.startswith("budget_exhausted (day): the daily cloud budget ($0.10)")
     assert f"spillway approve {plan.job_id} --by NAME --over-budget" in details
 
 

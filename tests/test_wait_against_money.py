@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
+from spillway.cli.render import render_plan
 from spillway.client import SpillwayClient
 from spillway.client import jobs as job_ops
 from spillway.client.queue import pool_view
@@ -238,4 +239,38 @@ async def test_with_no_estimate_yet_an_armed_job_keeps_today_s_rule(
         comfyui.resume()
         await asyncio.gather(*(h.result() for h in held))
     assert plan.route == "cloud" and "line_eta_unknown_max_wait_600s" in plan.reasons
+    assert creates(minimax) == 1
+
+
+async def test_with_the_day_s_budget_spent_the_quote_and_the_job_both_wait_for_a_person(
+    studio, comfyui: ComfyUISim, minimax: MiniMaxSim
+):
+    """Issue 59: the quote said `cloud` while the job it quoted waited for approval with
+    budget_exhausted, its own status saying "decided cloud: ... armed"."""
+    async with studio(CLOUD_VIDEO_FALLBACK_ENABLED=True, CLOUD_DAILY_BUDGET_USD=CLIP_USD) as st:
+        held = await both_places_held(st, comfyui)
+        spender = await (await armed_job(st)).result()  # the day's budget: one clip
+        quote = await st.quote(cloud=True)
+        waiting = await armed_job(st)
+        live = await st.jobs.until(
+            waiting,
+            lambda p: p.state == "awaiting_approval" and "budget_exhausted" in p.reasons,
+        )
+        status = await st.jobs.status(waiting.id)  # as `spillway status` reads it
+        await st.jobs.cancel(waiting)
+        comfyui.resume()
+        await asyncio.gather(*(h.result() for h in held))
+    assert (spender.route, spender.state) == ("cloud", "completed")
+    said = (
+        "budget_exhausted (day): the daily cloud budget ($0.28) has $0.00 left; this job's "
+        "estimate is $0.28"
+    )
+    assert quote.route == "await_approval" and quote.why.startswith(said), quote.why
+    assert "--over-budget" in quote.why and "fallback is armed" not in quote.why
+    assert quote.cloud is not None and quote.cloud.budget_left_usd == 0.0
+    for plan in (live, status):
+        assert plan.quote is not None and plan.quote.route == "await_approval"
+        assert plan.quote.why.startswith(said), plan.quote.why
+        assert plan.budget is not None and plan.budget.exhausted == "day"
+    assert f"decided   await_approval: {said}" in render_plan(status)
     assert creates(minimax) == 1

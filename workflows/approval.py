@@ -363,6 +363,7 @@ async def _use(s: VideoJobState, ticket: Ticket) -> RouteChoice | None:
     if reservation.shortfall is not None:
         s.plan.approval = None
         s.plan.budget = texts.exhausted_view(s.plan.budget, reservation.shortfall)
+        cloud_route.requote(s, choice, shortfall=reservation.shortfall)
         unused(s, ticket, texts.over_budget(reservation.shortfall, s.job.job_id))
         return None
     ticket.answer = "approved"

@@ -10,6 +10,7 @@ reset job finds already recorded. Workflow code.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from datetime import datetime
 
 from temporalio import workflow
@@ -25,8 +26,15 @@ with workflow.unsafe.imports_passed_through():
     from activities.cloud.registry import PROVIDERS
     from activities.spend.activities import SpendRequest
     from activities.spend.guard import NOT_ARMED, WRONG_WORLD
-    from spillway.core.ledger import Reservation, SettleState, SpendEntry, SpendSettle
-    from spillway.core.models import CloudAttempt, CloudInfo, CloudQuote
+    from spillway.core.decision import BUDGET_EXHAUSTED, Line, Seen, Verdict, is_armed, route
+    from spillway.core.ledger import (
+        BudgetShortfall,
+        Reservation,
+        SettleState,
+        SpendEntry,
+        SpendSettle,
+    )
+    from spillway.core.models import CloudAttempt, CloudInfo, CloudQuote, Quote
     from spillway.core.spend_book import REFUSED
     from workflows import texts
 
@@ -65,8 +73,10 @@ async def run(s: VideoJobState, choice: RouteChoice) -> str | None:
             reservation = await calls.spend_reserve(spend_request(s, choice, name))
             if reservation.shortfall is not None:
                 s.plan.budget = texts.exhausted_view(s.plan.budget, reservation.shortfall)
-                return "budget_exhausted"
-            if reservation.refused is not None:
+                requote(s, choice, shortfall=reservation.shortfall)
+                return BUDGET_EXHAUSTED
+            if reservation.refused is not None:  # no longer armed on this worker
+                requote(s, choice, disarmed=True)
                 return reservation.refused_code or DISARMED
             if reservation.existing is not None:
                 await _follow_recorded(s, choice, reservation, reservation.existing)
@@ -97,6 +107,7 @@ async def run(s: VideoJobState, choice: RouteChoice) -> str | None:
             reservation = None
             continue
         if task_id == DISARMED:
+            requote(s, choice, disarmed=True)
             return DISARMED
         await _render(s, choice, provider, task_id)
         return None
@@ -171,6 +182,51 @@ def cloud_quote(s: VideoJobState) -> CloudQuote | None:
     if s.job.cloud is None or not s.policy.providers:
         return None
     return CloudQuote.of(s.policy.providers[0], s.plan.budget)
+
+
+def quote_of(s: VideoJobState, verdict: Verdict) -> Quote:
+    """The job's quote: the decision's route and why, as `spillway quote` gives them."""
+    return Quote(local=verdict.local, cloud=cloud_quote(s), route=verdict.quote, why=verdict.why)
+
+
+def requote(
+    s: VideoJobState,
+    choice: RouteChoice,
+    shortfall: BudgetShortfall | None = None,
+    disarmed: bool = False,
+) -> None:
+    """The ledger refused the job's reservation (its budget cannot cover the estimate, or armed
+    spending is off now): its quote says so, by the rules it decided with, instead of the
+    "armed" it decided on. A job that decided before it showed quotes keeps none."""
+    if s.plan.quote is None:
+        return
+    seen = s.seen or _seen_again(s)
+    if seen is None:
+        return
+    if shortfall is not None:
+        seen = seen.refused(shortfall)
+    sent = choice.authorisation or "armed"
+    if disarmed:  # what it was sent as armed for no longer holds: a person decides
+        seen = replace(seen, armed=False)
+    seen = replace(seen, approval=None if disarmed and sent == "armed" else sent)
+    s.plan.quote = quote_of(s, route(seen))
+
+
+def _seen_again(s: VideoJobState) -> Seen | None:
+    """A run continued as new keeps no measurement but its plan's: the reading that made it
+    wait and where it stood in the line."""
+    load = s.plan.overflow.last_signal
+    if load is None or s.plan.quote is None:
+        return None
+    local = s.plan.quote.local
+    return Seen(
+        load=load,
+        armed=is_armed(s.policy.fallback_enabled, s.policy.key_present, s.job.cloud is not None),
+        has_cloud=s.job.cloud is not None,
+        hosts=tuple(h.name for h in s.policy.hosts),
+        unfit=tuple(s.unfit or ()),
+        line=Line(position=local.position, eta_s=local.eta_s) if local.position else None,
+    )
 
 
 async def release_unused(s: VideoJobState) -> None:

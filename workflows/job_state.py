@@ -23,6 +23,7 @@ from workflows.timers import Alarms
 with workflow.unsafe.imports_passed_through():
     from spillway.core import names
     from spillway.core import search_attributes as sa
+    from spillway.core.decision import Seen
     from spillway.core.gpu_pool import PoolAnswer
     from spillway.core.ledger import Authorisation, Reservation
     from spillway.core.models import (
@@ -120,6 +121,9 @@ class VideoJobState:
     patience_until: datetime | None = None
     late: bool = False
     answer: PoolAnswer | None = None  # the pool's answer to the ask just sent
+    # What the job decided on, so that a refusal of the ledger later (the budget, a disarmed
+    # fallback) changes its quote by the same rules. Not carried across continue-as-new.
+    seen: Seen | None = None
     # Ask times of places the pool gave to asks the job no longer stands by: the run gives them
     # back, never the signal handler that learnt of them.
     strays: list[datetime] = field(default_factory=list)

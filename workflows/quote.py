@@ -19,14 +19,14 @@ with workflow.unsafe.imports_passed_through():
     from activities.comfyui.models import HostFit
     from activities.spend.activities import SpendRequest
     from spillway.core import names
-    from spillway.core.decision import decide, is_armed, patience_s, places_taken, quote_route
+    from spillway.core.decision import Line, Seen, is_armed, patience_s, route
     from spillway.core.gpu_pool import HostSeen, PoolAsk, PoolHost, PoolQuote
     from spillway.core.hosts import no_answer, pick_host
+    from spillway.core.ledger import BudgetView
     from spillway.core.models import (
         CloudQuote,
         HostRef,
         LoadStatus,
-        LocalQuote,
         Policy,
         Quote,
         VideoJob,
@@ -54,7 +54,6 @@ class QuoteWorkflow:
         readings = {h.name: load for h, load in zip(policy.hosts, loads, strict=True)}
         load = pick_host({n: r for n, r in readings.items() if n not in unfit}).load
         armed = is_armed(policy.fallback_enabled, policy.key_present, job.cloud is not None)
-        decision = decide(load, armed=armed)
         mode = "any" if job.cloud is None else "headroom"
         ask = PoolAsk(
             job_id=job.job_id,
@@ -70,25 +69,35 @@ class QuoteWorkflow:
         )
         hosts = [PoolHost(ref=h, max_jobs=h.max_jobs) for h in policy.hosts]
         line = await calls.pool_quote(PoolQuote(ask=ask, hosts=hosts))
-        patient = False
-        if decision.route != "cloud" and line.host is None:
-            decision = decide(places_taken(load, line.full), armed=armed)
-            # An armed job with patience waits in line while the estimate is within it.
-            patience = patience_s(job, policy.overflow_after_s, workflow.now()) if armed else None
-            if job.deadline is not None and patience is not None:
-                patience = max(patience - (line.render_s or 0.0), 0.0)
-            patient = patience is not None and line.eta_s is not None and line.eta_s <= patience
-        local = LocalQuote(
-            hosts=[h.name for h in policy.hosts if h.name not in unfit],
-            position=line.position,
-            eta_s=line.eta_s,
+        provider, view = await _budget(job, policy)
+        # The rules a job decides by, over what was read here: the route and its why are the
+        # ones the job would show, budget_exhausted included.
+        verdict = route(
+            Seen(
+                load=load,
+                armed=armed,
+                has_cloud=job.cloud is not None,
+                hosts=tuple(h.name for h in policy.hosts),
+                unfit=tuple(unfit),
+                line=Line(
+                    host=line.host,
+                    position=line.position,
+                    eta_s=line.eta_s,
+                    render_s=line.render_s,
+                    full=line.full,
+                ),
+                patience_s=(
+                    patience_s(job, policy.overflow_after_s, workflow.now()) if armed else None
+                ),
+                by_deadline=job.deadline is not None,
+                budget=view,
+            )
         )
-        route = quote_route(decision.route, patient, job.cloud is not None)
         return Quote(
-            local=local,
-            cloud=await _cloud(job, policy),
-            route=route,
-            why=texts.quote_why(route, decision.why, line.host, local),
+            local=verdict.local,
+            cloud=None if provider is None else CloudQuote.of(provider, view),
+            route=verdict.quote,
+            why=verdict.why,
         )
 
 
@@ -106,11 +115,12 @@ async def _fit(job: VideoJob, host: HostRef, priority: Priority) -> HostFit:
         return HostFit(error=agent_silence(err))
 
 
-async def _cloud(job: VideoJob, policy: Policy) -> CloudQuote | None:
-    """The first provider's estimate for the clip and what the budgets have left; None when the
-    job has no cloud prompt or the workers hold no cloud key."""
+async def _budget(job: VideoJob, policy: Policy) -> tuple[str | None, BudgetView | None]:
+    """The first provider and its budget view: the estimate for the clip and what the budgets
+    have left (None: the view failed). No provider when the job has no cloud prompt or the
+    workers hold no cloud key."""
     if job.cloud is None or not policy.providers:
-        return None
+        return None, None
     provider = policy.providers[0]
     request = SpendRequest(
         job_id=job.job_id,
@@ -120,8 +130,7 @@ async def _cloud(job: VideoJob, policy: Policy) -> CloudQuote | None:
         authorisation="armed",
     )
     try:
-        view = await calls.spend_view(request)
-    except ActivityError as err:  # shown only: the quote goes on without the figures
+        return provider, await calls.spend_view(request)
+    except ActivityError as err:  # the quote goes on: the ledger checks when a job reserves
         workflow.logger.warning("quote: budget view failed: %s", err.cause or err)
-        return CloudQuote(provider=provider)
-    return CloudQuote.of(provider, view)
+        return provider, None

@@ -7,12 +7,12 @@ from datetime import datetime, timedelta
 
 from activities.cloud.models import Reconciled
 from activities.cloud.registry import console, key_names, label
+from spillway.core.decision import BUDGET_EXHAUSTED, duration, ordinal
 from spillway.core.gpu_pool import PoolView
 from spillway.core.ledger import BudgetShortfall, BudgetView, SpendEntry
 from spillway.core.models import (
     ApprovalNotice,
     CloudAttempt,
-    LocalQuote,
     Plan,
     Policy,
     RenderProgress,
@@ -132,7 +132,7 @@ def _wait_or_pay(plan: Plan) -> str:
     spot, budget = plan.queue, plan.budget
     if budget is None or budget.estimate_usd is None or budget.provider is None:
         return ""
-    here = f"about {_duration(spot.eta_s)}" if spot and spot.eta_s is not None else "later"
+    here = f"about {duration(spot.eta_s)}" if spot and spot.eta_s is not None else "later"
     return (
         f"\n\nStarts in {here} here, or ${budget.estimate_usd:.2f} on {label(budget.provider)} now."
     )
@@ -143,17 +143,8 @@ def _line_text(plan: Plan) -> str:
     hosts = f"\n\n{plan.hosts_text()}." if plan.cannot_run else ""
     if spot is None:
         return hosts
-    eta = f", about {_duration(spot.eta_s)}" if spot.eta_s is not None else ""
-    return f"\n\n{_ordinal(spot.position)} in line for the GPUs when it joined{eta}.{hosts}"
-
-
-def _ordinal(n: int) -> str:
-    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
-    return f"{n}{suffix}"
-
-
-def _duration(seconds: float) -> str:
-    return f"{round(seconds)} s" if seconds < 90 else f"{round(seconds / 60)} min"
+    eta = f", about {duration(spot.eta_s)}" if spot.eta_s is not None else ""
+    return f"\n\n{ordinal(spot.position)} in line for the GPUs when it joined{eta}.{hosts}"
 
 
 def pool_details(view: PoolView, in_line: int) -> str:
@@ -167,7 +158,7 @@ def pool_details(view: PoolView, in_line: int) -> str:
         )
     lines.append(f"\n**In line: {in_line}**")
     for item in view.line:
-        eta = f", about {_duration(item.eta_s)}" if item.eta_s is not None else ""
+        eta = f", about {duration(item.eta_s)}" if item.eta_s is not None else ""
         lines.append(f"{item.position}. `{item.job_id}` (priority {item.priority}{eta})")
     if in_line > len(view.line):
         lines.append(f"... and {in_line - len(view.line)} more (`spillway queue`)")
@@ -283,18 +274,6 @@ def line_past_patience(eta_s: float | None, patience_s: float) -> str:
     return f"line_eta_{round(eta_s)}s_gt_max_wait_{round(patience_s)}s"
 
 
-def quote_why(route: str, why: str, host: str | None, local: LocalQuote) -> str:
-    if route == "local" and host is not None:
-        return f"a place on {host} now ({why})"
-    eta = f", about {_duration(local.eta_s)}" if local.eta_s is not None else ""
-    waits = f"{_ordinal(local.position)} in line for the GPUs{eta}"
-    if route == "local":
-        return f"{waits}; it runs locally when a place frees ({why})"
-    if route == "await_approval":
-        return f"{why}: it would wait for a person (approve: the cloud), {waits}"
-    return why
-
-
 def stalled_since(since: datetime, node: str | None) -> str:
     where = f" at node {node}" if node else ""
     return f"its render made no progress{where} since {since:%H:%M:%S} UTC"
@@ -358,7 +337,8 @@ def _money_text(plan: Plan, *, markdown: bool) -> str:
     text = "; ".join(parts)
     if view.exhausted is not None:
         text += (
-            f". The {'daily' if view.exhausted == 'day' else 'monthly'} budget cannot cover it: "
+            f". {BUDGET_EXHAUSTED}: the {'daily' if view.exhausted == 'day' else 'monthly'} "
+            "budget cannot cover it: "
             f"only `spillway approve {plan.job_id} --by NAME --over-budget` sends it to the cloud"
         )
     return f"\n\n{text}." if markdown else f" {text}."

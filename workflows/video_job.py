@@ -12,6 +12,7 @@ approval.py for the wait for a person).
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from datetime import timedelta
 
 from temporalio import workflow
@@ -36,30 +37,42 @@ with workflow.unsafe.imports_passed_through():
     from activities.comfyui.models import HostFit
     from spillway.core import names
     from spillway.core.decision import (
-        Decision,
-        decide,
+        Line,
+        Seen,
+        Verdict,
         is_armed,
         patience_s,
         places_taken,
-        quote_route,
+        route,
     )
     from spillway.core.gpu_pool import PoolAnswer
     from spillway.core.models import (
         ApprovalDecision,
         IgnoredSignal,
         JobPlace,
-        LocalQuote,
         PlaceMode,
         Plan,
         PriorityChange,
         PriorityRecord,
         QueueSpot,
-        Quote,
         RenderProgress,
     )
     from workflows import texts
 
 SHOWN_LACKS = 5  # what a host lacks, shown in the plan: the first few phrases
+
+
+def _line(answer: PoolAnswer) -> Line:
+    """The pool's answer as the decision reads it: a place now, or where it stands (or would
+    stand: an ask that does not wait) in the line."""
+    if answer.host is not None:
+        return Line(host=answer.host, eta_s=0.0, full=answer.full)
+    return Line(
+        position=answer.position or answer.would_be or 0,
+        eta_s=answer.eta_s,
+        render_s=answer.render_s,
+        full=answer.full,
+    )
 
 
 @workflow.defn(name=names.VIDEO_JOB)
@@ -141,13 +154,22 @@ class VideoJobWorkflow:
             await workflow.sleep(timedelta(seconds=policy.unreachable_confirm_s))
             load = await measure.measure(s)
         armed = is_armed(policy.fallback_enabled, policy.key_present, job.cloud is not None)
-        decision = decide(load, armed=armed)
-        answer: PoolAnswer | None = None
         # An armed job with patience lines up for the next place while the line's estimate is
         # within it; without, it overflows as soon as the places are full.
         patience = patience_s(job, policy.overflow_after_s, workflow.now()) if armed else None
+        seen = Seen(
+            load=load,
+            armed=armed,
+            has_cloud=job.cloud is not None,
+            hosts=tuple(h.name for h in policy.hosts),
+            unfit=tuple(s.unfit or ()),
+            patience_s=patience,
+            by_deadline=job.deadline is not None,
+        )
+        verdict = route(seen)
+        answer: PoolAnswer | None = None
         waits_patiently, patience_reason = False, None
-        if s.pooled and decision.route != "cloud":
+        if s.pooled and verdict.route != "cloud":
             # A job that may still go to the cloud waits for headroom; one that can only run
             # here, or that waits by its patience, takes the next place on a host that answers.
             mode: PlaceMode = "any" if job.cloud is None or patience is not None else "headroom"
@@ -161,11 +183,13 @@ class VideoJobWorkflow:
                 start_by=start_by,
                 by_deadline=job.deadline is not None,
             )
+            seen = replace(seen, line=_line(answer))
+            verdict = route(seen)
             if answer.host is None:
                 load = places_taken(load, answer.full)
-                decision = decide(load, armed=armed)
-                if patience is not None and answer.position is not None:
-                    waits_patiently, patience_reason = await self._by_patience(answer, patience)
+                if verdict.patience_s is not None and answer.position is not None:
+                    waits_patiently, patience_reason = await self._by_patience(answer, verdict)
+        decision = verdict.decision
         workflow.logger.info(
             "decision job=%s route=%s trigger=%s armed=%s reasons=%s errors=%s why=%r",
             job.job_id,
@@ -181,8 +205,9 @@ class VideoJobWorkflow:
         s.plan.reasons += [patience_reason] if patience_reason else []
         s.plan.overflow.trigger = decision.trigger
         s.plan.overflow.last_signal = load if decision.trigger else None
+        s.seen = seen
         if policy.job_quote:
-            s.plan.quote = self._quote(decision, answer, waits_patiently)
+            s.plan.quote = cloud_route.quote_of(s, verdict)
         if waits_patiently:
             return await approval.wait_in_line(s)
         if decision.route == "cloud":
@@ -195,36 +220,13 @@ class VideoJobWorkflow:
             return await approval.wait_in_line(s)
         return await approval.ask(s, None)
 
-    def _quote(self, decision: Decision, answer: PoolAnswer | None, patient: bool) -> Quote:
-        """The decision as `spillway quote` would have given it: the line as the pool answered
-        the job's ask, the cloud's figures where the job read them (`read_budget`)."""
-        s = self._state
-        unfit = s.unfit or []
-        local = LocalQuote(
-            hosts=[h.name for h in s.policy.hosts if h.name not in unfit], position=0
-        )
-        if answer is not None and answer.host is None:
-            local.position = answer.position or answer.would_be or 0
-            local.eta_s = answer.eta_s
-        elif answer is not None:
-            local.eta_s = 0.0
-        route = quote_route(decision.route, patient, s.job.cloud is not None)
-        host = answer.host if answer is not None else None
-        return Quote(
-            local=local,
-            cloud=cloud_route.cloud_quote(s),
-            route=route,
-            why=texts.quote_why(route, decision.why, host, local),
-        )
-
-    async def _by_patience(self, answer: PoolAnswer, patience: float) -> tuple[bool, str]:
+    async def _by_patience(self, answer: PoolAnswer, verdict: Verdict) -> tuple[bool, str]:
         """In line with its patience: it waits when the line's estimate is within it (until
         then), else it leaves the line at once for the cloud; the reason names both figures.
-        With a deadline the patience leaves a typical render's time before it."""
+        With a deadline the patience leaves a typical render's time before it (`route`)."""
         s = self._state
-        if s.job.deadline is not None:
-            patience = max(patience - (answer.render_s or 0.0), 0.0)
-        if answer.eta_s is not None and answer.eta_s <= patience:
+        patience = verdict.patience_s or 0.0
+        if verdict.patient and answer.eta_s is not None:
             until = workflow.now() + timedelta(seconds=patience)
             await cloud_route.read_budget(s)  # what the cloud would cost now, for people
             s.patience_until = s.plan.patience_until = until

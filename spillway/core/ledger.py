@@ -262,6 +262,13 @@ class BudgetView(BaseModel):
     day_remaining_usd: float | None = None
     month_remaining_usd: float | None = None
     exhausted: Period | None = None  # set when the budget is why an armed job waits
+    # The budgets the remainders are of (None: no cap, or a view of an earlier release), so
+    # that a quote can word a shortfall as the ledger's refusal would.
+    day_budget_usd: float | None = None
+    month_budget_usd: float | None = None
+    # False when the ledger's totals could not be read: the remainders are then the whole
+    # budgets, and whether they cover the estimate is not known.
+    totals_read: bool = True
     # What an approval is for, as the workers read it: the provider the job would be reserved
     # for and the key of its clip's figure in routing_tiers.json (`spillway approve` signs both).
     provider: str | None = None

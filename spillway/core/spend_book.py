@@ -67,6 +67,22 @@ KEEP = timedelta(days=40)
 CENT = 1e-9
 
 
+def short_of(
+    period: Period, budget_usd: float, remaining_usd: float, cost_usd: float | None
+) -> BudgetShortfall | None:
+    """One budget's verdict on a cost: the ledger's refusal, or None when it covers it. A cost
+    not known is never covered (money fails closed). `spillway quote` asks the same rule of the
+    figures the budget view read, so that a quote says what the ledger would."""
+    if cost_usd is not None and cost_usd <= remaining_usd + CENT:
+        return None
+    return BudgetShortfall(
+        period=period,
+        budget_usd=budget_usd,
+        remaining_usd=round(max(remaining_usd, 0.0), 2) + 0.0,
+        estimate_usd=cost_usd,
+    )
+
+
 class SpendRefused(Exception):
     """A reservation, begin or settle the ledger refuses; `entry` is what stands in the way."""
 
@@ -243,13 +259,9 @@ class SpendBook:
             remaining = totals.remaining_usd
             if excluding is not None and _same(period, excluding.at, now):
                 remaining += excluding.cost_usd or 0.0
-            if cost_usd is None or cost_usd > remaining + CENT:
-                return BudgetShortfall(
-                    period=period,
-                    budget_usd=totals.budget_usd,
-                    remaining_usd=round(max(remaining, 0.0), 2) + 0.0,
-                    estimate_usd=cost_usd,
-                )
+            short = short_of(period, totals.budget_usd, remaining, cost_usd)
+            if short is not None:
+                return short
         return None
 
     def reserve(self, req: ReserveRequest, terms: Vetted, now: datetime) -> SpendEntry:
