@@ -27,6 +27,7 @@ with workflow.unsafe.imports_passed_through():
     from spillway.core import names
     from spillway.core.gpu_pool import (
         Holder,
+        LateCheck,
         Message,
         PoolAnswer,
         PoolAsk,
@@ -173,6 +174,12 @@ class GpuPoolWorkflow:
     def quote(self, ask: PoolAsk) -> Quoted:
         return self._book.quote(ask, workflow.now())
 
+    @workflow.query(name=names.POOL_LATE)
+    def late_check(self, ask: PoolAsk) -> LateCheck:
+        """Asked by a job (through its `gpu_pool_confirm_late` activity) before it leaves the line
+        for the cloud: whether its own ask is late by this pool's estimate."""
+        return self._book.confirm_late(ask, workflow.now())
+
     @workflow.query(name=names.POOL_SPOT)
     def spot(self, job_id: str) -> QueueSpot | None:
         return self._book.spot(job_id, workflow.now())
@@ -289,6 +296,8 @@ class GpuPoolWorkflow:
                     run_id=held.run_id,
                     unfit=held.unfit,
                     models=held.models,
+                    start_by=held.start_by,
+                    by_deadline=held.by_deadline,
                 )
                 for job_id, answer in self._book.ask(lined, now):
                     self._send(job_id, answer)

@@ -218,20 +218,43 @@ class VideoJobWorkflow:
         )
 
     async def _by_patience(self, answer: PoolAnswer, patience: float) -> tuple[bool, str]:
-        """In line with its patience: it waits when the line's estimate is within it (until
-        then), else it leaves the line at once for the cloud; the reason names both figures.
-        With a deadline the patience leaves a typical render's time before it."""
+        """In line with its patience: it waits when the line's estimate is within it or not
+        known yet (until then), else it leaves the line at once for the cloud, once the pool
+        itself confirms that its ask is late (the answer may be anyone's signal); the reason
+        names both figures. With a deadline the patience leaves a typical render's time."""
         s = self._state
         if s.job.deadline is not None:
             patience = max(patience - (answer.render_s or 0.0), 0.0)
+        if answer.eta_s is None and patience > 0:
+            # No render seen yet (a pool started after a terminate forgot them): an estimate
+            # nobody has never spends; its patience's timer does, once it is out.
+            return await self._wait_patiently(patience), texts.line_unknown_within_patience(
+                patience
+            )
         if answer.eta_s is not None and answer.eta_s <= patience:
-            until = workflow.now() + timedelta(seconds=patience)
-            await cloud_route.read_budget(s)  # what the cloud would cost now, for people
-            s.patience_until = s.plan.patience_until = until
-            return True, texts.line_within_patience(answer.eta_s, patience)
-        s.late = False  # its answer said so: it leaves now
+            return await self._wait_patiently(patience), texts.line_within_patience(
+                answer.eta_s, patience
+            )
+        s.late = False  # its answer said so; the pool's own estimate decides
+        checked = await admission.confirm_late(s) if answer.eta_s is not None else None
+        if checked is not None and not checked.late:
+            why = texts.late_not_confirmed(checked.lined, checked.position, checked.eta_s)
+            approval.ignore(s, IgnoredSignal(at=workflow.now(), why=why))
+            if checked.eta_s is None:
+                reason = texts.line_unknown_within_patience(patience)
+            else:
+                reason = texts.line_within_patience(checked.eta_s, patience)
+            return await self._wait_patiently(patience), reason
         await admission.leave(s)
-        return False, texts.line_past_patience(answer.eta_s, patience)
+        eta = checked.eta_s if checked is not None else None
+        return False, texts.line_past_patience(eta, patience)
+
+    async def _wait_patiently(self, patience: float) -> bool:
+        s = self._state
+        until = workflow.now() + timedelta(seconds=patience)
+        await cloud_route.read_budget(s)  # what the cloud would cost now, for people
+        s.patience_until = s.plan.patience_until = until
+        return True
 
     async def _give_back_strays(self) -> None:
         s = self._state
@@ -280,7 +303,15 @@ class VideoJobWorkflow:
         """The GPU pool's answer. A place given to an ask the job no longer stands by goes
         back, sent by the run."""
         s = self._state
-        if admission.take(s, answer) or answer.host is None:
+        if admission.take(s, answer):
+            if answer.late and (s.place is None or s.place.start_by is None):
+                why = texts.late_not_its_ask(answer.asked_at, patient=False)
+                approval.ignore(s, IgnoredSignal(at=workflow.now(), why=why))
+            return
+        if answer.late:  # to no ask of this job's: nothing to confirm
+            why = texts.late_not_its_ask(answer.asked_at, patient=True)
+            approval.ignore(s, IgnoredSignal(at=workflow.now(), why=why))
+        if answer.host is None:
             return
         if workflow.patched(admission.STRAYS_BY_RUN):
             s.strays.append(answer.asked_at)
