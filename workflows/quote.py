@@ -77,7 +77,9 @@ class QuoteWorkflow:
             patience = patience_s(job, policy.overflow_after_s, workflow.now()) if armed else None
             if job.deadline is not None and patience is not None:
                 patience = max(patience - (line.render_s or 0.0), 0.0)
-            patient = patience is not None and line.eta_s is not None and line.eta_s <= patience
+            # Not known yet (no render seen): it would wait, and its patience ends the wait.
+            if patience is not None:
+                patient = line.eta_s <= patience if line.eta_s is not None else patience > 0
         local = LocalQuote(
             hosts=[h.name for h in policy.hosts if h.name not in unfit],
             position=line.position,
