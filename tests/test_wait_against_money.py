@@ -21,7 +21,7 @@ from spillway.client import SpillwayClient
 from spillway.client import jobs as job_ops
 from spillway.client.queue import pool_view
 from spillway.core import names
-from spillway.core.gpu_pool import PoolAnswer, PoolAsk, PoolLeave
+from spillway.core.gpu_pool import PoolAnswer, PoolAsk, PoolInput, PoolLeave
 from spillway.core.models import CloudRequest, JobPlace, Plan, Quote, VideoJob
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
@@ -265,6 +265,28 @@ async def test_a_pool_started_after_a_terminate_sends_no_patient_job_to_the_clou
         plan = await st.jobs.until(patient, lambda p: p.state != "probing")
         assert plan.state == "queued" and plan.patience_until is not None, plan
         assert "line_eta_unknown_waits_max_wait_600s" in plan.reasons
+        comfyui.resume()
+        plans = await asyncio.gather(patient.result(), *(h.result() for h in held))
+    assert [(p.state, p.route) for p in plans] == [("completed", "local")] * 3
+    assert creates(minimax) == 0
+
+
+async def test_render_times_in_a_pool_s_start_input_are_nobody_s_word(
+    studio, comfyui: ComfyUISim, minimax: MiniMaxSim
+):
+    async with studio(CLOUD_VIDEO_FALLBACK_ENABLED=True, CLOUD_OVERFLOW_AFTER_S=600) as st:
+        held = await both_places_held(st, comfyui)
+        queue = st.jobs.task_queue
+        pool = st.jobs.client.get_workflow_handle(names.pool_id(queue))
+        await pool.terminate()
+        # Anyone who can start workflows starts the next pool, with hour-long renders "seen".
+        hour = PoolInput(holds_s={"a40_local": [3600.0] * 3})
+        await st.jobs.client.start_workflow(
+            names.GPU_POOL, hour, id=pool.id, task_queue=names.pool_queue(queue)
+        )
+        patient = await armed_job(st)
+        plan = await st.jobs.until(patient, lambda p: p.state != "probing")
+        assert plan.state == "queued" and "line_eta_unknown_waits_max_wait_600s" in plan.reasons
         comfyui.resume()
         plans = await asyncio.gather(patient.result(), *(h.result() for h in held))
     assert [(p.state, p.route) for p in plans] == [("completed", "local")] * 3

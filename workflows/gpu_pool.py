@@ -64,6 +64,11 @@ IDLE_AT_LEAST = timedelta(milliseconds=100)  # a timer due now is a timer, not a
 class GpuPoolWorkflow:
     @workflow.init
     def __init__(self, inp: PoolInput) -> None:
+        if workflow.info().continued_run_id is None:
+            # Render times come only from renders this pool (or the run it continues) saw:
+            # spillway starts a pool with none, and times in a start's input are the word of
+            # whoever started it (an estimate that makes every patient job late).
+            inp = inp.model_copy(update={"holds_s": {}, "shape_holds": {}})
         self._book = PoolBook(inp)
         self._inbox: list[PoolAsk | PoolLeave | PoolDrain] = [
             m
