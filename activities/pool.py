@@ -28,6 +28,7 @@ from spillway.core import search_attributes as sa
 from spillway.core.gpu_pool import (
     Drain,
     Holder,
+    LateCheck,
     PoolAsk,
     PoolInput,
     PoolQuote,
@@ -81,6 +82,9 @@ class Held(BaseModel):
     run_id: str | None = None
     unfit: list[str] = []  # the hosts known to lack what its graph needs
     models: list[str] = []  # the model files its graph loads
+    # Its patience, as the job itself keeps it (a pool that lost its line learns it here).
+    start_by: datetime | None = None
+    by_deadline: bool = False
 
 
 class HoldersFound(BaseModel):
@@ -221,6 +225,36 @@ class PoolActivities:
         book.configure(req.hosts)
         return book.quote(req.ask, datetime.now(UTC))
 
+    @activity.defn(name=names.POOL_LATE_ACTIVITY)
+    async def confirm_late(self, ask: PoolAsk) -> LateCheck:
+        """Whether the job's own ask is late by the estimate of the pool spillway runs for the
+        job's task queue (its `late` query), asked by the job before it leaves the line for the
+        cloud: an answer saying `late` is a signal anyone with signal rights can send. No pool
+        running, one on another task queue (not spillway's), or one that cannot answer now:
+        not late (the job waits on, and its patience's own timer still ends the wait)."""
+        queue = activity.info().task_queue
+        handle = self._client.get_workflow_handle(names.pool_id(queue))
+        try:
+            described = await handle.describe(rpc_timeout=ASK_TIMEOUT)
+            if described.task_queue != names.pool_queue(queue):
+                activity.logger.warning(
+                    "gpu pool %s runs on %r, not spillway's: its estimate is not taken",
+                    handle.id,
+                    described.task_queue,
+                )
+                return LateCheck()
+            checked: LateCheck = await handle.query(
+                names.POOL_LATE,
+                ask,
+                result_type=LateCheck,
+                reject_condition=QueryRejectCondition.NOT_OPEN,
+                rpc_timeout=ASK_TIMEOUT,
+            )
+            return checked
+        except (WorkflowQueryRejectedError, RPCError) as err:
+            activity.logger.info("job %s: lateness not confirmed: %s", ask.job_id, err)
+            return LateCheck()
+
     @activity.defn(name=names.POOL_CHECK)
     async def check_holders(self, check: HolderCheck) -> HoldersChecked:
         limit = asyncio.Semaphore(CHECKS_AT_ONCE)
@@ -286,6 +320,8 @@ class PoolActivities:
                 run_id=run_id,
                 unfit=place.unfit,
                 models=place.models,
+                start_by=place.start_by,
+                by_deadline=place.by_deadline,
             )
 
         found = await asyncio.gather(*(place_of(job_id, run_id) for job_id, run_id in running))

@@ -66,6 +66,7 @@ def main_work(
     decisions: list[Callable[..., Any]] = [
         places.start,
         places.quote,
+        places.confirm_late,
         policy.read_policy,
         notify.notify_approval_needed,
         approvals.verify,

@@ -9,8 +9,8 @@ for armed jobs whose GPU places are all taken, run through the GPU pool's own bo
 - "overflow past its patience": it joins the line when the pool's estimate of its start is
   within its patience, renders here when a place frees, and goes to the cloud when the pool's
   estimate of its start passes its patience (the renders ahead run long) or its wait reaches
-  it; a longer estimate, or none yet, sends it to the cloud at once (what a job does,
-  workflows/video_job.py, with the pool's `late` answers).
+  it; a longer estimate sends it to the cloud at once, none yet makes it wait out its patience
+  (what a job does, workflows/video_job.py, with the pool's `late` answers).
 
 Arrivals come in bursts (a burst every 20 to 60 min, 1 to 10 jobs within 5 minutes); renders
 are drawn from a log-normal around 2 minutes; each job's patience is 2, 5, 10 or 20 minutes; a
@@ -107,7 +107,7 @@ def day(jobs: list[Job], places: int, patient: bool) -> list[Job]:
             [(_, answer)] = [s for s in book.ask(ask, at) if s[0] == job.name]
             if answer.host is not None:
                 start(job, now)
-            elif patient and answer.eta_s is not None and answer.eta_s <= job.patience_s:
+            elif patient and (answer.eta_s is None or answer.eta_s <= job.patience_s):
                 heapq.heappush(events, Event(now + job.patience_s, "patience", job))
             else:
                 to_cloud(job, now)

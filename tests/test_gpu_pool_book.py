@@ -21,6 +21,7 @@ from spillway.core.gpu_pool import (
     Reading,
 )
 from spillway.core.hosts import ref
+from spillway.core.line_estimate import Waiter, host_places, starts
 from spillway.core.pool_book import LEAVE_CHECKS, WARM_PASSES, PoolBook
 
 T0 = datetime(2026, 12, 3, 8, 0, tzinfo=UTC)
@@ -530,3 +531,126 @@ def test_the_estimate_takes_renders_of_each_job_s_own_shape_where_it_has_seen_so
     }
     quoted = b.quote(ask("q", 4, shape="video", seen=BUSY), T0)
     assert (quoted.position, quoted.eta_s, quoted.render_s) == (3, 102.0 + 2.0, 100.0)
+
+
+# --- the estimate counts only the places a job could take (issue 59, item 4) --------------------
+
+A_B = [HostSeen(name=n, reachable=True, headroom=True) for n in ("a", "b")]
+
+
+@pytest.mark.parametrize(
+    ("places", "line", "expected"),
+    [
+        # One host, two places: the first two start when the places free, the third behind.
+        ({"a": [0.0, 5.0]}, [({"a"}, 10.0)] * 3, [0.0, 5.0, 10.0]),
+        # A job ahead that only "a" can run does not delay one that only "b" can.
+        ({"a": [10.0], "b": [10.0]}, [({"a"}, 10.0)] * 4 + [({"b"}, 10.0)], [10, 20, 30, 40, 10]),
+        # A job that may use either takes the place that frees first, wherever it is.
+        ({"a": [30.0], "b": [10.0]}, [({"a", "b"}, 10.0), ({"b"}, 10.0)], [10.0, 20.0]),
+        # None of its hosts usable (drained, not answering, not configured): not known.
+        ({"a": [0.0]}, [({"b"}, 10.0), ({"a"}, 10.0)], [None, 0.0]),
+        ({}, [({"a"}, 10.0)], [None]),
+    ],
+)
+def test_each_job_starts_on_the_first_place_that_frees_among_the_hosts_it_can_use(
+    places: dict[str, list[float]],
+    line: list[tuple[set[str], float]],
+    expected: list[float | None],
+) -> None:
+    assert starts(places, [Waiter(hosts, render) for hosts, render in line]) == expected
+
+
+@pytest.mark.parametrize(
+    ("max_jobs", "frees", "expected"),
+    [
+        (2, [], [0.0, 0.0]),
+        (2, [7.0], [7.0, 0.0]),
+        (2, [9.0, 3.0], [3.0, 9.0]),
+        # Three held where a deploy left two places: the line's first place frees at the second
+        # holder's end.
+        (2, [10.0, 20.0, 30.0], [20.0, 30.0]),
+        (0, [5.0], []),
+    ],
+)
+def test_a_host_s_places_free_as_its_holders_end(
+    max_jobs: int, frees: list[float], expected: list[float]
+) -> None:
+    assert host_places(max_jobs, frees) == expected
+
+
+def test_a_job_only_b_runs_behind_four_only_a_runs_is_not_told_late_when_b_frees_in_time():
+    b = book(("a", 1), ("b", 1))
+    b.holds_s = {"a": [10.0], "b": [10.0]}
+    b.ask(ask("on-a", seen=A_B, unfit=["b"]), T0)
+    b.ask(ask("on-b", seen=A_B, unfit=["a"]), T0)
+    for i in range(4):
+        b.ask(ask(f"only-a{i}", i + 1, seen=A_B, unfit=["b"]), T0)
+    patient = ask("only-b", 9, seen=A_B, unfit=["a"], start_by=T0 + timedelta(seconds=20))
+    told = answers(b.ask(patient, T0))["only-b"]
+    # Fifth in line, but only the holder of "b" is ahead of it there: it starts in 10 s.
+    assert (told.position, told.eta_s, told.late) == (5, 10.0, False)
+    assert b.late(T0 + timedelta(seconds=5)) == []
+    assert not b.confirm_late(patient, T0).late
+    assert [i.eta_s for i in b.view(T0).line] == [10.0, 20.0, 30.0, 40.0, 10.0]
+
+
+@pytest.mark.parametrize("away", ["drained", "unreachable"])
+def test_the_places_of_a_drained_or_unreachable_host_are_not_counted_free(away: str):
+    b = book(("a", 1), ("b", 1))
+    b.holds_s = {"b": [10.0]}
+    b.ask(ask("on-b", seen=A_B, unfit=["a"]), T0)
+    if away == "drained":
+        b.drain(PoolDrain(host="a", drain=True, by="ops"), T0)
+    else:
+        b.note_probe("a", Reading(reachable=False, headroom=False, at=T0))
+    either = answers(b.ask(ask("either", 1, seen=[]), T0))["either"]
+    only_a = answers(b.ask(ask("only-a", 2, seen=[], unfit=["b"]), T0))["only-a"]
+    # "a"'s free place takes nobody: "either" starts when "b" frees, "only-a" is not known.
+    assert (either.position, either.eta_s) == (1, 10.0)
+    assert (only_a.position, only_a.eta_s) == (2, None)
+
+
+def test_an_ask_forged_with_a_short_patience_makes_nothing_late_that_the_job_can_confirm():
+    b = book(("a40", 1))
+    b.holds_s["a40"] = [10.0]
+    b.ask(ask("holder"), T0)
+    patient = ask("patient", 1, start_by=T0 + timedelta(seconds=600))
+    assert not answers(b.ask(patient, T0))["patient"].late
+    # Anyone with signal rights asks in its name, with its ask time and a patience long past:
+    # the pool keeps the patience the job lined up with and tells nobody `late`.
+    past = {"start_by": T0 - timedelta(seconds=1)}
+    forged = patient.model_copy(update=past)
+    sent = b.ask(forged, T0 + timedelta(seconds=1))
+    assert [a.late for _, a in sent] == [False] and b.late(T0 + timedelta(seconds=2)) == []
+    # Or takes it out of the line first, then asks in its name: a patience over when it
+    # arrives is nobody's, and one short but not over yet is told, but the job's own ask (its
+    # own patience) is not late by the pool's estimate: it waits on.
+    b.give_back(PoolLeave(job_id="patient", asked_at=patient.asked_at), T0)
+    assert [a.late for _, a in b.ask(forged, T0 + timedelta(seconds=2))] == [False]
+    b.give_back(PoolLeave(job_id="patient", asked_at=patient.asked_at), T0)
+    soon = patient.model_copy(update={"start_by": T0 + timedelta(seconds=3)})
+    assert [a.late for _, a in b.ask(soon, T0 + timedelta(seconds=2))] == [True]
+    assert b.confirm_late(patient, T0 + timedelta(seconds=2)).model_dump() == {
+        "lined": True,
+        "position": 1,
+        "eta_s": 8.0,
+        "late": False,
+    }
+    # Demoted in its name (priority 5, behind later asks): the check takes its own priority.
+    b.ask(ask("later", 5, start_by=T0 + timedelta(seconds=900)), T0 + timedelta(seconds=5))
+    b.ask(patient.model_copy(update={"priority": 5}), T0 + timedelta(seconds=5))
+    assert [a.job_id for a in b.line] == ["later", "patient"]
+    assert b.confirm_late(patient, T0 + timedelta(seconds=5)).position == 1
+    # An ask the pool does not have in line (another ask time) is never late.
+    other = patient.model_copy(update={"asked_at": T0 + timedelta(seconds=7)})
+    assert b.confirm_late(other, T0 + timedelta(seconds=5)).model_dump()["lined"] is False
+
+
+def test_a_pool_that_has_seen_no_render_tells_no_patient_job_late():
+    b = book(("a40", 1))
+    b.ask(ask("holder"), T0)
+    patient = ask("patient", 1, start_by=T0 + timedelta(seconds=5))
+    told = answers(b.ask(patient, T0))["patient"]
+    assert (told.eta_s, told.late) == (None, False)
+    assert b.late(T0 + timedelta(seconds=4)) == [] and b.next_late(T0) is None
+    assert b.confirm_late(patient, T0 + timedelta(seconds=4)).late is False

@@ -1,6 +1,7 @@
 """The GPU pool's activities (activities/pool.py) against the dev server: a place is held only by
 a running spillway job of the pool's own queue, whoever asked in another workflow's name; and a
-pool started under spillway's id where no spillway worker polls is ended by the next ask."""
+pool started under spillway's id where no spillway worker polls is ended by the next ask, and its
+word that a job is late is not taken."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
 from activities.pool import HolderCheck, PoolActivities
 from spillway.core import names
-from spillway.core.gpu_pool import Holder, PoolAsk, PoolInput
+from spillway.core.gpu_pool import Holder, LateCheck, PoolAsk, PoolInput
 
 
 def _holder(job_id: str) -> Holder:
@@ -67,3 +68,23 @@ async def test_an_ask_unanswered_by_a_pool_on_a_foreign_queue_ends_it_and_starts
         assert ours.task_queue == names.pool_queue(queue) and ours.run_id != foreign.result_run_id
     finally:
         await client.get_workflow_handle(pool_id).terminate(reason="test_pool_activities: done")
+
+
+async def test_no_pool_or_one_started_by_anyone_on_a_foreign_queue_confirms_no_job_late(
+    dev_env: WorkflowEnvironment,
+):
+    client = dev_env.client
+    queue = f"spillway-{uuid.uuid4()}"
+    environment = ActivityEnvironment()
+    environment.info = dataclasses.replace(environment.info, task_queue=queue)
+    ask = PoolAsk(job_id="patient", asked_at=datetime.now(UTC), start_by=datetime.now(UTC))
+    confirm = PoolActivities(client).confirm_late
+    assert await environment.run(confirm, ask) == LateCheck()  # no pool at all
+    # Started under spillway's id where anyone's worker could answer its queries.
+    foreign = await client.start_workflow(
+        names.GPU_POOL, PoolInput(), id=names.pool_id(queue), task_queue=f"theirs-{uuid.uuid4()}"
+    )
+    try:
+        assert await environment.run(confirm, ask) == LateCheck()
+    finally:
+        await foreign.terminate(reason="test_pool_activities: done")

@@ -240,11 +240,20 @@ ROWS = [
         book=SPENT,
     ),
     Row(
-        "patient, no estimate yet: today's rule, the cloud",
+        "patient, no estimate yet (a new pool): it waits here, its patience ends the wait",
         {**ARMED_FULL, "line": Line(position=1, full=FULL), "patience_s": 600.0},
+        "local",
+        "cloud",
+        ["1st in line", "within its patience of 10 min"],
+        ["passes its patience"],
+        book=ENOUGH,
+    ),
+    Row(
+        "no patience left and no estimate: the cloud",
+        {**ARMED_FULL, "line": Line(position=1, full=FULL), "patience_s": 0.0},
         "cloud",
         "cloud",
-        ["the line's estimate (unknown) passes its patience (10 min)"],
+        ["the line's estimate (unknown) passes its patience (0 s)"],
         book=ENOUGH,
     ),
     Row(

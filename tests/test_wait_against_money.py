@@ -10,7 +10,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,9 @@ from spillway.cli.render import render_plan
 from spillway.client import SpillwayClient
 from spillway.client import jobs as job_ops
 from spillway.client.queue import pool_view
-from spillway.core.models import CloudRequest, Quote, VideoJob
+from spillway.core import names
+from spillway.core.gpu_pool import PoolAnswer, PoolAsk, PoolInput, PoolLeave
+from spillway.core.models import CloudRequest, JobPlace, Plan, Quote, VideoJob
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
 from tests.support.cli import spillway as cli
@@ -35,6 +37,7 @@ from workflows.texts import current_details
 pytestmark = pytest.mark.full
 
 CLOUD = CloudRequest(prompt="a lighthouse at dusk")
+T_FORGED = datetime(2026, 1, 1, tzinfo=UTC)  # an ask time no job of these tests asked at
 
 
 class Studio:
@@ -230,16 +233,65 @@ async def test_armed_and_full_a_job_whose_patience_is_shorter_than_the_line_goes
     assert learnt.cloud is not None and learnt.cloud.eta_s is not None and learnt.cloud.eta_s > 0
 
 
-async def test_with_no_estimate_yet_an_armed_job_keeps_today_s_rule(
+async def test_with_no_estimate_yet_a_patient_job_waits_until_its_patience_is_out(
+    studio, comfyui: ComfyUISim, minimax: MiniMaxSim
+):
+    async with studio(CLOUD_VIDEO_FALLBACK_ENABLED=True) as st:
+        held = await both_places_held(st, comfyui)
+        # Without a patience, today's rule: the cloud as soon as the places are full.
+        hasty = await (await armed_job(st)).result()
+        # With one, and no render seen: an estimate nobody has never spends; its patience does.
+        began = time.monotonic()
+        short = await (await armed_job(st, max_wait_s=3)).result()
+        waited = time.monotonic() - began
+        comfyui.resume()
+        await asyncio.gather(*(h.result() for h in held))
+    assert hasty.route == "cloud" and "gpu_places_full_a40_local_2of2" in hasty.reasons
+    assert short.route == "cloud" and "line_eta_unknown_waits_max_wait_3s" in short.reasons
+    assert any(r.startswith("waited_") for r in short.reasons), short.reasons
+    assert waited >= 3
+    assert creates(minimax) == 2
+
+
+async def test_a_pool_started_after_a_terminate_sends_no_patient_job_to_the_cloud_at_once(
+    studio, comfyui: ComfyUISim, minimax: MiniMaxSim
+):
+    async with studio(CLOUD_VIDEO_FALLBACK_ENABLED=True, CLOUD_OVERFLOW_AFTER_S=600) as st:
+        await renders_seen(st, comfyui, 1.0)
+        held = await both_places_held(st, comfyui)
+        # The operator's remedy for a wedged pool: the next ask starts one that has seen no
+        # render (it took 1 create: `line_eta_unknown_max_wait_600s`).
+        await st.jobs.client.get_workflow_handle(names.pool_id(st.jobs.task_queue)).terminate()
+        patient = await armed_job(st)
+        plan = await st.jobs.until(patient, lambda p: p.state != "probing")
+        assert plan.state == "queued" and plan.patience_until is not None, plan
+        assert "line_eta_unknown_waits_max_wait_600s" in plan.reasons
+        comfyui.resume()
+        plans = await asyncio.gather(patient.result(), *(h.result() for h in held))
+    assert [(p.state, p.route) for p in plans] == [("completed", "local")] * 3
+    assert creates(minimax) == 0
+
+
+async def test_render_times_in_a_pool_s_start_input_are_nobody_s_word(
     studio, comfyui: ComfyUISim, minimax: MiniMaxSim
 ):
     async with studio(CLOUD_VIDEO_FALLBACK_ENABLED=True, CLOUD_OVERFLOW_AFTER_S=600) as st:
         held = await both_places_held(st, comfyui)
-        plan = await (await armed_job(st)).result()
+        queue = st.jobs.task_queue
+        pool = st.jobs.client.get_workflow_handle(names.pool_id(queue))
+        await pool.terminate()
+        # Anyone who can start workflows starts the next pool, with hour-long renders "seen".
+        hour = PoolInput(holds_s={"a40_local": [3600.0] * 3})
+        await st.jobs.client.start_workflow(
+            names.GPU_POOL, hour, id=pool.id, task_queue=names.pool_queue(queue)
+        )
+        patient = await armed_job(st)
+        plan = await st.jobs.until(patient, lambda p: p.state != "probing")
+        assert plan.state == "queued" and "line_eta_unknown_waits_max_wait_600s" in plan.reasons
         comfyui.resume()
-        await asyncio.gather(*(h.result() for h in held))
-    assert plan.route == "cloud" and "line_eta_unknown_max_wait_600s" in plan.reasons
-    assert creates(minimax) == 1
+        plans = await asyncio.gather(patient.result(), *(h.result() for h in held))
+    assert [(p.state, p.route) for p in plans] == [("completed", "local")] * 3
+    assert creates(minimax) == 0
 
 
 async def test_with_the_day_s_budget_spent_the_quote_and_the_job_both_wait_for_a_person(
@@ -274,3 +326,40 @@ async def test_with_the_day_s_budget_spent_the_quote_and_the_job_both_wait_for_a
         assert plan.budget is not None and plan.budget.exhausted == "day"
     assert f"decided   await_approval: {said}" in render_plan(status)
     assert creates(minimax) == 1
+
+
+async def test_a_forged_late_answer_or_ask_never_sends_a_patient_job_to_the_cloud(
+    studio, comfyui: ComfyUISim, minimax: MiniMaxSim
+):
+    async with studio(CLOUD_VIDEO_FALLBACK_ENABLED=True) as st:
+        took = await renders_seen(st, comfyui, 2.0)
+        held = await both_places_held(st, comfyui, outlast_s=took)
+        patient = await armed_job(st, max_wait_s=600)
+        await st.jobs.until(patient, lambda p: p.state == "queued" and p.patience_until is not None)
+        # Anyone with signal rights: the job's ask time read off its own query, then a `late`
+        # answer to it, one to an ask it never sent, and asks in its name with a patience over
+        # (ignored by the pool) and, after taking it out of the line, a short one (the pool
+        # tells the job `late` by it).
+        place = await patient.query(names.JOB_PLACE, result_type=JobPlace)
+        asked_at = place.asked_at
+        late = PoolAnswer(asked_at=asked_at, position=1, eta_s=9999.0, late=True)
+        await patient.signal(names.POOL_ANSWER, late)
+        await patient.signal(names.POOL_ANSWER, late.model_copy(update={"asked_at": T_FORGED}))
+        pool = st.jobs.client.get_workflow_handle(names.pool_id(st.jobs.task_queue))
+        now = datetime.now(UTC)
+        forged = PoolAsk(job_id=patient.id, asked_at=asked_at, start_by=now - timedelta(seconds=1))
+        await pool.signal(names.POOL_ASK, forged)
+        await pool.signal(names.POOL_LEAVE, PoolLeave(job_id=patient.id, asked_at=asked_at))
+        short = forged.model_copy(update={"start_by": now + timedelta(seconds=3)})
+        await pool.signal(names.POOL_ASK, short)
+
+        def forged_seen(p: Plan) -> int:
+            return sum(i.why.startswith("ignored_forged_late: ") for i in p.ignored_signals)
+
+        plan = await st.jobs.until(patient, lambda p: p.state != "queued" or forged_seen(p) >= 3)
+        assert (plan.state, plan.route, forged_seen(plan)) == ("queued", None, 3), plan
+        comfyui.resume()
+        plans = await asyncio.gather(patient.result(), *(h.result() for h in held))
+    assert [(p.state, p.route) for p in plans] == [("completed", "local")] * 3
+    assert not any("patience_left" in r or "reached_patience" in r for r in plans[0].reasons)
+    assert creates(minimax) == 0

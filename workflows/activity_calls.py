@@ -46,7 +46,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from activities.probe.activities import LoadProbeRequest, LoadStatusActivities
     from activities.spend.activities import SpendActivities, SpendRequest
-    from spillway.core.gpu_pool import PoolAsk, PoolQuote, Quoted
+    from spillway.core.gpu_pool import LateCheck, PoolAsk, PoolQuote, Quoted
     from spillway.core.hosts import WAITS_SUFFIX
     from spillway.core.ledger import BudgetView, Reservation, SpendEntry, SpendSettle
     from spillway.core.models import ApprovalNotice, Downloaded, HostRef, LoadStatus, Policy
@@ -191,6 +191,17 @@ async def pool_find(find: FindHolders) -> HoldersFound:
         PoolActivities.find_holders,
         find,
         start_to_close_timeout=timedelta(minutes=2),
+        retry_policy=RetryPolicy(maximum_attempts=2),
+    )
+
+
+async def pool_confirm_late(ask: PoolAsk) -> LateCheck:
+    """Bounded and never raising past its retries: a pool that cannot say keeps the job in line
+    (see `PoolActivities.confirm_late`)."""
+    return await workflow.execute_activity_method(
+        PoolActivities.confirm_late,
+        ask,
+        start_to_close_timeout=timedelta(seconds=30),
         retry_policy=RetryPolicy(maximum_attempts=2),
     )
 

@@ -13,7 +13,7 @@ import asyncio
 from datetime import datetime, timedelta
 
 from temporalio import workflow
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
 
 from workflows import activity_calls as calls
 from workflows.job_state import VideoJobState
@@ -21,7 +21,7 @@ from workflows.job_state import VideoJobState
 with workflow.unsafe.imports_passed_through():
     from activities.comfyui.capabilities import graph_shape, model_files
     from spillway.core import names
-    from spillway.core.gpu_pool import HostSeen, PoolAnswer, PoolAsk, PoolLeave
+    from spillway.core.gpu_pool import HostSeen, LateCheck, PoolAnswer, PoolAsk, PoolLeave
     from spillway.core.models import JobPlace, PlaceMode, QueueSpot
 
 # Runs of 0.4.0 decide without the pool (a waiting job of theirs re-probes on its own) and read
@@ -101,9 +101,32 @@ async def check(s: VideoJobState) -> None:
     """While it waits in line: the same ask again, which a pool that has it leaves unanswered;
     a pool that lost it (a new pool after one was terminated) lines it by its first ask time,
     and no pool at all is started with it."""
+    request = _standing(s)
+    if not await _signal_pool(names.POOL_ASK, request):
+        await calls.pool_start(request)
+
+
+async def confirm_late(s: VideoJobState) -> LateCheck:
+    """Whether the pool spillway runs for the job's task queue puts the job's own standing ask
+    (its ask time, its own patience) past that patience: the only word a job leaves the line
+    for the cloud on before its patience is out. A `late` answer is a signal, which anyone with
+    signal rights can send, and an ask in the job's name can change what the pool holds for it;
+    the pool's query, read by spillway's own activity, takes the job's ask as the job sent it.
+    Not confirmed when the pool cannot say: the job waits on, and its patience ends the wait."""
+    try:
+        return await calls.pool_confirm_late(_standing(s))
+    except ActivityError as err:
+        if is_cancelled_exception(err):
+            raise
+        workflow.logger.info("job %s: lateness not confirmed: %s", s.job.job_id, err)
+        return LateCheck()
+
+
+def _standing(s: VideoJobState) -> PoolAsk:
+    """The job's standing ask, as it sent it."""
     place = s.place
     assert place is not None
-    request = PoolAsk(
+    return PoolAsk(
         job_id=s.job.job_id,
         asked_at=place.asked_at,
         priority=s.job.priority,
@@ -116,8 +139,6 @@ async def check(s: VideoJobState) -> None:
         by_deadline=place.by_deadline,
         shape=graph_shape(s.job.graph),
     )
-    if not await _signal_pool(names.POOL_ASK, request):
-        await calls.pool_start(request)
 
 
 def take(s: VideoJobState, answer: PoolAnswer) -> bool:

@@ -198,16 +198,25 @@ async def wait_in_line(
                 await admission.leave(s)
                 return choice
             continue
-        if s.patience_until is not None and (workflow.now() >= s.patience_until or s.late):
-            # An armed job whose patience ran out in line, or whose start the line's estimate
-            # puts after it: the cloud (the line moves up).
+        if s.patience_until is not None and s.late and workflow.now() < s.patience_until:
+            # Told that the line's estimate puts its start after its patience: the cloud, once
+            # the pool's own estimate of its own ask says so (the telling may be anyone's).
+            s.late = False
+            pool_says = await admission.confirm_late(s)
+            if not pool_says.late:
+                why = texts.late_not_confirmed(pool_says.lined, pool_says.position, pool_says.eta_s)
+                ignore(s, IgnoredSignal(at=workflow.now(), why=why))
+            if not pool_says.late or admission.admitted(s):  # a place came meanwhile: it wins
+                continue
             left = (s.patience_until - workflow.now()).total_seconds()
-            if left > 0:
-                eta = s.plan.queue.eta_s if s.plan.queue is not None else None
-                s.reason(texts.line_passed_patience(eta, left))
-            else:
-                waited = (workflow.now() - s.place.asked_at).total_seconds() if s.place else 0.0
-                s.reason(texts.waited_past_patience(waited))
+            s.reason(texts.line_passed_patience(pool_says.eta_s, max(left, 0.0)))
+            s.patience_until = s.plan.patience_until = None
+            await admission.leave(s)
+            return ARMED
+        if s.patience_until is not None and workflow.now() >= s.patience_until:
+            # An armed job whose patience ran out in line: the cloud (the line moves up).
+            waited = (workflow.now() - s.place.asked_at).total_seconds() if s.place else 0.0
+            s.reason(texts.waited_past_patience(waited))
             s.patience_until = s.plan.patience_until = None
             s.late = False
             await admission.leave(s)

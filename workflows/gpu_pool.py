@@ -27,6 +27,7 @@ with workflow.unsafe.imports_passed_through():
     from spillway.core import names
     from spillway.core.gpu_pool import (
         Holder,
+        LateCheck,
         Message,
         PoolAnswer,
         PoolAsk,
@@ -63,6 +64,11 @@ IDLE_AT_LEAST = timedelta(milliseconds=100)  # a timer due now is a timer, not a
 class GpuPoolWorkflow:
     @workflow.init
     def __init__(self, inp: PoolInput) -> None:
+        if workflow.info().continued_run_id is None:
+            # Render times come only from renders this pool (or the run it continues) saw:
+            # spillway starts a pool with none, and times in a start's input are the word of
+            # whoever started it (an estimate that makes every patient job late).
+            inp = inp.model_copy(update={"holds_s": {}, "shape_holds": {}})
         self._book = PoolBook(inp)
         self._inbox: list[PoolAsk | PoolLeave | PoolDrain] = [
             m
@@ -172,6 +178,12 @@ class GpuPoolWorkflow:
     @workflow.query(name=names.POOL_QUOTE)
     def quote(self, ask: PoolAsk) -> Quoted:
         return self._book.quote(ask, workflow.now())
+
+    @workflow.query(name=names.POOL_LATE)
+    def late_check(self, ask: PoolAsk) -> LateCheck:
+        """Asked by a job (through its `gpu_pool_confirm_late` activity) before it leaves the line
+        for the cloud: whether its own ask is late by this pool's estimate."""
+        return self._book.confirm_late(ask, workflow.now())
 
     @workflow.query(name=names.POOL_SPOT)
     def spot(self, job_id: str) -> QueueSpot | None:
@@ -289,6 +301,8 @@ class GpuPoolWorkflow:
                     run_id=held.run_id,
                     unfit=held.unfit,
                     models=held.models,
+                    start_by=held.start_by,
+                    by_deadline=held.by_deadline,
                 )
                 for job_id, answer in self._book.ask(lined, now):
                     self._send(job_id, answer)

@@ -274,6 +274,31 @@ def line_past_patience(eta_s: float | None, patience_s: float) -> str:
     return f"line_eta_{round(eta_s)}s_gt_max_wait_{round(patience_s)}s"
 
 
+def line_unknown_within_patience(patience_s: float) -> str:
+    """No render seen yet (a new pool): it waits in line, and its patience alone ends that."""
+    return f"line_eta_unknown_waits_max_wait_{round(patience_s)}s"
+
+
+FORGED_LATE = "ignored_forged_late"
+
+
+def late_not_confirmed(lined: bool, position: int | None, eta_s: float | None) -> str:
+    """A `late` the job could not confirm with the pool: it waits on."""
+    if not lined:
+        return f"{FORGED_LATE}: the GPU pool does not have this job's ask in its line"
+    eta = f"about {duration(eta_s)}" if eta_s is not None else "no estimate yet"
+    where = f"{ordinal(position or 0)} in line, {eta}"
+    return f"{FORGED_LATE}: the GPU pool's own estimate keeps it within its patience ({where})"
+
+
+def late_not_its_ask(asked_at: datetime, patient: bool) -> str:
+    """A `late` answer to an ask the job did not send, or one that waits by no patience."""
+    asked = f"asked at {asked_at:%H:%M:%S}"
+    if not patient:
+        return f"{FORGED_LATE}: this job waits in line by no patience ({asked})"
+    return f"{FORGED_LATE}: an answer to an ask this job did not send ({asked})"
+
+
 def stalled_since(since: datetime, node: str | None) -> str:
     where = f" at node {node}" if node else ""
     return f"its render made no progress{where} since {since:%H:%M:%S} UTC"

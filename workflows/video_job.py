@@ -188,7 +188,11 @@ class VideoJobWorkflow:
             if answer.host is None:
                 load = places_taken(load, answer.full)
                 if verdict.patience_s is not None and answer.position is not None:
-                    waits_patiently, patience_reason = await self._by_patience(answer, verdict)
+                    waits_patiently, patience_reason, eta = await self._by_patience(answer, verdict)
+                    if eta != answer.eta_s:
+                        # The pool's own estimate for the job's ask, not the answer's word.
+                        seen = replace(seen, line=_line(answer.model_copy(update={"eta_s": eta})))
+                        verdict = route(seen)
         decision = verdict.decision
         workflow.logger.info(
             "decision job=%s route=%s trigger=%s armed=%s reasons=%s errors=%s why=%r",
@@ -220,20 +224,44 @@ class VideoJobWorkflow:
             return await approval.wait_in_line(s)
         return await approval.ask(s, None)
 
-    async def _by_patience(self, answer: PoolAnswer, verdict: Verdict) -> tuple[bool, str]:
-        """In line with its patience: it waits when the line's estimate is within it (until
-        then), else it leaves the line at once for the cloud; the reason names both figures.
-        With a deadline the patience leaves a typical render's time before it (`route`)."""
+    async def _by_patience(
+        self, answer: PoolAnswer, verdict: Verdict
+    ) -> tuple[bool, str, float | None]:
+        """In line with its patience: it waits when the line's estimate is within it or not
+        known yet (until then), else it leaves the line at once for the cloud, once the pool
+        itself confirms that its ask is late (the answer may be anyone's signal); the reason
+        names both figures, and the estimate the job acts on is returned with it. With a
+        deadline the patience leaves a typical render's time before it (`route`)."""
         s = self._state
         patience = verdict.patience_s or 0.0
-        if verdict.patient and answer.eta_s is not None:
-            until = workflow.now() + timedelta(seconds=patience)
-            await cloud_route.read_budget(s)  # what the cloud would cost now, for people
-            s.patience_until = s.plan.patience_until = until
-            return True, texts.line_within_patience(answer.eta_s, patience)
-        s.late = False  # its answer said so: it leaves now
+        if verdict.patient:
+            if answer.eta_s is None:
+                # No render seen yet (a pool started after a terminate forgot them): an
+                # estimate nobody has never spends; its patience's timer does, once it is out.
+                reason = texts.line_unknown_within_patience(patience)
+            else:
+                reason = texts.line_within_patience(answer.eta_s, patience)
+            return await self._wait_patiently(patience), reason, answer.eta_s
+        s.late = False  # its answer said so; the pool's own estimate decides
+        checked = await admission.confirm_late(s) if answer.eta_s is not None else None
+        if checked is not None and not checked.late:
+            why = texts.late_not_confirmed(checked.lined, checked.position, checked.eta_s)
+            approval.ignore(s, IgnoredSignal(at=workflow.now(), why=why))
+            if checked.eta_s is None:
+                reason = texts.line_unknown_within_patience(patience)
+            else:
+                reason = texts.line_within_patience(checked.eta_s, patience)
+            return await self._wait_patiently(patience), reason, checked.eta_s
         await admission.leave(s)
-        return False, texts.line_past_patience(answer.eta_s, patience)
+        eta = checked.eta_s if checked is not None else None
+        return False, texts.line_past_patience(eta, patience), eta
+
+    async def _wait_patiently(self, patience: float) -> bool:
+        s = self._state
+        until = workflow.now() + timedelta(seconds=patience)
+        await cloud_route.read_budget(s)  # what the cloud would cost now, for people
+        s.patience_until = s.plan.patience_until = until
+        return True
 
     async def _give_back_strays(self) -> None:
         s = self._state
@@ -282,7 +310,15 @@ class VideoJobWorkflow:
         """The GPU pool's answer. A place given to an ask the job no longer stands by goes
         back, sent by the run."""
         s = self._state
-        if admission.take(s, answer) or answer.host is None:
+        if admission.take(s, answer):
+            if answer.late and (s.place is None or s.place.start_by is None):
+                why = texts.late_not_its_ask(answer.asked_at, patient=False)
+                approval.ignore(s, IgnoredSignal(at=workflow.now(), why=why))
+            return
+        if answer.late:  # to no ask of this job's: nothing to confirm
+            why = texts.late_not_its_ask(answer.asked_at, patient=True)
+            approval.ignore(s, IgnoredSignal(at=workflow.now(), why=why))
+        if answer.host is None:
             return
         if workflow.patched(admission.STRAYS_BY_RUN):
             s.strays.append(answer.asked_at)

@@ -214,7 +214,9 @@ def route(seen: Seen) -> Verdict:
                 patience = seen.patience_s
                 if seen.by_deadline:
                     patience = max(patience - (line.render_s or 0.0), 0.0)
-                patient = line.eta_s is not None and line.eta_s <= patience
+                # No render seen yet (a new pool): it waits, and its patience ends the wait;
+                # an estimate nobody has never spends.
+                patient = line.eta_s <= patience if line.eta_s is not None else patience > 0
     shortfall = None
     if sent:
         decision = decision.model_copy(update={"route": "cloud"})

@@ -132,6 +132,17 @@ class PoolAnswer(BaseModel):
     would_be: int | None = None
 
 
+class LateCheck(BaseModel):
+    """The pool's word on a job's own ask (its `late` query), which the job leaves the line for
+    the cloud on, never on an answer's: whether the pool has that very ask in line and, with the
+    job's own patience, the line's estimate puts its start past it."""
+
+    lined: bool = False
+    position: int | None = None
+    eta_s: float | None = None
+    late: bool = False
+
+
 class Quoted(BaseModel):
     """Where an ask would stand if it came now: a place on `host`, or `position` in the line
     with its ETA; `full` as an answer would name them."""

@@ -60,6 +60,7 @@ POOL_POLICY = "policy"  # a worker that started tells the pool its places: read 
 POOL_SPOT = "spot"
 POOL_DRAIN = "drain"  # `spillway host drain|resume`
 POOL_QUOTE = "quote"  # where an ask would stand now (`spillway quote`)
+POOL_LATE = "late"  # whether a job's own ask is late by the line's estimate (`LateCheck`)
 POOL_DRAINED_MEMO = "drained"  # the pool's drains, read by the pool that starts after it ended
 POOL_ID = "spillway-gpu-pool"
 
@@ -118,3 +119,4 @@ POOL_START = "gpu_pool_start"
 POOL_CHECK = "gpu_pool_check_holders"
 POOL_FIND = "gpu_pool_find_holders"
 POOL_QUOTE_ACTIVITY = "gpu_pool_quote"
+POOL_LATE_ACTIVITY = "gpu_pool_confirm_late"

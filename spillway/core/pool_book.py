@@ -8,7 +8,6 @@ in another.
 from __future__ import annotations
 
 import bisect
-import heapq
 import statistics
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -20,6 +19,7 @@ from spillway.core.gpu_pool import (
     HostPlaces,
     HostSeen,
     InLine,
+    LateCheck,
     Message,
     PlaceView,
     PoolAnswer,
@@ -32,6 +32,7 @@ from spillway.core.gpu_pool import (
     Quoted,
     Reading,
 )
+from spillway.core.line_estimate import Waiter, frees_in, host_places, starts
 from spillway.core.models import HostCapabilities, HostRef, QueueSpot
 from spillway.core.models import PlaceMode as Mode
 
@@ -124,7 +125,14 @@ class PoolBook:
         if lined is not None:
             self._unline(lined)
             if lined.asked_at == ask.asked_at:  # a changed mode; its position is kept
-                ask = ask.model_copy(update={"wait": True, "passed": lined.passed})
+                # And its patience: one ask of a job has one, and a message in its name that
+                # named another could make the pool call it late.
+                kept = {"start_by": lined.start_by, "by_deadline": lined.by_deadline}
+                ask = ask.model_copy(update={"wait": True, "passed": lined.passed, **kept})
+        elif ask.start_by is not None and ask.start_by <= now:
+            # A patience already over when it asks is no job's (a job past its own overflows
+            # without asking to wait): believed, it would make the pool say `late` at once.
+            ask = ask.model_copy(update={"start_by": None, "by_deadline": False})
         host = self._place_for(ask, [s.name for s in ask.seen if self._usable(s, ask.mode)])
         if host is not None:
             return [*sent, self._admit(ask, host, now)]
@@ -135,7 +143,7 @@ class PoolBook:
                 asked_at=ask.asked_at,
                 full=full,
                 would_be=would_be,
-                eta_s=self._etas(now, would_be)[-1],
+                eta_s=self._etas(now, [*self.line[: would_be - 1], ask])[-1],
             )
             return [*sent, (ask.job_id, answer)]
         # What the line carries across continue-as-new stays small: the probe it came with has
@@ -144,7 +152,7 @@ class PoolBook:
         position = bisect.bisect_left(self.line, self._key(ask), key=self._key) + 1
         self.line.insert(position - 1, ask)
         self._lined[ask.job_id] = ask
-        eta = self._etas(now, position)[-1]
+        eta = self._etas(now, self.line[:position])[-1]
         ask.told_late = self._late(ask, eta, now)
         in_line = PoolAnswer(
             asked_at=ask.asked_at,
@@ -445,7 +453,7 @@ class PoolBook:
         patient = self._patient()
         if not patient:
             return []
-        etas = self._etas(now, patient[-1] + 1)
+        etas = self._etas(now, self.line[: patient[-1] + 1])
         sent: list[Sent] = []
         for i in patient:
             ask = self.line[i]
@@ -468,7 +476,7 @@ class PoolBook:
         patient = self._patient()
         if not patient or not self._holds():
             return None
-        etas = self._etas(now, patient[-1] + 1)
+        etas = self._etas(now, self.line[: patient[-1] + 1])
         due: list[datetime] = []
         for i in patient:
             ask, eta = self.line[i], etas[i]
@@ -481,6 +489,21 @@ class PoolBook:
             if longer and held.clearing is None:
                 due.append(held.since + timedelta(seconds=min(longer)))
         return min(due) if due else None
+
+    def confirm_late(self, ask: PoolAsk, now: datetime) -> LateCheck:
+        """Whether `ask`, as the job itself keeps it (its ask time, its own patience, priority,
+        hosts and shape), is late by the line's estimate now. The job leaves for the cloud only
+        on this: an answer saying `late` may be anyone's signal, and the line may hold the job's
+        ask as a message in its name changed it. Not late: an ask this pool does not have in
+        line (the job's line check gives it back), or an estimate not known."""
+        lined = self._lined.get(ask.job_id)
+        if lined is None or lined.asked_at != ask.asked_at:
+            return LateCheck()
+        others = [a for a in self.line if a.job_id != ask.job_id]
+        position = bisect.bisect_left(others, self._key(ask), key=self._key) + 1
+        eta = self._etas(now, [*others[: position - 1], ask])[-1]
+        late = self._late(ask, eta, now)
+        return LateCheck(lined=True, position=position, eta_s=eta, late=late)
 
     def _patient(self) -> list[int]:
         return [i for i, a in enumerate(self.line) if a.start_by is not None and not a.told_late]
@@ -501,7 +524,7 @@ class PoolBook:
         position = bisect.bisect_left(self.line, self._key(ask), key=self._key) + 1
         return Quoted(
             position=position,
-            eta_s=self._etas(now, position)[-1],
+            eta_s=self._etas(now, [*self.line[: position - 1], ask])[-1],
             full=self.full_reasons(ask),
             render_s=self._typical(ask.shape),
         )
@@ -511,7 +534,7 @@ class PoolBook:
         if ask is None:
             return None
         i = bisect.bisect_left(self.line, self._key(ask), key=self._key)
-        return QueueSpot(position=i + 1, ahead=i, eta_s=self._etas(now, i + 1)[-1])
+        return QueueSpot(position=i + 1, ahead=i, eta_s=self._etas(now, self.line[: i + 1])[-1])
 
     def view(self, now: datetime, head: int | None = None) -> PoolView:
         """Every host's places and the line (its first `head` only, when given)."""
@@ -537,7 +560,7 @@ class PoolBook:
                 )
             )
         shown = self.line[:head]
-        etas = self._etas(now, len(shown))
+        etas = self._etas(now, shown)
         line = [
             InLine(
                 job_id=a.job_id,
@@ -684,42 +707,35 @@ class PoolBook:
         del self.line[bisect.bisect_left(self.line, self._key(ask), key=self._key)]
         del self._lined[ask.job_id]
 
-    def _etas(self, now: datetime, positions: int) -> list[float | None]:
-        """The estimated start, in seconds from `now`, of the line's first `positions` places:
-        each job ahead takes the place that frees first and holds it for a typical render of
-        its shape. A held place frees when a render as long as the recent ones (of its shape)
-        that outlasted it so far would end (their median); one that outlasted them all, after
-        a typical render more, so its estimate grows while it runs on. A free place frees now,
-        a place being cleared too. [None] * positions before any render was seen."""
-        places = sum(h.max_jobs for h in self.hosts.values())
-        typical: dict[str | None, float] = {}
-
-        def render(shape: str | None) -> float:
-            if shape not in typical:
-                typical[shape] = statistics.median(self._holds(shape))
-            return typical[shape]
-
-        if not self._holds() or not places or positions <= 0:
-            return [None] * max(positions, 0)
-        frees = []
-        for held in self.holders.values():
-            ran = (now - held.since).total_seconds()
-            longer = [r - ran for r in self._holds(held.shape) if r > ran]
-            if held.clearing is not None:
-                frees.append(0.0)
-            else:
-                frees.append(statistics.median(longer) if longer else render(held.shape))
-        frees = sorted(frees)[:places]
-        frees += [0.0] * (places - len(frees))
-        heapq.heapify(frees)
-        etas: list[float | None] = []
-        for i in range(positions):
-            start = heapq.heappop(frees)
-            etas.append(round(start, 1))
-            heapq.heappush(
-                frees, start + render(self.line[i].shape if i < len(self.line) else None)
+    def _etas(self, now: datetime, asks: list[PoolAsk]) -> list[float | None]:
+        """The estimated start of each of `asks` (the line's order, from its head), in seconds
+        from `now` (spillway/core/line_estimate.py): only the places of hosts that answer and
+        are not drained count, and each job only those of the hosts it can use. A held place
+        frees as the recent renders of its shape that outlasted it would end; one being cleared
+        frees now. None for each before any render was seen."""
+        if not self._holds():
+            return [None] * len(asks)
+        places = {
+            name: host_places(
+                host.max_jobs,
+                [
+                    0.0
+                    if held.clearing is not None
+                    else frees_in((now - held.since).total_seconds(), self._holds(held.shape))
+                    for held in self._held_on(name)
+                ],
             )
-        return etas
+            for name, host in self.hosts.items()
+            if name not in self.drained and self._reachable(name)
+        }
+        typical: dict[str | None, float] = {}
+        waiters = []
+        for ask in asks:
+            if ask.shape not in typical:
+                typical[ask.shape] = statistics.median(self._holds(ask.shape))
+            hosts = [n for n in places if self._can_use(ask, n)]
+            waiters.append(Waiter(hosts=hosts, render_s=typical[ask.shape]))
+        return starts(places, waiters)
 
     def _holds(self, shape: str | None = None) -> list[float]:
         """The recent renders of `shape` where the pool has seen some, else of every shape."""

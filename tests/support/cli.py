@@ -8,12 +8,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import fcntl
 import io
 import itertools
 import json
 import os
 import socket
 import sys
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -127,16 +129,39 @@ def payloads(node: Any) -> list[str]:
 # the kernel's ephemeral range (32768-60999 here), a slice for each parallel pytest process, in
 # turn: a port the kernel handed one process for a moment (bind to 0, close, start the server)
 # could be handed to another process, or to an outgoing connection, before the server binds it.
+# A process holds its slice by a lock (released when it ends, however it ends), so two runs side
+# by side (a developer's and a load check) never share one.
 PORTS_FROM, PORTS_PER_PROCESS, SLICES = 20000, 1500, 8  # up to 31999
+SLICE_LOCKS = Path(tempfile.gettempdir()) / "spillway-test-ports"
 _next_port = itertools.count()
+_slice: list[int | None] = []  # this process's, once taken (None: every slice is held)
+_held: list[io.BufferedWriter] = []  # its lock, open for the process's life
+
+
+def _own_slice() -> int | None:
+    if not _slice:
+        SLICE_LOCKS.mkdir(exist_ok=True)
+        for slot in range(SLICES):
+            lock = (SLICE_LOCKS / f"slice-{slot}.lock").open("ab")
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                lock.close()
+                continue
+            _held.append(lock)
+            _slice.append(slot)
+            break
+        else:
+            _slice.append(None)
+    return _slice[0]
 
 
 def free_ports(n: int) -> list[int]:
-    """`n` ports nobody listens on. In a pytest-xdist process (gw0, gw1, ...) from its slice,
-    none handed out before by this process until the slice wraps around; in a plain pytest run
-    (`-n 0`, or two runs side by side) the kernel's choice, as no slice is known to be its own."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER")
-    if worker is None:
+    """`n` ports nobody listens on. In a pytest process that holds a slice, from it, none
+    handed out before by this process until the slice wraps around; else (every slice held by
+    other processes) the kernel's choice."""
+    slot = _own_slice()
+    if slot is None:
         sockets = [socket.socket() for _ in range(n)]
         for s in sockets:
             s.bind(("127.0.0.1", 0))
@@ -144,7 +169,6 @@ def free_ports(n: int) -> list[int]:
         for s in sockets:
             s.close()
         return chosen
-    slot = int(worker.removeprefix("gw")) % SLICES
     first = PORTS_FROM + slot * PORTS_PER_PROCESS
     ports: list[int] = []
     for _ in range(PORTS_PER_PROCESS):
