@@ -241,7 +241,7 @@ async def cmd_queue(args: argparse.Namespace) -> int:
 
     jobs = await _jobs_client()
     view = await pool_view(jobs.temporal, jobs.task_queue)
-    print(view.model_dump_json(indent=2) if args.json else render_queue(view))
+    print(view.model_dump_json(indent=2) if args.json else render_queue(view, wide=args.wide))
     return OK
 
 

@@ -211,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(read from their histories, so as far back as the namespace's retention)",
     )
 
-    command(
+    queue = command(
         "queue",
         cmd.cmd_queue,
         "show the GPU line: each host's places (who holds them, since when) and who waits",
@@ -220,6 +220,11 @@ def build_parser() -> argparse.ArgumentParser:
         "(1 first) then arrival, each with an estimate from the hosts' recent render times. "
         "Read through a running worker.",
         json="print the places and the line as JSON",
+    )
+    queue.add_argument(
+        "--wide",
+        action="store_true",
+        help="job ids and each why whole, a row per job (default: 100 columns, why wrapped)",
     )
 
     priority = command(
