@@ -58,6 +58,9 @@ def render_health(health: Health) -> str:
     else:
         lines = [f"Temporal: NOT reachable: {temporal.error}"]
     lines += _workers_lines(health)
+    # Everything from here is read from this shell's environment, which may differ from the
+    # workers' (a key only they hold): unlabelled, it reads as the workers' section going on.
+    lines.append("This shell sees (its own environment; jobs follow what the workers see):")
     lines.append(f"Trigger: {health.trigger}")
     for s in health.sources:
         lines.append(f"  {s.name:<20} {s.rule:<45} {s.endpoint or 'not configured: skipped'}")
@@ -78,7 +81,7 @@ def render_health(health: Health) -> str:
         _budget_line(health),
         "Decision:",
         *(f"  {row}" for row in health.decision),
-        "Load now:",
+        "Load now, measured from this shell:",
         render_load(health.load),
     ]
     return "\n".join(lines)
