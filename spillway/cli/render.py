@@ -203,6 +203,12 @@ def render_plan(plan: Plan) -> str:
             f"  priority  {change.priority} (was {change.was}) by {change.by} "
             f"at {change.at:%Y-%m-%d %H:%M:%S} UTC{said}"
         )
+    if plan.cancelled_by is not None:
+        said = f": {plan.cancelled_by.reason}" if plan.cancelled_by.reason else ""
+        lines.append(
+            f"  cancel    asked by {plan.cancelled_by.by} "
+            f"at {plan.cancelled_by.at:%Y-%m-%d %H:%M:%S} UTC{said}"
+        )
     if plan.quote is not None:
         lines.append(f"  decided   {plan.quote.route}: {plan.quote.why}")
     if plan.state == "awaiting_approval":
