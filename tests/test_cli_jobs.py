@@ -444,6 +444,8 @@ async def test_cancel_records_who_and_why_and_a_job_that_has_ended_refuses_it_na
         )
         code, text, _ = await spillway("status", job.id, env=job.env)
         assert code == 0 and "asked by bär" in text and "client withdrew" in text
+        details = await temporal_metadata(job.env, job.id)
+        assert "**Cancelled** by bär: client withdrew." in details
 
         code, _, err = await spillway("cancel", job.id, "--by", "bär", env=job.env)
         assert code == 1 and f"job {job.id} has already ended (cancelled)" in one_line(err)

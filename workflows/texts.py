@@ -123,7 +123,10 @@ def current_details(plan: Plan, progress: RenderProgress | None = None) -> str:
             f"**Completed** on the {plan.route} route{where}: {len(plan.outputs)} output file(s)."
         )
     if state == "cancelled":
-        return f"**Cancelled**. {plan.error}" if plan.error else "**Cancelled**."
+        who = plan.cancelled_by
+        said = f": {who.reason}" if who is not None and who.reason else ""
+        head = f"**Cancelled** by {who.by}{said}." if who is not None else "**Cancelled**."
+        return f"{head} {plan.error}" if plan.error else head
     return f"**Failed**: {plan.error}"
 
 
