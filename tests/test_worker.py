@@ -10,7 +10,6 @@ from pathlib import Path
 import httpx
 
 import worker
-
 from spillway.core.models import Plan
 from spillway.sim.comfyui import ComfyUISim
 from tests.support.cli import free_ports

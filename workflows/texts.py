@@ -123,9 +123,9 @@ def current_details(plan: Plan, progress: RenderProgress | None = None) -> str:
             f"**Completed** on the {plan.route} route{where}: {len(plan.outputs)} output file(s)."
         )
     if state == "cancelled":
-        who = plan.cancelled_by
-        said = f": {who.reason}" if who is not None and who.reason else ""
-        head = f"**Cancelled** by {who.by}{said}." if who is not None else "**Cancelled**."
+        asked = plan.cancelled_by
+        said = f": {asked.reason}" if asked is not None and asked.reason else ""
+        head = f"**Cancelled** by {asked.by}{said}." if asked is not None else "**Cancelled**."
         return f"{head} {plan.error}" if plan.error else head
     return f"**Failed**: {plan.error}"
 
