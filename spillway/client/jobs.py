@@ -423,7 +423,7 @@ async def quote(client: Client, task_queue: str, job: VideoJob) -> Quote:
 async def set_priority(client: Client, job_id: str, change: PriorityChange) -> QueueSpot | None:
     """A waiting job's new priority, through the workflow's update: its place in the line once
     the pool has moved it (None: it got a place at once). Failed for a job that is not waiting
-    in the line, or when no worker answers."""
+    in the line (one that has ended, naming its state), or when no worker answers."""
     not_waiting = (
         "only a job waiting in the GPU line (queued, or awaiting_approval) changes its priority"
     )
@@ -435,14 +435,14 @@ async def set_priority(client: Client, job_id: str, change: PriorityChange) -> Q
         )
     except WorkflowUpdateFailedError as err:
         raise Failed(_message(err.cause or err)) from None
-    except RPCError as exc:
-        await _ended_meanwhile(client, job_id, exc, not_waiting)
-        raise
     except WorkflowUpdateRPCTimeoutOrCancelledError:
         raise Failed(
             f"job {job_id}: no worker answered within 30 s; its priority is unchanged "
             "(start one: spillway worker)"
         ) from None
+    except RPCError:
+        await _ended_meanwhile(client, job_id, not_waiting)
+        raise
     return spot
 
 
@@ -456,8 +456,8 @@ async def cancel(client: Client, job_id: str, note: CancelNote) -> None:
     try:
         await handle.signal(CANCEL_NOTE_SIGNAL, note)
         await handle.cancel()
-    except RPCError as exc:
-        await _ended_meanwhile(client, job_id, exc, "nothing to cancel")
+    except RPCError:
+        await _ended_meanwhile(client, job_id, "nothing to cancel")
         raise
 
 
@@ -467,11 +467,10 @@ async def _not_ended(client: Client, job_id: str, so: str) -> None:
         raise Failed(f"job {job_id} has already ended ({state}): {so}")
 
 
-async def _ended_meanwhile(client: Client, job_id: str, exc: RPCError, so: str) -> None:
-    """Temporal's "workflow execution already completed" for a job that ended after it was
-    read: said as the job's state."""
-    if exc.status == RPCStatusCode.NOT_FOUND:
-        await _not_ended(client, job_id, so)
+async def _ended_meanwhile(client: Client, job_id: str, so: str) -> None:
+    """After an RPC error: a job that ended since it was read is said as its state, not as
+    Temporal's "workflow execution already completed" (any other error is the caller's)."""
+    await _not_ended(client, job_id, so)
 
 
 async def _described(handle: WorkflowHandle[Any, Any], job_id: str) -> WorkflowExecutionDescription:
