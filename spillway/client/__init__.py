@@ -255,9 +255,9 @@ class SpillwayClient:
         except TimeoutError:
             state = seen[0].state if seen else "unknown"
             raise Failed(
-                f"job {job_id} still shows {state} {within_s:g} s after its cancel was asked "
-                f"(asked it stays; a job moves on only while a worker runs): spillway watch "
-                f"{job_id}"
+                f"job {job_id} still shows {state} {within_s:g} s after its cancel was asked; "
+                "the cancel stays asked, and a job moves on only while a worker runs: follow it "
+                f"with spillway watch {job_id}"
             ) from None
         if plan.state != "cancelled":
             raise Failed(f"job {job_id} ended {plan.state} before the cancel took effect")
