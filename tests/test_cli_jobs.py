@@ -4,6 +4,7 @@ starts, and status of finished jobs without a worker."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -18,6 +19,7 @@ from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
 from activities.minimax.activities import CREATE as MINIMAX_CREATE
+from spillway.cli import commands
 from spillway.core import names
 from spillway.core.models import Plan
 from tests.support.cli import one_line, spillway, temporal
@@ -463,3 +465,25 @@ async def test_priority_on_a_completed_job_exits_1_naming_its_state(
         assert (await spillway(*args, env=env))[0] == 0
         code, _, err = await spillway("priority", job_id, "1", "--by", "bär", env=env)
     assert code == 1 and f"job {job_id} has already ended (completed)" in one_line(err)
+
+
+async def test_a_cancel_that_waits_for_a_worker_says_so_on_stderr_then_exits_0(
+    run_dev_jobs: RunJobs, waiting_job, monkeypatch
+):
+    monkeypatch.setattr(commands, "CANCEL_QUIET_S", 0.0)  # what it says after a few seconds
+    async with waiting_job() as job:
+        pass  # its worker stops, the job still waiting
+    cancelling = asyncio.create_task(spillway("cancel", job.id, "--by", "bär", env=job.env))
+
+    async def cancel_asked() -> bool:
+        events = (await job.handle.fetch_history()).events
+        return any(
+            e.HasField("workflow_execution_cancel_requested_event_attributes") for e in events
+        )
+
+    await until(cancel_asked, timeout_s=60)
+    async with run_dev_jobs(job.stubs, task_queue=job.task_queue, **WAITS):
+        code, out, err = await asyncio.wait_for(cancelling, timeout=120)
+    assert code == 0, err
+    assert "cancel asked; waiting for the job to let go of what it holds" in err
+    assert f"job {job.id}: cancelled" in out and "asked by bär" in out
