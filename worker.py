@@ -38,10 +38,10 @@ from activities.probe.nvml import GpuReader, NvmlReader
 from activities.registry import Agent, QueueWork, main_work
 from activities.spend.ledger import SpendLedger
 from activities.storage.opening import open_output_store
-from spillway.cli import leave
 from spillway.core import names
 from spillway.core import search_attributes as sa
 from spillway.core.errors import ConfigError
+from spillway.core.exits import leave
 from spillway.core.gpu_pool import PoolPlaces
 from spillway.core.hosts import WAITS_SUFFIX, gpu_hosts
 from spillway.core.settings import Settings, load_settings

@@ -7,6 +7,7 @@ import argparse
 import json
 import time
 import uuid
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from google.protobuf.duration_pb2 import Duration
@@ -15,7 +16,9 @@ from temporalio.api.workflowservice.v1 import RegisterNamespaceRequest
 from temporalio.testing import WorkflowEnvironment
 
 from spillway.cli.parser import build_parser
+from spillway.cli.render import render_queue
 from spillway.core import search_attributes
+from spillway.core.gpu_pool import HostPlaces, InLine, PoolView
 from tests.support.cli import free_ports, one_line, spillway, spillway_process
 from tests.support.constants import FREE_VRAM_PCT
 from tests.support.graphs import VIDEO_GRAPH
@@ -237,3 +240,34 @@ async def test_init_without_a_temporal_server_exits_1_with_one_line(cli_env, ref
     code, _, err = await spillway_process("init", env=cli_env(TEMPORAL_ADDRESS=address))
     assert code == 1
     assert f"cannot reach Temporal at {address}" in one_line(err)
+
+
+def _line_of(why: str, job_id: str) -> PoolView:
+    since = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
+    waits = InLine(
+        job_id=job_id, priority=3, since=since, mode="any", position=1, eta_s=40.0, why=why,
+        patience_until=since + timedelta(minutes=5),
+    )  # fmt: skip
+    host = HostPlaces(name="a40_local", max_jobs=1, places=[], reachable=True, headroom=False)
+    return PoolView(hosts=[host], line=[waits])
+
+
+def test_queue_shows_each_why_whole_wrapped_in_100_columns_or_on_one_row_with_wide():
+    why = (
+        "places taken (a40_local 1/1; a40_spare drained by ops-bär: swapping the PSU, back "
+        "after lunch)"
+    )
+    job_id = "job-20261206T120000-" + "x" * 40
+    whole = f"{why}; cloud at 12:05:00"
+    assert build_parser().parse_args(["queue", "--wide"]).wide
+
+    lines = render_queue(_line_of(why, job_id)).splitlines()
+    head = lines.index(next(line for line in lines if line.startswith("     1  ")))
+    column = lines[head - 1].index("why")
+    rows = lines[head:]
+    assert max(len(line) for line in lines) <= 100
+    assert all(not line[:column].strip() for line in rows[1:])  # under the why column
+    assert " ".join(line[column:] for line in rows) == whole
+
+    wide = render_queue(_line_of(why, job_id), wide=True).splitlines()
+    assert wide[-1].endswith(f"  {whole}") and job_id in wide[-1]

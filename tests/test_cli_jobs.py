@@ -4,6 +4,7 @@ starts, and status of finished jobs without a worker."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -18,6 +19,7 @@ from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
 from activities.minimax.activities import CREATE as MINIMAX_CREATE
+from spillway.cli import commands
 from spillway.core import names
 from spillway.core.models import Plan
 from tests.support.cli import one_line, spillway, temporal
@@ -123,6 +125,9 @@ async def assert_never_started(dev_env: WorkflowEnvironment, job_id: str) -> Non
         (None, ["--prompt", " \t "], "the prompt is blank"),
         (None, ["--job-id", "a b;rm -rf /"], "job_id"),
         (None, ["--job-id", "-starts-with-dash"], "--job-id"),
+        (None, ["--prompt", "x", "--deadline", "2020-01-01T00:00:00Z"], "has passed"),
+        (None, ["--max-wait", "-5m"], "never negative (a value that starts with '-' goes as"),
+        (None, ["--max-wait=-5m"], "durations are never negative"),
     ],
 )
 async def test_bad_input_exits_2_with_one_line_and_starts_nothing(
@@ -258,7 +263,11 @@ async def test_approving_a_job_that_is_not_waiting_exits_1_with_the_reason(
 
 
 async def test_unknown_job_exits_1(job_env):
-    for args in (["status", "no-such-job"], ["approve", "no-such-job", "--by", "x"]):
+    for args in (
+        ["status", "no-such-job"],
+        ["approve", "no-such-job", "--by", "x"],
+        ["cancel", "no-such-job", "--by", "x"],
+    ):
         code, _, err = await spillway(*args, env=job_env())
         assert code == 1 and "job no-such-job not found" in one_line(err)
 
@@ -419,3 +428,62 @@ async def test_an_input_the_graph_cannot_take_exits_2_and_starts_nothing(
     assert code == 2 and out == ""
     assert "--input" in one_line(err)  # the graph has no image loader
     await assert_never_started(dev_env, job_id)
+
+
+async def test_cancel_records_who_and_why_and_a_job_that_has_ended_refuses_it_naming_its_state(
+    waiting_job,
+):
+    async with waiting_job() as job:
+        code, out, err = await spillway(
+            "cancel", job.id, "--by", "bär", "--reason", "client withdrew", "--json", env=job.env
+        )
+        assert code == 0, err
+        cancelled = json.loads(out)
+        assert cancelled["state"] == "cancelled"
+        assert (cancelled["cancelled_by"]["by"], cancelled["cancelled_by"]["reason"]) == (
+            "bär",
+            "client withdrew",
+        )
+        code, text, _ = await spillway("status", job.id, env=job.env)
+        assert code == 0 and "asked by bär" in text and "client withdrew" in text
+        details = await temporal_metadata(job.env, job.id)
+        assert "**Cancelled** by bär: client withdrew." in details
+
+        code, _, err = await spillway("cancel", job.id, "--by", "bär", env=job.env)
+        assert code == 1 and f"job {job.id} has already ended (cancelled)" in one_line(err)
+        code, _, err = await spillway("priority", job.id, "1", "--by", "bär", env=job.env)
+        assert code == 1 and f"job {job.id} has already ended (cancelled)" in one_line(err)
+
+
+async def test_priority_on_a_completed_job_exits_1_naming_its_state(
+    run_dev_jobs, job_env, graph_file
+):
+    job_id = new_id()
+    async with run_dev_jobs(RouteStubs(FREE)) as jobs:
+        env = job_env(jobs)
+        args = ("submit", "--graph", str(graph_file), "--job-id", job_id, "--wait")
+        assert (await spillway(*args, env=env))[0] == 0
+        code, _, err = await spillway("priority", job_id, "1", "--by", "bär", env=env)
+    assert code == 1 and f"job {job_id} has already ended (completed)" in one_line(err)
+
+
+async def test_a_cancel_that_waits_for_a_worker_says_so_on_stderr_then_exits_0(
+    run_dev_jobs: RunJobs, waiting_job, monkeypatch
+):
+    monkeypatch.setattr(commands, "CANCEL_QUIET_S", 0.0)  # what it says after a few seconds
+    async with waiting_job() as job:
+        pass  # its worker stops, the job still waiting
+    cancelling = asyncio.create_task(spillway("cancel", job.id, "--by", "bär", env=job.env))
+
+    async def cancel_asked() -> bool:
+        events = (await job.handle.fetch_history()).events
+        return any(
+            e.HasField("workflow_execution_cancel_requested_event_attributes") for e in events
+        )
+
+    await until(cancel_asked, timeout_s=60)
+    async with run_dev_jobs(job.stubs, task_queue=job.task_queue, **WAITS):
+        code, out, err = await asyncio.wait_for(cancelling, timeout=120)
+    assert code == 0, err
+    assert "cancel asked; waiting for the job to let go of what it holds" in err
+    assert f"job {job.id}: cancelled" in out and "asked by bär" in out

@@ -139,6 +139,25 @@ async def test_other_refusals_through_the_api(dev_env: WorkflowEnvironment):
         await client.status("no-such-job")
     with pytest.raises(Failed, match="job no-such-job not found"):
         await client.approve("no-such-job", "bär")
+    with pytest.raises(Failed, match="job no-such-job not found"):
+        await client.cancel("no-such-job", "bär")
+
+
+async def test_a_cancel_no_worker_takes_up_says_so_and_stays_asked(dev_env: WorkflowEnvironment):
+    client = SpillwayClient(
+        dev_env.client, settings=make_settings(), task_queue=f"nobody-{uuid.uuid4()}"
+    )
+    job_id = (await client.submit(VIDEO_GRAPH)).job_id
+    with pytest.raises(ConfigError, match="by: String should have at least 1 character"):
+        await client.cancel(job_id, "")
+    with pytest.raises(Failed, match=f"job {job_id} still shows probing 1 s after its cancel"):
+        await client.cancel(job_id, "bär", within_s=1.0)
+    handle = dev_env.client.get_workflow_handle(job_id)
+    events = (await handle.fetch_history()).events
+    signals = [e.workflow_execution_signaled_event_attributes.signal_name for e in events]
+    assert "cancel_note" in signals
+    assert any(e.HasField("workflow_execution_cancel_requested_event_attributes") for e in events)
+    await handle.terminate("test over")
 
 
 async def test_a_job_written_by_hand_and_started_with_the_temporal_cli_completes(

@@ -183,7 +183,16 @@ async def test_health_shows_what_the_workers_and_each_agent_see(two_hosts, cli_e
             SPILLWAY_TASK_QUEUE=hosts.settings.SPILLWAY_TASK_QUEUE,
         )
         code, out, err = await spillway("health", "--json", env=env)
+        _, text, _ = await spillway("health", env=env)
     assert code == 0, err
+    # What the workers see, then what this shell sees, each under its own label: the shell's key
+    # or fallback switch read under "Workers see" would say the opposite of what jobs do.
+    lines = text.splitlines()
+    labels = ("Workers see:", "This shell sees", "Trigger:", "Cloud fallback:", "Load now")
+    at = {label: [n for n, line in enumerate(lines) if line.startswith(label)] for label in labels}
+    assert all(len(found) == 1 for found in at.values()), at
+    assert [found[0] for found in at.values()] == sorted(found[0] for found in at.values()), at
+    assert "from this shell" in lines[at["Load now"][0]]
     workers = json.loads(out)["workers"]["view"]
     views = {h["name"]: h for h in workers["hosts"]}
     assert views["gpu-a"]["load"]["reachable"] and views["gpu-a"]["load"]["agent"]

@@ -342,3 +342,14 @@ def test_longest_create_ends_within_the_default_shutdown_grace():
     # A create once sent is never abandoned: a worker's shutdown grace must outlast it.
     grace = Settings.model_fields["SPILLWAY_SHUTDOWN_GRACE_S"].default
     assert KlingTiming().longest_create_s() < grace
+
+
+async def test_a_restarted_double_never_hands_out_an_earlier_task_id(http):
+    """`spillway dev` restarted starts its doubles again over the jobs it kept: a task id given
+    before would name an earlier job's task."""
+    handed_out: list[str] = []
+    for _ in range(2):
+        async with KlingSim(access_key=CANARY_ACCESS, secret_key=CANARY_SECRET) as sim:
+            client = KlingClient(http, sim.url, CANARY_ACCESS, CANARY_SECRET, FAST)
+            handed_out += [created(await client.create("text2video", body())) for _ in range(2)]
+    assert len(set(handed_out)) == 4, handed_out

@@ -212,3 +212,14 @@ async def test_stopped_double_refuses_connections_and_keeps_its_tasks(http, mini
         await create(http, minimax)
     await minimax.start()
     assert (await query(http, minimax, task_id))["status"] == "Preparing"
+
+
+async def test_a_restarted_double_never_hands_out_an_earlier_task_id(http):
+    """`spillway dev` restarted starts its doubles again over the jobs it kept: a task id given
+    before would name an earlier job's task."""
+    handed_out: list[str] = []
+    for _ in range(2):
+        async with MiniMaxSim(api_key=CANARY_KEY, video_size=VIDEO_SIZE) as sim:
+            handed_out += [(await create(http, sim))["task_id"] for _ in range(2)]
+    assert len(set(handed_out)) == 4, handed_out
+    assert all(task_id.isdigit() for task_id in handed_out)

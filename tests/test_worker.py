@@ -1,12 +1,15 @@
-"""The worker process itself: Prometheus metrics (the SDK's and spillway's own) and a clean stop
-on SIGTERM."""
+"""The worker process itself: Prometheus metrics (the SDK's and spillway's own), a clean stop
+on SIGTERM, and its imports."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
+from pathlib import Path
 
 import httpx
 
+import worker
 from spillway.core.models import Plan
 from spillway.sim.comfyui import ComfyUISim
 from tests.support.cli import free_ports
@@ -38,3 +41,12 @@ async def test_the_worker_serves_job_probe_and_sdk_metrics_then_stops_on_sigterm
     await worker.stop()  # SIGTERM
     assert "shutting down: waits hand over now, a create in flight gets" in worker.log
     assert "Traceback" not in worker.log
+
+
+def test_the_worker_takes_nothing_from_the_cli():
+    """`spillway worker` imports worker.py: the worker importing the CLI back would make a
+    circle, where which module finishes first depends on who was imported first."""
+    tree = ast.parse(Path(worker.__file__).read_text(encoding="utf-8"))
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert not {m for m in imported if m and m.split(".")[:2] == ["spillway", "cli"]}

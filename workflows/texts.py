@@ -123,7 +123,10 @@ def current_details(plan: Plan, progress: RenderProgress | None = None) -> str:
             f"**Completed** on the {plan.route} route{where}: {len(plan.outputs)} output file(s)."
         )
     if state == "cancelled":
-        return f"**Cancelled**. {plan.error}" if plan.error else "**Cancelled**."
+        asked = plan.cancelled_by
+        said = f": {asked.reason}" if asked is not None and asked.reason else ""
+        head = f"**Cancelled** by {asked.by}{said}." if asked is not None else "**Cancelled**."
+        return f"{head} {plan.error}" if plan.error else head
     return f"**Failed**: {plan.error}"
 
 

@@ -48,6 +48,8 @@ with workflow.unsafe.imports_passed_through():
     from spillway.core.gpu_pool import PoolAnswer
     from spillway.core.models import (
         ApprovalDecision,
+        CancelNote,
+        CancelRecord,
         IgnoredSignal,
         JobPlace,
         PlaceMode,
@@ -333,6 +335,14 @@ class VideoJobWorkflow:
         if s.plan.state == "running_local" and news.prompt_id == s.plan.prompt_id:
             s.progress = news
             workflow.set_current_details(texts.current_details(s.plan, news))
+
+    @workflow.signal(name=names.CANCEL_NOTE_SIGNAL)
+    def cancel_note(self, note: CancelNote) -> None:
+        """Who cancels the job and why, for its plan: published with `cancelled` (or at the next
+        change), so it sends no command of its own and a history before it replays as it was."""
+        s = self._state
+        if s.plan.state not in ("completed", "failed", "cancelled"):
+            s.plan.cancelled_by = CancelRecord(**note.model_dump(), at=workflow.now())
 
     @workflow.signal(name=names.APPROVAL_SIGNAL)
     def approval_signal(self, raw: RawValue = approval.NO_INPUT) -> None:

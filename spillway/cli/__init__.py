@@ -9,7 +9,6 @@ line on stderr, never a traceback (SPILLWAY_DEBUG=1 shows it). Every run leaves 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import sys
 import traceback
@@ -18,6 +17,7 @@ from typing import NoReturn
 
 from spillway.cli.parser import USAGE, build_parser
 from spillway.core.errors import ConfigError, Failed
+from spillway.core.exits import leave
 
 OK, FAILED = 0, 1
 
@@ -51,12 +51,3 @@ def _fail(code: int, message: str) -> int:
 
 def main() -> NoReturn:
     leave(run())
-
-
-def leave(code: int) -> NoReturn:
-    """Exits with `code` once the output is out, without the interpreter's shutdown (see the
-    module's docstring); `python worker.py` leaves so too."""
-    with contextlib.suppress(BrokenPipeError):
-        sys.stdout.flush()
-        sys.stderr.flush()
-    os._exit(code)

@@ -186,6 +186,39 @@ async def cmd_priority(args: argparse.Namespace) -> int:
     return OK
 
 
+CANCEL_QUIET_S = 5.0  # a cancel that takes longer says what it waits for, on stderr
+
+
+async def cmd_cancel(args: argparse.Namespace) -> int:
+    client = await _jobs_client()
+    show = _progress_printer()
+    seen: list[Plan] = []
+
+    def keep(plan: Plan) -> None:
+        seen[:] = [plan]
+
+    async def say_while_waiting() -> None:
+        await asyncio.sleep(CANCEL_QUIET_S)
+        print(
+            f"{datetime.now(UTC):%H:%M:%S} {args.job}: cancel asked; waiting for the job to let "
+            "go of what it holds (a render stops at its next node boundary)",
+            file=sys.stderr,
+            flush=True,
+        )
+        while True:
+            if seen:
+                show(seen[0])
+            await asyncio.sleep(1.0)
+
+    saying = asyncio.create_task(say_while_waiting())
+    try:
+        plan = await client.cancel(args.job, args.by, args.reason, on_progress=keep)
+    finally:
+        saying.cancel()
+    _print_plan(plan, args.json)
+    return OK
+
+
 async def cmd_ledger(args: argparse.Namespace) -> int:
     from spillway.client.ledger_restore import restore
 
@@ -241,7 +274,7 @@ async def cmd_queue(args: argparse.Namespace) -> int:
 
     jobs = await _jobs_client()
     view = await pool_view(jobs.temporal, jobs.task_queue)
-    print(view.model_dump_json(indent=2) if args.json else render_queue(view))
+    print(view.model_dump_json(indent=2) if args.json else render_queue(view, wide=args.wide))
     return OK
 
 

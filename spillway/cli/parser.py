@@ -15,8 +15,19 @@ USAGE = 2  # the exit code of bad input, usage or configuration
 STATES = list(get_args(JobState))
 
 
+# argparse reads a value that starts with "-" after a space as an option of its own, and says
+# only "expected one argument": `--max-wait -5m` deserves to hear what a duration is.
+NO_VALUE_HINTS = {
+    "--max-wait": "a duration such as 90s, 10m or 2h, never negative (a value that starts with "
+    "'-' goes as --max-wait=VALUE)",
+}
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
+        for option, hint in NO_VALUE_HINTS.items():
+            if message == f"argument {option}: expected one argument":
+                message += f": {hint}"
         self.exit(USAGE, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
@@ -211,7 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(read from their histories, so as far back as the namespace's retention)",
     )
 
-    command(
+    queue = command(
         "queue",
         cmd.cmd_queue,
         "show the GPU line: each host's places (who holds them, since when) and who waits",
@@ -221,6 +232,26 @@ def build_parser() -> argparse.ArgumentParser:
         "Read through a running worker.",
         json="print the places and the line as JSON",
     )
+    queue.add_argument(
+        "--wide",
+        action="store_true",
+        help="job ids and each why whole, a row per job (default: 100 columns, why wrapped)",
+    )
+
+    cancel = command(
+        "cancel",
+        cmd.cmd_cancel,
+        "cancel a job that has not ended; who and why are recorded in it",
+        "Record who cancels the job and why in its plan (`status` shows them), cancel it, and "
+        "wait until it shows `cancelled`: a job lets go of what it holds first (its ComfyUI "
+        "prompt, which a render gives up at its next node boundary; a cloud create already "
+        "sent is awaited, and its task recorded). A job that has ended refuses it (exit 1, "
+        "naming its state). Needs a running worker to take effect.",
+        job=True,
+        json="print the cancelled job's plan as JSON",
+    )
+    cancel.add_argument("--by", required=True, help="who cancels it (recorded in the job)")
+    cancel.add_argument("--reason", default="", help="why (recorded in the job)")
 
     priority = command(
         "priority",

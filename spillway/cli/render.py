@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import textwrap
+
 from spillway.cli.health import Health
 from spillway.cli.pool_health import PoolHealth
 from spillway.client.jobs import JobSummary
@@ -56,6 +58,9 @@ def render_health(health: Health) -> str:
     else:
         lines = [f"Temporal: NOT reachable: {temporal.error}"]
     lines += _workers_lines(health)
+    # Everything from here is read from this shell's environment, which may differ from the
+    # workers' (a key only they hold): unlabelled, it reads as the workers' section going on.
+    lines.append("This shell sees (its own environment; jobs follow what the workers see):")
     lines.append(f"Trigger: {health.trigger}")
     for s in health.sources:
         lines.append(f"  {s.name:<20} {s.rule:<45} {s.endpoint or 'not configured: skipped'}")
@@ -76,7 +81,7 @@ def render_health(health: Health) -> str:
         _budget_line(health),
         "Decision:",
         *(f"  {row}" for row in health.decision),
-        "Load now:",
+        "Load now, measured from this shell:",
         render_load(health.load),
     ]
     return "\n".join(lines)
@@ -198,6 +203,12 @@ def render_plan(plan: Plan) -> str:
             f"  priority  {change.priority} (was {change.was}) by {change.by} "
             f"at {change.at:%Y-%m-%d %H:%M:%S} UTC{said}"
         )
+    if plan.cancelled_by is not None:
+        said = f": {plan.cancelled_by.reason}" if plan.cancelled_by.reason else ""
+        lines.append(
+            f"  cancel    asked by {plan.cancelled_by.by} "
+            f"at {plan.cancelled_by.at:%Y-%m-%d %H:%M:%S} UTC{said}"
+        )
     if plan.quote is not None:
         lines.append(f"  decided   {plan.quote.route}: {plan.quote.why}")
     if plan.state == "awaiting_approval":
@@ -277,9 +288,10 @@ def render_jobs(jobs: list[JobSummary]) -> str:
     return "\n".join(lines)
 
 
-def render_queue(view: PoolView) -> str:
-    """Each host's places, then the line as a table that fits 100 columns (job ids cut short:
-    `--json` has them whole)."""
+def render_queue(view: PoolView, *, wide: bool = False) -> str:
+    """Each host's places, then the line as a table that fits 100 columns: job ids cut short
+    (`--json` has them whole) and each why whole, wrapped under its column. `wide`: nothing
+    cut or wrapped, a row per job however long."""
     if view.pool == "closed":
         return (
             f"the GPU pool is closed ({view.closed}): the next job's ask starts a new one, which "
@@ -288,6 +300,8 @@ def render_queue(view: PoolView) -> str:
         )
     if not view.hosts:
         return "the GPU pool has not started: no job has asked for a GPU place yet"
+    ids = [p.job_id for h in view.hosts for p in h.places] + [i.job_id for i in view.line]
+    held_w, line_w = (max(40, *map(len, ids)), max(32, *map(len, ids))) if wide else (40, 32)
     lines = ["GPU places"]
     for host in view.hosts:
         state = "" if host.reachable is not False else "  (not answering)"
@@ -298,7 +312,8 @@ def render_queue(view: PoolView) -> str:
         if host.capabilities is not None:
             lines.append(f"    can run: {capabilities_brief(host.capabilities)}")
         lines += [
-            f"    {_cut(p.job_id, 40):<40}  {p.state or '':<17}  since {p.since:%H:%M:%S}"
+            f"    {_fit(p.job_id, held_w, wide):<{held_w}}  {p.state or '':<17}  "
+            f"since {p.since:%H:%M:%S}"
             + (f"  (left: taking prompt {p.clearing} out of ComfyUI)" if p.clearing else "")
             for p in host.places
         ]
@@ -306,17 +321,23 @@ def render_queue(view: PoolView) -> str:
         lines.append("nobody waits in line")
         return "\n".join(lines)
     lines.append(f"in line: {len(view.line)}")
-    lines.append(f"  {'#':>4}  {'job':<32}  {'prio':>4}  {'since':<8}  {'ETA':>7}  why")
+    lines.append(f"  {'#':>4}  {'job':<{line_w}}  {'prio':>4}  {'since':<8}  {'ETA':>7}  why")
     for item in view.line:
         eta = "-" if item.eta_s is None else f"~{_eta(item.eta_s)}"
         why = item.why
         if item.patience_until is not None:
             why += f"; cloud at {item.patience_until:%H:%M:%S}"
         row = (
-            f"  {item.position:>4}  {_cut(item.job_id, 32):<32}  {item.priority:>4}  "
-            f"{item.since:%H:%M:%S}  {eta:>7}  {why}"
+            f"  {item.position:>4}  {_fit(item.job_id, line_w, wide):<{line_w}}  "
+            f"{item.priority:>4}  {item.since:%H:%M:%S}  {eta:>7}  "
         )
-        lines.append(_cut(row, 100))
+        if wide:
+            lines.append(row + why)
+            continue
+        # "cloud at HH:MM:SS" and a drain's reason come last: a cut why loses them first.
+        parts = textwrap.wrap(why, 100 - len(row), break_on_hyphens=False) or [""]
+        lines.append(row + parts[0])
+        lines += [" " * len(row) + part for part in parts[1:]]
     return "\n".join(lines)
 
 
@@ -359,6 +380,10 @@ def render_hosts(view: PoolView) -> str:
         if host.capabilities is not None:
             lines.append(f"  {'':<16} can run: {capabilities_brief(host.capabilities)}")
     return "\n".join(["GPU hosts", *lines])
+
+
+def _fit(text: str, width: int, wide: bool) -> str:
+    return text if wide else _cut(text, width)
 
 
 def _cut(text: str, width: int) -> str:

@@ -45,6 +45,7 @@ from spillway.core.errors import ConfigError, Failed, JobNotFound
 from spillway.core.models import (
     FINAL_STATES,
     ApprovalDecision,
+    CancelNote,
     JobInput,
     JobState,
     Plan,
@@ -69,6 +70,9 @@ __all__ = [
 ]
 
 POLL_S = 1.0  # how often `wait` reads the job
+# How long `cancel` waits for `cancelled`: a render stops at its next node boundary, which a
+# slow node (a video decode) may take minutes to reach.
+CANCEL_WITHIN_S = 600.0
 GONE_AFTER_S = 30.0  # how long `wait` asks again for a job it has seen that the server denies
 
 
@@ -218,6 +222,46 @@ class SpillwayClient:
         except ValidationError as exc:
             raise ConfigError(describe_validation_error(exc, "priority")) from None
         return await jobs.set_priority(self.temporal, job_id, change)
+
+    async def cancel(
+        self,
+        job_id: str,
+        by: str,
+        reason: str = "",
+        *,
+        within_s: float = CANCEL_WITHIN_S,
+        on_progress: Callable[[Plan], None] | None = None,
+    ) -> Plan:
+        """`spillway cancel`: records who cancels and why in the job, cancels it, and returns
+        its plan once it shows `cancelled` (it lets go of its ComfyUI prompt first, which a
+        render does at its next node boundary). Failed for a job not found or already ended
+        (naming its state), one that ended otherwise meanwhile, or one still not cancelled after
+        `within_s` (no worker running, say: the cancel stays asked)."""
+        try:
+            note = CancelNote(by=by, reason=reason)
+        except ValidationError as exc:
+            raise ConfigError(describe_validation_error(exc, "cancel")) from None
+        await jobs.cancel(self.temporal, job_id, note)
+        seen: builtins.list[Plan] = []
+
+        def keep(plan: Plan) -> None:
+            seen[:] = [plan]
+            if on_progress is not None:
+                on_progress(plan)
+
+        try:
+            async with asyncio.timeout(within_s):
+                plan = await self.wait(job_id, keep)
+        except TimeoutError:
+            state = seen[0].state if seen else "unknown"
+            raise Failed(
+                f"job {job_id} still shows {state} {within_s:g} s after its cancel was asked; "
+                "the cancel stays asked, and a job moves on only while a worker runs: follow it "
+                f"with spillway watch {job_id}"
+            ) from None
+        if plan.state != "cancelled":
+            raise Failed(f"job {job_id} ended {plan.state} before the cancel took effect")
+        return plan
 
     async def wait(self, job_id: str, on_progress: Callable[[Plan], None] | None = None) -> Plan:
         """The job's final plan (completed, failed or cancelled), read every POLL_S seconds;

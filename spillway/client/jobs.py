@@ -48,7 +48,9 @@ from spillway.core import search_attributes as sa
 from spillway.core.addresses import Refused, check
 from spillway.core.errors import ConfigError, Failed, JobNotFound
 from spillway.core.models import (
+    FINAL_STATES,
     ApprovalDecision,
+    CancelNote,
     CloudRequest,
     JobState,
     Plan,
@@ -60,6 +62,7 @@ from spillway.core.models import (
 )
 from spillway.core.names import (
     APPROVAL_SIGNAL,
+    CANCEL_NOTE_SIGNAL,
     DECIDE_UPDATE,
     PLAN_MEMO,
     PRIORITY_MEMO,
@@ -420,8 +423,11 @@ async def quote(client: Client, task_queue: str, job: VideoJob) -> Quote:
 async def set_priority(client: Client, job_id: str, change: PriorityChange) -> QueueSpot | None:
     """A waiting job's new priority, through the workflow's update: its place in the line once
     the pool has moved it (None: it got a place at once). Failed for a job that is not waiting
-    in the line, or when no worker answers."""
-    await status(client, job_id)  # not found: Failed, naming it
+    in the line (one that has ended, naming its state), or when no worker answers."""
+    not_waiting = (
+        "only a job waiting in the GPU line (queued, or awaiting_approval) changes its priority"
+    )
+    await _not_ended(client, job_id, not_waiting)  # not found: Failed, naming it
     handle = client.get_workflow_handle(job_id, result_type=Plan)
     try:
         spot: QueueSpot | None = await handle.execute_update(
@@ -434,7 +440,37 @@ async def set_priority(client: Client, job_id: str, change: PriorityChange) -> Q
             f"job {job_id}: no worker answered within 30 s; its priority is unchanged "
             "(start one: spillway worker)"
         ) from None
+    except RPCError:
+        await _ended_meanwhile(client, job_id, not_waiting)
+        raise
     return spot
+
+
+async def cancel(client: Client, job_id: str, note: CancelNote) -> None:
+    """Who cancels and why (a signal the job records in its plan), then the cancel request
+    itself. Failed for a job not found or already ended, naming its state. The job shows
+    `cancelled` once it has let go of what it holds (a ComfyUI render stops at its next node
+    boundary; a cloud create in flight is awaited): `SpillwayClient.cancel` waits for that."""
+    await _not_ended(client, job_id, "nothing to cancel")
+    handle = client.get_workflow_handle(job_id, result_type=Plan)
+    try:
+        await handle.signal(CANCEL_NOTE_SIGNAL, note)
+        await handle.cancel()
+    except RPCError:
+        await _ended_meanwhile(client, job_id, "nothing to cancel")
+        raise
+
+
+async def _not_ended(client: Client, job_id: str, so: str) -> None:
+    state = (await status(client, job_id)).state
+    if state in FINAL_STATES:
+        raise Failed(f"job {job_id} has already ended ({state}): {so}")
+
+
+async def _ended_meanwhile(client: Client, job_id: str, so: str) -> None:
+    """After an RPC error: a job that ended since it was read is said as its state, not as
+    Temporal's "workflow execution already completed" (any other error is the caller's)."""
+    await _not_ended(client, job_id, so)
 
 
 async def _described(handle: WorkflowHandle[Any, Any], job_id: str) -> WorkflowExecutionDescription:

@@ -57,7 +57,7 @@ def make_job(
         callback_url=callback_url,
         priority=priority,
         max_wait_s=None if max_wait is None else duration_s(max_wait),
-        deadline=None if deadline is None else moment(deadline),
+        deadline=None if deadline is None else future(moment(deadline), deadline),
     )
 
 
@@ -73,7 +73,10 @@ def duration_s(value: str | float) -> float:
     except ValueError:
         raise ConfigError(f"--max-wait {value!r}: give seconds, or 90s, 10m, 2h") from None
     if seconds < 0:
-        raise ConfigError(f"--max-wait {value!r}: a patience is not negative")
+        raise ConfigError(
+            f"--max-wait {value!r}: durations are never negative: give 0 (the cloud at once, "
+            "when armed) or more, e.g. 90s, 10m, 2h"
+        )
     return seconds
 
 
@@ -90,6 +93,18 @@ def moment(value: str | datetime) -> datetime:
             ) from None
     if when.tzinfo is None:
         raise ConfigError(f"--deadline {value!r}: give its zone, e.g. 2026-12-05T18:00:00Z")
+    return when
+
+
+def future(when: datetime, given: str | datetime) -> datetime:
+    """A deadline that has passed would send an armed job to the cloud at once, as if it had
+    waited: refused at the edge, like any bad input."""
+    now = datetime.now(UTC)
+    if when <= now:
+        raise ConfigError(
+            f"--deadline {str(given)!r} has passed (it is {now:%Y-%m-%dT%H:%M:%SZ} now): give a "
+            "time to come, or --max-wait"
+        )
     return when
 
 

@@ -347,6 +347,18 @@ class PriorityRecord(PriorityChange):
     was: int  # the priority before
 
 
+class CancelNote(BaseModel):
+    """`spillway cancel JOB --by WHO`: who cancels a job and why, signalled just before the
+    cancel itself (a cancel request carries neither)."""
+
+    by: Annotated[str, Field(min_length=1, max_length=100)]
+    reason: Annotated[str, Field(max_length=1000)] = ""
+
+
+class CancelRecord(CancelNote):
+    at: datetime
+
+
 class IgnoredSignal(BaseModel):
     """An approval or rejection that changed nothing, and why; `by` and `approved` are None
     when the signal could not be read at all (then `raw` shows what came)."""
@@ -457,6 +469,8 @@ class Plan(BaseModel):
     patience_until: datetime | None = None
     # Its decision as `spillway quote` would have given it then (None: a run of 0.5.x).
     quote: Quote | None = None
+    # Who asked `spillway cancel` for it, and why (None: nobody did, or a bare cancel request).
+    cancelled_by: CancelRecord | None = None
 
     def hosts_text(self) -> str:
         """Which hosts can run the job, and what the others lack."""

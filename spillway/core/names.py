@@ -29,6 +29,7 @@ GPU_POOL = "SpillwayGpuPoolWorkflow"
 APPROVAL_SIGNAL = "approval"
 DECIDE_UPDATE = "decide_approval"
 PRIORITY_UPDATE = "set_priority"  # `spillway priority JOB N`
+CANCEL_NOTE_SIGNAL = "cancel_note"  # `spillway cancel JOB --by WHO`, before the cancel itself
 RENDER_PROGRESS_SIGNAL = "render_progress"  # from the ComfyUI wait, for the UI's details
 PLAN_QUERY = "plan"
 POOL_ANSWER = "pool_answer"  # the GPU pool's answer to the job's ask: a place, or a position

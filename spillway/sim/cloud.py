@@ -1,11 +1,13 @@
 """What the cloud providers' doubles (MiniMax, Kling) share: a create that is read in full and
 then never answered (`fault_next_create`: "hang" until `release()` or stop, "drop" at once; the
-provider made the task or not, which its caller cannot know), and deterministic video bytes."""
+provider made the task or not, which its caller cannot know), deterministic video bytes, and
+the first serial of the ids a double hands out."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Literal, TypedDict
@@ -40,6 +42,10 @@ class CloudSim(SimServer):
         self._video_seed = video_seed
         self._create_faults: deque[tuple[CreateFault, bool]] = deque()
         self._unhang = asyncio.Event()
+        # The microsecond the double started: `spillway dev` restarted keeps its jobs, and a
+        # task id handed out again would name an earlier job's task (and its charge). A later
+        # start's ids begin above an earlier one's unless that one made a million tasks a second.
+        self.first_serial = time.time_ns() // 1000
 
     def fault_next_create(
         self, mode: CreateFault, *, creates_task: bool = True, times: int = 1

@@ -240,7 +240,7 @@ class KlingSim(CloudSim):
         return _error(code, CODES[code][1])
 
     def _new_task(self, kind: str, body: dict[str, Any], external: str | None) -> SimTask:
-        n = len(self.tasks) + 1
+        n = self.first_serial + len(self.tasks) + 1
         task = SimTask(
             task_id=str(TASK_BASE + n),
             video_id=str(VIDEO_BASE + n),

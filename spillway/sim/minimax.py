@@ -302,7 +302,7 @@ class MiniMaxSim(CloudSim):
 
     def _new_task(self, body: dict[str, Any], prompt: str) -> SimTask:
         script = self._scripts.get(prompt, self._scripts[None])
-        task = new_task(len(self.tasks) + 1, body, prompt, script)
+        task = new_task(self.first_serial + len(self.tasks) + 1, body, prompt, script)
         self.tasks[task.task_id] = task
         self._files[task.file_id] = task
         self.tasks_by_prompt[prompt] += 1
@@ -321,7 +321,7 @@ def _error(code: int, msg: str, *, task_id: str | None = None) -> web.Response:
 
 
 def new_task(n: int, body: dict[str, Any], prompt: str, script: Script) -> SimTask:
-    """The `n`th task (from 1), following `script`."""
+    """The task of serial `n`, following `script`."""
     return SimTask(
         task_id=str(TASK_BASE + n),
         file_id=FILE_BASE + n,

@@ -24,7 +24,7 @@ from typing import Any
 from activities.spend.activities import SpendActivities
 from activities.spend.guard import CreateGuard, Send
 from activities.spend.ledger import SpendLedger
-from spillway.cli import leave
+from spillway.core.exits import leave
 from spillway.core.ledger import BeginCreate, SettleRequest, SpendEntry, SpendSettle
 from worker import main
 
