@@ -210,8 +210,19 @@ ROWS = [
         {**ARMED_FULL, "armed": False, "has_cloud": False},
         "local",
         "await",
-        ["3rd in line for the GPUs, about 4 min; it runs locally when a place frees"],
-        [BUDGET_EXHAUSTED],
+        [
+            "3rd in line for the GPUs, about 4 min; it runs locally when a place frees",
+            "the job asks for no cloud: it waits for a GPU place",
+        ],
+        [BUDGET_EXHAUSTED, "a person"],
+    ),
+    Row(
+        "no cloud prompt, ComfyUI silent: it waits for a host to answer, nobody is asked",
+        {"load": reading(reachable=False), "has_cloud": False},
+        "local",
+        "await",
+        ["the GPU hosts are unreachable and the job asks for no cloud: it waits for a GPU host"],
+        ["a person"],
     ),
     # --- the patience ---------------------------------------------------------------------
     Row(

@@ -93,8 +93,9 @@ def places_taken(load: LoadStatus, full: list[str]) -> LoadStatus:
     return load.model_copy(update={"overloaded": True, "reasons": [*load.reasons, *full]})
 
 
-def decide(load: LoadStatus, armed: bool) -> Decision:
-    """`reachable=False` must already be confirmed by a second probe."""
+def decide(load: LoadStatus, armed: bool, has_cloud: bool = True) -> Decision:
+    """`reachable=False` must already be confirmed by a second probe. A job without a cloud
+    request has nobody to ask: its why says what it waits for."""
     if load.reachable and not load.overloaded:
         return Decision(route="local", trigger=None, reasons=[], why="a GPU host has headroom")
     trigger: Literal["overloaded", "unreachable"] = (
@@ -107,12 +108,12 @@ def decide(load: LoadStatus, armed: bool) -> Decision:
             reasons=load.reasons,
             why=f"the GPU hosts are {trigger} and the cloud fallback is armed",
         )
-    return Decision(
-        route="await",
-        trigger=trigger,
-        reasons=load.reasons,
-        why=f"the GPU hosts are {trigger} and the cloud fallback is not armed: a person decides",
-    )
+    if not has_cloud:
+        waits = "a GPU place" if load.reachable else "a GPU host to answer"
+        why = f"the GPU hosts are {trigger} and the job asks for no cloud: it waits for {waits}"
+    else:
+        why = f"the GPU hosts are {trigger} and the cloud fallback is not armed: a person decides"
+    return Decision(route="await", trigger=trigger, reasons=load.reasons, why=why)
 
 
 # --- the route and its why, for a job and a quote alike ------------------------------------
@@ -196,7 +197,7 @@ def route(seen: Seen) -> Verdict:
         position=line.position if line is not None else 0,
         eta_s=line.eta_s if line is not None else None,
     )
-    probed = decide(seen.load, seen.armed)
+    probed = decide(seen.load, seen.armed, seen.has_cloud)
     decision, patient, patience = probed, False, None
     # Sent to the cloud already (a person's approval; armed, its host lost or its patience
     # over): neither a place nor the patience counts any more, only the budget.
@@ -209,7 +210,7 @@ def route(seen: Seen) -> Verdict:
             why = _placed(line.host, probed) + _hosts_note(seen)
             return Verdict(decision=placed, quote="local", why=why, local=local)
         if line.host is None:
-            decision = decide(places_taken(seen.load, line.full), seen.armed)
+            decision = decide(places_taken(seen.load, line.full), seen.armed, seen.has_cloud)
             if seen.armed and seen.patience_s is not None and not sent:
                 patience = seen.patience_s
                 if seen.by_deadline:
