@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 
 from activities.cloud.models import Reconciled
 from activities.cloud.registry import console, key_names, label
-from spillway.core.decision import BUDGET_EXHAUSTED, duration, ordinal
+from spillway.core.decision import BUDGET_EXHAUSTED, Decision, duration, ordinal
 from spillway.core.gpu_pool import PoolView
 from spillway.core.ledger import BudgetShortfall, BudgetView, SpendEntry
 from spillway.core.models import (
@@ -128,6 +128,22 @@ def current_details(plan: Plan, progress: RenderProgress | None = None) -> str:
         head = f"**Cancelled** by {asked.by}{said}." if asked is not None else "**Cancelled**."
         return f"{head} {plan.error}" if plan.error else head
     return f"**Failed**: {plan.error}"
+
+
+def decision_line(
+    job_id: str, decision: Decision, armed: bool, errors: int, *, has_cloud: bool, patient: bool
+) -> str:
+    """The worker's one log line per decision. `route` is where the job goes from here: a job
+    waiting in line for a local place (by its patience, or with no cloud request to ask a
+    person about) is `local`, whatever the decision table's row says."""
+    if patient or decision.route == "local" or (decision.route == "await" and not has_cloud):
+        taken = "local"
+    else:
+        taken = decision.route
+    return (
+        f"decision job={job_id} route={taken} trigger={decision.trigger} armed={armed} "
+        f"reasons={','.join(decision.reasons) or '-'} errors={errors} why={decision.why!r}"
+    )
 
 
 def _wait_or_pay(plan: Plan) -> str:

@@ -196,16 +196,15 @@ class VideoJobWorkflow:
                         seen = replace(seen, line=_line(answer.model_copy(update={"eta_s": eta})))
                         verdict = route(seen)
         decision = verdict.decision
-        workflow.logger.info(
-            "decision job=%s route=%s trigger=%s armed=%s reasons=%s errors=%s why=%r",
+        line = texts.decision_line(
             job.job_id,
-            decision.route,
-            decision.trigger,
+            decision,
             armed,
-            ",".join(decision.reasons) or "-",
             len(load.errors),
-            decision.why,
+            has_cloud=job.cloud is not None,
+            patient=waits_patiently,
         )
+        workflow.logger.info("%s", line)
         s.plan.reasons = decision.reasons
         s.plan.reasons += [f"cannot_run_on={name}" for name in s.unfit or []]
         s.plan.reasons += [patience_reason] if patience_reason else []

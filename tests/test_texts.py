@@ -1,0 +1,88 @@
+"""What people read matches what the job does (issue 61, item 2): the worker's log line per
+decision names the route the job takes, and a job that has left the GPU line shows no place in
+it and no patience. Pure texts and renderers, no server."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from spillway.core.decision import Line, Seen, route
+from spillway.core.models import LoadStatus, Plan, QueueSpot, Thresholds
+from workflows import texts
+
+NOW = datetime(2026, 12, 6, 18, 0, tzinfo=UTC)
+FULL = ["gpu_places_full_a40_2of2"]
+
+
+def reading(overloaded: bool = False) -> LoadStatus:
+    return LoadStatus(
+        reachable=True,
+        overloaded=overloaded,
+        reasons=["vram_used_97.0pct_ge_85.0pct"] if overloaded else [],
+        measured_at=NOW,
+        thresholds=Thresholds(vram_busy_pct=85, util_busy_pct=95),
+    )
+
+
+def logged(seen: Seen, *, patient: bool = False) -> str:
+    verdict = route(seen)
+    return texts.decision_line(
+        "job-1", verdict.decision, seen.armed, 0, has_cloud=seen.has_cloud, patient=patient
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "seen", "patient", "says"),
+    [
+        (
+            "no cloud request, places full: it waits in line for a local place",
+            Seen(load=reading(), armed=False, has_cloud=False, line=Line(position=2, full=FULL)),
+            False,
+            "route=local",
+        ),
+        (
+            "armed and patient, places full: it waits in line and renders here",
+            Seen(
+                load=reading(),
+                armed=True,
+                has_cloud=True,
+                patience_s=600.0,
+                line=Line(position=1, eta_s=30.0, full=FULL),
+            ),
+            True,
+            "route=local",
+        ),
+        (
+            "a cloud request, not armed: a person decides",
+            Seen(load=reading(True), armed=False, has_cloud=True, line=Line(position=1, full=FULL)),
+            False,
+            "route=await",
+        ),
+        (
+            "armed, no patience: the cloud",
+            Seen(load=reading(True), armed=True, has_cloud=True),
+            False,
+            "route=cloud",
+        ),
+        ("a place now", Seen(load=reading(), armed=False, has_cloud=False), False, "route=local"),
+    ],
+)
+def test_the_decision_log_line_names_the_route_the_job_takes(
+    name: str, seen: Seen, patient: bool, says: str
+):
+    line = logged(seen, patient=patient)
+    assert f" {says} " in line, line
+    if not seen.has_cloud:
+        assert "person" not in line, line
+
+
+def test_a_waiting_job_without_a_cloud_request_is_never_told_a_person_decides():
+    seen = Seen(load=reading(True), armed=False, has_cloud=False, line=Line(position=1, full=FULL))
+    verdict = route(seen)
+    plan = Plan(job_id="job-1", state="queued")
+    plan.overflow.trigger, plan.overflow.last_signal = verdict.decision.trigger, seen.load
+    plan.queue = QueueSpot(position=1, ahead=0, eta_s=None)
+    for text in (verdict.why, verdict.decision.why, texts.current_details(plan)):
+        assert "person" not in text and "approv" not in text, text
