@@ -4,12 +4,15 @@ it and no patience. Pure texts and renderers, no server."""
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 
 import pytest
 
 from spillway.core.decision import Line, Seen, route
-from spillway.core.models import LoadStatus, Plan, QueueSpot, Thresholds
+from spillway.cli.render import render_plan
+from spillway.client.jobs import out_of_line
+from spillway.core.models import LoadStatus, Plan, QueueSpot, Thresholds, plan_json
 from workflows import texts
 
 NOW = datetime(2026, 12, 6, 18, 0, tzinfo=UTC)
@@ -86,3 +89,19 @@ def test_a_waiting_job_without_a_cloud_request_is_never_told_a_person_decides():
     plan.queue = QueueSpot(position=1, ahead=0, eta_s=None)
     for text in (verdict.why, verdict.decision.why, texts.current_details(plan)):
         assert "person" not in text and "approv" not in text, text
+
+
+@pytest.mark.parametrize("state", ["completed", "cancelled", "failed", "running_local"])
+def test_a_job_that_left_the_line_shows_no_place_in_it_and_no_patience(state: str):
+    """The plan a job published last while it waited (a cancel or a place ends the wait before
+    the next publication) still carries both: `status` and its `--json` show neither."""
+    plan = Plan(
+        job_id="job-1",
+        state=state,  # type: ignore[arg-type]
+        queue=QueueSpot(position=1, ahead=0, eta_s=12.0),
+        patience_until=NOW,
+    )
+    assert "patience" not in render_plan(plan)
+    shown = json.loads(plan_json(out_of_line(plan)))
+    assert "in line" not in render_plan(plan)
+    assert shown["queue"] is None and shown["patience_until"] is None

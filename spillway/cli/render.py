@@ -215,7 +215,7 @@ def render_plan(plan: Plan) -> str:
         lines.append(f"  decide    spillway approve|reject {plan.job_id} --by NAME [--reason TEXT]")
     if plan.cannot_run:
         lines.append("  hosts     " + plan.hosts_text())
-    if plan.patience_until is not None:
+    if plan.patience_until is not None and plan.state in ("queued", "awaiting_approval"):
         lines.append(
             f"  patience  to the cloud at {plan.patience_until:%Y-%m-%d %H:%M:%S} UTC unless a "
             "GPU place frees first"

@@ -239,7 +239,7 @@ async def status(client: Client, job_id: str) -> Plan:
     match description.status:
         case WorkflowExecutionStatus.COMPLETED:
             result: Plan = await handle.result()
-            return result
+            return out_of_line(result)
         case WorkflowExecutionStatus.FAILED:
             plan.state, plan.error = "failed", plan.error or await _failure(handle)
         case WorkflowExecutionStatus.CANCELED:
@@ -250,6 +250,24 @@ async def status(client: Client, job_id: str) -> Plan:
             plan.progress = await _progress(client, description.raw_description)
             if plan.state in ("queued", "awaiting_approval"):
                 plan.queue = await spot(client, description.task_queue, job_id, plan.queue)
+    return out_of_line(plan)
+
+
+LEFT_LINE: tuple[JobState, ...] = (
+    "running_local",
+    "running_cloud",
+    "completed",
+    "failed",
+    "cancelled",
+)
+
+
+def out_of_line(plan: Plan) -> Plan:
+    """A job that has left the GPU line has no place in it and no patience: the plan it last
+    published may still carry both (a cancel or a place ends the wait before the next
+    publication, and old runs kept them to the end)."""
+    if plan.state in LEFT_LINE:
+        plan.queue = plan.patience_until = None
     return plan
 
 
