@@ -9,10 +9,13 @@ from datetime import UTC, datetime
 
 import pytest
 
-from spillway.core.decision import Line, Seen, route
-from spillway.cli.render import render_plan
+from spillway.cli.render import render_plan, render_queue
 from spillway.client.jobs import out_of_line
+from spillway.core.decision import Line, Seen, route
+from spillway.core.gpu_pool import HostSeen, PoolAsk, PoolHost, PoolInput
+from spillway.core.hosts import ref
 from spillway.core.models import LoadStatus, Plan, QueueSpot, Thresholds, plan_json
+from spillway.core.pool_book import PoolBook
 from workflows import texts
 
 NOW = datetime(2026, 12, 6, 18, 0, tzinfo=UTC)
@@ -105,3 +108,25 @@ def test_a_job_that_left_the_line_shows_no_place_in_it_and_no_patience(state: st
     shown = json.loads(plan_json(out_of_line(plan)))
     assert "in line" not in render_plan(plan)
     assert shown["queue"] is None and shown["patience_until"] is None
+
+
+def test_an_estimate_behind_an_overloaded_host_says_what_the_job_waits_for_not_0_s():
+    """A free place on a host whose probe says busy: the job that waits for headroom (or a
+    person) would start "now" by the places alone, and sits in line all the same."""
+    book = PoolBook(PoolInput())
+    book.configure([PoolHost(ref=ref("q", "a40", 2), max_jobs=2)])
+    book.holds_s = {"a40": [60.0]}
+    busy = [HostSeen(name="a40", reachable=True, headroom=False)]
+    book.ask(PoolAsk(job_id="job-1", asked_at=NOW, mode="headroom", seen=busy), NOW)
+    spot, view = book.spot("job-1", NOW), book.view(NOW)
+    assert spot is not None and spot.eta_s == 0.0  # the figure for scripts stays as it was
+    shown = [
+        render_plan(Plan(job_id="job-1", state="awaiting_approval", queue=spot)),
+        render_queue(view),
+        texts.pool_details(view, 1),
+        texts.current_details(Plan(job_id="job-1", state="awaiting_approval", queue=spot)),
+    ]
+    for text in shown:
+        assert "0 s" not in text, text
+    assert "waits for: approval, or a host with headroom" in shown[0]
+    assert "approval, or a host with headroom" in shown[1] and "approval" in shown[2]

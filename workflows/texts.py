@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 
 from activities.cloud.models import Reconciled
 from activities.cloud.registry import console, key_names, label
-from spillway.core.decision import BUDGET_EXHAUSTED, Decision, duration, ordinal
+from spillway.core.decision import BUDGET_EXHAUSTED, Decision, about, duration, ordinal
 from spillway.core.gpu_pool import PoolView
 from spillway.core.ledger import BudgetShortfall, BudgetView, SpendEntry
 from spillway.core.models import (
@@ -151,7 +151,7 @@ def _wait_or_pay(plan: Plan) -> str:
     spot, budget = plan.queue, plan.budget
     if budget is None or budget.estimate_usd is None or budget.provider is None:
         return ""
-    here = f"about {duration(spot.eta_s)}" if spot and spot.eta_s is not None else "later"
+    here = (about(spot.eta_s) if spot is not None else "").removeprefix(", ") or "later"
     return (
         f"\n\nStarts in {here} here, or ${budget.estimate_usd:.2f} on {label(budget.provider)} now."
     )
@@ -162,7 +162,7 @@ def _line_text(plan: Plan) -> str:
     hosts = f"\n\n{plan.hosts_text()}." if plan.cannot_run else ""
     if spot is None:
         return hosts
-    eta = f", about {duration(spot.eta_s)}" if spot.eta_s is not None else ""
+    eta = about(spot.eta_s)
     return f"\n\n{ordinal(spot.position)} in line for the GPUs when it joined{eta}.{hosts}"
 
 
@@ -177,7 +177,7 @@ def pool_details(view: PoolView, in_line: int) -> str:
         )
     lines.append(f"\n**In line: {in_line}**")
     for item in view.line:
-        eta = f", about {duration(item.eta_s)}" if item.eta_s is not None else ""
+        eta = about(item.eta_s) or (f": {item.why}" if item.why else "")
         lines.append(f"{item.position}. `{item.job_id}` (priority {item.priority}{eta})")
     if in_line > len(view.line):
         lines.append(f"... and {in_line - len(view.line)} more (`spillway queue`)")

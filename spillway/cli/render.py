@@ -8,6 +8,7 @@ import textwrap
 from spillway.cli.health import Health
 from spillway.cli.pool_health import PoolHealth
 from spillway.client.jobs import JobSummary
+from spillway.core.decision import about
 from spillway.core.gpu_pool import PoolView
 from spillway.core.ledger import LedgerSummary, MonthSpend
 from spillway.core.models import HostCapabilities, LoadStatus, Plan, Quote
@@ -222,7 +223,7 @@ def render_plan(plan: Plan) -> str:
         )
     if plan.queue is not None:
         q = plan.queue
-        eta = f", about {_eta(q.eta_s)}" if q.eta_s is not None else ""
+        eta = about(q.eta_s) or (f"; waits for: {q.waits_for}" if q.waits_for else "")
         lines.append(
             f"  line      {q.position} in line for the GPUs ({q.ahead} ahead{eta}); "
             "`spillway queue` shows it"
@@ -323,7 +324,8 @@ def render_queue(view: PoolView, *, wide: bool = False) -> str:
     lines.append(f"in line: {len(view.line)}")
     lines.append(f"  {'#':>4}  {'job':<{line_w}}  {'prio':>4}  {'since':<8}  {'ETA':>7}  why")
     for item in view.line:
-        eta = "-" if item.eta_s is None else f"~{_eta(item.eta_s)}"
+        # No estimate, or one of now for a job still in line: its why says what it waits for.
+        eta = f"~{_eta(item.eta_s)}" if item.eta_s is not None and about(item.eta_s) else "-"
         why = item.why
         if item.patience_until is not None:
             why += f"; cloud at {item.patience_until:%H:%M:%S}"
@@ -345,7 +347,7 @@ def render_quote(quote: Quote) -> str:
     """`spillway quote`: the route now, why, and both prices of waiting."""
     local = quote.local
     eta = "now" if local.position == 0 else f"{local.position} in line"
-    if local.position and local.eta_s is not None:
+    if local.position and local.eta_s is not None and about(local.eta_s):
         eta += f", starts in about {_eta(local.eta_s)}"
     lines = [
         f"route: {quote.route}",

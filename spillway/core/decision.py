@@ -279,8 +279,7 @@ def _why(seen: Seen, verdict: Verdict) -> str:
     if line is None:
         waits = ""
     else:
-        eta = f", about {duration(local.eta_s)}" if local.eta_s is not None else ""
-        waits = f"{ordinal(local.position)} in line for the GPUs{eta}"
+        waits = f"{ordinal(local.position)} in line for the GPUs{about(local.eta_s)}"
     if verdict.quote == "local":
         if verdict.patient and verdict.patience_s is not None:
             return (
@@ -342,6 +341,12 @@ def _hosts_note(seen: Seen) -> str:
 def ordinal(n: int) -> str:
     suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
     return f"{n}{suffix}"
+
+
+def about(eta_s: float | None) -> str:
+    """`, about 3 min`, or nothing: no estimate, or one of now for a job still in line, which
+    waits for what no place that frees gives it (headroom, a person, a drained host)."""
+    return f", about {duration(eta_s)}" if eta_s is not None and eta_s >= 0.5 else ""
 
 
 def duration(seconds: float) -> str:

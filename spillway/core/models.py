@@ -415,6 +415,9 @@ class QueueSpot(BaseModel):
     position: int
     ahead: int
     eta_s: float | None
+    # What it waits for, as `spillway queue` says it (the pool's answer to `status`; None in
+    # the plan the job publishes).
+    waits_for: str | None = None
 
 
 # "headroom": a place only while the host's probe shows headroom (a job that may still go to the

@@ -534,7 +534,12 @@ class PoolBook:
         if ask is None:
             return None
         i = bisect.bisect_left(self.line, self._key(ask), key=self._key)
-        return QueueSpot(position=i + 1, ahead=i, eta_s=self._etas(now, self.line[: i + 1])[-1])
+        return QueueSpot(
+            position=i + 1,
+            ahead=i,
+            eta_s=self._etas(now, self.line[: i + 1])[-1],
+            waits_for=HEADROOM_WHY if ask.mode == "headroom" else self._waits_for(ask),
+        )
 
     def view(self, now: datetime, head: int | None = None) -> PoolView:
         """Every host's places and the line (its first `head` only, when given)."""
