@@ -34,6 +34,9 @@ from spillway.core.settings import Settings, shown
 # as a new one. Reachability (`/system_stats`), the guard and every failure are read anew.
 QUEUE_REUSE_S = 0.5
 
+# Job ids whose last logged reading is kept (each job probes a few times; the pool for ever).
+SAID_KEPT = 256
+
 # Which agent answered a probe (`spillway health` shows it).
 AGENT = f"{os.getpid()}@{socket.gethostname()}"
 
@@ -49,6 +52,7 @@ class LoadStatusActivities:
         self._http, self._settings, self._gpu = http, settings, gpu
         self._timeout = settings.LOAD_PROBE_TIMEOUT_S
         self._reads: dict[str, SharedRead[Answer]] = {}
+        self._said: dict[str, tuple[object, ...]] = {}  # per job id, the reading logged last
 
     @activity.defn(name=names.PROBE)
     async def a40_load_status(self, req: LoadProbeRequest) -> LoadStatus:
@@ -58,9 +62,17 @@ class LoadStatusActivities:
             "spillway_load_probe_seconds", "duration of one load probe (all sources)", "s"
         ).record(time.monotonic() - started)
         status.agent = AGENT
-        activity.logger.info(
+        # The GPU pool probes every SPILLWAY_POOL_REPROBE_S while a job waits for headroom: the
+        # same reading each time would be a long INFO line every 2 s, so only a change is one.
+        said = (status.overloaded, status.reachable, tuple(status.reasons), tuple(status.errors))
+        key = req.job_id or "-"
+        log = activity.logger.debug if self._said.pop(key, None) == said else activity.logger.info
+        self._said[key] = said
+        if len(self._said) > SAID_KEPT:
+            del self._said[next(iter(self._said))]  # the one probed least recently
+        log(
             "load probe for %s: overloaded=%s reachable=%s reasons=%s errors=%s",
-            req.job_id or "-",
+            key,
             status.overloaded,
             status.reachable,
             status.reasons,
