@@ -35,7 +35,13 @@ def reading(overloaded: bool = False) -> LoadStatus:
 def logged(seen: Seen, *, patient: bool = False) -> str:
     verdict = route(seen)
     return texts.decision_line(
-        "job-1", verdict.decision, seen.armed, 0, has_cloud=seen.has_cloud, patient=patient
+        "job-1",
+        verdict.decision,
+        seen.armed,
+        0,
+        has_cloud=seen.has_cloud,
+        patient=patient,
+        why=verdict.why,
     )
 
 
@@ -72,14 +78,19 @@ def logged(seen: Seen, *, patient: bool = False) -> str:
             False,
             "route=cloud",
         ),
-        ("a place now", Seen(load=reading(), armed=False, has_cloud=False), False, "route=local"),
+        (
+            "busy by the probe, but a place now: it says the place",
+            Seen(load=reading(True), armed=False, has_cloud=False, line=Line(host="a40")),
+            False,
+            "why='a place on a40 now'",
+        ),
     ],
 )
 def test_the_decision_log_line_names_the_route_the_job_takes(
     name: str, seen: Seen, patient: bool, says: str
 ):
     line = logged(seen, patient=patient)
-    assert f" {says} " in line, line
+    assert f" {says}" in line, line
     if not seen.has_cloud:
         assert "person" not in line, line
 

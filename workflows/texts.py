@@ -131,18 +131,26 @@ def current_details(plan: Plan, progress: RenderProgress | None = None) -> str:
 
 
 def decision_line(
-    job_id: str, decision: Decision, armed: bool, errors: int, *, has_cloud: bool, patient: bool
+    job_id: str,
+    decision: Decision,
+    armed: bool,
+    errors: int,
+    *,
+    has_cloud: bool,
+    patient: bool,
+    why: str,
 ) -> str:
     """The worker's one log line per decision. `route` is where the job goes from here: a job
     waiting in line for a local place (by its patience, or with no cloud request to ask a
-    person about) is `local`, whatever the decision table's row says."""
+    person about) is `local`, whatever the decision table's row says; `why` is the verdict's,
+    as `status` says it (a place taken, its position in line)."""
     if patient or decision.route == "local" or (decision.route == "await" and not has_cloud):
         taken = "local"
     else:
         taken = decision.route
     return (
         f"decision job={job_id} route={taken} trigger={decision.trigger} armed={armed} "
-        f"reasons={','.join(decision.reasons) or '-'} errors={errors} why={decision.why!r}"
+        f"reasons={','.join(decision.reasons) or '-'} errors={errors} why={why!r}"
     )
 
 

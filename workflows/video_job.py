@@ -203,6 +203,7 @@ class VideoJobWorkflow:
             len(load.errors),
             has_cloud=job.cloud is not None,
             patient=waits_patiently,
+            why=verdict.why,
         )
         workflow.logger.info("%s", line)
         s.plan.reasons = decision.reasons
