@@ -111,7 +111,7 @@ def test_a_job_that_left_the_line_shows_no_place_in_it_and_no_patience(state: st
     the next publication) still carries both: `status` and its `--json` show neither."""
     plan = Plan(
         job_id="job-1",
-        state=state,  # type: ignore[arg-type]
+        state=state,
         queue=QueueSpot(position=1, ahead=0, eta_s=12.0),
         patience_until=NOW,
     )
