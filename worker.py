@@ -3,8 +3,9 @@
 
 The worker serves SPILLWAY_TASK_QUEUE: the workflows, the policy, the spend ledger's activities,
 the approval webhook and the cloud create; the long cloud activities (poll, download) on
-`<queue>-waits`, a slot pool of their own; the spend ledger's vetting on `<queue>-ledger-vet` and
-the GPU pool on `<queue>-gpu-pool`, each with a Temporal worker of its own. Unless told
+`<queue>-waits`, a slot pool of their own; the spend ledger's vetting on `<queue>-ledger-vet`
+(only with SPILLWAY_LEDGER_SECRET) and the GPU pool on `<queue>-gpu-pool`, each with a Temporal
+worker of its own. Unless told
 `--no-agents` it also runs the agent of every configured GPU host in the same process, so one
 machine stays one command.
 
@@ -37,6 +38,7 @@ from activities.heartbeat import PROGRESS_EVERY_S
 from activities.probe.nvml import GpuReader, NvmlReader
 from activities.registry import Agent, QueueWork, main_work
 from activities.spend.ledger import SpendLedger
+from activities.spend.vet import budgets_of
 from activities.storage.opening import open_output_store
 from spillway.cli import leave
 from spillway.core import names
@@ -44,6 +46,7 @@ from spillway.core import search_attributes as sa
 from spillway.core.errors import ConfigError
 from spillway.core.gpu_pool import PoolPlaces
 from spillway.core.hosts import WAITS_SUFFIX, gpu_hosts
+from spillway.core.ledger import Budgets
 from spillway.core.settings import Settings, load_settings
 from spillway.core.tiers import RoutingTiers, load_tiers
 from spillway.temporal import TemporalUnreachable, connect
@@ -183,7 +186,6 @@ async def run_worker(
         loop.add_signal_handler(sig, stop.set)
     async with serving(client, settings, tiers, agents=agents, only_host=only_host) as works:
         queues = ", ".join(repr(w.task_queue) for w in works)
-        log.info("worker polling task queues %s", queues)
         fewer_full_collections()
         gauge = None
         if only_host is None:
@@ -191,7 +193,8 @@ async def run_worker(
                 client, settings.SPILLWAY_TASK_QUEUE, seal_with=settings.SPILLWAY_LEDGER_SECRET
             )
             gauge = asyncio.create_task(_gauges(client, ledger))
-            await _announce_budgets(ledger, settings)
+            await announce_budgets(ledger, settings)
+        log.info("worker polling task queues %s", queues)
         await stop.wait()
         log.info(
             "shutting down: waits hand over now, a create in flight gets %gs to end",
@@ -240,13 +243,35 @@ async def _gauges(client: Client, ledger: SpendLedger) -> None:
         await asyncio.sleep(30)
 
 
-async def _announce_budgets(ledger: SpendLedger, settings: Settings) -> None:
-    """The ledger reads the budgets in force (for `spillway budget`); it reads them again at
-    every reservation, so a failure here only delays what `budget` shows."""
+async def announce_budgets(ledger: SpendLedger, settings: Settings) -> None:
+    """This worker's CLOUD_*_BUDGET_USD, signed, for a ledger that never had a budget set (the
+    budget is the ledger's: `spillway budget --day/--month` sets it; a ledger that has one
+    ignores this). A worker without a budget setting, or without the secret to sign with,
+    announces nothing. Asked before the worker says it polls, so jobs started after that meet
+    the budget already; a failure only leaves the ledger without one until a person sets it."""
+    budgets = budgets_of(settings)
+    if budgets == Budgets():
+        return
+    if settings.SPILLWAY_LEDGER_SECRET is None:
+        log.warning(
+            "spend ledger: CLOUD_*_BUDGET_USD is set but SPILLWAY_LEDGER_SECRET is not: this "
+            "worker cannot announce it; set the budget with `spillway budget --day/--month`"
+        )
+        return
     try:
-        await ledger.configure()
+        held = await ledger.order(budgets, f"worker {ledger.identity}", seed=True)
     except Exception as exc:
         log.warning("spend ledger: announcing the budgets failed: %s", exc)
+        return
+    if held != budgets:
+        log.warning(
+            "spend ledger: this worker's CLOUD_*_BUDGET_USD (day %s, month %s) changes nothing: "
+            "the budget is the ledger's (day %s, month %s; spillway budget)",
+            budgets.daily_usd,
+            budgets.monthly_usd,
+            held.daily_usd,
+            held.monthly_usd,
+        )
 
 
 def _runtime(settings: Settings) -> Runtime | None:

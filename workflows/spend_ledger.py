@@ -6,7 +6,8 @@ of its id closed: `spillway ledger restore`). Its update handlers start no work:
 puts its request in the inbox and waits for the answer. The run loop takes the inbox in arrival
 order, vets the whole batch with one activity (activities/spend/vet.py: the request must come
 from spillway's own job, running the activity that asks; the cost, the budgets and the job's
-incarnation are what the ledger read itself, never what the request says), then applies and
+incarnation are what the ledger read itself, never what the request says; the budgets are the
+book's own, changed only by a signed order the vet believed), then applies and
 answers each request in order without another await, so "check the budget, then record" is
 atomic however many jobs race. A regular activity's events replay the same however updates
 interleave with it; a handler that awaited a local activity did not (0.4.0's wedged ledger,
@@ -31,6 +32,7 @@ with workflow.unsafe.imports_passed_through():
     from spillway.core import names
     from spillway.core.ledger import (
         BeginCreate,
+        BudgetOrder,
         Budgets,
         IncarnationAsk,
         LedgerInput,
@@ -40,7 +42,7 @@ with workflow.unsafe.imports_passed_through():
         SpendEntry,
         Vetted,
     )
-    from spillway.core.spend_book import REFUSED, SpendBook, SpendRefused
+    from spillway.core.spend_book import BUDGET_ORDER_REFUSED, REFUSED, SpendBook, SpendRefused
 
 # Retried for a while (a describe the server cannot answer now), then the callers hear that the
 # ledger did not answer and send nothing (they ask again).
@@ -51,6 +53,9 @@ VET_RETRY = RetryPolicy(
 CONTINUING = "SpendLedgerContinuing"  # not a refusal: asked again, it reaches the next run
 UNVETTED = "SpendLedgerUnvetted"  # not a refusal: nothing was decided, asked again
 UNSETTLED = "SpendLedgerUnsettled"  # not a refusal: turned away before acceptance, asked again
+# Runs started before the budget was the ledger's own took the vetting worker's settings at
+# every vet; their histories replay that way, and they keep it until they continue as new.
+BUDGET_OF_THE_LEDGER = "budget-of-the-ledger"
 # Between the activations of two workflow tasks the history grows by 3 events at least
 # (completed, scheduled, started). See `_open`.
 _NEXT_TASK_AT_LEAST = 3
@@ -89,9 +94,12 @@ class SpendLedgerWorkflow:
         self._untrusted: str | None = None  # why the vet refuses everything
         # The history length when the last vet answer (or failure) reached the run loop.
         self._answered_at: int | None = None
+        self._own_budget = False  # set by the run (BUDGET_OF_THE_LEDGER)
 
     @workflow.run
     async def run(self, inp: LedgerInput) -> None:
+        self._own_budget = workflow.patched(BUDGET_OF_THE_LEDGER)
+
         def due() -> bool:
             return (
                 self._accepted >= inp.updates_per_run
@@ -166,7 +174,8 @@ class SpendLedgerWorkflow:
                 "nothing was sent",
                 "reset",
             )
-        self._book.budgets = terms.budgets
+        if not self._own_budget:
+            self._book.budgets = terms.budgets
         self._trusted = terms.ledger_trusted
         self._untrusted = None if terms.ledger_trusted else terms.refused
         if terms.refused is not None:
@@ -260,15 +269,34 @@ class SpendLedgerWorkflow:
         self._open()
 
     @workflow.update(name=names.LEDGER_CONFIGURE)
-    async def configure(self, _ignored: Budgets | None = None) -> Budgets:
-        """Re-reads the budgets in force off the workers' settings (workers ask when they
-        start, so `spillway budget` shows them before anything was reserved). Whatever the
-        request carries is ignored: budgets are the workers' to set."""
-        return await self._asked(_Request(VetRequest(purpose="terms"), lambda terms: terms.budgets))
+    async def configure(self, order: BudgetOrder | None = None) -> Budgets:
+        """A budget order (`spillway budget --day/--month`, or a worker's announce at start),
+        taken once the vet found it signed with SPILLWAY_LEDGER_SECRET; without one, the
+        budgets in force. Answers the budgets in force."""
+        if order is None:
+            ask = VetRequest(purpose="terms")
+            return await self._asked(_Request(ask, lambda terms: self._budgets(terms)))
+        return await self._asked(
+            _Request(VetRequest(purpose="budget", order=order), lambda _: self._ordered(order))
+        )
 
     @configure.validator
-    def _check_configure(self, _ignored: Budgets | None = None) -> None:
+    def _check_configure(self, order: BudgetOrder | None = None) -> None:
         self._open()
+
+    def _budgets(self, terms: Vetted) -> Budgets:
+        return self._book.budgets if self._own_budget else terms.budgets
+
+    def _ordered(self, order: BudgetOrder) -> Budgets:
+        if not self._own_budget:
+            raise ApplicationError(
+                "this spend ledger run takes the workers' CLOUD_*_BUDGET_USD until it continues "
+                "as new (it was started by an earlier spillway): nothing changed",
+                {"kind": BUDGET_ORDER_REFUSED},
+                type=REFUSED,
+                non_retryable=True,
+            )
+        return self._book.set_budgets(order, workflow.now())
 
     def _open(self) -> None:
         if self._continuing:
