@@ -103,7 +103,8 @@ async def serving(
     gpu: GpuReader | None = None,
 ) -> AsyncIterator[list[QueueWork]]:
     """Runs the Temporal workers for the worker (unless `only_host`: an agent alone) and the
-    agents of every host (or `only_host`) until the block ends."""
+    agents of every host (or `only_host`) until the block ends. The worker's budget settings are
+    announced to the spend ledger before the block begins (`announce_budgets`)."""
     hosts = gpu_hosts(settings, tiers)
     if only_host is not None:
         hosts = [h for h in hosts if h.name == only_host]
@@ -143,6 +144,12 @@ async def serving(
                     await stack.enter_async_context(w)
                 if only_host is None:
                     await _tell_the_pool(client, settings, tiers)
+                    ledger = SpendLedger(
+                        client,
+                        settings.SPILLWAY_TASK_QUEUE,
+                        seal_with=settings.SPILLWAY_LEDGER_SECRET,
+                    )
+                    await announce_budgets(ledger, settings)
                 yield works
         finally:
             for agent in running.values():
@@ -193,7 +200,6 @@ async def run_worker(
                 client, settings.SPILLWAY_TASK_QUEUE, seal_with=settings.SPILLWAY_LEDGER_SECRET
             )
             gauge = asyncio.create_task(_gauges(client, ledger))
-            await announce_budgets(ledger, settings)
         log.info("worker polling task queues %s", queues)
         await stop.wait()
         log.info(
