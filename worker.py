@@ -250,21 +250,25 @@ async def _gauges(client: Client, ledger: SpendLedger) -> None:
 
 
 async def announce_budgets(ledger: SpendLedger, settings: Settings) -> None:
-    """This worker's CLOUD_*_BUDGET_USD, signed, for a ledger that never had a budget set (the
-    budget is the ledger's: `spillway budget --day/--month` sets it; a ledger that has one
-    ignores this). A worker without a budget setting, or without the secret to sign with,
-    announces nothing. Asked before the worker says it polls, so jobs started after that meet
-    the budget already; a failure only leaves the ledger without one until a person sets it."""
+    """Starts the spend ledger (sealed) if none runs, and offers it this worker's
+    CLOUD_*_BUDGET_USD, signed: only a ledger that never had a budget set takes them (the budget
+    is the ledger's: `spillway budget --day/--month` sets it). A worker without a budget setting
+    offers nothing; one without the secret does nothing at all (it could neither sign nor seal,
+    and a ledger it started would grant nothing). Asked before the worker says it polls, so
+    jobs started after that meet the budget already; a failure only leaves the ledger without
+    one until a person sets it."""
     budgets = budgets_of(settings)
-    if budgets == Budgets():
-        return
     if settings.SPILLWAY_LEDGER_SECRET is None:
-        log.warning(
-            "spend ledger: CLOUD_*_BUDGET_USD is set but SPILLWAY_LEDGER_SECRET is not: this "
-            "worker cannot announce it; set the budget with `spillway budget --day/--month`"
-        )
+        if budgets != Budgets():
+            log.warning(
+                "spend ledger: CLOUD_*_BUDGET_USD is set but SPILLWAY_LEDGER_SECRET is not: "
+                "this worker cannot announce it; set the budget with `spillway budget --day`"
+            )
         return
     try:
+        if budgets == Budgets():
+            await ledger.configure()
+            return
         held = await ledger.order(budgets, f"worker {ledger.identity}", seed=True)
     except Exception as exc:
         log.warning("spend ledger: announcing the budgets failed: %s", exc)
