@@ -59,6 +59,9 @@ from workflows.video_job import VideoJobWorkflow
 
 log = logging.getLogger("spillway.worker")
 
+# How long a starting worker waits for the spend ledger to hear its budget settings before it
+# says it polls (jobs started once it does meet the ledger's budget).
+ANNOUNCE_WAIT_S = 10.0
 WORKFLOWS = [VideoJobWorkflow, SpendLedgerWorkflow, HealthWorkflow, CallbackWorkflow, QuoteWorkflow]
 POOL = GpuPoolWorkflow  # on a queue of its own (spillway.core.names.pool_queue)
 REPLAYED = [*WORKFLOWS, POOL]  # what the recorded histories are replayed against
@@ -149,7 +152,11 @@ async def serving(
                         settings.SPILLWAY_TASK_QUEUE,
                         seal_with=settings.SPILLWAY_LEDGER_SECRET,
                     )
-                    await announce_budgets(ledger, settings)
+                    announcing = asyncio.create_task(announce_budgets(ledger, settings))
+                    stack.callback(announcing.cancel)
+                    # A ledger busy with a burst (or held by a worker just lost) answers later:
+                    # the worker serves meanwhile, and the announce goes on behind it.
+                    await asyncio.wait({announcing}, timeout=ANNOUNCE_WAIT_S)
                 yield works
         finally:
             for agent in running.values():
@@ -254,9 +261,8 @@ async def announce_budgets(ledger: SpendLedger, settings: Settings) -> None:
     CLOUD_*_BUDGET_USD, signed: only a ledger that never had a budget set takes them (the budget
     is the ledger's: `spillway budget --day/--month` sets it). A worker without a budget setting
     offers nothing; one without the secret does nothing at all (it could neither sign nor seal,
-    and a ledger it started would grant nothing). Asked before the worker says it polls, so
-    jobs started after that meet the budget already; a failure only leaves the ledger without
-    one until a person sets it."""
+    and a ledger it started would grant nothing). A failure only leaves a ledger that never had
+    a budget without one until a person sets it."""
     budgets = budgets_of(settings)
     if settings.SPILLWAY_LEDGER_SECRET is None:
         if budgets != Budgets():
