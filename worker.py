@@ -3,8 +3,9 @@
 
 The worker serves SPILLWAY_TASK_QUEUE: the workflows, the policy, the spend ledger's activities,
 the approval webhook and the cloud create; the long cloud activities (poll, download) on
-`<queue>-waits`, a slot pool of their own; the spend ledger's vetting on `<queue>-ledger-vet` and
-the GPU pool on `<queue>-gpu-pool`, each with a Temporal worker of its own. Unless told
+`<queue>-waits`, a slot pool of their own; the spend ledger's vetting on `<queue>-ledger-vet`
+(only with SPILLWAY_LEDGER_SECRET) and the GPU pool on `<queue>-gpu-pool`, each with a Temporal
+worker of its own. Unless told
 `--no-agents` it also runs the agent of every configured GPU host in the same process, so one
 machine stays one command.
 
@@ -37,6 +38,7 @@ from activities.heartbeat import PROGRESS_EVERY_S
 from activities.probe.nvml import GpuReader, NvmlReader
 from activities.registry import Agent, QueueWork, main_work
 from activities.spend.ledger import SpendLedger
+from activities.spend.vet import budgets_of
 from activities.storage.opening import open_output_store
 from spillway.core import names
 from spillway.core import search_attributes as sa
@@ -44,6 +46,7 @@ from spillway.core.errors import ConfigError
 from spillway.core.exits import leave
 from spillway.core.gpu_pool import PoolPlaces
 from spillway.core.hosts import WAITS_SUFFIX, gpu_hosts
+from spillway.core.ledger import Budgets
 from spillway.core.settings import Settings, load_settings
 from spillway.core.tiers import RoutingTiers, load_tiers
 from spillway.temporal import TemporalUnreachable, connect
@@ -56,6 +59,9 @@ from workflows.video_job import VideoJobWorkflow
 
 log = logging.getLogger("spillway.worker")
 
+# How long a starting worker waits for the spend ledger to hear its budget settings before it
+# says it polls (jobs started once it does meet the ledger's budget).
+ANNOUNCE_WAIT_S = 10.0
 WORKFLOWS = [VideoJobWorkflow, SpendLedgerWorkflow, HealthWorkflow, CallbackWorkflow, QuoteWorkflow]
 POOL = GpuPoolWorkflow  # on a queue of its own (spillway.core.names.pool_queue)
 REPLAYED = [*WORKFLOWS, POOL]  # what the recorded histories are replayed against
@@ -100,7 +106,8 @@ async def serving(
     gpu: GpuReader | None = None,
 ) -> AsyncIterator[list[QueueWork]]:
     """Runs the Temporal workers for the worker (unless `only_host`: an agent alone) and the
-    agents of every host (or `only_host`) until the block ends."""
+    agents of every host (or `only_host`) until the block ends. The worker's budget settings are
+    announced to the spend ledger before the block begins (`announce_budgets`)."""
     hosts = gpu_hosts(settings, tiers)
     if only_host is not None:
         hosts = [h for h in hosts if h.name == only_host]
@@ -140,6 +147,16 @@ async def serving(
                     await stack.enter_async_context(w)
                 if only_host is None:
                     await _tell_the_pool(client, settings, tiers)
+                    ledger = SpendLedger(
+                        client,
+                        settings.SPILLWAY_TASK_QUEUE,
+                        seal_with=settings.SPILLWAY_LEDGER_SECRET,
+                    )
+                    announcing = asyncio.create_task(announce_budgets(ledger, settings))
+                    stack.callback(announcing.cancel)
+                    # A ledger busy with a burst (or held by a worker just lost) answers later:
+                    # the worker serves meanwhile, and the announce goes on behind it.
+                    await asyncio.wait({announcing}, timeout=ANNOUNCE_WAIT_S)
                 yield works
         finally:
             for agent in running.values():
@@ -183,7 +200,6 @@ async def run_worker(
         loop.add_signal_handler(sig, stop.set)
     async with serving(client, settings, tiers, agents=agents, only_host=only_host) as works:
         queues = ", ".join(repr(w.task_queue) for w in works)
-        log.info("worker polling task queues %s", queues)
         fewer_full_collections()
         gauge = None
         if only_host is None:
@@ -191,7 +207,7 @@ async def run_worker(
                 client, settings.SPILLWAY_TASK_QUEUE, seal_with=settings.SPILLWAY_LEDGER_SECRET
             )
             gauge = asyncio.create_task(_gauges(client, ledger))
-            await _announce_budgets(ledger, settings)
+        log.info("worker polling task queues %s", queues)
         await stop.wait()
         log.info(
             "shutting down: waits hand over now, a create in flight gets %gs to end",
@@ -240,13 +256,38 @@ async def _gauges(client: Client, ledger: SpendLedger) -> None:
         await asyncio.sleep(30)
 
 
-async def _announce_budgets(ledger: SpendLedger, settings: Settings) -> None:
-    """The ledger reads the budgets in force (for `spillway budget`); it reads them again at
-    every reservation, so a failure here only delays what `budget` shows."""
+async def announce_budgets(ledger: SpendLedger, settings: Settings) -> None:
+    """Starts the spend ledger (sealed) if none runs, and offers it this worker's
+    CLOUD_*_BUDGET_USD, signed: only a ledger that never had a budget set takes them (the budget
+    is the ledger's: `spillway budget --day/--month` sets it). A worker without a budget setting
+    offers nothing; one without the secret does nothing at all (it could neither sign nor seal,
+    and a ledger it started would grant nothing). A failure only leaves a ledger that never had
+    a budget without one until a person sets it."""
+    budgets = budgets_of(settings)
+    if settings.SPILLWAY_LEDGER_SECRET is None:
+        if budgets != Budgets():
+            log.warning(
+                "spend ledger: CLOUD_*_BUDGET_USD is set but SPILLWAY_LEDGER_SECRET is not: "
+                "this worker cannot announce it; set the budget with `spillway budget --day`"
+            )
+        return
     try:
-        await ledger.configure()
+        if budgets == Budgets():
+            await ledger.configure()
+            return
+        held = await ledger.order(budgets, f"worker {ledger.identity}", seed=True)
     except Exception as exc:
         log.warning("spend ledger: announcing the budgets failed: %s", exc)
+        return
+    if held != budgets:
+        log.warning(
+            "spend ledger: this worker's CLOUD_*_BUDGET_USD (day %s, month %s) changes nothing: "
+            "the budget is the ledger's (day %s, month %s; spillway budget)",
+            budgets.daily_usd,
+            budgets.monthly_usd,
+            held.daily_usd,
+            held.monthly_usd,
+        )
 
 
 def _runtime(settings: Settings) -> Runtime | None:

@@ -3,6 +3,9 @@ history records what was in force when it was decided (armed or not, thresholds,
 
 from __future__ import annotations
 
+import os
+import socket
+
 from pydantic import BaseModel
 from temporalio import activity
 
@@ -12,6 +15,9 @@ from spillway.core.hosts import gpu_hosts, ref
 from spillway.core.models import Policy
 from spillway.core.settings import Settings
 from spillway.core.tiers import RoutingTiers
+
+# Temporal's own default identity for this process's client: what `health` shows its pollers as.
+WORKER = f"{os.getpid()}@{socket.gethostname()}"
 
 
 class PolicyRequest(BaseModel):
@@ -60,4 +66,8 @@ class PolicyActivities:
             overflow_after_s=s.CLOUD_OVERFLOW_AFTER_S,
             pool_ask_again_s=s.SPILLWAY_POOL_ASK_AGAIN_S,
             host_fit=True,
+            budget_read=True,
+            daily_budget_usd=s.CLOUD_DAILY_BUDGET_USD,
+            monthly_budget_usd=s.CLOUD_MONTHLY_BUDGET_USD,
+            worker=WORKER,
         )

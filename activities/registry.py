@@ -50,8 +50,8 @@ def main_work(
     pool: type,
 ) -> list[QueueWork]:
     """The worker's queues: decisions, policy, spend and cloud creates with the workflows; the
-    spend ledger's vetting on a queue of its own (and on the main queue for ledger runs that vet
-    by a local activity); the long cloud waits in a slot pool of their own; the GPU pool (`pool`)
+    spend ledger's vetting on a queue of its own, only by a worker that holds
+    SPILLWAY_LEDGER_SECRET; the long cloud waits in a slot pool of their own; the GPU pool (`pool`)
     on its own queue, with its policy read and holder check."""
     ledger = SpendLedger(
         client, settings.SPILLWAY_TASK_QUEUE, seal_with=settings.SPILLWAY_LEDGER_SECRET
@@ -62,7 +62,6 @@ def main_work(
     callbacks = CallbackActivities(http, settings)
     approvals = ApprovalActivities(settings)
     places = PoolActivities(client)
-    vetting = LedgerVetting(client, settings, tiers)
     decisions: list[Callable[..., Any]] = [
         places.start,
         places.quote,
@@ -82,16 +81,21 @@ def main_work(
         decisions += create
         waits += free
     queue = settings.SPILLWAY_TASK_QUEUE
-    return [
+    works = [
         QueueWork(queue, decisions, workflows),
         QueueWork(queue + WAITS_SUFFIX, waits, max_activities=settings.SPILLWAY_MAX_WAITS),
-        QueueWork(vet_queue(queue), [vetting.vet]),
         QueueWork(
             pool_queue(queue),
             [policy.read_policy, places.check_holders, places.find_holders],
             [pool],
         ),
     ]
+    if settings.SPILLWAY_LEDGER_SECRET is not None:
+        # Only a holder of the secret can check the ledger's seal and a budget order's
+        # signature; a worker without it (no cloud key: it may not start with one) leaves the
+        # vet to those that can.
+        works.insert(2, QueueWork(vet_queue(queue), [LedgerVetting(client, settings, tiers).vet]))
+    return works
 
 
 @dataclass

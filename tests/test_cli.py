@@ -78,6 +78,22 @@ async def test_usage_errors_exit_2_with_one_line(cli_env, args):
     assert "--help" in one_line(err)
 
 
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--day", "5"], "SPILLWAY_LEDGER_SECRET"),
+        (["--day", "five"], "--day"),
+        (["--month", "-1"], "--month"),
+        (["--month", "2026-11", "--day", "5"], "--month YYYY-MM"),
+    ],
+)
+async def test_a_budget_order_the_ledger_cannot_take_exits_2_with_one_line(cli_env, args, named):
+    """Before Temporal is asked: nothing is sent."""
+    code, out, err = await spillway("budget", *args, "--by", "ana", env=cli_env())
+    assert code == 2 and out == ""
+    assert named in one_line(err)
+
+
 async def test_load_json_shows_the_seed_guard_case(cli_env, comfyui, guard):
     guard.hold("sim_video_job_123")
     env = cli_env(COMFYUI_URL=comfyui.url, A40_GUARD_URL=guard.url)

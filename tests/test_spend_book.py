@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from spillway.core.ledger import (
     Authorisation,
     BeginCreate,
+    BudgetOrder,
     Budgets,
     LedgerInput,
     ReserveRequest,
@@ -21,6 +22,7 @@ from spillway.core.ledger import (
 )
 from spillway.core.spend_book import (
     APPROVAL_REFUSED,
+    BUDGET_ORDER_REFUSED,
     SpendBook,
     SpendRefused,
     recorded_create,
@@ -38,11 +40,9 @@ def ask(
     run: str = "run-a",
     cost: float | None = CLIP_USD,
     authorisation: Authorisation = "armed",
-    daily: float | None = None,
-    monthly: float | None = None,
     incarnation: str | None = None,
 ) -> tuple[ReserveRequest, Vetted]:
-    """A reservation and what the ledger read for it (its cost, the budgets, the incarnation)."""
+    """A reservation and what the ledger read for it (its cost, the incarnation)."""
     request = ReserveRequest(
         job_id=job,
         run_id=run,
@@ -50,8 +50,7 @@ def ask(
         authorised_by="armed" if authorisation == "armed" else "bär",
         authorisation=authorisation,
     )
-    budgets = Budgets(daily_usd=daily, monthly_usd=monthly)
-    return request, Vetted(cost_usd=cost, budgets=budgets, incarnation=incarnation)
+    return request, Vetted(cost_usd=cost, incarnation=incarnation)
 
 
 def settle(
@@ -118,13 +117,13 @@ def test_nothing_begins_without_a_reservation():
 
 def test_a_provable_refusal_frees_the_next_provider_but_a_begun_create_is_never_released():
     book = SpendBook([], Budgets(daily_usd=CLIP_USD))
-    book.reserve(*ask(daily=CLIP_USD), NOW)
+    book.reserve(*ask(), NOW)
     book.begin(BeginCreate(job_id="job-1", run_id="run-a"), ANY, NOW)
     # "released" would say nothing was sent: only a create that never began may say so.
     refused("settled", lambda: book.settle(*settle("released"), NOW))
     assert book.settle(*settle("refused"), NOW).state == "refused"
     assert book.totals("day", NOW).remaining_usd == CLIP_USD
-    again = book.reserve(*ask(run="run-a", daily=CLIP_USD), NOW)
+    again = book.reserve(*ask(run="run-a"), NOW)
     assert again.state == "reserved" and len(book.entries) == 2
 
 
@@ -144,9 +143,10 @@ def test_a_job_id_used_again_is_a_new_job_with_no_old_task():
 def test_an_ask_under_another_authorisation_is_judged_anew():
     """A reservation the job never asked for in this form (sent for its run by someone else, or
     an earlier armed ask) is not handed back to an approval: it is taken over and checked."""
-    book = SpendBook([], Budgets())
-    book.reserve(*ask(authorisation="armed", daily=CLIP_USD), NOW)
-    error = refused("budget", lambda: book.reserve(*ask(authorisation="approved", daily=0.01), NOW))
+    book = SpendBook([], Budgets(daily_usd=CLIP_USD))
+    book.reserve(*ask(authorisation="armed"), NOW)
+    book.budgets = Budgets(daily_usd=0.01)
+    error = refused("budget", lambda: book.reserve(*ask(authorisation="approved"), NOW))
     assert error.shortfall is not None
 
 
@@ -221,11 +221,11 @@ def test_a_charged_entry_is_final_and_a_repeated_settle_is_a_no_op():
     ("daily", "monthly", "period"), [(1.0, None, "day"), (None, 1.0, "month"), (5.0, 1.0, "month")]
 )
 def test_armed_spending_stops_where_the_budget_would_be_exceeded(daily, monthly, period):
-    book = SpendBook([], Budgets())
+    book = SpendBook([], Budgets(daily_usd=daily, monthly_usd=monthly))
     granted = 0
     for n in range(10):
         try:
-            book.reserve(*ask(job=f"job-{n}", daily=daily, monthly=monthly), NOW)
+            book.reserve(*ask(job=f"job-{n}"), NOW)
             granted += 1
         except SpendRefused as error:
             assert error.kind == "budget" and error.shortfall is not None
@@ -235,39 +235,40 @@ def test_armed_spending_stops_where_the_budget_would_be_exceeded(daily, monthly,
 
 
 def test_a_budget_spent_to_the_cent_has_nothing_left_never_minus_nothing():
-    book = SpendBook([], Budgets())
+    book = SpendBook([], Budgets(daily_usd=0.84))
     for n in range(3):  # 0.28 + 0.28 + 0.28 is a hair over 0.84 in floating point
-        book.reserve(*ask(job=f"job-{n}", daily=0.84), NOW)
+        book.reserve(*ask(job=f"job-{n}"), NOW)
     left = book.totals("day", NOW).remaining_usd
     assert left == 0.0 and math.copysign(1.0, left) == 1.0
-    error = refused("budget", lambda: book.reserve(*ask(job="job-3", daily=0.84), NOW))
+    error = refused("budget", lambda: book.reserve(*ask(job="job-3"), NOW))
     assert error.shortfall is not None
     assert "has $0.00 left" in str(error), str(error)
 
 
 def test_a_plain_approval_respects_the_budget_and_over_budget_goes_past_it():
-    book = SpendBook([], Budgets())
-    book.reserve(*ask(job="job-0", daily=0.3), NOW)
-    refused("budget", lambda: book.reserve(*ask(authorisation="approved", daily=0.3), NOW))
-    entry = book.reserve(*ask(authorisation="approved_over_budget", daily=0.3), NOW)
+    book = SpendBook([], Budgets(daily_usd=0.3))
+    book.reserve(*ask(job="job-0"), NOW)
+    refused("budget", lambda: book.reserve(*ask(authorisation="approved"), NOW))
+    entry = book.reserve(*ask(authorisation="approved_over_budget"), NOW)
     assert entry.authorisation == "approved_over_budget"
     assert book.totals("day", NOW).remaining_usd == pytest.approx(0.3 - 2 * CLIP_USD)
 
 
 def test_an_unknown_estimate_is_refused_when_a_budget_is_set():
-    book = SpendBook([], Budgets())
-    error = refused("budget", lambda: book.reserve(*ask(cost=None, daily=10), NOW))
+    book = SpendBook([], Budgets(daily_usd=10))
+    error = refused("budget", lambda: book.reserve(*ask(cost=None), NOW))
     assert error.shortfall is not None and error.shortfall.estimate_usd is None
+    book.budgets = Budgets()
     assert book.reserve(*ask(cost=None), NOW).cost_usd is None  # no budget: no limit
 
 
 def test_days_and_months_are_utc_and_a_new_day_has_its_budget_back():
-    book = SpendBook([], Budgets())
-    book.reserve(*ask(job="a", daily=CLIP_USD, monthly=3 * CLIP_USD), NOW)
+    book = SpendBook([], Budgets(daily_usd=CLIP_USD, monthly_usd=3 * CLIP_USD))
+    book.reserve(*ask(job="a"), NOW)
     book.begin(BeginCreate(job_id="a", run_id="run-a"), ANY, NOW)  # sent: it keeps counting
-    refused("budget", lambda: book.reserve(*ask(job="b", daily=CLIP_USD, monthly=1), NOW))
+    refused("budget", lambda: book.reserve(*ask(job="b"), NOW))
     tomorrow = NOW + timedelta(days=1)
-    book.reserve(*ask(job="b", daily=CLIP_USD, monthly=3 * CLIP_USD), tomorrow)
+    book.reserve(*ask(job="b"), tomorrow)
     assert book.totals("day", tomorrow).reserved_usd == CLIP_USD
     assert book.totals("month", tomorrow).reserved_usd == pytest.approx(2 * CLIP_USD)
     next_month = datetime(2027, 1, 1, 0, 0, tzinfo=UTC)
@@ -275,15 +276,15 @@ def test_days_and_months_are_utc_and_a_new_day_has_its_budget_back():
 
 
 def test_an_unsent_reservation_expires_and_stops_counting():
-    book = SpendBook([], Budgets())
-    book.reserve(*ask(daily=CLIP_USD), NOW)
+    book = SpendBook([], Budgets(daily_usd=CLIP_USD))
+    book.reserve(*ask(), NOW)
     later = NOW + timedelta(hours=2)
     assert book.totals("day", later).reserved_usd == 0
     refused(
         "no_reservation",
         lambda: book.begin(BeginCreate(job_id="job-1", run_id="run-a"), ANY, later),
     )
-    assert book.reserve(*ask(daily=CLIP_USD), later).at == later
+    assert book.reserve(*ask(), later).at == later
 
 
 def test_a_continued_ledger_carries_open_entries_totals_and_tags_never_settled_entries():
@@ -477,3 +478,71 @@ def test_a_create_s_time_to_done_is_learnt_once_and_carried_and_an_old_input_rea
     # What a ledger's input was before these times: its JSON, so a seal made then still checks.
     before = LedgerInput(entries=[e.model_copy(update={"done_s": None}) for e in book.entries])
     assert "done_s" not in before.model_dump_json()
+
+
+# --- the budget is the book's own -------------------------------------------------------------
+
+
+def order(daily: float | None, at: datetime, by: str = "ana", seed: bool = False) -> BudgetOrder:
+    """An order as the vet passes it on (its signature checked there)."""
+    return BudgetOrder(budgets=Budgets(daily_usd=daily), by=by, issued_at=at, seed=seed)
+
+
+def test_a_workers_settings_change_no_budget_of_the_book():
+    book = SpendBook([], Budgets(daily_usd=CLIP_USD))
+    request, terms = ask()
+    book.reserve(request, terms.model_copy(update={"budgets": Budgets()}), NOW)
+    assert book.budgets == Budgets(daily_usd=CLIP_USD)
+    refused("budget", lambda: book.reserve(*ask(job="job-2"), NOW))
+
+
+def test_an_order_sets_the_budget_and_says_who_and_when():
+    book = SpendBook([], Budgets())
+    assert not book.budget_is_set()
+    issued = NOW - timedelta(seconds=5)
+    assert book.set_budgets(order(0.28, issued), NOW) == Budgets(daily_usd=0.28)
+    assert book.budget_set is not None
+    assert (book.budget_set.by, book.budget_set.issued_at, book.budget_set.at) == (
+        "ana",
+        issued,
+        NOW,
+    )
+    summary = book.summary(NOW)
+    assert summary.day.budget_usd == 0.28 and summary.budget_set == book.budget_set
+    carried = SpendBook.of(book.carried(NOW, 2000))
+    assert carried.budgets == book.budgets and carried.budget_set == book.budget_set
+
+
+def test_an_order_not_newer_than_the_one_in_force_changes_nothing():
+    book = SpendBook([], Budgets())
+    book.set_budgets(order(0.28, NOW), NOW)
+    for at in (NOW, NOW - timedelta(minutes=1)):  # the same order sent again, an older one
+        error = refused(
+            BUDGET_ORDER_REFUSED, lambda a=at: book.set_budgets(order(99.0, a, by="eve"), NOW)
+        )
+        assert "not newer" in error.message
+    assert book.budgets == Budgets(daily_usd=0.28) and book.budget_set is not None
+    assert book.budget_set.by == "ana"
+    cleared = book.set_budgets(order(None, NOW + timedelta(seconds=1), by="ben"), NOW)
+    assert cleared == Budgets() and book.budget_is_set()  # cleared on purpose is set
+
+
+def test_a_workers_seed_is_taken_once_and_only_by_a_book_never_set():
+    book = SpendBook([], Budgets())
+    assert book.set_budgets(order(0.28, NOW, by="worker a", seed=True), NOW).daily_usd == 0.28
+    assert book.budget_set is not None and book.budget_set.seed
+    later = NOW + timedelta(minutes=1)
+    assert book.set_budgets(order(5.0, later, by="worker b", seed=True), later).daily_usd == 0.28
+    assert book.set_budgets(order(1.0, later, by="ana"), later).daily_usd == 1.0  # a person's
+    after = later + timedelta(minutes=1)
+    assert book.set_budgets(order(9.0, after, by="worker c", seed=True), after).daily_usd == 1.0
+
+
+def test_a_ledger_carried_with_a_budget_from_before_counts_as_set():
+    legacy = SpendBook.of(LedgerInput(budgets=Budgets(daily_usd=0.28)))
+    assert legacy.budget_is_set() and legacy.budget_set is None
+    legacy.set_budgets(order(5.0, NOW, by="worker", seed=True), NOW)
+    assert legacy.budgets == Budgets(daily_usd=0.28)
+    assert legacy.set_budgets(order(1.0, NOW), NOW) == Budgets(daily_usd=1.0)
+    # Never set, it stays unset in what it carries: no key appears in a sealed input.
+    assert "budget_set" not in SpendBook([], Budgets()).carried(NOW, 2000).model_dump()

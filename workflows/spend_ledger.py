@@ -6,7 +6,8 @@ of its id closed: `spillway ledger restore`). Its update handlers start no work:
 puts its request in the inbox and waits for the answer. The run loop takes the inbox in arrival
 order, vets the whole batch with one activity (activities/spend/vet.py: the request must come
 from spillway's own job, running the activity that asks; the cost, the budgets and the job's
-incarnation are what the ledger read itself, never what the request says), then applies and
+incarnation are what the ledger read itself, never what the request says; the budgets are the
+book's own, changed only by a signed order the vet believed), then applies and
 answers each request in order without another await, so "check the budget, then record" is
 atomic however many jobs race. A regular activity's events replay the same however updates
 interleave with it; a handler that awaited a local activity did not (0.4.0's wedged ledger,
@@ -31,6 +32,7 @@ with workflow.unsafe.imports_passed_through():
     from spillway.core import names
     from spillway.core.ledger import (
         BeginCreate,
+        BudgetOrder,
         Budgets,
         IncarnationAsk,
         LedgerInput,
@@ -166,7 +168,6 @@ class SpendLedgerWorkflow:
                 "nothing was sent",
                 "reset",
             )
-        self._book.budgets = terms.budgets
         self._trusted = terms.ledger_trusted
         self._untrusted = None if terms.ledger_trusted else terms.refused
         if terms.refused is not None:
@@ -260,15 +261,23 @@ class SpendLedgerWorkflow:
         self._open()
 
     @workflow.update(name=names.LEDGER_CONFIGURE)
-    async def configure(self, _ignored: Budgets | None = None) -> Budgets:
-        """Re-reads the budgets in force off the workers' settings (workers ask when they
-        start, so `spillway budget` shows them before anything was reserved). Whatever the
-        request carries is ignored: budgets are the workers' to set."""
-        return await self._asked(_Request(VetRequest(purpose="terms"), lambda terms: terms.budgets))
+    async def configure(self, order: BudgetOrder | None = None) -> Budgets:
+        """A budget order (`spillway budget --day/--month`, or a worker's announce at start),
+        taken once the vet found it signed with SPILLWAY_LEDGER_SECRET; without one, the
+        budgets in force. Answers the budgets in force."""
+        if order is None:
+            ask = VetRequest(purpose="terms")
+            return await self._asked(_Request(ask, lambda _: self._book.budgets))
+        return await self._asked(
+            _Request(VetRequest(purpose="budget", order=order), lambda _: self._ordered(order))
+        )
 
     @configure.validator
-    def _check_configure(self, _ignored: Budgets | None = None) -> None:
+    def _check_configure(self, order: BudgetOrder | None = None) -> None:
         self._open()
+
+    def _ordered(self, order: BudgetOrder) -> Budgets:
+        return self._book.set_budgets(order, workflow.now())
 
     def _open(self) -> None:
         if self._continuing:

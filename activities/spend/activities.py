@@ -15,7 +15,7 @@ from temporalio.service import RPCError
 
 from activities.cloud import registry
 from activities.spend.ledger import Ledger
-from activities.spend.vet import budgets_of, estimate_usd
+from activities.spend.vet import estimate_usd
 from spillway.core import names
 from spillway.core.ledger import (
     Authorisation,
@@ -138,26 +138,25 @@ class SpendActivities:
 
     @activity.defn(name=names.SPEND_VIEW)
     async def view(self, req: SpendRequest) -> BudgetView:
-        """The estimate and what the budgets in force on this worker have left."""
-        budgets = budgets_of(self._settings)
+        """The estimate and what the ledger's budgets have left (not this worker's settings:
+        the budget is the ledger's)."""
         try:
             summary = await self._ledger.summary()
         except RPCError as exc:  # shown to people only: an unknown remainder is no reason to stop
             activity.logger.warning("spend ledger summary: %s", exc.message)
             summary = None
 
-        def left(budget: float | None, used: PeriodTotals | None) -> float | None:
-            if budget is None:
+        def left(totals: PeriodTotals | None) -> float | None:
+            if totals is None or totals.remaining_usd is None:
                 return None
-            taken = used.spent_usd + used.reserved_usd if used else 0.0
-            return round(max(budget - taken, 0.0), 2)
+            return round(max(totals.remaining_usd, 0.0), 2)
 
         return BudgetView(
             estimate_usd=estimate_usd(self._tiers, self._settings, req.provider, req.request),
-            day_remaining_usd=left(budgets.daily_usd, summary.day if summary else None),
-            month_remaining_usd=left(budgets.monthly_usd, summary.month if summary else None),
-            day_budget_usd=budgets.daily_usd,
-            month_budget_usd=budgets.monthly_usd,
+            day_remaining_usd=left(summary.day if summary else None),
+            month_remaining_usd=left(summary.month if summary else None),
+            day_budget_usd=summary.day.budget_usd if summary else None,
+            month_budget_usd=summary.month.budget_usd if summary else None,
             totals_read=summary is not None,
             provider=req.provider or None,
             cost_key=registry.cost_key(req.provider, req.request, self._settings) or None,

@@ -1,6 +1,6 @@
 """A client of the spend ledger for activities and the CLI (docs/design.md, "The spend ledger and
 the budget"), reaching SpendLedgerWorkflow by its names: update-with-start for what may come
-first (a reservation, the budgets a worker announces), plain updates for `begin` and `settle`, a
+first (a reservation, a budget order), plain updates for `begin` and `settle`, a
 query for the summary. Refusals come back
 as SpendRefused with what stands in the way; a ledger that does not answer is tried a few times,
 then reported (money fails closed: nothing is sent on a guess).
@@ -32,6 +32,7 @@ from activities.spend.history import archived_create
 from spillway.core import names
 from spillway.core.ledger import (
     BeginCreate,
+    BudgetOrder,
     Budgets,
     BudgetShortfall,
     IncarnationAsk,
@@ -41,7 +42,7 @@ from spillway.core.ledger import (
     SettleRequest,
     SpendEntry,
 )
-from spillway.core.ledger_seal import sealed
+from spillway.core.ledger_seal import sealed, signed_order
 from spillway.core.spend_book import REFUSED, SpendRefused
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,7 @@ class Ledger(Protocol):
     async def reserve(self, req: ReserveRequest) -> SpendEntry: ...
     async def begin(self, req: BeginCreate) -> SpendEntry: ...
     async def settle(self, req: SettleRequest) -> SpendEntry: ...
-    async def configure(self) -> None: ...
+    async def configure(self, order: BudgetOrder | None = None) -> Budgets: ...
     async def summary(self) -> LedgerSummary | None: ...
     async def incarnation(self, workflow_id: str, run_id: str | None) -> str | None: ...
     async def check_home(self) -> None: ...
@@ -129,17 +130,35 @@ class SpendLedger:
             )
         )
 
-    async def configure(self) -> None:
-        """The ledger reads the budgets in force off the workers' settings (so `spillway budget`
-        shows them before anything was reserved); the update carries nothing."""
-        await self._call(
+    async def configure(self, order: BudgetOrder | None = None) -> Budgets:
+        """Sends a budget order (None: only asks for the budgets in force); the budgets in
+        force come back. A refused order raises SpendRefused (kind BUDGET_ORDER_REFUSED)."""
+        budgets: Budgets = await self._call(
             lambda: self._client.execute_update_with_start_workflow(
                 names.LEDGER_CONFIGURE,
-                None,
+                order,
                 start_workflow_operation=self._start(),
                 rpc_timeout=RPC_TIMEOUT,
                 result_type=Budgets,
             )
+        )
+        return budgets
+
+    @property
+    def identity(self) -> str:
+        """Who this process is to Temporal (its pollers show the same)."""
+        return self._client.identity
+
+    async def order(self, budgets: Budgets, by: str, *, seed: bool = False) -> Budgets:
+        """New budgets, signed with SPILLWAY_LEDGER_SECRET (`seal_with`): `spillway budget`,
+        or a worker's announce at start (`seed`), which only a ledger that never had a budget
+        set takes."""
+        if self._seal_with is None:
+            raise ValueError("a budget order is signed with SPILLWAY_LEDGER_SECRET")
+        secret = self._seal_with.get_secret_value()
+        now = datetime.now(UTC)
+        return await self.configure(
+            signed_order(secret, self.workflow_id, budgets, by, now, seed=seed)
         )
 
     async def summary(self) -> LedgerSummary | None:

@@ -12,8 +12,14 @@ SPILLWAY_APPROVAL_SECRET on the workers, a decision the job's own history holds 
 signals, its accepted `decide_approval` updates, the one its run was carried) signed for this
 job incarnation, the provider asked and the clip's cost key, and not expired; without it, as the
 job's plan shows it. The cost comes from routing_tiers.json for the job's own clip (its input,
-read off its history), the budgets from this worker's settings, the incarnation from Temporal's
-first run id. A ledger run made by a reset is handed what the run it was reset from held, once.
+read off its history), the incarnation from Temporal's first run id. A budget order must be
+signed with SPILLWAY_LEDGER_SECRET for this ledger, and fresh (ledger_seal.py); the book keeps
+the budgets and refuses an order older than the one in force. A ledger run made by a reset is
+handed what the run it was reset from held, once.
+
+Only a worker that holds SPILLWAY_LEDGER_SECRET serves this queue (activities/registry.py), and
+one that somehow has no secret decides nothing: it cannot tell a ledger spillway started from a
+forged one, nor a budget order from a forgery.
 """
 
 from __future__ import annotations
@@ -34,13 +40,14 @@ from temporalio.service import RPCError, RPCStatusCode
 from activities.cloud import registry
 from activities.spend.history import held_before_reset, not_made_by_spillway, reset_base
 from spillway.core import approvals, names
-from spillway.core.ledger import Authorisation, Budgets, LedgerInput, Vetted
+from spillway.core.ledger import Authorisation, BudgetOrder, Budgets, LedgerInput, Vetted
+from spillway.core.ledger_seal import why_not_signed
 from spillway.core.models import ApprovalDecision, CloudRequest, Plan, VideoJob
 from spillway.core.settings import Settings
-from spillway.core.spend_book import APPROVAL_REFUSED, REFUSED, SpendBook
+from spillway.core.spend_book import APPROVAL_REFUSED, BUDGET_ORDER_REFUSED, REFUSED, SpendBook
 from spillway.core.tiers import RoutingTiers
 
-Purpose = Literal["reserve", "begin", "settle", "terms"]
+Purpose = Literal["reserve", "begin", "settle", "terms", "budget"]
 
 
 class TokenNotShownYet(Exception):
@@ -56,6 +63,7 @@ class VetRequest(BaseModel):
     authorised_by: str = ""
     attempt: str = ""  # a begin's: run id / activity id / attempt of the create that begins
     token: str = ""  # a begin's: the hash its create attempt shows in its heartbeat
+    order: BudgetOrder | None = None  # a budget's: the signed order
 
 
 class VetBatch(BaseModel):
@@ -89,6 +97,12 @@ TRUST_REMEMBERED = 16
 # Describes, queries and history reads a batch may have in flight at once (300 jobs racing
 # put 300 requests in one batch).
 VET_CONCURRENCY = 20
+
+
+UNCHECKED_SEAL = (
+    "the worker that vetted it holds no SPILLWAY_LEDGER_SECRET, so it cannot check the spend "
+    "ledger's seal: nothing was decided (only workers with the secret should serve {queue})"
+)
 
 
 def budgets_of(settings: Settings) -> Budgets:
@@ -134,6 +148,14 @@ class LedgerVetting:
         def failed(exc: Exception) -> Vetted:
             return base.model_copy(update={"failed": f"{type(exc).__name__}: {exc}"})
 
+        if self._settings.SPILLWAY_LEDGER_SECRET is None:
+            # Fails closed, and as "not decided" rather than "untrusted": a refusal would mark
+            # the ledger itself untrusted, and a run that continues carries that for good.
+            why = UNCHECKED_SEAL.format(queue=activity.info().task_queue)
+            activity.logger.warning("spend ledger: %s", why)
+            return VetAnswers(
+                answers=[base.model_copy(update={"failed": why})] * len(batch.requests)
+            )
         try:
             untrusted = await self._ledger_untrusted()
         except Exception as exc:  # nothing is decided: the callers ask again
@@ -188,6 +210,8 @@ class LedgerVetting:
         )
         if req.purpose == "terms":
             return terms
+        if req.purpose == "budget":
+            return self._order(req, terms)
         why, incarnation = await self._caller(req)
         if why is not None:
             activity.logger.warning(
@@ -198,10 +222,10 @@ class LedgerVetting:
         if req.purpose != "reserve":
             return terms
         s = self._settings
-        if req.provider not in registry.configured(s):
-            return terms.model_copy(update={"refused": f"no key for {req.provider} on the worker"})
-        if req.authorisation == "armed" and not registry.armed(s):
-            return terms.model_copy(update={"refused": "the cloud fallback is not armed"})
+        # Keys and arming are the asking worker's to check (`spend_reserve`, then the create):
+        # the worker that vets may hold no key at all.
+        if req.provider not in registry.PROVIDERS:
+            return terms.model_copy(update={"refused": f"no cloud provider {req.provider!r}"})
         job, decisions = await self._history(req)
         if job is None or job.cloud is None:
             return terms.model_copy(update={"refused": "the job has no cloud request"})
@@ -227,13 +251,35 @@ class LedgerVetting:
         terms.created_earlier = await self._created_earlier(req, incarnation)
         return terms
 
+    def _order(self, req: VetRequest, terms: Vetted) -> Vetted:
+        """A budget order, believed only when signed for this ledger just now."""
+        secret = self._settings.SPILLWAY_LEDGER_SECRET
+        assert secret is not None  # `vet` decides nothing without it
+        why = (
+            "it carries no order"
+            if req.order is None
+            else why_not_signed(
+                secret.get_secret_value(),
+                activity.info().workflow_id or "",
+                req.order,
+                datetime.now(UTC),
+            )
+        )
+        if why is None:
+            return terms
+        activity.logger.warning("spend ledger refused a budget order: %s", why)
+        return terms.model_copy(
+            update={"refused": f"budget order: {why}", "refused_kind": BUDGET_ORDER_REFUSED}
+        )
+
     async def _ledger_untrusted(self) -> str | None:
-        """Why the ledger run that asks must grant nothing: with SPILLWAY_LEDGER_SECRET, it is
-        not a run spillway made (activities/spend/history.py). Read once per run."""
+        """Why the ledger run that asks must grant nothing: it is not a run spillway made
+        (activities/spend/history.py). Read once per run."""
         secret = self._settings.SPILLWAY_LEDGER_SECRET
         info = activity.info()
         if secret is None or info.workflow_id is None or info.workflow_run_id is None:
-            return None
+            # Never "trusted" for want of a check: the caller hears that nothing was decided.
+            raise RuntimeError("no SPILLWAY_LEDGER_SECRET, or no ledger run, to check the seal of")
         run_id = info.workflow_run_id
         if run_id not in self._untrusted:
             why = await not_made_by_spillway(

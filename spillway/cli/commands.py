@@ -6,6 +6,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import getpass
+import math
+import re
 import sys
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
@@ -18,6 +21,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from spillway.client import SpillwayClient
+    from spillway.core.ledger import Period
     from spillway.core.models import Plan
 
 OK, FAILED = 0, 1
@@ -75,6 +79,7 @@ async def cmd_health(args: argparse.Namespace) -> int:
     from spillway.cli.health import (
         approval_health,
         budget_health,
+        budget_settings_health,
         health_report,
         ledger_seal_health,
         probe_once,
@@ -92,6 +97,7 @@ async def cmd_health(args: argparse.Namespace) -> int:
         )
         health.approval = approval_health(settings, health.workers)
         ledger_seal_health(health.budget, health.workers)
+        budget_settings_health(health.budget, health.workers)
     print(health.model_dump_json(indent=2) if args.json else render_health(health))
     return OK
 
@@ -247,9 +253,45 @@ async def cmd_ledger(args: argparse.Namespace) -> int:
     return OK
 
 
+MONTH = re.compile(r"^\d{4}-\d{2}$")
+
+
+def _usd(flag: str, value: str) -> float | None:
+    """A budget given on the command line: USD, or `none` for no cap."""
+    if value.strip().lower() == "none":
+        return None
+    try:
+        usd = float(value)
+    except ValueError:
+        usd = -1.0
+    if not math.isfinite(usd) or usd < 0:
+        raise ConfigError(f"{flag}: {value!r} is not an amount in USD (or `none`: no cap)")
+    return usd
+
+
 async def cmd_budget(args: argparse.Namespace) -> int:
     from spillway.cli.render import render_budget, render_month
 
+    listing = args.month is not None and MONTH.match(args.month)
+    changes: dict[Period, float | None] = {}
+    if args.day is not None:
+        changes["day"] = _usd("--day", args.day)
+    if args.month is not None and not listing:
+        changes["month"] = _usd("--month", args.month)
+    if listing and args.day is not None:
+        raise ConfigError("--month YYYY-MM lists a month: set --day on its own")
+    if changes:
+        from spillway.client.budget import UNSIGNED, order_budget
+
+        settings = _config()[0]
+        if settings.SPILLWAY_LEDGER_SECRET is None:
+            raise ConfigError(UNSIGNED)
+        jobs = await _jobs_client(settings)
+        settings = jobs.settings.model_copy(update={"SPILLWAY_TASK_QUEUE": jobs.task_queue})
+        by = args.by or getpass.getuser()
+        summary = await order_budget(jobs.temporal, settings, changes, by)
+        print(summary.model_dump_json(indent=2) if args.json else render_budget(summary))
+        return OK
     if args.month is not None:
         try:
             datetime.strptime(args.month, "%Y-%m")

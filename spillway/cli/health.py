@@ -130,10 +130,11 @@ class TemporalHealth(BaseModel):
 
 
 class BudgetHealth(BaseModel):
-    """The budgets and what the spend ledger says is left (None when it could not be read)."""
+    """The ledger's budgets and what it says is left (None when it could not be read)."""
 
     daily_usd: float | None
     monthly_usd: float | None
+    read: bool = False  # the budgets above are the ledger's (not unknown)
     day: PeriodTotals | None = None
     month: PeriodTotals | None = None
     error: str | None = None
@@ -144,6 +145,8 @@ class BudgetHealth(BaseModel):
     unsealed: str | None = None
     # Set when the ledger's workflow task fails and is retried (`error` then says so too).
     wedged: WedgedWorkflow | None = None
+    # Set when a worker that answered has CLOUD_*_BUDGET_USD other than the ledger's budget.
+    worker_settings: str | None = None
 
 
 class WorkersHealth(BaseModel):
@@ -264,9 +267,7 @@ async def budget_health(settings: Settings) -> BudgetHealth:
     from spillway.core.spend_book import CARRY_WARN_BYTES
     from spillway.temporal import TemporalUnreachable, connect
 
-    report = BudgetHealth(
-        daily_usd=settings.CLOUD_DAILY_BUDGET_USD, monthly_usd=settings.CLOUD_MONTHLY_BUDGET_USD
-    )
+    report = BudgetHealth(daily_usd=None, monthly_usd=None)
     try:
         client = await connect()
         # First: a wedged ledger answers no query either (the summary would only time out).
@@ -280,6 +281,8 @@ async def budget_health(settings: Settings) -> BudgetHealth:
         report.error = str(exc)
         return report
     report.day, report.month = summary.day, summary.month
+    report.daily_usd, report.monthly_usd = summary.day.budget_usd, summary.month.budget_usd
+    report.read = True
     if summary.untrusted is not None:
         report.error = summary.untrusted
     if summary.closed_as is not None:
@@ -310,6 +313,30 @@ def ledger_seal_health(budget: BudgetHealth | None, workers: WorkersHealth | Non
         return
     if policy.key_present and not policy.ledger_sealed:
         budget.unsealed = UNSEALED
+
+
+def budget_settings_health(budget: BudgetHealth | None, workers: WorkersHealth | None) -> None:
+    """Notes on `budget` a worker that answered whose own budget settings are not the ledger's
+    budget: they change nothing, and whoever set them may think they do."""
+    policy = workers.view.policy if workers is not None and workers.view is not None else None
+    if budget is None or policy is None or not policy.budget_read or not budget.read:
+        return
+    own = (policy.daily_budget_usd, policy.monthly_budget_usd)
+    if own == (None, None) or own == (budget.daily_usd, budget.monthly_usd):
+        return
+
+    def usd(value: float | None) -> str:
+        return "unset" if value is None else f"{value:g}"
+
+    budget.worker_settings = (
+        f"worker {policy.worker or '(unnamed)'} has CLOUD_DAILY_BUDGET_USD="
+        f"{usd(policy.daily_budget_usd)}, CLOUD_MONTHLY_BUDGET_USD="
+        f"{usd(policy.monthly_budget_usd)}; the ledger's budget is {usd(budget.daily_usd)} a "
+        f"day, {usd(budget.monthly_usd)} a month: the worker's setting {BUDGET_IS_THE_LEDGERS}"
+    )
+
+
+BUDGET_IS_THE_LEDGERS = "changes nothing: the budget is the ledger's (spillway budget)"
 
 
 def ledger_remedy(ledger_id: str) -> str:

@@ -208,18 +208,28 @@ def build_parser() -> argparse.ArgumentParser:
     budget = command(
         "budget",
         cmd.cmd_budget,
-        "show cloud spending: today's and this month's budget, spent, reserved, left",
-        "What the spend ledger holds (UTC days and months): the budgets in force on the "
-        "workers (CLOUD_DAILY_BUDGET_USD, CLOUD_MONTHLY_BUDGET_USD), what was spent (charged, and "
-        "maybe_charged after an ambiguous create), what is reserved for creates under way, and "
-        "every cloud create the ledger holds now. Read through a running worker.",
+        "show cloud spending and the budget; --day/--month USD set the budget",
+        "What the spend ledger holds (UTC days and months): its budgets and who set them, what "
+        "was spent (charged, and maybe_charged after an ambiguous create), what is reserved for "
+        "creates under way, and every cloud create the ledger holds now. Read through a running "
+        "worker. The budget is the ledger's: --day and --month set it (USD, or `none` for no "
+        "cap), in an order signed with SPILLWAY_LEDGER_SECRET (the workers' secret; exit 2 "
+        "without it); a worker's CLOUD_DAILY_BUDGET_USD / CLOUD_MONTHLY_BUDGET_USD only seed a "
+        "ledger that never had a budget set.",
         json="print the ledger summary as JSON",
     )
     budget.add_argument(
+        "--day", metavar="USD", help="set the daily budget (USD, or `none`: no daily cap)"
+    )
+    budget.add_argument(
         "--month",
-        metavar="YYYY-MM",
-        help="one month instead: what was spent, and every create its ledger runs recorded "
-        "(read from their histories, so as far back as the namespace's retention)",
+        metavar="USD|YYYY-MM",
+        help="USD (or `none`): set the monthly budget. YYYY-MM: that month instead: what was "
+        "spent, and every create its ledger runs recorded (read from their histories, so as far "
+        "back as the namespace's retention)",
+    )
+    budget.add_argument(
+        "--by", help="who sets the budget (recorded in the ledger; default: this login)"
     )
 
     queue = command(

@@ -163,6 +163,8 @@ def _budget_line(health: Health) -> str:
     if budget is None:
         return "Budget: unknown (Temporal not reachable)"
     line = f"Budget: {cap(budget.daily_usd)} a day, {cap(budget.monthly_usd)} a month (UTC)"
+    if not budget.read:
+        line = "Budget: unknown (the ledger was not read)"
     if budget.day is not None and budget.month is not None:
         line += (
             f"; spent {cap(budget.day.spent_usd)} today, {cap(budget.month.spent_usd)} this "
@@ -174,6 +176,8 @@ def _budget_line(health: Health) -> str:
         line += f"; WARNING: {budget.warning}"
     if budget.unsealed:
         line += f"; WARNING: {budget.unsealed}"
+    if budget.worker_settings:
+        line += f"; NOTE: {budget.worker_settings}"
     return line
 
 
@@ -396,6 +400,20 @@ def _eta(seconds: float) -> str:
     return f"{round(seconds)} s" if seconds < 90 else f"{round(seconds / 60)} min"
 
 
+def budget_set_line(summary: LedgerSummary) -> str:
+    """Who set the ledger's budget: it is the ledger's, set by `spillway budget --day/--month`."""
+    held = summary.budget_set
+    if held is None:
+        capped = summary.day.budget_usd is not None or summary.month.budget_usd is not None
+        if capped:
+            return (
+                "budget set before the ledger recorded who sets it (spillway budget --day/--month)"
+            )
+        return "no budget set (spillway budget --day/--month sets one)"
+    how = "announced by" if held.seed else "set by"
+    return f"budget {how} {held.by}, taken {held.at:%Y-%m-%d %H:%M:%S} UTC"
+
+
 def render_budget(summary: LedgerSummary) -> str:
     def usd(value: float | None) -> str:
         return "no cap" if value is None else f"${value:.2f}"
@@ -414,6 +432,7 @@ def render_budget(summary: LedgerSummary) -> str:
             f"  {label:<16}{usd(totals.budget_usd):>10}{usd(totals.spent_usd):>10}"
             f"{usd(totals.reserved_usd):>10}{usd(totals.remaining_usd):>10}"
         )
+    lines.append(budget_set_line(summary))
     if not summary.entries:
         lines.append("no cloud creates held this month")
         return "\n".join(lines)

@@ -1,19 +1,28 @@
 """What the spend ledger holds (`spillway budget`, the budget part of `spillway health`), read
-with a query (so through a running worker), or the configured budgets when nothing was spent."""
+with a query (so through a running worker), and the budget orders `spillway budget --day/--month`
+sends it (signed with SPILLWAY_LEDGER_SECRET: the budget is the ledger's, set in one place)."""
 
 from __future__ import annotations
 
 from datetime import datetime
 
 from temporalio.client import Client
+from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.spend.ledger import SpendLedger
-from activities.spend.vet import budgets_of
 from spillway.core import names
-from spillway.core.errors import Failed
-from spillway.core.ledger import LedgerSummary, MonthSpend, PeriodTotals, SpendEntry
+from spillway.core.errors import ConfigError, Failed
+from spillway.core.ledger import (
+    Budgets,
+    LedgerSummary,
+    MonthSpend,
+    Period,
+    PeriodTotals,
+    SpendEntry,
+)
 from spillway.core.settings import Settings
+from spillway.core.spend_book import SpendRefused
 
 
 async def ledger_summary(client: Client, settings: Settings) -> LedgerSummary:
@@ -28,10 +37,37 @@ async def ledger_summary(client: Client, settings: Settings) -> LedgerSummary:
     if summary is not None:
         summary.closed_as = await ledger.closed_as()
         return summary
-    budgets = budgets_of(settings)
-    return LedgerSummary(
-        day=_untouched(budgets.daily_usd), month=_untouched(budgets.monthly_usd), entries=[]
+    # No ledger yet: no budget is set (a worker's own settings are not the budget).
+    return LedgerSummary(day=_untouched(None), month=_untouched(None), entries=[])
+
+
+UNSIGNED = (
+    "SPILLWAY_LEDGER_SECRET is not set here: a budget order is signed with it (the workers' "
+    "secret), and the ledger takes no other"
+)
+
+
+async def order_budget(
+    client: Client, settings: Settings, changes: dict[Period, float | None], by: str
+) -> LedgerSummary:
+    """Sets the day's and/or the month's budget (None: no cap) in the ledger, the other as it
+    is; Failed when the ledger refuses the order or does not answer."""
+    secret = settings.SPILLWAY_LEDGER_SECRET
+    if secret is None:
+        raise ConfigError(UNSIGNED)
+    ledger = SpendLedger(client, settings.SPILLWAY_TASK_QUEUE, seal_with=secret)
+    held = await ledger_summary(client, settings)
+    budgets = Budgets(
+        daily_usd=changes.get("day", held.day.budget_usd),
+        monthly_usd=changes.get("month", held.month.budget_usd),
     )
+    try:
+        await ledger.order(budgets, by)
+    except SpendRefused as refused:
+        raise Failed(refused.message) from None
+    except ApplicationError as err:  # did not answer, or closed: nothing changed
+        raise Failed(err.message) from None
+    return await ledger_summary(client, settings)
 
 
 def _untouched(budget: float | None) -> PeriodTotals:

@@ -32,13 +32,36 @@ def _without_unset(data: dict[str, Any], *names: str) -> dict[str, Any]:
 
 
 class Budgets(BaseModel):
-    """CLOUD_DAILY_BUDGET_USD / CLOUD_MONTHLY_BUDGET_USD in force; None = no cap of that kind."""
+    """The day's and the month's budget the ledger holds; None = no cap of that kind."""
 
     daily_usd: Usd | None = None
     monthly_usd: Usd | None = None
 
     def of(self, period: Period) -> float | None:
         return self.daily_usd if period == "day" else self.monthly_usd
+
+
+class BudgetOrder(BaseModel):
+    """New budgets for the ledger, signed with SPILLWAY_LEDGER_SECRET over the ledger's id, the
+    budgets, who and when (ledger_seal.py): `spillway budget --day/--month`, or a worker's
+    announce at start (`seed`: taken only by a ledger that never had a budget set). Every field
+    has a default: what a raw client sends parses, and its missing signature refuses it."""
+
+    ledger_id: str = ""
+    budgets: Budgets = Budgets()
+    by: Annotated[str, Field(max_length=200)] = ""
+    issued_at: datetime | None = None
+    seed: bool = False
+    signature: Annotated[str, Field(max_length=200)] = ""
+
+
+class BudgetSetBy(BaseModel):
+    """Who set the budgets in force, with which order, and when the ledger took it."""
+
+    by: str
+    issued_at: datetime  # the order's own time: only a newer order replaces it
+    at: datetime
+    seed: bool = False  # a worker's CLOUD_*_BUDGET_USD, announced at its start
 
 
 class SpendEntry(BaseModel):
@@ -91,7 +114,9 @@ class Vetted(BaseModel):
     failed: str | None = None  # the vet could not finish: nothing is decided, the caller asks again
     incarnation: str | None = None
     cost_usd: Usd | None = None  # routing_tiers.json's figure for the job's own clip
-    budgets: Budgets = Budgets()  # the workers' CLOUD_*_BUDGET_USD
+    # The vetting worker's CLOUD_*_BUDGET_USD: taken only by ledger runs started before the
+    # budget became the ledger's own (`BudgetSetBy`); a later run ignores it.
+    budgets: Budgets = Budgets()
     # The ledger run that asked, as the activity saw it. Recorded in the ledger's history, so a
     # ledger reset by an operator replays answers naming the run it was reset from.
     ledger_run: str | None = None
@@ -173,6 +198,9 @@ class LedgerSummary(BaseModel):
     # Why this ledger run grants nothing: its input is not one spillway made (ledger_seal.py).
     untrusted: str | None = None
     done_s: dict[str, list[float]] = {}  # per provider, its recent create-to-done times
+    # Who set `day.budget_usd` and `month.budget_usd` (None: never set, or set by a ledger from
+    # before the budget was the ledger's own).
+    budget_set: BudgetSetBy | None = None
 
 
 class IncarnationAsk(BaseModel):
@@ -219,10 +247,13 @@ class LedgerInput(BaseModel):
     seal: str | None = None
     # Per provider, its last RECENT_DONE create-to-done times (the cloud's ETA).
     done_s: dict[str, list[float]] = {}
+    # Who set `budgets` (None: never set, unless `budgets` holds a cap: a ledger carried from
+    # before the budget was the ledger's own, which counts as set).
+    budget_set: BudgetSetBy | None = None
 
     @model_serializer(mode="wrap")
     def _as_sealed(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return _without_unset(handler(self), "done_s")
+        return _without_unset(handler(self), "done_s", "budget_set")
 
 
 # --- what the workflow gets back from the `spend_reserve` activity ---------------------------

@@ -18,7 +18,7 @@ import hashlib
 import hmac
 from datetime import datetime, timedelta
 
-from spillway.core.ledger import LedgerInput
+from spillway.core.ledger import BudgetOrder, Budgets, LedgerInput
 
 # How long before a run's start its input may have been sealed (a restore rebuilds the entries
 # first, from the closed run's history), and how far after (the sealer's clock ahead of the
@@ -59,4 +59,33 @@ def why_not_sealed(
 def _seal(secret: str, ledger_id: str, inp: LedgerInput) -> str:
     body = inp.model_dump_json(exclude={"seal", "trusted"})
     mac = hmac.new(secret.encode(), f"{ledger_id}\n{body}".encode(), hashlib.sha256)
+    return f"{_VERSION},{mac.hexdigest()}"
+
+
+def signed_order(
+    secret: str, ledger_id: str, budgets: Budgets, by: str, at: datetime, *, seed: bool = False
+) -> BudgetOrder:
+    order = BudgetOrder(ledger_id=ledger_id, budgets=budgets, by=by, issued_at=at, seed=seed)
+    return order.model_copy(update={"signature": _order_mac(secret, order)})
+
+
+def why_not_signed(secret: str, ledger_id: str, order: BudgetOrder, now: datetime) -> str | None:
+    """Why the ledger `ledger_id` must not take `order` at `now`; None when it may."""
+    if not order.signature or order.issued_at is None:
+        return "it is not signed (`spillway budget` signs with SPILLWAY_LEDGER_SECRET)"
+    if order.ledger_id != ledger_id:
+        return f"it is signed for the ledger {order.ledger_id!r}, not {ledger_id!r}"
+    if not hmac.compare_digest(_order_mac(secret, order), order.signature):
+        return "its signature is not the workers' (another secret, or the order was changed)"
+    if not now - SEAL_FRESH <= order.issued_at <= now + CLOCK_SKEW:
+        return (
+            f"it was issued at {order.issued_at:%Y-%m-%d %H:%M:%S} UTC, not just now: an order "
+            "copied from an earlier one"
+        )
+    return None
+
+
+def _order_mac(secret: str, order: BudgetOrder) -> str:
+    body = order.model_dump_json(exclude={"signature"})
+    mac = hmac.new(secret.encode(), f"budget\n{body}".encode(), hashlib.sha256)
     return f"{_VERSION},{mac.hexdigest()}"

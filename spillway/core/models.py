@@ -106,6 +106,13 @@ class Policy(BaseModel):
     # A cloud job tells the ledger how long its video took (the cloud's ETA). False in what
     # 0.5.0 workers read: their runs replay without the settle.
     cloud_eta: bool = False
+    # The worker's own CLOUD_DAILY_BUDGET_USD / CLOUD_MONTHLY_BUDGET_USD (`budget_read`: False
+    # from workers that did not say), and who it is to Temporal: `health` names a worker whose
+    # settings differ from the ledger's budget, which they no longer change.
+    budget_read: bool = False
+    daily_budget_usd: float | None = None
+    monthly_budget_usd: float | None = None
+    worker: str = ""
 
 
 class HostCapabilities(BaseModel):

@@ -27,6 +27,10 @@ The rules (docs/design.md, money invariants 2, 5 and 6):
   until that attempt settles. Without it a request may only say more is spent (`maybe_charged`,
   or `charged` with a task id after `maybe_charged`), never less. The same attempt beginning
   again with another token is refused.
+- The budgets are the book's own, set in one place: a signed order (`spillway budget`, checked
+  by the vet) replaces them only when it is newer than the order in force; a worker's announce
+  at start (`seed`) sets them only in a book that never had them set (a book carried with a cap
+  from before counts as set). Nothing else changes them: not a request, not a worker's settings.
 - A signed approval pays for one create: the ledger records a digest of each signature it
   granted a reservation on, and refuses it once a create under it went out (kept until the
   signature expires, across continue-as-new).
@@ -42,7 +46,9 @@ from spillway.core.ledger import (
     ENDED_FREE,
     RECENT_DONE,
     BeginCreate,
+    BudgetOrder,
     Budgets,
+    BudgetSetBy,
     BudgetShortfall,
     LedgerInput,
     LedgerSummary,
@@ -57,6 +63,7 @@ from spillway.core.ledger import (
 CARRY_WARN_BYTES = 512 * 1024  # a quarter of Temporal's default 2 MB payload limit
 REFUSED = "SpendRefused"  # ApplicationError type of every refusal; details: kind, entry, ...
 APPROVAL_REFUSED = "approval_refused"  # a refusal's kind: the approval does not hold
+BUDGET_ORDER_REFUSED = "budget_order"  # a refusal's kind: a budget order changes nothing
 # A reservation whose create never began (its job was terminated between the two) stops
 # counting after this, and its run can no longer begin.
 UNSENT_TTL = timedelta(hours=1)
@@ -106,9 +113,11 @@ class SpendBook:
         created: dict[str, str] | None = None,
         approvals: dict[str, datetime] | None = None,
         done_s: dict[str, list[float]] | None = None,
+        budget_set: BudgetSetBy | None = None,
     ) -> None:
         self.entries = list(entries)
         self.budgets = budgets
+        self.budget_set = budget_set
         self.spent = dict(spent or {})
         self.created = {month: set(tags.split()) for month, tags in (created or {}).items()}
         self.approvals = dict(approvals or {})
@@ -116,7 +125,51 @@ class SpendBook:
 
     @classmethod
     def of(cls, inp: LedgerInput) -> SpendBook:
-        return cls(inp.entries, inp.budgets, inp.spent, inp.created, inp.approvals, inp.done_s)
+        return cls(
+            inp.entries,
+            inp.budgets,
+            inp.spent,
+            inp.created,
+            inp.approvals,
+            inp.done_s,
+            inp.budget_set,
+        )
+
+    # --- the budgets ---------------------------------------------------------------------
+
+    def budget_is_set(self) -> bool:
+        """Set by an order or a seed, or carried with a cap from a ledger of before."""
+        return self.budget_set is not None or self.budgets != Budgets()
+
+    def set_budgets(self, order: BudgetOrder, now: datetime) -> Budgets:
+        """Takes a signed order (the vet checked its signature): a seed only while no budget
+        was ever set, an order only when newer than the one in force. Returns the budgets in
+        force."""
+        if order.issued_at is None:
+            raise SpendRefused(
+                "a budget order without its time changes nothing", BUDGET_ORDER_REFUSED
+            )
+        if order.seed:
+            if not self.budget_is_set():
+                self._take(order, now)
+            return self.budgets
+        held = self.budget_set
+        if held is not None and order.issued_at <= held.issued_at:
+            raise SpendRefused(
+                f"the budget order by {order.by} issued at {order.issued_at:%Y-%m-%d %H:%M:%S} "
+                f"UTC is not newer than the one in force (by {held.by}, issued "
+                f"{held.issued_at:%Y-%m-%d %H:%M:%S} UTC): nothing changed",
+                BUDGET_ORDER_REFUSED,
+            )
+        self._take(order, now)
+        return self.budgets
+
+    def _take(self, order: BudgetOrder, now: datetime) -> None:
+        assert order.issued_at is not None
+        self.budgets = order.budgets.model_copy()
+        self.budget_set = BudgetSetBy(
+            by=order.by, issued_at=order.issued_at, at=now, seed=order.seed
+        )
 
     def eta_s(self, provider: str) -> float | None:
         """The cloud's ETA for `provider`: the median of its recent create-to-done times (one
@@ -162,6 +215,7 @@ class SpendBook:
             month=self.totals("month", now),
             entries=month,
             done_s=self.done_s,
+            budget_set=self.budget_set,
         )
 
     def carried(self, now: datetime, updates_per_run: int) -> LedgerInput:
@@ -191,6 +245,7 @@ class SpendBook:
             approvals=approvals,
             updates_per_run=updates_per_run,
             done_s=self.done_s,
+            budget_set=self.budget_set,
         )
 
     def month_spent(self, month: str) -> float:
@@ -265,7 +320,6 @@ class SpendBook:
         return None
 
     def reserve(self, req: ReserveRequest, terms: Vetted, now: datetime) -> SpendEntry:
-        self.budgets = terms.budgets
         self.check_reserve(req, terms, now)
         current = self.live(req.job_id, terms.incarnation, now)
         if current is not None and _same_ask(current, req):

@@ -188,10 +188,8 @@ async def test_forged_ledger_updates_change_no_budget_and_no_entry(
     before = await ledger(jobs.client, queue)
     run_of_paid = (await jobs.client.get_workflow_handle(paid).describe()).run_id
 
-    handle_of_ledger = jobs.client.get_workflow_handle(names.ledger_id(queue))
-    await handle_of_ledger.execute_update(
-        names.LEDGER_CONFIGURE, {"daily_usd": None}
-    )  # read, not taken
+    emptied = {"budgets": {"daily_usd": None}, "by": "mallory"}  # unsigned: refused
+    why_budget = await forged(jobs.client, queue, names.LEDGER_CONFIGURE, emptied)
     over = {
         "job_id": waiting,
         "run_id": (await jobs.client.get_workflow_handle(waiting).describe()).run_id,
@@ -207,6 +205,7 @@ async def test_forged_ledger_updates_change_no_budget_and_no_entry(
     after = await ledger(jobs.client, queue)
 
     assert "not running" in why_over and "not running" in why_settle
+    assert "not signed" in why_budget
     assert after.day.budget_usd == 0.3 and after.day.spent_usd == pytest.approx(CLIP_USD)
     paid_entries = [e for e in after.entries if e.job_id == paid]
     assert [e.state for e in paid_entries] == ["charged"]

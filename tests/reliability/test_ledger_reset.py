@@ -19,7 +19,7 @@ from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy
 
 from spillway.core import names
-from spillway.core.ledger import LedgerInput
+from spillway.core.ledger import Budgets, LedgerInput
 from spillway.core.models import FINAL_STATES
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
@@ -118,7 +118,9 @@ async def test_a_ledger_reset_to_a_run_before_its_continue_as_new_grants_nothing
     worker = await one_clip_worker(workers, comfyui, minimax)
     jobs = jobs_on(worker)
     await ledger_started(jobs.client, worker.task_queue)
-    short = LedgerInput(updates_per_run=1)  # continuing as new after every update
+    # Continuing as new after every update; the budget is the ledger's, so the replacing run
+    # carries the one clip's, as a restore of the run it replaces would.
+    short = LedgerInput(updates_per_run=1, budgets=Budgets(daily_usd=CLIP_USD))
     early = await replace_ledger(jobs.client, worker.task_queue, short, "continues", seal=True)
     first = await jobs.submit("the day's one clip")
     assert (await jobs.until(first, "completed")).route == "cloud"

@@ -61,11 +61,12 @@ from spillway.core.hosts import WAITS_SUFFIX, gpu_hosts, ref
 from spillway.core.ledger import BudgetView, SpendEntry
 from spillway.core.models import FINAL_STATES, CloudRequest, JobState, Plan, VideoJob
 from spillway.core.tiers import load_tiers
+from tests.support.constants import LEDGER_SECRET
 from tests.support.graphs import VIDEO_GRAPH
 from tests.support.route_stubs import RouteStubs
 from tests.support.settings import make_settings
 from tests.support.waiting import until
-from worker import POOL, WORKFLOWS
+from worker import POOL, WORKFLOWS, announce_budgets
 from workflows.video_job import VideoJobWorkflow
 
 PROMPT = "a lighthouse at dusk, slow pan"
@@ -225,11 +226,16 @@ def job_runner(environment: WorkflowEnvironment) -> RunJobs:
         # The pool re-probes as often as a waiting job of 0.4.0 did: on the time-skipping server
         # every probe of a skipped hour would run for real.
         settings.setdefault("SPILLWAY_POOL_REPROBE_S", 60)
+        # As shipped: the ledger is sealed and vetted with the secret, and takes the worker's
+        # budget settings when the worker starts.
+        settings.setdefault("SPILLWAY_LEDGER_SECRET", LEDGER_SECRET)
         config = make_settings(**settings)
         tiers = load_tiers(config.SPILLWAY_ROUTING_TIERS)
         policy = PolicyActivities(config, tiers)
         task_queue = task_queue or f"jobs-{uuid.uuid4()}"
-        ledger = SpendLedger(environment.client, task_queue)
+        ledger = SpendLedger(
+            environment.client, task_queue, seal_with=config.SPILLWAY_LEDGER_SECRET
+        )
         spend = SpendActivities(ledger, config, tiers)
         places = PoolActivities(environment.client)
         stubs.guard = CreateGuard(ledger, config)
@@ -279,6 +285,7 @@ def job_runner(environment: WorkflowEnvironment) -> RunJobs:
                     activities=[policy.read_policy, places.check_holders, places.find_holders],
                 )
             )
+            await announce_budgets(ledger, config)
             jobs = Jobs(environment.client, task_queue, stubs, started=[])
             try:
                 yield jobs

@@ -22,6 +22,7 @@ from activities.minimax.activities import MiniMaxActivities
 from activities.minimax.client import MiniMaxTiming
 from spillway.core.ledger import (
     BeginCreate,
+    BudgetOrder,
     Budgets,
     LedgerSummary,
     ReserveRequest,
@@ -111,8 +112,8 @@ class BookLedger:
     async def settle(self, req: SettleRequest) -> SpendEntry:
         return self.book.settle(req, self._terms(), datetime.now(UTC))
 
-    async def configure(self) -> None:
-        pass
+    async def configure(self, order: BudgetOrder | None = None) -> Budgets:
+        return self.book.budgets
 
     async def summary(self) -> LedgerSummary | None:
         return self.book.summary(datetime.now(UTC))

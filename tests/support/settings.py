@@ -23,7 +23,7 @@ import pytest
 from spillway.core.settings import PROJECT_ROOT, Settings
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
-from tests.support.constants import CANARY_KEY, TEST_KEY
+from tests.support.constants import CANARY_KEY, LEDGER_SECRET, TEST_KEY
 
 SettingsFactory = Callable[..., Settings]
 
@@ -35,6 +35,7 @@ QUIET: dict[str, Any] = {
     "SPILLWAY_APPROVAL_SECRET": None,
 }
 KEY: dict[str, Any] = {"MINIMAX_API_KEY": TEST_KEY}
+KEY_NAMES = ("MINIMAX_API_KEY", "KLING_ACCESS_KEY")
 ARMED: dict[str, Any] = KEY | {"CLOUD_VIDEO_FALLBACK_ENABLED": True}
 # Armed for Kling only, with a short heartbeat timeout: the time-skipping server skips no time
 # while an activity runs, and a lost create is noticed by its missing heartbeat.
@@ -50,10 +51,15 @@ COMFYUI_POLL_S = 0.1
 
 
 def make_settings(*layers: Mapping[str, Any], **overrides: Any) -> Settings:
+    """A cloud key brings the ledger's secret, as shipped (a worker holding a key does not start
+    without one, and only a worker with it vets the spend ledger), unless the test names it."""
     values = dict(QUIET)
     for layer in layers:
         values |= layer
-    return Settings(**(values | overrides))
+    values |= overrides
+    if any(values.get(key) for key in KEY_NAMES):
+        values.setdefault("SPILLWAY_LEDGER_SECRET", LEDGER_SECRET)
+    return Settings(**values)
 
 
 def comfyui_values(comfyui: ComfyUISim, outputs: Path) -> dict[str, Any]:
