@@ -462,14 +462,35 @@ async def test_task_that_fails_at_minimax_fails_with_minimax_message(
     assert "Processing" in [h.phase for h in heartbeats]
 
 
-async def test_rate_limit_during_poll_backs_off_and_continues(minimax, minimax_activities):
-    _, done = await polled_after_code(minimax, minimax_activities(), 1002)
+class PausesTaken:
+    """`asyncio` as the MiniMax activities see it, noting every pause they ask for: the pause
+    chosen, not the time a busy machine took to come back from it."""
+
+    def __init__(self) -> None:
+        self.asked: list[float] = []
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(asyncio, name)
+
+    async def sleep(self, delay: float) -> None:
+        self.asked.append(delay)
+        await asyncio.sleep(delay)
+
+
+async def test_rate_limit_during_poll_backs_off_and_continues(
+    minimax, minimax_activities, monkeypatch
+):
+    acts = minimax_activities()
+    pauses = PausesTaken()
+    monkeypatch.setattr("activities.minimax.activities.asyncio", pauses)
+    _, done = await polled_after_code(minimax, acts, 1002)
 
     assert isinstance(done, CloudDone), done
     queries = [r.at for r in minimax.requests if r.endpoint == "query"]
     assert len(queries) == 5  # the refused one, then Preparing ... Success
-    after_limit, normal = queries[1] - queries[0], queries[2] - queries[1]
-    assert after_limit >= 0.09 and normal < after_limit  # interval 0.05 doubled, then reset
+    interval = acts._settings.MINIMAX_POLL_INTERVAL_S
+    # Doubled after the refusal, then back to the interval: the rest of the pauses are polls.
+    assert pauses.asked[:2] == [2 * interval, interval], pauses.asked
 
 
 async def test_permanent_code_while_polling_fails_naming_the_task_that_exists(
