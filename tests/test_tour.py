@@ -71,7 +71,8 @@ class Dev:
 
     def banner_exports(self) -> dict[str, str]:
         lines = [line.strip().removeprefix("export ") for line in self.output]
-        return dict(line.split("=", 1) for line in lines if re.fullmatch(r"[A-Z_]+=\S+", line))
+        exported = [line for line in lines if re.fullmatch(r"[A-Z][A-Z0-9_]*=\S+", line)]
+        return dict(line.split("=", 1) for line in exported)
 
     async def start(self) -> None:
         self._proc = await asyncio.create_subprocess_exec(
@@ -200,6 +201,7 @@ async def test_the_readme_tour_works_as_written(dev: Dev):
         "SPILLWAY_TASK_QUEUE": "spillway-sim",
         "TEMPORAL_ADDRESS": f"127.0.0.1:{dev.port}",
         "COMFYUI_URL": f"http://127.0.0.1:{dev.comfyui}",
+        "A40_GUARD_URL": f"http://127.0.0.1:{dev.guard}",
     }
     commands = [line for line in lines if line.startswith("spillway ")]
     assert len(commands) == len(EXPECTED)
@@ -219,6 +221,10 @@ async def test_the_readme_tour_works_as_written(dev: Dev):
             await dev.until_state("tour-2", "awaiting_approval")
         if "--job-id tour-5" in command:
             await dev.until_one_waits(["tour-3", "tour-4", "tour-5"])
+    # The guard double, from the second terminal with the banner's exports: busy shows.
+    assert (await dev.run("spillway sim guard --busy --job render-7"))[0] == 0
+    code, out = await dev.run("spillway load")
+    assert code == 0 and "a40_guard_busy_job=render-7" in out, out
     assert await dev.stop() == 0
     assert dev.ports_free(), "spillway dev left something running"
 

@@ -420,7 +420,9 @@ async def cmd_sim(args: argparse.Namespace) -> int:
         url = settings.comfyui("/sim/gpu")
         body: dict[str, object] = {"vram_used_pct": 42.4 if args.free else args.vram}
     else:
-        url = args.guard_url.rstrip("/") + "/sim/guard"
+        # The guard `spillway load` reads from this shell is the one to flip.
+        guard = args.guard_url or settings.A40_GUARD_URL or "http://127.0.0.1:8189"
+        url = str(guard).rstrip("/") + "/sim/guard"
         body = {"busy": not args.free, "job": args.job}
     try:
         async with httpx.AsyncClient() as http:

@@ -197,7 +197,9 @@ async def _keep_state(path: Path, current: Callable[[], dict[str, object]]) -> N
 
 def exports(options: DevOptions, address: str | None, settings: Settings) -> list[str]:
     """What a second terminal must export to reach this instance: the simulated jobs' queue,
-    and every address that is not the default its commands assume (a busy 8188 moved aside)."""
+    the guard double (no default exists: without it `spillway load` there skips the guard, and
+    `spillway sim guard --busy` shows no effect), and every address that is not the default its
+    commands assume (a busy 8188 moved aside)."""
     wanted: dict[str, str] = {}
     if options.simulate:
         wanted["SPILLWAY_TASK_QUEUE"] = settings.SPILLWAY_TASK_QUEUE
@@ -205,6 +207,8 @@ def exports(options: DevOptions, address: str | None, settings: Settings) -> lis
         wanted["TEMPORAL_ADDRESS"] = address
     if options.simulate and options.comfyui_port != DevOptions.comfyui_port:
         wanted["COMFYUI_URL"] = settings.comfyui("")
+    if options.simulate and settings.A40_GUARD_URL is not None:
+        wanted["A40_GUARD_URL"] = str(settings.A40_GUARD_URL).rstrip("/")
     return [f"export {name}={value}" for name, value in wanted.items()]
 
 

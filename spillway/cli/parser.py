@@ -397,7 +397,11 @@ def build_parser() -> argparse.ArgumentParser:
     guard_choice.add_argument("--busy", action="store_true", help="the GPU holds a job")
     guard_choice.add_argument("--free", action="store_true", help="the GPU holds none")
     guard.add_argument("--job", help="job the guard names while busy")
-    guard.add_argument("--guard-url", default="http://127.0.0.1:8189", help="simulator URL")
+    guard.add_argument(
+        "--guard-url",
+        help="simulator URL (default: A40_GUARD_URL, as `spillway load` reads the guard; else "
+        "http://127.0.0.1:8189)",
+    )
 
     worker = command(
         "worker",
