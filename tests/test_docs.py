@@ -1,17 +1,21 @@
 """The guide stays true: every setting the code reads is in docs/configuration.md with the default
 the code has, every relative link and anchor of README.md and docs/*.md resolves,
-docs/layout.md names every module, and the callbacks' retry time is the policy's. Plain file
-reads: the fast lane."""
+docs/layout.md names every module, every `spillway` command and option they show exists in the
+parser, and the callbacks' retry time is the policy's. Plain file reads: the fast lane."""
 
 from __future__ import annotations
 
+import argparse
 import re
+import shlex
+from collections.abc import Iterator
 from pathlib import Path
 
 from pydantic import AnyUrl, SecretStr
 from pydantic.fields import FieldInfo
 
 from activities.callbacks import CALLBACK_RETRY
+from spillway.cli.parser import build_parser
 from spillway.core.settings import PROJECT_ROOT, Settings
 
 DOCS = PROJECT_ROOT / "docs"
@@ -188,3 +192,72 @@ def test_the_callback_retry_time_the_guide_gives_is_the_policys():
     said = f"{minutes} min {seconds} s"
     for page in ("clients.md", "design.md"):
         assert said in (DOCS / page).read_text(encoding="utf-8"), f"docs/{page} lacks {said}"
+
+
+INLINE_COMMAND = re.compile(r"`(spillway [^`]+)`")
+
+
+def shown_commands(text: str) -> Iterator[str]:
+    """Every `spillway ...` a page shows: in inline code, and as a line of a fenced block (a
+    `$ ` prompt and a trailing `# comment` left off)."""
+    yield from INLINE_COMMAND.findall(text)
+    fenced = False
+    for line in text.splitlines():
+        if line.strip().startswith("```"):
+            fenced = not fenced
+            continue
+        command = line.strip().removeprefix("$ ").split(" #")[0]
+        if fenced and command.startswith("spillway "):
+            yield command
+
+
+def _commands_of(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def not_in_the_parser(shown: str) -> str | None:
+    """Why a command a page shows would not run as written (None: its words and options are the
+        parser's). Placeholders (JOB, NAME) and values pass; `--day/--month` names two options,
+    `approve|reject` two commands."""
+    try:
+        words = shlex.split(shown)
+    except ValueError:  # an unclosed quote in prose: its words as they stand
+        words = shown.split()
+    parser, path = build_parser(), ["spillway"]
+    for word in words[1:]:
+        commands = _commands_of(parser)
+        if not commands or word.startswith("-"):
+            break
+        either = word.split("|")  # `approve|reject`: each is a command
+        missing = [w for w in either if w not in commands]
+        if missing:
+            return f"{' '.join(path)} has no command {missing[0]!r}" if word.islower() else None
+        parser = commands[either[0]]
+        path.append(word)
+    options = {o for action in parser._actions for o in action.option_strings}
+    unknown = [
+        name
+        for word in words[1:]
+        if word.startswith("--")
+        for name in word.split("=")[0].split("/")
+        if name.startswith("--") and name.rstrip(",.;:)") not in options
+    ]
+    return f"{' '.join(path)} has no option {', '.join(unknown)}" if unknown else None
+
+
+def test_every_command_and_option_the_guide_shows_exists_in_the_parser():
+    found = [
+        f"{page.name}: {shown}: {why}"
+        for page in PAGES
+        for shown in shown_commands(page.read_text(encoding="utf-8"))
+        if (why := not_in_the_parser(shown)) is not None
+    ]
+    assert not found, "\n".join(found)
+    assert not_in_the_parser("spillway cancel job-1 --by ana --frob") == (
+        "spillway cancel has no option --frob"
+    )
+    assert not_in_the_parser("spillway frob job-1") == "spillway has no command 'frob'"
+    assert not_in_the_parser("spillway budget --day/--month") is None
