@@ -287,3 +287,22 @@ def test_queue_shows_each_why_whole_wrapped_in_100_columns_or_on_one_row_with_wi
 
     wide = render_queue(_line_of(why, job_id), wide=True).splitlines()
     assert wide[-1].endswith(f"  {whole}") and job_id in wide[-1]
+
+
+def test_watch_prints_each_change_of_progress_as_status_shows_it(capsys):
+    """`watch` and `submit --wait` printed only "— running" while `status` showed the node."""
+    from spillway.cli.commands import _progress_printer
+    from spillway.core.models import Plan, Progress
+
+    show = _progress_printer()
+    for node, value in (("3", None), ("12", 7), ("12", 7), ("12", 15)):
+        progress = Progress(phase="running", node=node, value=value, max=30)
+        if value is not None:
+            progress.percent = 100 * value / 30
+        show(Plan(job_id="job-1", state="running_local", route="local", progress=progress))
+    lines = [line.split(" ", 1)[1] for line in capsys.readouterr().err.splitlines()]
+    assert lines == [
+        "job-1: running_local local — running node 3",
+        "job-1: running_local local — running node 12 7/30 (23%)",
+        "job-1: running_local local — running node 12 15/30 (50%)",
+    ]

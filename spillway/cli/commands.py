@@ -443,10 +443,8 @@ def _progress_printer() -> Callable[[Plan], None]:
     def show(plan: Plan) -> None:
         nonlocal last
         line = f"{plan.state}" + (f" {plan.route}" if plan.route else "")
-        if plan.progress is not None:
-            line += f" — {plan.progress.phase}"
-            if plan.progress.percent is not None:
-                line += f" {plan.progress.percent:.0f}%"
+        if plan.progress is not None:  # as `status` shows it: the node, its step and percent
+            line += f" — {plan.progress.brief()}"
         if line != last:
             print(
                 f"{datetime.now(UTC):%H:%M:%S} {plan.job_id}: {line}", file=sys.stderr, flush=True
