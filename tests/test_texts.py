@@ -141,3 +141,23 @@ def test_an_estimate_behind_an_overloaded_host_says_what_the_job_waits_for_not_0
         assert "0 s" not in text, text
     assert "waits for: approval, or a host with headroom" in shown[0]
     assert "approval, or a host with headroom" in shown[1] and "approval" in shown[2]
+
+
+def test_a_patient_job_s_details_say_when_its_estimate_was_made():
+    """The UI's "Starts in about 1 s" stayed frozen at the moment the job joined the line (37 s
+    later it still said 1 s): the details are written when something changes for the job, so
+    the estimate says when it was made."""
+    from datetime import timedelta
+
+    from spillway.core.ledger import BudgetView
+
+    plan = Plan(
+        job_id="job-1",
+        state="queued",
+        queue=QueueSpot(position=1, ahead=0, eta_s=1.0),
+        patience_until=NOW + timedelta(minutes=10),
+        budget=BudgetView(estimate_usd=0.28, provider="minimax"),
+    )
+    details = texts.current_details(plan)
+    assert "Starts in about 1 s here (estimated when it joined the line), or $0.28" in details
+    assert "`spillway queue` shows the line now" in details

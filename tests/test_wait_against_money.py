@@ -193,7 +193,8 @@ async def test_armed_and_full_a_patient_job_waits_in_line_and_renders_here_spend
         assert plan.quote.why.startswith("1st in line for the GPUs, about 2 s;")
         # The UI's details weigh both: its start here, and the cloud's price now.
         assert plan.budget is not None and plan.budget.estimate_usd == CLIP_USD
-        assert "Starts in about 2 s here, or $0.28 on MiniMax now." in current_details(plan)
+        said = "Starts in about 2 s here (estimated when it joined the line), or $0.28 on MiniMax"
+        assert said in current_details(plan)
         # `spillway queue` shows when it would go to the cloud, as its plan does.
         line = (await pool_view(st.jobs.client, st.jobs.task_queue)).line
         assert [(i.job_id, i.patience_until) for i in line] == [(patient.id, plan.patience_until)]

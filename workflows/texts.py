@@ -155,13 +155,18 @@ def decision_line(
 
 
 def _wait_or_pay(plan: Plan) -> str:
-    """ "Starts in about 3 min here, or $0.28 on MiniMax now." for a job waiting by its patience."""
+    """ "Starts in about 3 min here (estimated when it joined the line), or $0.28 on MiniMax
+    now." for a job waiting by its patience: the details are written when something changes for
+    the job, not as the line moves, so the estimate says when it was made (`spillway queue` and
+    `status` have the current one)."""
     spot, budget = plan.queue, plan.budget
     if budget is None or budget.estimate_usd is None or budget.provider is None:
         return ""
     here = (about(spot.eta_s) if spot is not None else "").removeprefix(", ") or "later"
+    made = " (estimated when it joined the line)" if here != "later" else ""
     return (
-        f"\n\nStarts in {here} here, or ${budget.estimate_usd:.2f} on {label(budget.provider)} now."
+        f"\n\nStarts in {here} here{made}, or ${budget.estimate_usd:.2f} on "
+        f"{label(budget.provider)} now."
     )
 
 
