@@ -261,3 +261,12 @@ def test_every_command_and_option_the_guide_shows_exists_in_the_parser():
     )
     assert not_in_the_parser("spillway frob job-1") == "spillway has no command 'frob'"
     assert not_in_the_parser("spillway budget --day/--month") is None
+
+
+def test_the_screenshot_command_the_readme_gives_runs_as_written():
+    """`scripts/ui_screenshot.py JOB ...` had no run bit and no shebang: the README's line could
+    not run as it stood. It names the venv's Python, which has the script's `aiohttp`."""
+    readme = (PROJECT_ROOT / "README.md").read_text(encoding="utf-8")
+    [shown] = re.findall(r"`([^`]*scripts/ui_screenshot\.py[^`]*)`", readme)
+    python, script, *_ = shown.split()
+    assert python == ".venv/bin/python" and (PROJECT_ROOT / script).is_file(), shown
