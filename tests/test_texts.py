@@ -161,3 +161,13 @@ def test_a_patient_job_s_details_say_when_its_estimate_was_made():
     details = texts.current_details(plan)
     assert "Starts in about 1 s here (estimated when it joined the line), or $0.28" in details
     assert "`spillway queue` shows the line now" in details
+
+
+def test_an_estimate_under_a_second_is_about_1_s_and_one_of_now_is_none():
+    """A clean clone's fast renders gave a job 2nd in line an estimate of 0.3 s, which read as
+    no estimate at all."""
+    from spillway.core.decision import about
+
+    assert about(0.3) == ", about 1 s"
+    assert about(0.0) == "" and about(None) == ""
+    assert about(200.0) == ", about 3 min"

@@ -345,8 +345,11 @@ def ordinal(n: int) -> str:
 
 def about(eta_s: float | None) -> str:
     """`, about 3 min`, or nothing: no estimate, or one of now for a job still in line, which
-    waits for what no place that frees gives it (headroom, a person, a drained host)."""
-    return f", about {duration(eta_s)}" if eta_s is not None and eta_s >= 0.5 else ""
+    waits for what no place that frees gives it (headroom, a person, a drained host). Fast
+    renders give estimates under a second: "about 1 s", never "0 s"."""
+    if eta_s is None or eta_s <= 0:
+        return ""
+    return f", about {duration(max(eta_s, 1.0))}"
 
 
 def duration(seconds: float) -> str:
