@@ -27,10 +27,12 @@ from spillway.core import names
 from spillway.core import search_attributes as sa
 from spillway.core.gpu_pool import (
     Drain,
+    HeldPlace,
     Holder,
     LateCheck,
     PoolAsk,
     PoolInput,
+    PoolLeave,
     PoolQuote,
     PoolView,
     Quoted,
@@ -91,6 +93,19 @@ class HoldersFound(BaseModel):
     held: list[Held]
     # The hosts the pool that ended had drained (its memo): a drain outlives a terminate.
     drained: dict[str, Drain] = {}
+    # Who held which place when it ended, by its memo; None: it kept none (a pool of 0.6.0).
+    holders: dict[str, HeldPlace] | None = None
+
+
+class ReadPlaces(BaseModel):
+    job_ids: list[str]
+    task_queue: str  # the jobs' queue
+
+
+class PlacesRead(BaseModel):
+    # Each job's own place (its `place` query); None: it holds no ask, is no running job of the
+    # queue, or could not be asked now.
+    places: dict[str, JobPlace | None]
 
 
 # A job asks at its first decision (probing) and then waits in line (queued, or also for a
@@ -134,11 +149,35 @@ async def _left_prompt(described: WorkflowExecutionDescription, holder: Holder) 
 
 
 async def pool_holds(
-    client: Client, pool_id: str, job_id: str, host: str, within: timedelta = ASK_TIMEOUT
+    client: Client,
+    jobs_queue: str,
+    job_id: str,
+    host: str,
+    asked_at: datetime | None = None,
+    within: timedelta = ASK_TIMEOUT,
 ) -> bool | None:
-    """Whether the running GPU pool shows a place on `host` held by `job_id`. None: no pool
-    runs (the next one takes back the places of the running jobs, this one's included)."""
-    handle = client.get_workflow_handle(pool_id)
+    """Whether the running GPU pool of `jobs_queue` shows a place on `host` held by `job_id`
+    (for its ask of `asked_at`, when given). None: no pool runs, or one runs where no spillway
+    worker answers it. Read off the pool's memo, which the server answers without the pool's
+    worker (a query waits behind the pool's work: under a burst of 100 jobs it halved LOCAL
+    throughput); a pool that keeps no holders there (0.6.0) is queried."""
+    handle = client.get_workflow_handle(names.pool_id(jobs_queue))
+    try:
+        described = await handle.describe(rpc_timeout=within)
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            return None
+        raise
+    running = described.status == WorkflowExecutionStatus.RUNNING
+    if not running or described.task_queue != names.pool_queue(jobs_queue):
+        return None
+    memo = await described.memo()
+    if names.POOL_HOLDERS_MEMO in memo:
+        shown = dict(memo[names.POOL_HOLDERS_MEMO] or {}).get(job_id)
+        if shown is None:
+            return False
+        place = HeldPlace.model_validate(shown)
+        return place.host == host and (asked_at is None or place.asked_at == asked_at)
     try:
         view = await handle.query(
             names.POOL_VIEW,
@@ -148,10 +187,6 @@ async def pool_holds(
         )
     except WorkflowQueryRejectedError:
         return None
-    except RPCError as err:
-        if err.status == RPCStatusCode.NOT_FOUND:
-            return None
-        raise
     mine = [p for h in view.hosts if h.name == host for p in h.places if p.job_id == job_id]
     return any(p.clearing is None for p in mine)
 
@@ -176,6 +211,22 @@ class PoolActivities:
             task_queue=names.pool_queue(queue),
             start_signal=names.POOL_ASK,
             start_signal_args=[ask],
+        )
+
+    @activity.defn(name=names.POOL_START_BY_LEAVE)
+    async def start_by_leave(self, leave: PoolLeave) -> None:
+        """The same, with the give-back of a job that found no pool running: the pool that
+        starts finds the places still held and hands the freed one on at once, where the line
+        would otherwise wait for its next check (SPILLWAY_POOL_LINE_CHECK_S)."""
+        queue = activity.info().task_queue
+        await self._evict_foreign(queue)
+        await self._client.start_workflow(
+            names.GPU_POOL,
+            PoolInput(),
+            id=names.pool_id(queue),
+            task_queue=names.pool_queue(queue),
+            start_signal=names.POOL_LEAVE,
+            start_signal_args=[leave],
         )
 
     async def _evict_foreign(self, queue: str) -> None:
@@ -285,7 +336,7 @@ class PoolActivities:
             )
             if not earlier.count:
                 return HoldersFound(held=[])
-            drained = await self._drained_before(pool)
+            drained, holders = await self._left_before(pool)
             states = ", ".join(f"'{state}'" for state in ASKING_STATES)
             running = [
                 (execution.id, execution.run_id)
@@ -325,11 +376,13 @@ class PoolActivities:
             )
 
         found = await asyncio.gather(*(place_of(job_id, run_id) for job_id, run_id in running))
-        return HoldersFound(held=[h for h in found if h is not None], drained=drained)
+        return HoldersFound(
+            held=[h for h in found if h is not None], drained=drained, holders=holders
+        )
 
-    async def _drained_before(self, pool: str) -> dict[str, Drain]:
-        """The drains in the memo of the pool's run that ended last (one run per pool that
-        ended: those that continued as new are not listed)."""
+    async def _left_before(self, pool: str) -> tuple[dict[str, Drain], dict[str, HeldPlace] | None]:
+        """The drains and the holders in the memo of the pool's run that ended last (one run per
+        pool that ended: those that continued as new are not listed)."""
         last = None
         async for execution in self._client.list_workflows(
             f"WorkflowId = '{pool}' AND ExecutionStatus != 'Running' "
@@ -338,13 +391,54 @@ class PoolActivities:
             if last is None or (execution.close_time or NEVER) > (last.close_time or NEVER):
                 last = execution
         if last is None:
-            return {}
+            return {}, None
         try:
-            kept = (await last.memo()).get(names.POOL_DRAINED_MEMO) or {}
-            return {str(host): Drain.model_validate(d) for host, d in dict(kept).items()}
+            memo = await last.memo()
+        except (ValueError, TypeError) as err:  # not what a pool wrote
+            activity.logger.warning("gpu pool %s: its memo was not read: %s", pool, err)
+            return {}, None
+        try:
+            kept = memo.get(names.POOL_DRAINED_MEMO) or {}
+            drained = {str(host): Drain.model_validate(d) for host, d in dict(kept).items()}
         except (ValueError, TypeError) as err:  # not what a pool wrote: no drain
             activity.logger.warning("gpu pool %s: its drains were not read: %s", pool, err)
-            return {}
+            drained = {}
+        if names.POOL_HOLDERS_MEMO not in memo:
+            return drained, None
+        try:
+            kept = dict(memo[names.POOL_HOLDERS_MEMO] or {})
+            return drained, {str(j): HeldPlace.model_validate(p) for j, p in kept.items()}
+        except (ValueError, TypeError) as err:  # not what a pool wrote: every claim counts
+            activity.logger.warning("gpu pool %s: its holders were not read: %s", pool, err)
+            return drained, None
+
+    @activity.defn(name=names.POOL_READ_PLACES)
+    async def read_places(self, read: ReadPlaces) -> PlacesRead:
+        """Each job's own place, as a running job of `read.task_queue` keeps it: the only word
+        a lined ask's mode or priority changes on."""
+        limit = asyncio.Semaphore(CHECKS_AT_ONCE)
+
+        async def place_of(job_id: str) -> JobPlace | None:
+            handle = self._client.get_workflow_handle(job_id)
+            async with limit:
+                try:
+                    described = await handle.describe(rpc_timeout=ASK_TIMEOUT)
+                    if (
+                        described.status != WorkflowExecutionStatus.RUNNING
+                        or described.workflow_type != names.VIDEO_JOB
+                        or described.task_queue != read.task_queue
+                    ):
+                        return None
+                    place: JobPlace | None = await handle.query(
+                        names.JOB_PLACE, result_type=JobPlace, rpc_timeout=ASK_TIMEOUT
+                    )
+                    return place
+                except Exception as err:  # gone, or cannot answer now
+                    activity.logger.info("job %s not asked for its place: %s", job_id, err)
+                    return None
+
+        found = await asyncio.gather(*(place_of(j) for j in read.job_ids))
+        return PlacesRead(places=dict(zip(read.job_ids, found, strict=True)))
 
     async def _still_holds(self, holder: Holder, task_queue: str) -> bool | str | Reset | None:
         """False: the place is free again (a workflow that is not a running job of this queue
@@ -382,7 +476,10 @@ class PoolActivities:
         except Exception as err:  # a query the job could not answer now
             activity.logger.info("holder %s not checked: %s", holder.job_id, err)
             return None
-        if place is not None and place.host == holder.host and place.asked_at == holder.asked_at:
+        mine = (holder.host, None)
+        # Its own ask: holding the place, or about to take it (the answer is on its way, or its
+        # submit found no pool to confirm the place with, and it asked again).
+        if place is not None and place.asked_at == holder.asked_at and place.host in mine:
             return True
         named = await _named_prompt(described, holder)
         if named is not None:

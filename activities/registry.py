@@ -64,6 +64,7 @@ def main_work(
     places = PoolActivities(client)
     decisions: list[Callable[..., Any]] = [
         places.start,
+        places.start_by_leave,
         places.quote,
         places.confirm_late,
         policy.read_policy,
@@ -86,7 +87,12 @@ def main_work(
         QueueWork(queue + WAITS_SUFFIX, waits, max_activities=settings.SPILLWAY_MAX_WAITS),
         QueueWork(
             pool_queue(queue),
-            [policy.read_policy, places.check_holders, places.find_holders],
+            [
+                policy.read_policy,
+                places.check_holders,
+                places.find_holders,
+                places.read_places,
+            ],
             [pool],
         ),
     ]

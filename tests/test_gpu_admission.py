@@ -8,121 +8,37 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
-from temporalio.api.common.v1 import WorkflowExecution
-from temporalio.api.enums.v1 import EventType
-from temporalio.api.workflowservice.v1 import ResetWorkflowExecutionRequest
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.client import WorkflowExecutionStatus
 from temporalio.testing import WorkflowEnvironment
 
 from spillway.client import jobs as job_ops
-from spillway.client.queue import pool_view
 from spillway.core import names
-from spillway.core.gpu_pool import PoolAsk, PoolInput, PoolLeave, PoolView
-from spillway.core.models import CloudRequest, Plan, VideoJob
+from spillway.core.gpu_pool import PoolAsk, PoolInput, PoolLeave
+from spillway.core.models import Plan
 from spillway.core.pool_book import LEAVE_CHECKS
-from spillway.core.settings import Settings
-from spillway.core.tiers import load_tiers
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
 from tests.support.cli import spillway as cli
+from tests.support.gpu_line import (
+    admitted_asks,
+    checks_done,
+    posted,
+    reset_to_after_its_admission,
+    sampling,
+    spillway_fixture,  # noqa: F401  (the `spillway` fixture)
+    terminate_pool,
+)
 from tests.support.graphs import VIDEO_GRAPH
-from tests.support.jobs import Jobs, pool_settled, reset_to_first_workflow_task
-from tests.support.settings import comfyui_values, make_settings, minimax_values, two_host_tiers
+from tests.support.jobs import reset_to_first_workflow_task
+from tests.support.settings import two_host_tiers
 from tests.support.waiting import until
-from worker import serving
 
 pytestmark = pytest.mark.full
-
-
-class Sampler:
-    """The most prompts the ComfyUI doubles held at once (running + pending), read every 10 ms."""
-
-    def __init__(self, *sims: ComfyUISim) -> None:
-        self.sims, self.most = sims, 0
-
-    async def run(self) -> None:
-        while True:
-            held = sum(len(s.queue_running) + len(s.queue_pending) for s in self.sims)
-            self.most = max(self.most, held)
-            await asyncio.sleep(0.01)
-
-
-class Spillway:
-    def __init__(self, client: Client, settings: Settings) -> None:
-        self.client, self.settings = client, settings
-        self.queue = settings.SPILLWAY_TASK_QUEUE
-        self.jobs = Jobs(client, self.queue)
-
-    async def start(
-        self, *, cloud: bool = True, priority: int = 3, job_id: str | None = None
-    ) -> WorkflowHandle[Any, Plan]:
-        job = VideoJob(
-            job_id=job_id or f"adm-{uuid.uuid4().hex[:10]}",
-            graph=VIDEO_GRAPH,
-            cloud=CloudRequest(prompt="a lighthouse at dusk") if cloud else None,
-            priority=priority,
-        )
-        return await job_ops.submit(self.client, job, self.queue)
-
-    async def view(self) -> PoolView:
-        return await pool_view(self.client, self.queue)
-
-    async def holder_and_next(self) -> tuple[WorkflowHandle[Any, Plan], WorkflowHandle[Any, Plan]]:
-        """A local job holding the one place (its prompt pending in a paused ComfyUI) and the
-        next one in line behind it."""
-        holder = await self.start(cloud=False)
-        await self.jobs.until(holder, "running_local")
-        nxt = await self.start(cloud=False)
-        await self.line_is(lambda line: line == [nxt.id])
-        return holder, nxt
-
-    async def settled(self) -> PoolView:
-        return await pool_settled(self.client, self.queue)
-
-    async def line(self) -> list[str]:
-        return [i.job_id for i in (await self.view()).line]
-
-    async def line_is(self, want: Callable[[list[str]], bool]) -> list[str]:
-        return await until(self.line, want, timeout_s=30, what="the GPU line")
-
-
-@pytest.fixture
-def spillway(
-    dev_env: WorkflowEnvironment, comfyui: ComfyUISim, minimax: MiniMaxSim, gpu: Any, tmp_path: Path
-) -> Callable[..., Any]:
-    comfyui.execution_s = 1.0
-
-    @asynccontextmanager
-    async def run(tiers: Path | None = None, **overrides: Any) -> AsyncIterator[Spillway]:
-        values = comfyui_values(comfyui, tmp_path / "out") | minimax_values(minimax, tmp_path / "o")
-        if tiers is not None:
-            values["SPILLWAY_ROUTING_TIERS"] = tiers
-        settings = make_settings(
-            values, **{"SPILLWAY_TASK_QUEUE": f"adm-{uuid.uuid4()}"} | overrides
-        )
-        async with serving(
-            dev_env.client, settings, load_tiers(settings.SPILLWAY_ROUTING_TIERS), gpu=gpu
-        ):
-            yield Spillway(dev_env.client, settings)
-
-    return run
-
-
-@asynccontextmanager
-async def sampling(*sims: ComfyUISim) -> AsyncIterator[Sampler]:
-    sampler = Sampler(*sims)
-    task = asyncio.create_task(sampler.run())
-    try:
-        yield sampler
-    finally:
-        task.cancel()
 
 
 ARMED = {"CLOUD_VIDEO_FALLBACK_ENABLED": True}  # the MiniMax double's key is there
@@ -133,10 +49,6 @@ def interruptible_at_every_second(sim: ComfyUISim) -> None:
     looks for one before each node and at every sampler step)."""
     sim.progress_nodes |= {node["class_type"] for node in VIDEO_GRAPH.values()}
     sim.progress_steps = round(sim.execution_s / len(VIDEO_GRAPH))
-
-
-def posted(sim: ComfyUISim, plan: Plan) -> int:
-    return sim.prompt_posts[plan.prompt_id] if plan.prompt_id else 0
 
 
 async def test_an_armed_burst_at_an_idle_gpu_fills_the_places_and_overflows_to_the_cloud(
@@ -355,18 +267,6 @@ async def test_the_pool_continues_as_new_under_traffic_and_loses_no_ask(
     assert runs >= 4
 
 
-async def _admitted_asks(run: WorkflowHandle[Any, Any]) -> list[str]:
-    """The asks (their `asked_at`) a run's history says the pool gave a place to."""
-    found = []
-    async for event in run.fetch_history_events():
-        signal = event.workflow_execution_signaled_event_attributes
-        if signal.signal_name == names.POOL_ANSWER:
-            answer = json.loads(signal.input.payloads[0].data)
-            if answer.get("host") is not None:
-                found.append(answer["asked_at"])
-    return found
-
-
 async def test_a_holder_reset_to_before_its_admission_gives_its_place_to_the_line(
     spillway, comfyui: ComfyUISim
 ):
@@ -391,8 +291,8 @@ async def test_a_holder_reset_to_before_its_admission_gives_its_place_to_the_lin
         )
         view = await sw.settled()
     assert [p.state for p in plans] == ["completed", "completed"]
-    before = await _admitted_asks(sw.client.get_workflow_handle(holder.id, run_id=first_run))
-    after = await _admitted_asks(sw.client.get_workflow_handle(holder.id, run_id=new_run))
+    before = await admitted_asks(sw.client.get_workflow_handle(holder.id, run_id=first_run))
+    after = await admitted_asks(sw.client.get_workflow_handle(holder.id, run_id=new_run))
     assert len(before) == 1
     # The reset run was given a place once, for its own ask (the earlier run's admission,
     # reapplied by the reset, went straight back).
@@ -400,12 +300,6 @@ async def test_a_holder_reset_to_before_its_admission_gives_its_place_to_the_lin
     assert posted(comfyui, plans[1]) == 1
     assert view.line == [] and all(not h.places for h in view.hosts)
     # The earlier run's prompt left ComfyUI before its place went to the next job.
-    print(
-        "DBG",
-        dict(comfyui.prompt_posts),
-        {p: comfyui.state_of(p) for p in comfyui.prompt_posts},
-        view,
-    )
     assert comfyui.most_held == 1
 
 
@@ -456,33 +350,6 @@ async def test_a_job_reset_mid_render_takes_its_earlier_run_s_prompt_out_before_
     assert f"earlier_run_prompt_taken_out={earlier}" in plan.reasons
     assert comfyui.state_of(earlier) == "done"  # interrupted: a 600 s render ends no other way
     assert posted(comfyui, plan) == 1 and comfyui.most_held == 1
-
-
-async def reset_to_after_its_admission(client: Client, job_id: str) -> str:
-    """The job reset to the workflow task after the GPU pool's answer that admitted it; the
-    new run's id."""
-    handle = client.get_workflow_handle(job_id)
-    events = (await handle.fetch_history()).events
-    answered = next(
-        e.event_id
-        for e in events
-        if e.workflow_execution_signaled_event_attributes.signal_name == names.POOL_ANSWER
-    )
-    task = next(
-        e.event_id
-        for e in events
-        if e.event_id > answered and e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED
-    )
-    reset = await client.workflow_service.reset_workflow_execution(
-        ResetWorkflowExecutionRequest(
-            namespace=client.namespace,
-            workflow_execution=WorkflowExecution(workflow_id=job_id),
-            reason="test: an operator resets a job to after its admission",
-            workflow_task_finish_event_id=task,
-            request_id=str(uuid.uuid4()),
-        )
-    )
-    return reset.run_id
 
 
 async def test_a_continue_as_new_in_the_middle_of_the_line_keeps_its_order_and_places(
@@ -642,14 +509,6 @@ async def test_a_local_job_gives_its_place_back_with_its_download_and_sends_no_s
     assert comfyui.most_held == 1
 
 
-async def _terminate_pool(sw: Spillway) -> str:
-    """The operator's remedy for a wedged pool; the run it ended."""
-    pool = sw.client.get_workflow_handle(names.pool_id(sw.queue))
-    run_id = (await pool.describe()).run_id
-    await pool.terminate(reason="operator")
-    return run_id or ""
-
-
 async def test_a_terminated_pool_s_line_asks_a_new_pool_by_itself_and_runs(
     spillway, comfyui: ComfyUISim, cli_env, dev_env
 ):
@@ -663,7 +522,7 @@ async def test_a_terminated_pool_s_line_asks_a_new_pool_by_itself_and_runs(
         # Its position reached it: it waits in line (checking every 3 s), no longer for the
         # answer to its ask (asked again after 2 minutes).
         await sw.jobs.until(waiting, lambda plan: plan.queue is not None)
-        ended = await _terminate_pool(sw)
+        ended = await terminate_pool(sw)
         # Neither the queue nor the job's status shows the closed pool's places or line as live.
         closed = await sw.view()
         assert (closed.pool, closed.closed, closed.hosts, closed.line) == (
@@ -699,7 +558,7 @@ async def test_a_new_pool_takes_back_the_terminated_one_s_line_in_its_order(
         await sw.jobs.until(holder, "running_local")
         first = await sw.start(cloud=False, priority=4)
         await sw.line_is(lambda line: line == [first.id])
-        await _terminate_pool(sw)
+        await terminate_pool(sw)
         # A later job starts the new pool: the holder's place and the line come back, and the
         # earlier job stays ahead of it by its first ask.
         later = await sw.start(cloud=False, priority=4)
@@ -712,14 +571,6 @@ async def test_a_new_pool_takes_back_the_terminated_one_s_line_in_its_order(
     assert all(posted(comfyui, p) == 1 for p in plans) and comfyui.most_held == 1
 
 
-async def _checks_done(client: Client, pool_id: str) -> int:
-    """The holder checks the pool's current run has completed."""
-    done = 0
-    async for event in client.get_workflow_handle(pool_id).fetch_history_events():
-        done += event.HasField("activity_task_completed_event_attributes")
-    return done
-
-
 async def test_an_ask_forged_in_a_holder_s_name_frees_nothing_and_nobody_is_admitted_beside_it(
     spillway, comfyui: ComfyUISim
 ):
@@ -728,7 +579,7 @@ async def test_an_ask_forged_in_a_holder_s_name_frees_nothing_and_nobody_is_admi
     async with spillway(A40_MAX_JOBS=1) as sw:
         holder, nxt = await sw.holder_and_next()
         pool_id = names.pool_id(sw.queue)
-        before = await _checks_done(sw.client, pool_id)
+        before = await checks_done(sw.client, pool_id)
         # Anyone with signal rights, naming the holder with an ask time of their own (as a reset
         # run of the holder would ask).
         forged = PoolAsk(job_id=holder.id, asked_at=datetime.now(UTC))
@@ -737,7 +588,7 @@ async def test_an_ask_forged_in_a_holder_s_name_frees_nothing_and_nobody_is_admi
         # The pool asks the holder at once whether it still holds its place (it does), where
         # taking the ask on its word would free the place and admit the next job beside it.
         async def settled() -> bool:
-            return await _checks_done(sw.client, pool_id) > before or nxt.id not in await sw.line()
+            return await checks_done(sw.client, pool_id) > before or nxt.id not in await sw.line()
 
         await until(settled, what="a holder check, or the next job admitted")
         view = await sw.view()
@@ -747,7 +598,7 @@ async def test_an_ask_forged_in_a_holder_s_name_frees_nothing_and_nobody_is_admi
         plans = await asyncio.gather(holder.result(), nxt.result())
     assert [p.state for p in plans] == ["completed", "completed"]
     assert comfyui.most_held == 1
-    assert len(await _admitted_asks(holder)) == 1  # the forged ask was never answered
+    assert len(await admitted_asks(holder)) == 1  # the forged ask was never answered
 
 
 async def test_a_give_back_forged_in_a_holder_s_name_frees_nothing_and_takes_no_prompt_out(
@@ -758,10 +609,10 @@ async def test_a_give_back_forged_in_a_holder_s_name_frees_nothing_and_takes_no_
     async with spillway(A40_MAX_JOBS=1) as sw:
         holder, nxt = await sw.holder_and_next()
         pool_id = names.pool_id(sw.queue)
-        before = await _checks_done(sw.client, pool_id)
+        before = await checks_done(sw.client, pool_id)
         # Anyone who can read the holder's history and signal the pool: its ask time and its
         # prompt, as the job's own give-back would name them after losing its host.
-        [asked_at] = await _admitted_asks(holder)
+        [asked_at] = await admitted_asks(holder)
         prompt_id = (await job_ops.status(sw.client, holder.id)).prompt_id
         assert prompt_id in [item[1] for item in comfyui.queue_pending]
         forged = PoolLeave.model_validate(
@@ -772,7 +623,7 @@ async def test_a_give_back_forged_in_a_holder_s_name_frees_nothing_and_takes_no_
         # The pool asks the holder (it still holds its place) until the give-back is dropped,
         # where taking it on its word would take the prompt out and admit the next job.
         async def settled() -> bool:
-            done = await _checks_done(sw.client, pool_id) >= before + LEAVE_CHECKS
+            done = await checks_done(sw.client, pool_id) >= before + LEAVE_CHECKS
             return done or nxt.id not in await sw.line()
 
         await until(settled, what="the holder checks, or the next job admitted")

@@ -42,11 +42,13 @@ with workflow.unsafe.imports_passed_through():
         HolderCheck,
         HoldersChecked,
         HoldersFound,
+        PlacesRead,
         PoolActivities,
+        ReadPlaces,
     )
     from activities.probe.activities import LoadProbeRequest, LoadStatusActivities
     from activities.spend.activities import SpendActivities, SpendRequest
-    from spillway.core.gpu_pool import LateCheck, PoolAsk, PoolQuote, Quoted
+    from spillway.core.gpu_pool import LateCheck, PoolAsk, PoolLeave, PoolQuote, Quoted
     from spillway.core.hosts import WAITS_SUFFIX
     from spillway.core.ledger import BudgetView, Reservation, SpendEntry, SpendSettle
     from spillway.core.models import ApprovalNotice, Downloaded, HostRef, LoadStatus, Policy
@@ -152,6 +154,25 @@ async def pool_start(ask: PoolAsk) -> None:
         ask,
         start_to_close_timeout=timedelta(seconds=10),
         retry_policy=FREE_RETRY,
+    )
+
+
+async def pool_start_by_leave(leave: PoolLeave) -> None:
+    """Signal-with-start: the give-back of a job that found no GPU pool running."""
+    await workflow.execute_activity_method(
+        PoolActivities.start_by_leave,
+        leave,
+        start_to_close_timeout=timedelta(seconds=10),
+        retry_policy=FREE_RETRY,
+    )
+
+
+async def pool_read_places(read: ReadPlaces) -> PlacesRead:
+    return await workflow.execute_activity_method(
+        PoolActivities.read_places,
+        read,
+        start_to_close_timeout=timedelta(seconds=60),
+        retry_policy=RetryPolicy(maximum_attempts=2),
     )
 
 
@@ -279,9 +300,11 @@ def host_silence(err: ActivityError) -> comfyui.Silence | None:
 
 
 def place_taken(err: ActivityError) -> bool:
-    """The submit found the job's place in the GPU pool gone (PLACE_TAKEN): nothing posted."""
+    """The submit found no place of the job's in the GPU pool (PLACE_TAKEN), or no pool running
+    (NO_POOL): nothing posted."""
     cause = err.cause
-    return isinstance(cause, ApplicationError) and cause.type == comfyui.PLACE_TAKEN
+    kinds = (comfyui.PLACE_TAKEN, comfyui.NO_POOL)
+    return isinstance(cause, ApplicationError) and cause.type in kinds
 
 
 def earlier_run_holds(err: ActivityError) -> list[str]:

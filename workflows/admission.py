@@ -33,6 +33,9 @@ LINE_CHECK = "gpu-pool-line-check"
 POOL_HOME = "gpu-pool-home"
 # Runs of 0.5.0 give a stray place back from the handler that received it.
 STRAYS_BY_RUN = "gpu-pool-strays-by-run"
+# Runs of 0.6.0 ask anew when their submit finds no place of theirs in the pool, and start no
+# pool with a give-back.
+KEPT_ASK = "gpu-pool-kept-ask"
 
 
 async def ask(
@@ -184,13 +187,17 @@ async def give_back(
     prompt_id: str | None = None,
     render_s: float | None = None,
 ) -> None:
-    """A pool that is not running holds nothing to give back: none is started for it.
-    `prompt_id`: a prompt ComfyUI may still hold (the job left its host without knowing), which
-    the pool takes out before the place is free again; `render_s`: its render, timed by ComfyUI."""
+    """A pool that is not running is started with it (it finds the places still held, and
+    hands this one on). `prompt_id`: a prompt ComfyUI may still hold (the job left its host
+    without knowing), which the pool takes out before the place is free again; `render_s`: its
+    render, timed by ComfyUI."""
     leave = PoolLeave(
         job_id=s.job.job_id, asked_at=asked_at, prompt_id=prompt_id, render_s=render_s
     )
-    await _signal_pool(names.POOL_LEAVE, leave)
+    if not await _signal_pool(names.POOL_LEAVE, leave) and workflow.patched(KEPT_ASK):
+        # A pool that ended (terminated) leaves the line waiting until a job's line check:
+        # started now, it hands this place on at once.
+        await calls.pool_start_by_leave(leave)
 
 
 async def _signal_pool(name: str, message: PoolAsk | PoolLeave) -> bool:

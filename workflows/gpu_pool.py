@@ -23,7 +23,7 @@ from workflows import activity_calls as calls
 from workflows.timers import Alarms
 
 with workflow.unsafe.imports_passed_through():
-    from activities.pool import FindHolders, HolderCheck
+    from activities.pool import FindHolders, HolderCheck, ReadPlaces
     from spillway.core import names
     from spillway.core.gpu_pool import (
         Holder,
@@ -54,6 +54,9 @@ FIND_HOLDERS = "gpu-pool-find-holders"
 VERIFIED_LEAVES = "gpu-pool-verified-leaves"
 # Runs of 0.5.0 order their line by priority alone.
 AGED_LINE = "gpu-pool-aged-line"
+# Runs of 0.6.0 keep no memo of their holders, take a lined job's changed mode or priority on
+# the ask's word, and count every place a running job claims when they start after a pool ended.
+OWN_WORD = "gpu-pool-own-word"
 POLICY_EVERY = timedelta(minutes=5)  # the hosts and their places as the workers have them now
 POLICY_AT_MOST = timedelta(seconds=10)  # read sooner when a job's policy shows other places
 DETAILS_HEAD = 20  # jobs of the line the UI's current details name
@@ -81,7 +84,9 @@ class GpuPoolWorkflow:
         # Answers on their way, and the probe and the holder check under way: the pool goes on
         # taking asks and give-backs meanwhile (a host's agent that is down costs its probe 10 s).
         self._tasks: set[asyncio.Task[None]] = set()
-        self._probing = self._checking = self._clearing = False
+        self._probing = self._checking = self._clearing = self._confirming = False
+        self._own_word = False  # OWN_WORD
+        self._kept: dict[str, Any] | None = None  # the holders the memo shows
         self._policy_changed = False  # a job read other places than the pool's
         self._checked_at = self._policy_at = workflow.now()
         self._woken = False  # a probe or a check ended
@@ -93,6 +98,7 @@ class GpuPoolWorkflow:
         book = self._book
         book.verify_leaves = workflow.patched(VERIFIED_LEAVES)
         self._aged = workflow.patched(AGED_LINE)
+        self._own_word = book.confirm_changes = workflow.patched(OWN_WORD)
         await self._read_policy()
         if not inp.continued and workflow.patched(FIND_HOLDERS):
             await self._find_holders()
@@ -106,14 +112,16 @@ class GpuPoolWorkflow:
                 self._policy_at, self._policy_changed = now, False
                 await self._read_policy()
             self._apply()
-            for job_id, answer in book.late(workflow.now()):
-                self._send(job_id, answer)
+            self._send_all(book.late(workflow.now()))
             if not self._probing and book.to_probe(workflow.now(), self._reprobe):
                 self._probing = True
                 self._start(self._probe())
             if not self._clearing and book.to_clear(workflow.now(), self._check_every):
                 self._clearing = True
                 self._start(self._clear())
+            if not self._confirming and book.changing:
+                self._confirming = True
+                self._start(self._confirm_changes())
             due = book.holders and workflow.now() - self._checked_at >= self._check_every
             if not self._checking and (due or book.check_now(workflow.now(), self._reprobe)):
                 self._checked_at = workflow.now()
@@ -138,7 +146,11 @@ class GpuPoolWorkflow:
             else Message(leave=m)
             for m in self._inbox
         ]
-        workflow.continue_as_new(book.carried(inp.signals_per_run, inbox))
+        carried = book.carried(inp.signals_per_run, inbox)
+        if not self._own_word:
+            workflow.continue_as_new(carried)
+        # The memo goes along as it is: a job's submit reads it between the runs.
+        workflow.continue_as_new(carried, memo=self._memo())
 
     def _start(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work)
@@ -208,13 +220,34 @@ class GpuPoolWorkflow:
             sent += book.admit(now, freshness=self._reprobe)
         if book.parked:  # a parked ask whose holder gave its place back is asked now
             sent += book.settle_parked(set(), now)
-        for job_id, answer in sent:
-            self._send(job_id, answer)
+        self._send_all(sent)
 
     def _keep_drains(self) -> None:
         """In the memo, where a pool that starts after this one ended finds them."""
         drained = {n: d.model_dump(mode="json") for n, d in self._book.drained.items()}
         workflow.upsert_memo({names.POOL_DRAINED_MEMO: drained})
+
+    def _keep_holders(self) -> None:
+        """In the memo, written with the answers that give the places (one workflow task): a
+        job's submit posts only on a place the memo shows as its own, and a pool that starts
+        after this one ended finds there who held what."""
+        if not self._own_word:
+            return
+        held = {j: p.model_dump(mode="json") for j, p in self._book.held_places().items()}
+        if held != self._kept:
+            workflow.upsert_memo({names.POOL_HOLDERS_MEMO: held})
+            self._kept = held
+
+    def _memo(self) -> dict[str, Any]:
+        drained = {n: d.model_dump(mode="json") for n, d in self._book.drained.items()}
+        held = {j: p.model_dump(mode="json") for j, p in self._book.held_places().items()}
+        return {names.POOL_DRAINED_MEMO: drained, names.POOL_HOLDERS_MEMO: held}
+
+    def _send_all(self, sent: list[Sent]) -> None:
+        for job_id, answer in sent:
+            self._send(job_id, answer)
+        if sent:
+            self._keep_holders()
 
     def _send(self, job_id: str, answer: PoolAnswer) -> None:
         if answer.host is not None:
@@ -277,8 +310,11 @@ class GpuPoolWorkflow:
     async def _find_holders(self) -> None:
         """An earlier pool ended (an operator terminated it, say) while jobs held places: they
         render on, and their places count before anyone is admitted, or the card is overbooked.
-        Its line is taken back in its order (each job would ask again by itself within
-        SPILLWAY_POOL_LINE_CHECK_S)."""
+        The places that pool's memo shows are asked about at once (a holder that ended since,
+        terminated mid-render say, has its prompt taken out before the place is free); a place a
+        running job claims that the memo does not show had gone back before that pool ended (a
+        run reset to after its admission replays it) and counts nowhere. Its line is taken back
+        in its order (each job would ask again by itself within SPILLWAY_POOL_LINE_CHECK_S)."""
         queue = workflow.info().task_queue.removesuffix(names.POOL_SUFFIX)
         try:
             found = await calls.pool_find(FindHolders(task_queue=queue))
@@ -286,10 +322,24 @@ class GpuPoolWorkflow:
             workflow.logger.warning("gpu pool: places held before it were not found: %s", err)
             return
         now = workflow.now()
-        self._book.drained = {n: d for n, d in found.drained.items() if n in self._book.hosts}
+        book = self._book
+        book.drained = {n: d for n, d in found.drained.items() if n in book.hosts}
+        shown = found.holders if self._own_word else None
         for held in found.held:
-            if held.host is not None:
-                self._book.adopt(held.job_id, held.asked_at, held.host, now, held.run_id)
+            if held.host is None:
+                continue
+            if shown is None or (
+                held.job_id in shown and shown[held.job_id].asked_at == held.asked_at
+            ):
+                book.adopt(held.job_id, held.asked_at, held.host, now, held.run_id)
+            else:
+                workflow.logger.warning(
+                    "gpu pool: %s claims a place on %s the pool before it had taken back",
+                    held.job_id,
+                    held.host,
+                )
+        for job_id, place in (shown or {}).items():
+            book.adopt(job_id, place.asked_at, place.host, now, place.run_id, check_now=True)
         for held in found.held:
             if held.host is None:
                 lined = PoolAsk(
@@ -304,8 +354,7 @@ class GpuPoolWorkflow:
                     start_by=held.start_by,
                     by_deadline=held.by_deadline,
                 )
-                for job_id, answer in self._book.ask(lined, now):
-                    self._send(job_id, answer)
+                self._send_all(book.ask(lined, now))
 
     async def _probe(self) -> None:
         try:
@@ -323,8 +372,7 @@ class GpuPoolWorkflow:
                     headroom = load.reachable and not load.overloaded
                     reading = Reading(reachable=load.reachable, headroom=headroom, at=now)
                 self._book.note_probe(host.name, reading)
-            for job_id, answer in self._book.admit(now, freshness=self._reprobe):
-                self._send(job_id, answer)
+            self._send_all(self._book.admit(now, freshness=self._reprobe))
         finally:
             self._probing, self._woken = False, True
 
@@ -355,12 +403,34 @@ class GpuPoolWorkflow:
                 )
             sent += book.settle_parked(set(checked.answered), now)
             sent += book.admit(now, freshness=self._reprobe)
-            for job_id, answer in sent:
-                self._send(job_id, answer)
+            self._send_all(sent)
         except ActivityError as err:
             workflow.logger.warning("gpu pool: holders not checked: %s", err.cause or err)
         finally:
             self._checking, self._woken = False, True
+
+    async def _confirm_changes(self) -> None:
+        """The pending changes of lined asks, against each job's own place."""
+        book = self._book
+        try:
+            queue = workflow.info().task_queue.removesuffix(names.POOL_SUFFIX)
+            read = await calls.pool_read_places(
+                ReadPlaces(job_ids=list(book.changing), task_queue=queue)
+            )
+            sent, dropped = book.changes_confirmed(read.places, workflow.now())
+            for job_id in dropped:
+                workflow.logger.warning(
+                    "gpu pool: an ask named %s with a mode or priority its own place does not "
+                    "show: dropped",
+                    job_id,
+                )
+            sent += book.admit(workflow.now(), freshness=self._reprobe)
+            self._send_all(sent)
+        except ActivityError as err:
+            workflow.logger.warning("gpu pool: changed asks not confirmed: %s", err.cause or err)
+            book.changing.clear()  # a job that asked one asks again, unanswered
+        finally:
+            self._confirming, self._woken = False, True
 
     async def _clear(self) -> None:
         """Takes the prompts of left places out of their hosts' ComfyUI, then frees them; a host
@@ -390,8 +460,7 @@ class GpuPoolWorkflow:
                     book.cleared(holder, now)
             sent += book.settle_parked(set(), now)
             sent += book.admit(now, freshness=self._reprobe)
-            for job_id, answer in sent:
-                self._send(job_id, answer)
+            self._send_all(sent)
         finally:
             self._clearing, self._woken = False, True
 
@@ -413,3 +482,4 @@ class GpuPoolWorkflow:
         # The head of the line only: this runs after every batch of messages, whatever its length.
         head = book.view(workflow.now(), DETAILS_HEAD)
         workflow.set_current_details(texts.pool_details(head, len(book.line)))
+        self._keep_holders()

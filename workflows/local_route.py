@@ -17,6 +17,7 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError
 
 from workflows import activity_calls as calls
+from workflows import admission
 from workflows.job_state import LOCAL, VideoJobState, run_tag
 
 with workflow.unsafe.imports_passed_through():
@@ -61,8 +62,9 @@ async def to_the_end(work: Awaitable[_T]) -> _T:
 
 
 class PlaceTaken(Exception):
-    """The GPU pool holds no place of the job's any more (a reset run's place that went back):
-    nothing was posted, and the job asks for a place again."""
+    """The GPU pool shows no place of the job's (an answer that was not the pool's; a reset
+    run's place that went back; no pool running): nothing was posted, and the job asks for a
+    place again."""
 
 
 async def run(s: VideoJobState) -> bool:
@@ -97,6 +99,8 @@ async def run(s: VideoJobState) -> bool:
             graph=graph,
             front=job.priority == 1,
             place_on=s.place.host if s.place is not None else None,
+            place_asked_at=s.place.asked_at if s.place is not None else None,
+            jobs_queue=info.task_queue,
             reset_run=reset_run,
         )
         silent_since = None
@@ -115,7 +119,12 @@ async def run(s: VideoJobState) -> bool:
         except ActivityError as err:
             if calls.place_taken(err):
                 plan.local_attempts -= 1  # nothing was posted
-                s.prompt_out, s.place = True, None  # and the pool holds nothing of the job's
+                plan.prompt_id, s.prompt_out = None, True
+                # The pool holds no place of the job's. Its ask stands (the answer may have been
+                # anyone's, and the pool still has it in line), or with none running, the job's
+                # ask starts one that finds the places still held.
+                kept = s.place if workflow.patched(admission.KEPT_ASK) else None
+                s.place = kept.model_copy(update={"host": None}) if kept else None
                 raise PlaceTaken(host.name) from None
             earlier = calls.earlier_run_holds(err)
             if earlier:

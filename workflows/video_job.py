@@ -217,6 +217,7 @@ class VideoJobWorkflow:
         if waits_patiently:
             return await approval.wait_in_line(s)
         if decision.route == "cloud":
+            await admission.leave(s)  # an ask it kept when a place was not its own
             return ARMED
         if answer is None:  # a run of 0.4.0
             return LOCAL if decision.route == "local" else await approval.ask(s, None)

@@ -41,6 +41,7 @@ from activities.comfyui.files import ComfyUIFiles
 from activities.comfyui.models import (
     EARLIER_RUN_HOLDS,
     GRAPH_REJECTED,
+    NO_POOL,
     PLACE_TAKEN,
     UNSUPPORTED,
     ComfyUICancel,
@@ -193,20 +194,26 @@ class ComfyUIActivities(OwnsOutputStore):
         )
 
     async def _place_is_mine(self, req: ComfyUISubmit) -> None:
-        """A run made by a reset posts only on a place the GPU pool shows as its own: reset to
-        after its admission, it replays a place its earlier run gave back, which the pool may
-        have handed on (the card would then hold one prompt more than its places). Other runs
-        are not asked: their place goes back only at their end or once the pool has confirmed it
-        with them, and the query waits behind the pool's work (under a burst of 100 jobs it
-        halved LOCAL throughput, bench/comfyui_route.py)."""
-        if not req.reset_run or req.place_on is None or self._temporal is None:
+        """A job posts only on a place the running GPU pool shows as its own, for its own ask:
+        the answer that gave it may be anyone's signal, and a run reset to after its admission
+        replays a place its earlier run gave back, which the pool may have handed on (either
+        way the card would hold one prompt more than its places). No pool running: nothing is
+        posted until one runs, which the job starts by asking again."""
+        if req.place_on is None or self._temporal is None:
             return
-        pool = names.pool_id(self._settings.SPILLWAY_TASK_QUEUE)
+        if req.place_asked_at is None and not req.reset_run:
+            return  # a job of 0.6.0: its place was not taken on an answer's word
+        queue = req.jobs_queue or self._settings.SPILLWAY_TASK_QUEUE
         within = _before_first_beat()
         try:
             async with asyncio.timeout(within):
                 holds = await pool_holds(
-                    self._temporal, pool, req.job_id, req.place_on, timedelta(seconds=within)
+                    self._temporal,
+                    queue,
+                    req.job_id,
+                    req.place_on,
+                    req.place_asked_at,
+                    timedelta(seconds=within),
                 )
         except (TimeoutError, RPCError) as exc:
             raise ApplicationError(
@@ -214,11 +221,19 @@ class ComfyUIActivities(OwnsOutputStore):
                 f"its place on {req.place_on} ({type(exc).__name__}): nothing was posted; "
                 "asked again"
             ) from None
+        if holds is None and req.place_asked_at is not None:
+            raise ApplicationError(
+                f"no GPU pool runs for task queue {queue!r} to say whether job {req.job_id} "
+                f"holds its place on {req.place_on}: nothing was posted; the job asks again, "
+                "which starts one",
+                type=NO_POOL,
+                non_retryable=True,
+            )
         if holds is False:
             raise ApplicationError(
-                f"the GPU pool holds no place of job {req.job_id} on {req.place_on} (its run was "
-                "reset to after its admission, and the place has gone back since): nothing was "
-                "posted; the job asks for a place again",
+                f"the GPU pool shows no place of job {req.job_id} on {req.place_on} for its ask "
+                "(an answer that was not the pool's, or a run reset to after its admission whose "
+                "place has gone back since): nothing was posted; the job asks again",
                 type=PLACE_TAKEN,
                 non_retryable=True,
             )

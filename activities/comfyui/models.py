@@ -29,6 +29,7 @@ HOST_SILENT = "ComfyUIHostSilent"
 # The GPU pool shows no place of the job's on the host (a reset run whose place went back, and on
 # to another job, after the point it was reset to): nothing posted, the job asks again.
 PLACE_TAKEN = "ComfyUIPlaceTaken"
+NO_POOL = "ComfyUINoGpuPool"  # no GPU pool runs to say whose the place is: nothing was posted
 # A run made by a reset found a prompt of the job's earlier run in ComfyUI (it was reset away while
 # that rendered): nothing posted; the workflow takes those out (the details name them) and submits
 # again.
@@ -92,8 +93,13 @@ class ComfyUISubmit(HostBound):
     posted_at: datetime | None = None  # an earlier call's POST that got no answer (Silence)
     # The host of the job's place in the GPU pool (None: a job of 0.4.0, which holds no place).
     place_on: str | None = None
-    # The run was made by a reset: it posts only while the pool shows its place as the job's
-    # (PLACE_TAKEN), and once no prompt of its earlier run is in ComfyUI (EARLIER_RUN_HOLDS).
+    # Its ask and the jobs' task queue: it posts only while the running pool of that queue shows
+    # the place as the job's, for that ask (PLACE_TAKEN; NO_POOL when none runs). None: a job
+    # of 0.6.0, whose place is asked about only in a run made by a reset.
+    place_asked_at: datetime | None = None
+    jobs_queue: str | None = None
+    # The run was made by a reset: it posts only once no prompt of its earlier run is in
+    # ComfyUI (EARLIER_RUN_HOLDS).
     reset_run: bool = False
 
 

@@ -179,6 +179,17 @@ class Holder(BaseModel):
     shape: str | None = None  # its graph's (PoolAsk.shape)
 
 
+class HeldPlace(BaseModel):
+    """A place as the pool's memo shows it (names.POOL_HOLDERS_MEMO): the pool's own word on who
+    holds what. A job's submit reads it before it posts (an answer may be anyone's signal), and
+    a pool that starts after this one ended reads it to find the holders that ended meanwhile
+    and to count no place a job claims that this pool had taken back."""
+
+    asked_at: datetime
+    host: str
+    run_id: str | None = None
+
+
 class Reading(BaseModel):
     reachable: bool
     headroom: bool
@@ -230,6 +241,9 @@ class PoolInput(BaseModel):
     drained: dict[str, Drain] = {}  # hosts given no new places (`spillway host drain`)
     # The hosts in force, so that a continued run shows them before it has read the policy.
     hosts: list[PoolHost] = []
+    # Asks that repeat a lined job's ask time with another mode or priority: applied only once
+    # the job's own place says the same (a message in its name changes nothing it did not ask).
+    changing: list[PoolAsk] = []
 
 
 class PlaceView(BaseModel):

@@ -63,6 +63,7 @@ POOL_DRAIN = "drain"  # `spillway host drain|resume`
 POOL_QUOTE = "quote"  # where an ask would stand now (`spillway quote`)
 POOL_LATE = "late"  # whether a job's own ask is late by the line's estimate (`LateCheck`)
 POOL_DRAINED_MEMO = "drained"  # the pool's drains, read by the pool that starts after it ended
+POOL_HOLDERS_MEMO = "holders"  # who holds which place, by the pool's own word (`HeldPlace`)
 POOL_ID = "spillway-gpu-pool"
 
 
@@ -121,3 +122,5 @@ POOL_CHECK = "gpu_pool_check_holders"
 POOL_FIND = "gpu_pool_find_holders"
 POOL_QUOTE_ACTIVITY = "gpu_pool_quote"
 POOL_LATE_ACTIVITY = "gpu_pool_confirm_late"
+POOL_START_BY_LEAVE = "gpu_pool_start_by_leave"
+POOL_READ_PLACES = "gpu_pool_read_places"

@@ -15,6 +15,7 @@ from typing import Any
 from spillway.core.gpu_pool import (
     MAX_SHAPES,
     Drain,
+    HeldPlace,
     Holder,
     HostPlaces,
     HostSeen,
@@ -33,7 +34,7 @@ from spillway.core.gpu_pool import (
     Reading,
 )
 from spillway.core.line_estimate import Waiter, frees_in, host_places, starts
-from spillway.core.models import HostCapabilities, HostRef, QueueSpot
+from spillway.core.models import HostCapabilities, HostRef, JobPlace, QueueSpot
 from spillway.core.models import PlaceMode as Mode
 
 RECENT_HOLDS = 20  # hold durations per host the ETA is computed from
@@ -77,6 +78,10 @@ class PoolBook:
         self.prefer_warm = False
         self.capabilities = dict(inp.capabilities)
         self.drained = dict(inp.drained)
+        # Asks that would change a lined job's mode or priority, until its own place confirms
+        # them (`changes_confirmed`); pools of 0.6.0 took them on the message's word.
+        self.changing = {a.job_id: a for a in inp.changing}
+        self.confirm_changes = False
         if inp.hosts:
             self.configure(inp.hosts)
 
@@ -107,7 +112,6 @@ class PoolBook:
         for seen in ask.seen:
             self._note(seen.name, Reading(reachable=seen.reachable, headroom=seen.headroom, at=now))
             self._note_capabilities(seen.name, seen.capabilities)
-        sent: list[Sent] = []
         held = self.holders.get(ask.job_id)
         if held is not None:
             if held.asked_at == ask.asked_at:  # asked again (its answer may be lost): the same
@@ -121,7 +125,13 @@ class PoolBook:
         lined = self._in_line(ask.job_id)
         if lined is not None and ask.again and lined.asked_at == ask.asked_at:
             lined.run_id = ask.run_id or lined.run_id  # a run continued as new asks now
-            return sent  # it is where it was
+            return []  # it is where it was
+        if lined is not None and lined.asked_at == ask.asked_at and self.confirm_changes:
+            if (ask.mode, ask.priority) == (lined.mode, lined.priority):
+                return [(ask.job_id, self._lined_answer(lined, now))]  # unanswered, it asked again
+            # Anyone may send an ask in the job's name: the change waits for the job's own word.
+            self.changing[ask.job_id] = ask.model_copy(update={"seen": []})
+            return []
         if lined is not None:
             self._unline(lined)
             if lined.asked_at == ask.asked_at:  # a changed mode; its position is kept
@@ -133,9 +143,12 @@ class PoolBook:
             # A patience already over when it asks is no job's (a job past its own overflows
             # without asking to wait): believed, it would make the pool say `late` at once.
             ask = ask.model_copy(update={"start_by": None, "by_deadline": False})
+        return self._line_or_admit(ask, now)
+
+    def _line_or_admit(self, ask: PoolAsk, now: datetime) -> list[Sent]:
         host = self._place_for(ask, [s.name for s in ask.seen if self._usable(s, ask.mode)])
         if host is not None:
-            return [*sent, self._admit(ask, host, now)]
+            return [self._admit(ask, host, now)]
         full = self.full_reasons(ask)
         if not ask.wait:
             would_be = bisect.bisect_left(self.line, self._key(ask), key=self._key) + 1
@@ -145,9 +158,9 @@ class PoolBook:
                 would_be=would_be,
                 eta_s=self._etas(now, [*self.line[: would_be - 1], ask])[-1],
             )
-            return [*sent, (ask.job_id, answer)]
+            return [(ask.job_id, answer)]
         # What the line carries across continue-as-new stays small: the probe it came with has
-        # been noted above.
+        # been noted by `ask`.
         ask = ask.model_copy(update={"seen": [], "again": False})
         position = bisect.bisect_left(self.line, self._key(ask), key=self._key) + 1
         self.line.insert(position - 1, ask)
@@ -162,11 +175,46 @@ class PoolBook:
             render_s=self._typical(ask.shape),
             late=ask.told_late,
         )
-        return [
-            *sent,
-            (ask.job_id, in_line),
-            *self.admit(now, freshness=timedelta(0)),
-        ]
+        return [(ask.job_id, in_line), *self.admit(now, freshness=timedelta(0))]
+
+    def _lined_answer(self, ask: PoolAsk, now: datetime) -> PoolAnswer:
+        i = bisect.bisect_left(self.line, self._key(ask), key=self._key)
+        return PoolAnswer(
+            asked_at=ask.asked_at,
+            position=i + 1,
+            full=self.full_reasons(ask),
+            eta_s=self._etas(now, self.line[: i + 1])[-1],
+            render_s=self._typical(ask.shape),
+            late=ask.told_late,
+        )
+
+    def changes_confirmed(
+        self, places: dict[str, JobPlace | None], now: datetime
+    ) -> tuple[list[Sent], list[str]]:
+        """The pending changes (`changing`) against each job's own place, as its `place` query
+        answered (None: it holds no ask; absent: it could not be asked). A change the job's place
+        shows is applied: the ask moves to its new priority, or waits in its new mode, and keeps
+        its patience, hosts and shape; any other is dropped (a job that asked it asks again,
+        unanswered). Returns the answers and the jobs whose change was dropped."""
+        sent: list[Sent] = []
+        dropped: list[str] = []
+        for job_id, ask in list(self.changing.items()):
+            del self.changing[job_id]
+            lined = self._lined.get(job_id)
+            if lined is None or lined.asked_at != ask.asked_at:
+                continue  # it left the line meanwhile
+            place = places.get(job_id)
+            if (
+                place is None
+                or place.asked_at != ask.asked_at
+                or (place.mode, place.priority) != (ask.mode, ask.priority)
+            ):
+                dropped.append(job_id)
+                continue
+            self._unline(lined)
+            changed = lined.model_copy(update={"mode": place.mode, "priority": place.priority})
+            sent += self._line_or_admit(changed, now)
+        return sent, dropped
 
     def give_back(self, leave: PoolLeave, now: datetime) -> bool:
         """True when it changed something (a place freed or the line shortened). A holder's
@@ -337,19 +385,35 @@ class PoolBook:
                 held.left_render_s = None
 
     def adopt(
-        self, job_id: str, asked_at: datetime, host: str, now: datetime, run_id: str | None = None
+        self,
+        job_id: str,
+        asked_at: datetime,
+        host: str,
+        now: datetime,
+        run_id: str | None = None,
+        *,
+        check_now: bool = False,
     ) -> None:
-        """A place a job holds from an earlier pool: counted as held until it is given back."""
+        """A place a job holds from an earlier pool: counted as held until it is given back.
+        `check_now`: the job is asked at the next holder check whether it still holds it."""
         if job_id not in self.holders:
             self.holders[job_id] = Holder(
                 job_id=job_id,
                 asked_at=asked_at,
                 host=host,
                 since=now,
-                checked_at=now,
+                checked_at=CHECK_NOW if check_now else now,
                 run_id=run_id,
                 adopted=True,
             )
+
+    def held_places(self) -> dict[str, HeldPlace]:
+        """Who holds which place (the pool's memo): a place being cleared is no job's now."""
+        return {
+            h.job_id: HeldPlace(asked_at=h.asked_at, host=h.host, run_id=h.run_id)
+            for h in self.holders.values()
+            if h.clearing is None
+        }
 
     def free(
         self,
@@ -631,6 +695,7 @@ class PoolBook:
             capabilities=self.capabilities,
             drained=self.drained,
             hosts=list(self.hosts.values()),
+            changing=list(self.changing.values()),
         )
 
     # --- inside ----------------------------------------------------------------------------
