@@ -56,6 +56,9 @@ class HostRef(BaseModel):
     task_queue: str  # probe, submit, cancel: short
     waits_queue: str  # waiting on ComfyUI and downloading: long, many at a time
     max_jobs: int = 2  # its places: spillway hands it at most this many jobs at once
+    # Its ComfyUI (spillway.core.settings.url_key): what a host renamed in routing_tiers.json
+    # keeps, so that the places its jobs hold under the old name still count. None: not known.
+    comfyui: str | None = None
 
 
 class Policy(BaseModel):
