@@ -45,10 +45,10 @@ from spillway.core import search_attributes as sa
 from spillway.core.errors import ConfigError
 from spillway.core.exits import leave
 from spillway.core.gpu_pool import PoolPlaces
-from spillway.core.hosts import WAITS_SUFFIX, gpu_hosts
+from spillway.core.hosts import WAITS_SUFFIX, GpuHost, gpu_hosts
 from spillway.core.ledger import Budgets
 from spillway.core.settings import Settings, load_settings
-from spillway.core.tiers import RoutingTiers, load_tiers
+from spillway.core.tiers import RoutingTiers, load_tiers, shared_comfyui
 from spillway.temporal import TemporalUnreachable, connect
 from workflows.callback import CallbackWorkflow
 from workflows.gpu_pool import GpuPoolWorkflow
@@ -297,6 +297,18 @@ def _runtime(settings: Settings) -> Runtime | None:
     return Runtime(telemetry=TelemetryConfig(metrics=PrometheusConfig(bind_address=address)))
 
 
+def own_comfyuis(settings: Settings, hosts: list[GpuHost]) -> None:
+    """For a process that runs every host's agent: a loopback URL is this machine's, so two
+    hosts at one are one ComfyUI (routing_tiers.json refuses any other URL shared)."""
+    shared = shared_comfyui([(h.name, h.comfyui_url) for h in hosts], loopback=True)
+    if shared is not None:
+        raise ConfigError(
+            f"routing tiers {settings.SPILLWAY_ROUTING_TIERS}: {shared}, and this worker runs "
+            "both agents: give each its own ComfyUI, or run each agent on its GPU's machine "
+            "(spillway worker --no-agents; spillway agent --host NAME)"
+        )
+
+
 async def main(*, agents: bool = True, only_host: str | None = None) -> int:
     """`python worker.py`, `spillway worker [--no-agents]`, `spillway agent --host NAME`."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
@@ -308,9 +320,12 @@ async def main(*, agents: bool = True, only_host: str | None = None) -> int:
         clouds.check(settings, tiers)  # an unknown provider stops it here, in one line
         if only_host is None:  # the worker serves the ledger's vet; an agent spends nothing
             clouds.check_ledger_secret(settings)
-        names = [h.name for h in gpu_hosts(settings, tiers)]
+        hosts = gpu_hosts(settings, tiers)
+        names = [h.name for h in hosts]
         if only_host is not None and only_host not in names:
             raise ConfigError(f"no GPU host {only_host!r} in routing tiers; hosts: {names}")
+        if agents and only_host is None:
+            own_comfyuis(settings, hosts)
         client = await connect(_runtime(settings))
     except (ConfigError, TemporalUnreachable) as exc:
         print(f"{what}: {exc}", file=sys.stderr)

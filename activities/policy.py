@@ -50,7 +50,9 @@ class PolicyActivities:
             await_loops_per_run=s.SPILLWAY_AWAIT_LOOPS_PER_RUN,
             heartbeat_timeout_s=s.SPILLWAY_HEARTBEAT_TIMEOUT_S,
             simulated=s.SPILLWAY_SIMULATED,
-            hosts=[ref(queue, h.name, h.max_jobs) for h in gpu_hosts(s, self._tiers)],
+            hosts=[
+                ref(queue, h.name, h.max_jobs, h.comfyui_url) for h in gpu_hosts(s, self._tiers)
+            ],
             providers=providers,
             job_webhook_configured=s.JOB_WEBHOOK_URL is not None,
             approvals_signed=s.SPILLWAY_APPROVAL_SECRET is not None,

@@ -20,8 +20,9 @@ from temporalio.testing import WorkflowEnvironment
 
 from activities.minimax.activities import CREATE as MINIMAX_CREATE
 from spillway.cli import commands
+from spillway.client import jobs as job_ops
 from spillway.core import names
-from spillway.core.models import Plan
+from spillway.core.models import MAX_PRIORITY_CHANGES, Plan, PriorityChange
 from tests.support.cli import one_line, spillway, temporal
 from tests.support.constants import CLIP_USD
 from tests.support.graphs import VIDEO_GRAPH
@@ -465,6 +466,27 @@ async def test_priority_on_a_completed_job_exits_1_naming_its_state(
         assert (await spillway(*args, env=env))[0] == 0
         code, _, err = await spillway("priority", job_id, "1", "--by", "bär", env=env)
     assert code == 1 and f"job {job_id} has already ended (completed)" in one_line(err)
+
+
+async def test_a_job_moved_again_and_again_keeps_its_last_priority_changes(
+    waiting_job, dev_env: WorkflowEnvironment
+):
+    """The plan is published as a memo on every change: it keeps the latest changes, and a
+    reason too long to keep is refused at the command line (exit 2) before anything is sent."""
+    async with waiting_job() as job:
+        long = "r" * 1001
+        code, out, err = await spillway(
+            "priority", job.id, "1", "--by", "bär", "--reason", long, env=job.env
+        )
+        assert (code, out) == (2, "") and "reason: String should have at most 1000" in one_line(err)
+        moves = MAX_PRIORITY_CHANGES + 5
+        for n in range(moves):
+            change = PriorityChange(priority=1 + n % 5, by="bär", reason=f"move {n} " + "r" * 990)
+            await job_ops.set_priority(dev_env.client, job.id, change)
+        plan = await job_ops.status(dev_env.client, job.id)
+    kept = [c.reason.split()[1] for c in plan.priority_changes]
+    assert kept == [str(n) for n in range(5, moves)]
+    assert plan.priority_changes[-1].priority == 1 + (moves - 1) % 5
 
 
 async def test_a_cancel_that_waits_for_a_worker_says_so_on_stderr_then_exits_0(

@@ -654,3 +654,55 @@ def test_a_pool_that_has_seen_no_render_tells_no_patient_job_late():
     assert (told.eta_s, told.late) == (None, False)
     assert b.late(T0 + timedelta(seconds=4)) == [] and b.next_late(T0) is None
     assert b.confirm_late(patient, T0 + timedelta(seconds=4)).late is False
+
+
+def hosts_at(*hosts: tuple[str, str]) -> list[PoolHost]:
+    """Hosts of two places each, at the ComfyUI URLs given."""
+    return [PoolHost(ref=ref("q", name, 2, url), max_jobs=2) for name, url in hosts]
+
+
+def test_a_host_renamed_under_held_places_counts_them_until_they_end():
+    b = PoolBook(PoolInput())
+    b.configure(hosts_at(("gpu-a", "http://gpu-a:8188")))
+    old = [HostSeen(name="gpu-a", reachable=True, headroom=True)]
+    b.ask(ask("j1", seen=old), T0)
+    b.ask(ask("j2", 1, seen=old), T0)
+    # routing_tiers.json names it anew (its URL spelt otherwise): one card, the same two places.
+    b.configure(hosts_at(("a40", "HTTP://GPU-A:8188/")))
+    new = [HostSeen(name="a40", reachable=True, headroom=True)]
+    assert answers(b.ask(ask("j3", 2, seen=new), T0))["j3"].position == 1
+    assert b.in_use() == {"a40": 2}
+    assert b.full_reasons() == ["gpu_places_full_a40_2of2"]
+    assert b.to_probe(T0 + MINUTE, SOON) == []
+    view = b.view(T0)
+    assert [(h.name, h.max_jobs, [p.job_id for p in h.places]) for h in view.hosts] == [
+        ("a40", 2, ["j1", "j2"])
+    ]
+    assert view.line[0].why == "places taken (a40 2/2)"
+    # So across continue-as-new, and until they end: then the line has the place.
+    b = PoolBook(PoolInput.model_validate_json(b.carried(500, []).model_dump_json()))
+    assert b.in_use() == {"a40": 2}
+    assert b.give_back(PoolLeave(job_id="j1", asked_at=T0), T0 + MINUTE)
+    sent = answers(b.admit(T0 + MINUTE, freshness=SOON))
+    assert {job: a.host for job, a in sent.items()} == {"j3": "a40"}
+    assert b.in_use() == {"a40": 2} and b.holders["j3"].comfyui == "http://gpu-a:8188"
+
+
+def test_holders_of_a_gone_name_count_nowhere_when_no_one_host_has_their_comfyui():
+    """A loopback URL names each agent's own machine: two hosts may share it, and a holder of
+    a name gone counts on neither (nor does one a pool before this kept no ComfyUI for)."""
+    b = PoolBook(PoolInput())
+    b.configure(hosts_at(("a40", "http://127.0.0.1:8188"), ("rtx", "http://127.0.0.1:8188")))
+    seen = [HostSeen(name="a40", reachable=True, headroom=True)]
+    b.ask(ask("j1", seen=seen), T0)
+    b.adopt("j2", T0, "a40", T0)
+    assert b.holders["j2"].comfyui == "http://127.0.0.1:8188"
+    b.holders["j2"].comfyui = None
+    b.configure(hosts_at(("a40x", "http://127.0.0.1:8188"), ("rtx", "http://127.0.0.1:8188")))
+    assert b.in_use() == {"a40x": 0, "rtx": 0}
+    assert [(h.name, h.max_jobs, len(h.places)) for h in b.view(T0).hosts] == [
+        ("a40", 0, 2),
+        ("a40x", 2, 0),
+        ("rtx", 2, 0),
+    ]
+    assert b.host_of(b.holders["j1"]) is None

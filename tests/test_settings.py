@@ -12,10 +12,12 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
+import worker
 from activities.cloud import registry
 from spillway.core.errors import ConfigError
 from spillway.core.settings import PROJECT_ROOT, Settings, load_settings, shown, webhook_key
 from spillway.core.tiers import load_tiers
+from tests.support.settings import two_host_tiers
 
 
 @pytest.fixture
@@ -195,6 +197,82 @@ async def worker_process(env: dict[str, str]) -> tuple[int, str]:
     _, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode is not None
     return proc.returncode, err.decode()
+
+
+@pytest.mark.parametrize(
+    "second",
+    [
+        "http://ops:hunter2@gpu-a:8188",
+        "HTTP://GPU-A:8188/",
+        "http://gpu-a:8188//",
+        "http://gpu-a:8188/?token=hunter2",
+    ],
+)
+def test_two_gpu_hosts_at_one_comfyui_are_refused_naming_both(tmp_path, second):
+    path = two_host_tiers(tmp_path, {"comfyui_url": "http://gpu-a:8188/"}, {"comfyui_url": second})
+    with pytest.raises(ConfigError) as raised:
+        load_tiers(path)
+    message = str(raised.value)
+    assert "GPU hosts a40_local and gpu-b share one ComfyUI (http://gpu-a:8188/)" in message
+    assert "hunter2" not in message and "\n" not in message
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ("http://gpu-a:8188", "http://gpu-a:8189"),
+        ("http://gpu-a:8188", "https://gpu-a:8188"),
+        ("http://gpu:8188/a", "http://gpu:8188/b"),
+        ("http://gpu-a", "http://gpu-a:8080"),
+        # Each agent's own machine (docs/operations.md, "Production on two machines").
+        ("http://127.0.0.1:8188", "http://127.0.0.1:8188"),
+        ("http://localhost:8188", "http://LOCALHOST:8188/"),
+    ],
+)
+def test_gpu_hosts_at_other_ports_schemes_paths_or_machines_are_two_comfyuis(
+    tmp_path, first, second
+):
+    path = two_host_tiers(tmp_path, {"comfyui_url": first}, {"comfyui_url": second})
+    assert len([t for t in load_tiers(path).video_tiers if t.location == "local"]) == 2
+
+
+def test_the_default_port_is_the_same_port(tmp_path):
+    tiers = {"comfyui_url": "https://gpu-a/"}, {"comfyui_url": "https://gpu-a:443"}
+    with pytest.raises(ConfigError, match="share one ComfyUI"):
+        load_tiers(two_host_tiers(tmp_path, *tiers))
+
+
+async def test_a_worker_with_two_hosts_at_one_comfyui_exits_2_in_one_line(
+    clean_env, tmp_path, capsys
+):
+    first, second = (
+        {"comfyui_url": "http://ops:hunter2@gpu:8188"},
+        {"comfyui_url": "http://gpu:8188"},
+    )
+    clean_env.setenv("SPILLWAY_ROUTING_TIERS", str(two_host_tiers(tmp_path, first, second)))
+    assert await worker.main() == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "hunter2" not in err
+    assert err.startswith("spillway worker: invalid routing tiers ")
+    assert "GPU hosts a40_local and gpu-b share one ComfyUI (http://gpu:8188/)" in err
+
+
+async def test_a_worker_running_both_agents_of_hosts_at_one_loopback_comfyui_exits_2(
+    clean_env, tmp_path, capsys
+):
+    """At a loopback URL two hosts are one ComfyUI where their agents share a machine: the
+    worker that runs every agent refuses; one that runs none goes on (here, to a Temporal that
+    refuses it)."""
+    same = {"comfyui_url": "http://127.0.0.1:8188"}
+    clean_env.setenv("SPILLWAY_ROUTING_TIERS", str(two_host_tiers(tmp_path, same, same)))
+    clean_env.setenv("TEMPORAL_ADDRESS", "127.0.0.1:9")
+    assert await worker.main() == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1
+    assert "GPU hosts a40_local and gpu-b share one ComfyUI (http://127.0.0.1:8188/)" in err
+    assert "this worker runs both agents" in err and "spillway agent --host NAME" in err
+    assert await worker.main(agents=False) == 1
+    assert "cannot reach Temporal" in capsys.readouterr().err
 
 
 def test_routing_tiers_that_are_not_json_say_so(tmp_path):

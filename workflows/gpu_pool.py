@@ -465,7 +465,7 @@ class GpuPoolWorkflow:
             self._clearing, self._woken = False, True
 
     async def _take_out(self, holder: Holder) -> None:
-        host = self._book.hosts.get(holder.host)
+        host = self._book.host_of(holder)
         if host is None or holder.clearing is None:  # a host no longer configured counts nowhere
             return
         await calls.pool_clear(holder.clearing, host.ref, whole_run=holder.clearing_run)

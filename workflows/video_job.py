@@ -47,6 +47,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from spillway.core.gpu_pool import PoolAnswer
     from spillway.core.models import (
+        MAX_PRIORITY_CHANGES,
         ApprovalDecision,
         CancelNote,
         CancelRecord,
@@ -379,7 +380,7 @@ class VideoJobWorkflow:
         it (None: the change gave it a free place at once)."""
         s = self._state
         record = PriorityRecord(**change.model_dump(), at=workflow.now(), was=s.job.priority)
-        s.plan.priority_changes.append(record)
+        s.plan.priority_changes = [*s.plan.priority_changes, record][-MAX_PRIORITY_CHANGES:]
         s.job = s.job.model_copy(update={"priority": change.priority})
         s.reprioritized = True
         # Also done when a place came first (it no longer waits: nothing to move).

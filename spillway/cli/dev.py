@@ -255,10 +255,11 @@ def _banner(
 
 
 async def run_dev(options: DevOptions) -> int:
+    from spillway.core.hosts import gpu_hosts
     from spillway.core.settings import load_settings, make_secret_file
     from spillway.core.tiers import load_tiers
     from spillway.temporal import connect, register_search_attributes
-    from worker import run_worker
+    from worker import own_comfyuis, run_worker
 
     async with contextlib.AsyncExitStack() as stack:
         address = None
@@ -272,6 +273,7 @@ async def run_dev(options: DevOptions) -> int:
             os.environ["SPILLWAY_LEDGER_SECRET"], kept = secret, options.jobs_dir
         settings = load_settings()
         tiers = load_tiers(settings.SPILLWAY_ROUTING_TIERS)
+        own_comfyuis(settings, gpu_hosts(settings, tiers))
         client = await connect()
         await register_search_attributes(client)
         print(_banner(options, address, urls, kept), flush=True)

@@ -177,6 +177,9 @@ class Holder(BaseModel):
     left_render_s: float | None = None
     adopted: bool = False  # from an earlier pool: when it took its place is not known
     shape: str | None = None  # its graph's (PoolAsk.shape)
+    # Its host's ComfyUI (HostRef.comfyui) when admitted: the host renamed since, its place
+    # counts on the host of that ComfyUI under its new name.
+    comfyui: str | None = None
 
 
 class HeldPlace(BaseModel):

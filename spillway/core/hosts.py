@@ -15,7 +15,7 @@ from datetime import datetime
 from pydantic import BaseModel
 
 from spillway.core.models import HostRef, LoadStatus, Thresholds
-from spillway.core.settings import Settings
+from spillway.core.settings import Settings, url_key
 from spillway.core.tiers import RoutingTiers
 
 WAITS_SUFFIX = "-waits"
@@ -37,9 +37,15 @@ def host_queue(task_queue: str, host: str) -> str:
     return f"{task_queue}-gpu-{host}"
 
 
-def ref(task_queue: str, host: str, max_jobs: int = 2) -> HostRef:
+def ref(task_queue: str, host: str, max_jobs: int = 2, comfyui_url: str | None = None) -> HostRef:
     queue = host_queue(task_queue, host)
-    return HostRef(name=host, task_queue=queue, waits_queue=queue + WAITS_SUFFIX, max_jobs=max_jobs)
+    return HostRef(
+        name=host,
+        task_queue=queue,
+        waits_queue=queue + WAITS_SUFFIX,
+        max_jobs=max_jobs,
+        comfyui=url_key(comfyui_url) if comfyui_url is not None else None,
+    )
 
 
 def gpu_hosts(settings: Settings, tiers: RoutingTiers) -> list[GpuHost]:

@@ -56,6 +56,9 @@ class HostRef(BaseModel):
     task_queue: str  # probe, submit, cancel: short
     waits_queue: str  # waiting on ComfyUI and downloading: long, many at a time
     max_jobs: int = 2  # its places: spillway hands it at most this many jobs at once
+    # Its ComfyUI (spillway.core.settings.url_key): what a host renamed in routing_tiers.json
+    # keeps, so that the places its jobs hold under the old name still count. None: not known.
+    comfyui: str | None = None
 
 
 class Policy(BaseModel):
@@ -354,6 +357,10 @@ class PriorityRecord(PriorityChange):
     was: int  # the priority before
 
 
+# A plan is published as a memo on every change: a job moved a thousand times keeps it small.
+MAX_PRIORITY_CHANGES = 20
+
+
 class CancelNote(BaseModel):
     """`spillway cancel JOB --by WHO`: who cancels a job and why, signalled just before the
     cancel itself (a cancel request carries neither)."""
@@ -474,7 +481,8 @@ class Plan(BaseModel):
     # their agents read their ComfyUI; None: not asked (a cloud-only job, a run of 0.5.0).
     can_run: list[str] | None = None
     cannot_run: dict[str, list[str]] = {}
-    priority_changes: list[PriorityRecord] = []  # `spillway priority`: who moved it, when, why
+    # `spillway priority`: who moved it, when, why (the last MAX_PRIORITY_CHANGES).
+    priority_changes: list[PriorityRecord] = []
     # An armed job waiting in the GPU line by its patience: it goes to the cloud then.
     patience_until: datetime | None = None
     # Its decision as `spillway quote` would have given it then (None: a run of 0.5.x).

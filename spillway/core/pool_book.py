@@ -58,6 +58,7 @@ def full_reason(host: str, taken: int, max_jobs: int) -> str:
 class PoolBook:
     def __init__(self, inp: PoolInput) -> None:
         self.hosts: dict[str, PoolHost] = {}
+        self._at_comfyui: dict[str, str] = {}  # the host at each ComfyUI only one host is at
         self.holders: dict[str, Holder] = {h.job_id: h for h in inp.holders}
         # Aging (SPILLWAY_POOL_AGING_S): a waiting job's priority rises one step per `aging`,
         # which orders the line by ask time plus `aging` per step below priority 1; None: by
@@ -99,8 +100,15 @@ class PoolBook:
 
     def configure(self, hosts: list[PoolHost]) -> None:
         """The hosts in force (the workers' policy). Holders of a host no longer configured keep
-        their place until they give it back; what was known of it goes."""
+        their place until they give it back, counted on the host at its ComfyUI where one is (it
+        was renamed: `_counted_on`); what was known of it goes."""
         self.hosts = {h.ref.name: h for h in hosts}
+        comfyuis = [h.ref.comfyui for h in hosts if h.ref.comfyui is not None]
+        self._at_comfyui = {
+            h.ref.comfyui: h.ref.name
+            for h in hosts
+            if h.ref.comfyui is not None and comfyuis.count(h.ref.comfyui) == 1
+        }
         self.readings = {n: r for n, r in self.readings.items() if n in self.hosts}
         self.holds_s = {n: v for n, v in self.holds_s.items() if n in self.hosts}
         self.warm = {n: v for n, v in self.warm.items() if n in self.hosts}
@@ -405,6 +413,7 @@ class PoolBook:
                 checked_at=CHECK_NOW if check_now else now,
                 run_id=run_id,
                 adopted=True,
+                comfyui=self.hosts[host].ref.comfyui if host in self.hosts else None,
             )
 
     def held_places(self) -> dict[str, HeldPlace]:
@@ -485,7 +494,7 @@ class PoolBook:
         if took is None and timed and not held.adopted:
             took = (now - held.since).total_seconds()
         if took is not None:
-            holds = self.holds_s.setdefault(held.host, [])
+            holds = self.holds_s.setdefault(self._counted_on(held), [])
             holds.append(took)
             del holds[:-RECENT_HOLDS]
         if took is not None and held.shape is not None:
@@ -608,7 +617,7 @@ class PoolBook:
     def view(self, now: datetime, head: int | None = None) -> PoolView:
         """Every host's places and the line (its first `head` only, when given)."""
         hosts = []
-        for name in sorted(set(self.hosts) | {h.host for h in self.holders.values()}):
+        for name in sorted(set(self.hosts) | {self._counted_on(h) for h in self.holders.values()}):
             reading = self.readings.get(name)
             places = sorted(
                 (
@@ -720,7 +729,19 @@ class PoolBook:
         return seen.reachable and (seen.headroom or mode == "any")
 
     def _held_on(self, host: str) -> list[Holder]:
-        return [h for h in self.holders.values() if h.host == host]
+        return [h for h in self.holders.values() if self._counted_on(h) == host]
+
+    def _counted_on(self, held: Holder) -> str:
+        """The host whose places `held` takes: the one it was admitted to, or, that name no
+        longer configured, the host at the same ComfyUI (renamed: a new name is not a new card).
+        A loopback URL shared by hosts on their own machines names none of them."""
+        if held.host in self.hosts or held.comfyui is None:
+            return held.host
+        return self._at_comfyui.get(held.comfyui, held.host)
+
+    def host_of(self, held: Holder) -> PoolHost | None:
+        """The configured host `held` counts on; None: none (its place counts nowhere)."""
+        return self.hosts.get(self._counted_on(held))
 
     def _free_hosts(self) -> list[str]:
         counts = self.in_use()
@@ -767,6 +788,7 @@ class PoolBook:
             checked_at=now,
             run_id=ask.run_id,
             shape=ask.shape,
+            comfyui=self.hosts[host].ref.comfyui,
         )
         return ask.job_id, PoolAnswer(asked_at=ask.asked_at, host=host)
 

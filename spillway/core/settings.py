@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import ipaddress
 import os
 import re
 import secrets
@@ -355,6 +356,40 @@ def shown(url: object) -> str:
     host = f"[{host}]" if ":" in host else host
     netloc = f"{host}:{port}" if port is not None else host
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def url_key(url: object) -> str:
+    """A URL as two spellings of one address compare equal (`HTTP://GPU:80/` and `http://gpu`):
+    scheme and host in lower case, the port written out, no trailing slash; and, as `shown`
+    writes it, without user-info or query, which any text may show."""
+    try:
+        parts = urlsplit(_after_user_info(str(url))[0])
+        port = parts.port
+    except ValueError:
+        return shown(url)
+    scheme = parts.scheme.lower()
+    host = parts.hostname or ""
+    host = f"[{host}]" if ":" in host else host
+    port = port if port is not None else DEFAULT_PORTS.get(scheme)
+    netloc = host if port is None else f"{host}:{port}"
+    return f"{scheme}://{netloc}{parts.path.rstrip('/')}"
+
+
+def is_loopback(url: object) -> bool:
+    """`localhost`, 127.0.0.0/8 or ::1: the machine of whoever reads the URL."""
+    try:
+        host = urlsplit(str(url)).hostname or ""
+    except ValueError:
+        return False
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _clip(text: str, limit: int = 60) -> str:

@@ -9,7 +9,13 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from spillway.core.errors import ConfigError
-from spillway.core.settings import CheckedUrl, describe_validation_error
+from spillway.core.settings import (
+    CheckedUrl,
+    describe_validation_error,
+    is_loopback,
+    shown,
+    url_key,
+)
 
 
 class VideoTier(BaseModel):
@@ -64,10 +70,29 @@ class RoutingTiers(BaseModel):
         names = [t.name for t in local]
         if len(names) != len(set(names)):
             raise ValueError(f"local tier names must be unique (they name GPU hosts), got {names}")
+        shared = shared_comfyui([(t.name, t.comfyui_url) for t in local], loopback=False)
+        if shared is not None:
+            raise ValueError(f"{shared}: each GPU host needs a ComfyUI of its own")
         return self
 
     def by_provider(self, provider: str) -> VideoTier | None:
         return next((t for t in self.video_tiers if t.provider == provider and t.enabled), None)
+
+
+def shared_comfyui(hosts: list[tuple[str, object]], *, loopback: bool) -> str | None:
+    """Two of `hosts` (name, ComfyUI URL) at one ComfyUI, as a sentence naming both and the URL
+    (without credentials); None: each has its own. Such hosts would each hand out the card's
+    places: it would run twice the jobs it has places for. A loopback URL names the ComfyUI
+    next to each host's agent, which may run on a machine of its own: two hosts at one are one
+    ComfyUI only where their agents run on one machine (`loopback`)."""
+    seen: dict[str, tuple[str, object]] = {}
+    for name, url in hosts:
+        if url is None or (is_loopback(url) and not loopback):
+            continue
+        first, first_url = seen.setdefault(url_key(url), (name, url))
+        if first != name:
+            return f"GPU hosts {first} and {name} share one ComfyUI ({shown(first_url)})"
+    return None
 
 
 def load_tiers(path: Path) -> RoutingTiers:
