@@ -1,7 +1,8 @@
 """spillway.client, the Python API the CLI itself uses, against the real dev server with a worker
 of route stubs: submit, status, wait, approve, reject, list; edge validation that starts nothing;
 a job written by hand as another language's SDK sends it (started with the real temporal CLI);
-priority in `list`; presigned output URLs."""
+priority in `list`; presigned output URLs. Without a server: what `spillway priority` asks of
+Temporal for the priority the UI shows, and what it says when the server cannot."""
 
 from __future__ import annotations
 
@@ -9,14 +10,18 @@ import asyncio
 import hashlib
 import json
 import uuid
+from argparse import Namespace
 from itertools import pairwise
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import httpx
 import pytest
+from temporalio.api.workflowservice.v1 import UpdateWorkflowExecutionOptionsRequest
 from temporalio.client import Client
-from temporalio.service import RPCError
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 
 import spillway.client as client_module
@@ -25,7 +30,7 @@ from activities.storage.opening import presign_outputs
 from spillway.client import SpillwayClient, make_decision
 from spillway.client import jobs as job_ops
 from spillway.core.errors import ConfigError, Failed, JobNotFound
-from spillway.core.models import OutputFile, Plan, plan_json
+from spillway.core.models import OutputFile, Plan, QueueSpot, plan_json
 from tests.support.cli import spillway, temporal
 from tests.support.graphs import VIDEO_GRAPH
 from tests.support.jobs import PROMPT, Jobs, RunJobs
@@ -278,3 +283,95 @@ def test_an_approval_whose_job_ended_first_is_answered_with_the_jobs_end_not_tem
         "job x ended (failed) before it answered this decision: MiniMax balance is empty "
         "(code 1008) (spillway status x)"
     )
+
+
+class OptionsService:
+    """The one call `follow_priority` makes, answered as a server answers it: `status` None
+    takes the change, otherwise it fails with that status."""
+
+    def __init__(self, status: RPCStatusCode | None, message: str = "") -> None:
+        self.status, self.message = status, message
+        self.requests: list[UpdateWorkflowExecutionOptionsRequest] = []
+
+    async def update_workflow_execution_options(
+        self, request: UpdateWorkflowExecutionOptionsRequest, **_: Any
+    ) -> None:
+        self.requests.append(request)
+        if self.status is not None:
+            raise RPCError(self.message, self.status, b"")
+
+
+def temporal_answering(service: OptionsService) -> Client:
+    return cast(
+        Client,
+        SimpleNamespace(
+            namespace="default",
+            identity="test",
+            data_converter=pydantic_data_converter,
+            workflow_service=service,
+        ),
+    )
+
+
+async def test_priority_sets_the_workflows_temporal_priority_the_ui_shows():
+    service = OptionsService(None)
+    assert await job_ops.follow_priority(temporal_answering(service), "job-1", 1) is None
+    [request] = service.requests
+    assert request.workflow_execution.workflow_id == "job-1"
+    assert request.workflow_execution_options.priority.priority_key == 1
+    assert list(request.update_mask.paths) == ["priority"]
+
+
+@pytest.mark.parametrize(
+    ("status", "message", "said"),
+    [
+        (
+            RPCStatusCode.UNIMPLEMENTED,
+            "Method .../UpdateWorkflowExecutionOptions is unimplemented",
+            "this Temporal server cannot change a workflow's priority",
+        ),
+        (
+            RPCStatusCode.PERMISSION_DENIED,
+            "Request unauthorized.",
+            "Temporal refused to change the workflow's priority (Request unauthorized.)",
+        ),
+        (RPCStatusCode.NOT_FOUND, "workflow execution already completed", None),
+    ],
+)
+async def test_a_server_that_cannot_follow_a_priority_is_named_and_an_ended_job_is_not(
+    status: RPCStatusCode, message: str, said: str | None
+):
+    note = await job_ops.follow_priority(
+        temporal_answering(OptionsService(status, message)), "job-1", 2
+    )
+    if said is None:
+        assert note is None
+    else:
+        assert note == (
+            f"job job-1: {said}; the job and its line use priority 2, the Temporal UI still "
+            "shows the one it started with"
+        )
+
+
+async def test_priority_on_a_server_without_the_call_exits_0_and_says_so_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+):
+    from spillway.cli import commands
+
+    server = temporal_answering(OptionsService(RPCStatusCode.UNIMPLEMENTED, "unimplemented"))
+    moved = QueueSpot(position=1, ahead=0, eta_s=None)
+
+    async def job_moved(*_: Any) -> QueueSpot:
+        return moved
+
+    async def spillway_client(*_: Any) -> SpillwayClient:
+        return SpillwayClient(server, settings=make_settings(), task_queue="q")
+
+    monkeypatch.setattr(job_ops, "set_priority", job_moved)
+    monkeypatch.setattr(commands, "_jobs_client", spillway_client)
+    args = Namespace(job="job-1", priority=1, by="producer", reason="")
+    assert await commands.cmd_priority(args) == 0
+    out, err = capsys.readouterr()
+    assert out == "job job-1: priority 1, 1 in line (0 ahead)\n"
+    assert err.count("\n") == 1
+    assert err.startswith("job job-1: this Temporal server cannot change a workflow's priority")

@@ -1,21 +1,29 @@
 """The guide stays true: every setting the code reads is in docs/configuration.md with the default
 the code has, every relative link and anchor of README.md and docs/*.md resolves,
 docs/layout.md names every module, every `spillway` command and option they show exists in the
-parser, and the callbacks' retry time is the policy's. Plain file reads: the fast lane."""
+parser, every `--json` key they name is in the published schema or a pinned shape, and the
+callbacks' retry time is the policy's. Plain file reads: the fast lane."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import shlex
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-from pydantic import AnyUrl, SecretStr
+from pydantic import AnyUrl, BaseModel, SecretStr
 from pydantic.fields import FieldInfo
 
 from activities.callbacks import CALLBACK_RETRY
+from spillway.cli.health import Health
 from spillway.cli.parser import build_parser
+from spillway.client.jobs import JobSummary
+from spillway.client.ledger_restore import Restored
+from spillway.core.ledger import LedgerSummary, MonthSpend
+from spillway.core.models import LoadStatus
 from spillway.core.settings import PROJECT_ROOT, Settings
 
 DOCS = PROJECT_ROOT / "docs"
@@ -270,3 +278,166 @@ def test_the_screenshot_command_the_readme_gives_runs_as_written():
     [shown] = re.findall(r"`([^`]*scripts/ui_screenshot\.py[^`]*)`", readme)
     python, script, *_ = shown.split()
     assert python == ".venv/bin/python" and (PROJECT_ROOT / script).is_file(), shown
+
+
+# The `--json` outputs that have no published schema, by the model each prints (`submit --json`
+# prints a plan's `job_id` and `state`; `host list --json` the queue's `hosts`).
+PINNED_SHAPES: dict[str, type[BaseModel]] = {
+    "load": LoadStatus,
+    "health": Health,
+    "list": JobSummary,
+    "budget": LedgerSummary,
+    "budget --month": MonthSpend,
+    "ledger restore": Restored,
+}
+NAME = r"[a-z_][a-z0-9_]*"
+BARE_NAMES = re.compile(rf"\s*{NAME}(?:\s*,\s*{NAME})*\s*")
+QUOTED = re.compile(r'"([^"\n]*)"')
+
+
+def property_names(schema: Any) -> Iterator[str]:
+    """Every property name anywhere in a JSON Schema (its `$defs` included)."""
+    if isinstance(schema, dict):
+        properties = schema.get("properties")
+        if isinstance(properties, dict):
+            yield from properties
+        for value in schema.values():
+            yield from property_names(value)
+    elif isinstance(schema, list):
+        for value in schema:
+            yield from property_names(value)
+
+
+def known_json_keys() -> set[str]:
+    keys: set[str] = set()
+    for path in (DOCS / "schema").glob("*.json"):
+        keys |= set(property_names(json.loads(path.read_text(encoding="utf-8"))))
+    for model in PINNED_SHAPES.values():
+        keys |= set(property_names(model.model_json_schema(mode="serialization")))
+    return keys
+
+
+def json_keys(text: str) -> list[str]:
+    """The keys a JSON-like text names, as the docs write shapes: `{"a": 1}`, `{"a", "b"}` (the
+    keys alone), `{"a" (1 = next), "b"}`, `"route": "local" | "cloud"`, `name: {...}`. A quoted
+    word is a key when a colon follows it, or when it stands in an object (not after a colon or
+    a `|`, not before a `|`); in a list it is a value."""
+    keys = [m.group(1) for m in re.finditer(rf"^\s*({NAME}):\s*[\[{{]", text)]
+    stack: list[str] = []
+    at = 0
+    for match in QUOTED.finditer(text):
+        for char in text[at : match.start()]:
+            if char in "[{":
+                stack.append(char)
+            elif char in "]}" and stack:
+                stack.pop()
+        at = match.end()
+        before = text[: match.start()].rstrip()[-1:]
+        after = text[match.end() :].lstrip()[:1]
+        if after == ":" or (stack[-1:] == ["{"] and before not in (":", "|") and after != "|"):
+            keys.append(match.group(1))
+    return keys
+
+
+def named_in(span: str) -> list[str]:
+    """The keys one inline code span names: a JSON-like shape's keys, else bare names (`a`,
+    `a, b`, `a: false`)."""
+    if "{" in span and QUOTED.search(span):
+        return json_keys(span)
+    if BARE_NAMES.fullmatch(span):
+        return [name.strip() for name in span.split(",")]
+    found = re.fullmatch(rf"\s*({NAME}):\s*[^{{\[]*", span)
+    return [found.group(1)] if found else []
+
+
+def blocks(text: str) -> Iterator[tuple[bool, str]]:
+    """A page as (fenced, text) blocks: each fenced block whole; outside them each paragraph,
+    list item and table row on its own."""
+    fenced = False
+    lines: list[str] = []
+    for line in [*text.splitlines(), ""]:
+        if line.lstrip().startswith("```"):
+            if lines:
+                yield fenced, "\n".join(lines)
+            fenced, lines = not fenced, []
+            continue
+        starts = re.match(r"\s*(?:[-*] |\d+\. |\|)", line) or not line.strip()
+        if not fenced and starts and lines:
+            yield False, "\n".join(lines)
+            lines = []
+        if fenced or line.strip():
+            lines.append(line)
+
+
+JSON_SPAN = r"`[^`]*--json[^`]*`"
+SPANS = r"((?:`[^`]+`,?\s*(?:and\s+)?)+)"
+# "`status --json` has its `queue`", "`--json` prints the LoadStatus: `a, b`", "`--json` as its
+# `clearing`", "(`a`, `b` in `--json`", "`{...}` per host in `--json`", "`{...}` plus `a`, `b`".
+AFTER_JSON = re.compile(
+    rf"{JSON_SPAN}\s+(?:has its|has the \w+ in|has|as its|prints the \w+:|prints|keeps)\s+{SPANS}"
+)
+BEFORE_JSON = re.compile(rf"{SPANS}(?:per \w+\s+)?in\s+{JSON_SPAN}")
+PLUS = re.compile(rf"\}}`\s+plus\s+{SPANS}")
+JQ = re.compile(r"--json\b.*?\|\s*jq\s+(?:-\w+\s+)*'?([^'\s|]+)")
+
+
+def json_keys_shown(text: str) -> Iterator[str]:
+    """The `--json` keys a page names:
+    - in a paragraph, list item or table row that shows `--json`: every JSON-like inline span
+      after it (`{"job_id", "state"}`, `queue: {...}`), and the plain names of the forms people
+      write (AFTER_JSON, BEFORE_JSON, PLUS above);
+    - in a fenced block: the keys of the output under a `spillway ... --json` line (up to the
+      next `$ ` prompt), and each `.name` of a `spillway ... --json | jq EXPR`."""
+    for fenced, block in blocks(text):
+        if fenced:
+            output: list[str] | None = None
+            for line in block.splitlines():
+                command = line.strip().removeprefix("$ ")
+                if line.strip().startswith("$ ") or command.startswith("spillway "):
+                    if output:
+                        yield from json_keys("\n".join(output))
+                    output = [] if command.startswith("spillway ") and "--json" in command else None
+                    for expression in JQ.findall(command):
+                        yield from re.findall(rf"\.({NAME})", expression)
+                elif output is not None:
+                    output.append(line)
+            if output:
+                yield from json_keys("\n".join(output))
+            continue
+        first = re.search(JSON_SPAN, block)
+        if first is None:
+            continue
+        for span in re.findall(r"`([^`]+)`", block[first.end() :]):
+            if "{" in span and QUOTED.search(span):
+                yield from json_keys(span)
+        for pattern in (AFTER_JSON, BEFORE_JSON, PLUS):
+            for spans in pattern.findall(block):
+                for span in re.findall(r"`([^`]+)`", spans):
+                    yield from named_in(span)
+
+
+def test_every_json_key_the_readme_and_the_guide_name_is_in_the_schema_or_a_pinned_shape():
+    """What a script reads off `--json` is what the docs say: every key the README and docs/
+    name for a `--json` output (json_keys_shown says where it looks) is a property of a
+    published schema (docs/schema/) or of the model another `--json` output is dumped from
+    (PINNED_SHAPES). A key in the wrong object still passes: the names are what is checked."""
+    known = known_json_keys()
+    found = [
+        f"{page.relative_to(PROJECT_ROOT)}: {key!r}"
+        for page in PAGES
+        for key in dict.fromkeys(json_keys_shown(page.read_text(encoding="utf-8")))
+        if key not in known
+    ]
+    assert not found, "keys no --json output has:\n" + "\n".join(found)
+    shown = (
+        '`status --json` prints `{"job_id", "route": "local" | "cloud", "queue":\n'
+        '{"position" (1 = next), "ahead"}, "reasons": ["armed"]}` plus `host`, `budget`; '
+        "`patience_until` per job in `--json`.\n\n"
+        "```sh\n$ spillway list --json | jq -r '.[0].state'\n"
+        '$ spillway quote --graph g.json --json\n{"local": {"eta_s": 1}}\n```\n'
+    )
+    assert list(dict.fromkeys(json_keys_shown(shown))) == [
+        *("job_id", "route", "queue", "position", "ahead", "reasons"),  # not "local", "armed"
+        *("patience_until", "host", "budget"),
+        *("state", "local", "eta_s"),
+    ]

@@ -2,7 +2,7 @@
 dev server. `spillway host drain|resume|list`: a drained host's holders finish and nothing new
 reaches its ComfyUI; the line goes to the other host, and back once it is resumed; the drain
 outlives the pool's continue-as-new and a terminate and restart. `spillway priority`: a job in
-line moves at once; one holding a place refuses."""
+line moves at once, and so does the priority the Temporal UI shows; one holding a place refuses."""
 
 from __future__ import annotations
 
@@ -174,7 +174,11 @@ async def test_spillway_priority_moves_a_job_from_third_to_first_and_a_running_o
             "priority", third, "1", "--by", "producer", "--reason", "client call", env=env
         )
         assert (code, out.strip()) == (0, f"job {third}: priority 1, 1 in line (0 ahead)"), err
+        assert err == ""  # this server changes the workflow's Temporal priority: nothing to say
         assert (await fl.view()).line[0].job_id == third
+        # What the Temporal UI shows as the job's priority follows.
+        described = await fl.client.get_workflow_handle(third).describe()
+        assert described.raw_description.workflow_execution_info.priority.priority_key == 1
         plan = await job_ops.status(fl.client, third)
         [change] = plan.priority_changes
         assert (change.priority, change.was, change.by, change.reason) == (

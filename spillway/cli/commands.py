@@ -182,7 +182,13 @@ async def cmd_decide(args: argparse.Namespace) -> int:
 
 
 async def cmd_priority(args: argparse.Namespace) -> int:
-    spot = await (await _jobs_client()).set_priority(args.job, args.priority, args.by, args.reason)
+    spot = await (await _jobs_client()).set_priority(
+        args.job,
+        args.priority,
+        args.by,
+        args.reason,
+        on_note=lambda note: print(note, file=sys.stderr),
+    )
     where = (
         f"{spot.position} in line ({spot.ahead} ahead)"
         if spot is not None

@@ -269,8 +269,10 @@ def build_parser() -> argparse.ArgumentParser:
         "move a job waiting in the GPU line to another priority (1 first)",
         "A job that waits in the GPU line (queued, or awaiting_approval) takes priority N: its "
         "place in the line follows at once (by priority, then when it asked, with aging). The "
-        "change, who made it and why are in the job's history and `status`. A job that is not "
-        "waiting in the line (running, finished) refuses it (exit 1).",
+        "change, who made it and why are in the job's history and `status`; the workflow's "
+        "Temporal priority, which the Temporal UI shows, follows (a server that cannot change it "
+        "says so in one line on stderr, exit 0). A job that is not waiting in the line "
+        "(running, finished) refuses it (exit 1).",
         job=True,
     )
     priority.add_argument("priority", metavar="N", type=int, help="1 (first) .. 5 (last)")

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import builtins  # `SpillwayClient.list` hides `list` inside the class
 import dataclasses
+import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
@@ -214,14 +215,28 @@ class SpillwayClient:
         return await jobs.quote(self.temporal, self.task_queue, job)
 
     async def set_priority(
-        self, job_id: str, priority: int, by: str, reason: str = ""
+        self,
+        job_id: str,
+        priority: int,
+        by: str,
+        reason: str = "",
+        *,
+        on_note: Callable[[str], None] | None = None,
     ) -> QueueSpot | None:
-        """`spillway priority`: a job waiting in the GPU line moves to `priority` (1 first)."""
+        """`spillway priority`: a job waiting in the GPU line moves to `priority` (1 first), and
+        so does the workflow's Temporal priority, which the Temporal UI shows. A server that
+        cannot change the latter (jobs.follow_priority) does not fail the call, since the job's
+        priority did change: `on_note` gets the line that says so (default: a warning logged
+        by "spillway.client")."""
         try:
             change = PriorityChange(priority=priority, by=by, reason=reason)
         except ValidationError as exc:
             raise ConfigError(describe_validation_error(exc, "priority")) from None
-        return await jobs.set_priority(self.temporal, job_id, change)
+        spot = await jobs.set_priority(self.temporal, job_id, change)
+        note = await jobs.follow_priority(self.temporal, job_id, priority)
+        if note is not None:
+            (on_note or logging.getLogger(__name__).warning)(note)
+        return spot
 
     async def cancel(
         self,

@@ -6,7 +6,9 @@ list, decide, each on a temporalio Client, and the edge checks of a graph and a 
 A job's priority travels three ways (docs/clients.md, "Starting jobs from code"): in its input (the
 workflow's own use), as Temporal's task priority (its workflow and activity tasks, when a queue
 is backlogged) and in its memo, which is where `list` reads it (Temporal's list does not return
-an execution's priority).
+an execution's priority). `spillway priority` moves all three: the input and memo through the
+workflow's update, the Temporal priority (what the Temporal UI shows) through the execution's
+options once the update has succeeded (`follow_priority`).
 """
 
 from __future__ import annotations
@@ -20,8 +22,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from google.protobuf.field_mask_pb2 import FieldMask
 from pydantic import BaseModel, ValidationError
+from temporalio.api.common.v1 import Priority as PriorityOption
+from temporalio.api.common.v1 import WorkflowExecution as ExecutionRef
 from temporalio.api.enums.v1 import PendingActivityState
+from temporalio.api.workflow.v1 import WorkflowExecutionOptions
+from temporalio.api.workflowservice.v1 import UpdateWorkflowExecutionOptionsRequest
 from temporalio.client import (
     Client,
     WorkflowExecution,
@@ -462,6 +469,41 @@ async def set_priority(client: Client, job_id: str, change: PriorityChange) -> Q
         await _ended_meanwhile(client, job_id, not_waiting)
         raise
     return spot
+
+
+async def follow_priority(client: Client, job_id: str, priority: int) -> str | None:
+    """The execution's Temporal priority (the one the Temporal UI shows, and its workflow tasks
+    queue by) set to the job's new one, after the job's own update took it. None once done, or
+    when the job has ended meanwhile (nothing left to queue or show); otherwise one line saying
+    why it could not: a server without UpdateWorkflowExecutionOptions (before 1.28, and the
+    time-skipping test server) keeps the priority the job started with. The job's own priority
+    changed either way, so this never raises."""
+    request = UpdateWorkflowExecutionOptionsRequest(
+        namespace=client.namespace,
+        workflow_execution=ExecutionRef(workflow_id=job_id),
+        workflow_execution_options=WorkflowExecutionOptions(
+            priority=PriorityOption(priority_key=priority)
+        ),
+        update_mask=FieldMask(paths=["priority"]),
+        identity=client.identity,
+    )
+    try:
+        await client.workflow_service.update_workflow_execution_options(
+            request, retry=True, timeout=timedelta(seconds=10)
+        )
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            return None
+        what = (
+            "this Temporal server cannot change a workflow's priority"
+            if exc.status == RPCStatusCode.UNIMPLEMENTED
+            else f"Temporal refused to change the workflow's priority ({exc.message})"
+        )
+        return (
+            f"job {job_id}: {what}; the job and its line use priority {priority}, the Temporal "
+            "UI still shows the one it started with"
+        )
+    return None
 
 
 async def cancel(client: Client, job_id: str, note: CancelNote) -> None:
