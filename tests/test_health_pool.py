@@ -162,9 +162,10 @@ async def test_a_running_pool_shows_its_places_and_line_and_once_terminated_says
         for said in (
             f"the GPU pool ({pool_id}, run {started.result_run_id}) is closed (TERMINATED)",
             "nothing is lost",
-            "the next job's ask starts a new pool",
-            "first takes back the places the running jobs hold and the line in its order",
-            "every job in line asks again within 5 minutes (SPILLWAY_POOL_LINE_CHECK_S)",
+            "a give-back at the end of a render",
+            "starts a new pool, which takes back the places still held",
+            "a job in line is admitted within seconds of a holder's end",
+            "at the latest when a job in line asks again, within 5 minutes",
             pool_start_command(queue),
         ):
             assert said in closed.error, (said, closed.error)

@@ -50,6 +50,10 @@ async def ask(
     """A place now, a position in the line (`wait`), or "full". `fresh`: the job's own probe
     just ran, and the pool may use it. `start_by`: a first ask's patience (the pool tells the
     job when the line's estimate passes it)."""
+    if s.place is not None and s.place.host is not None:
+        # An ask it kept (its submit found no place of its own) was answered with a place
+        # while the job decided again: it holds it.
+        return PoolAnswer(asked_at=s.place.asked_at, host=s.place.host)
     if s.place is None:
         s.place = JobPlace(
             asked_at=workflow.now(),

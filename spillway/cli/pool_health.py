@@ -66,13 +66,20 @@ def _minutes(seconds: float) -> str:
     return f"{seconds / 60:g} minutes" if seconds >= 60 else f"{seconds:g} s"
 
 
+# What a pool's end costs the line, said where people see a closed or wedged pool.
+NEXT_POOL = (
+    "the next message a job sends (an ask, a give-back at the end of a render, a line check) "
+    "starts a new pool, which takes back the places still held (a holder that ended meanwhile "
+    "has its prompt taken out of ComfyUI first) and the line in its order: a job in line is "
+    "admitted within seconds of a holder's end"
+)
+
+
 def pool_remedy(pool_id: str, line_check_s: float) -> str:
     return (
         f"terminate it (`temporal workflow terminate --workflow-id {pool_id}`): nothing is lost, "
-        "its state is only the places and the line; the next ask starts a fresh pool, which "
-        "takes back the places still held and the line in its order, and every job in line asks "
-        f"again within {_minutes(line_check_s)} (SPILLWAY_POOL_LINE_CHECK_S), so one starts by "
-        "itself"
+        f"its state is only the places and the line; {NEXT_POOL} (at the latest when a job in "
+        f"line asks again, within {_minutes(line_check_s)}: SPILLWAY_POOL_LINE_CHECK_S)"
     )
 
 
@@ -129,10 +136,9 @@ async def pool_health(
             return report
         report.state = "closed"
         report.error = (
-            f"{where} is closed ({report.status}): nothing is lost, the next job's ask starts a "
-            "new pool, which first takes back the places the running jobs hold and the line in "
-            f"its order; every job in line asks again within {_minutes(line_check_s)} "
-            f"(SPILLWAY_POOL_LINE_CHECK_S); to start it now: {pool_start_command(task_queue)}"
+            f"{where} is closed ({report.status}): nothing is lost; {NEXT_POOL} (at the latest "
+            f"when a job in line asks again, within {_minutes(line_check_s)}: "
+            f"SPILLWAY_POOL_LINE_CHECK_S); to start it now: {pool_start_command(task_queue)}"
         )
         return report
     report.state = "running"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import textwrap
 
 from spillway.cli.health import Health
-from spillway.cli.pool_health import PoolHealth
+from spillway.cli.pool_health import NEXT_POOL, PoolHealth
 from spillway.client.jobs import JobSummary
 from spillway.core.decision import about
 from spillway.core.gpu_pool import PoolView
@@ -299,9 +299,8 @@ def render_queue(view: PoolView, *, wide: bool = False) -> str:
     cut or wrapped, a row per job however long."""
     if view.pool == "closed":
         return (
-            f"the GPU pool is closed ({view.closed}): the next job's ask starts a new one, which "
-            "takes back the places still held and the line (each job in line also asks again "
-            "within SPILLWAY_POOL_LINE_CHECK_S)"
+            f"the GPU pool is closed ({view.closed}): {NEXT_POOL} (at the latest when a job in "
+            "line asks again, within SPILLWAY_POOL_LINE_CHECK_S)"
         )
     if not view.hosts:
         return "the GPU pool has not started: no job has asked for a GPU place yet"

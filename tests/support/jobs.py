@@ -267,6 +267,7 @@ def job_runner(environment: WorkflowEnvironment) -> RunJobs:
                         *_held_reads(spend, stubs),
                         callbacks.job_callback,
                         places.start,
+                        places.start_by_leave,
                     ],
                 )
             )
@@ -282,7 +283,12 @@ def job_runner(environment: WorkflowEnvironment) -> RunJobs:
                     environment.client,
                     task_queue=names.pool_queue(task_queue),
                     workflows=[POOL],
-                    activities=[policy.read_policy, places.check_holders, places.find_holders],
+                    activities=[
+                        policy.read_policy,
+                        places.check_holders,
+                        places.find_holders,
+                        places.read_places,
+                    ],
                 )
             )
             await announce_budgets(ledger, config)
