@@ -48,6 +48,7 @@ from spillway.core.gpu_pool import PoolPlaces
 from spillway.core.hosts import WAITS_SUFFIX, GpuHost, gpu_hosts
 from spillway.core.ledger import Budgets
 from spillway.core.settings import Settings, load_settings
+from spillway.core.teams import load_teams
 from spillway.core.tiers import RoutingTiers, load_tiers, shared_comfyui
 from spillway.temporal import TemporalUnreachable, connect
 from workflows.callback import CallbackWorkflow
@@ -320,6 +321,7 @@ async def main(*, agents: bool = True, only_host: str | None = None) -> int:
         clouds.check(settings, tiers)  # an unknown provider stops it here, in one line
         if only_host is None:  # the worker serves the ledger's vet; an agent spends nothing
             clouds.check_ledger_secret(settings)
+        load_teams(settings.SPILLWAY_TEAMS_FILE)  # a bad file stops it here, naming the field
         hosts = gpu_hosts(settings, tiers)
         names = [h.name for h in hosts]
         if only_host is not None and only_host not in names:

@@ -14,6 +14,7 @@ from spillway.core import names
 from spillway.core.hosts import gpu_hosts, ref
 from spillway.core.models import Policy
 from spillway.core.settings import Settings
+from spillway.core.teams import load_teams
 from spillway.core.tiers import RoutingTiers
 
 # Temporal's own default identity for this process's client: what `health` shows its pollers as.
@@ -27,6 +28,7 @@ class PolicyRequest(BaseModel):
 class PolicyActivities:
     def __init__(self, settings: Settings, tiers: RoutingTiers) -> None:
         self._settings, self._tiers = settings, tiers
+        self._teams = load_teams(settings.SPILLWAY_TEAMS_FILE)
 
     @activity.defn(name=names.READ_POLICY)
     async def read_policy(self, req: PolicyRequest) -> Policy:
@@ -62,6 +64,8 @@ class PolicyActivities:
             pool_holder_check_s=s.SPILLWAY_POOL_HOLDER_CHECK_S,
             pool_aging_s=s.SPILLWAY_POOL_AGING_S,
             pool_prefer_warm=s.SPILLWAY_POOL_PREFER_WARM,
+            team_shares=self._teams.shares(),
+            default_team=self._teams.default,
             stall_rule=True,
             job_quote=True,
             cloud_eta=True,

@@ -87,6 +87,7 @@ class Held(BaseModel):
     # Its patience, as the job itself keeps it (a pool that lost its line learns it here).
     start_by: datetime | None = None
     by_deadline: bool = False
+    team: str | None = None
 
 
 class HoldersFound(BaseModel):
@@ -373,6 +374,7 @@ class PoolActivities:
                 models=place.models,
                 start_by=place.start_by,
                 by_deadline=place.by_deadline,
+                team=place.team,
             )
 
         found = await asyncio.gather(*(place_of(job_id, run_id) for job_id, run_id in running))

@@ -63,6 +63,7 @@ async def ask(
             models=model_files(s.job.graph),
             start_by=start_by,
             by_deadline=by_deadline,
+            team=s.plan.team,
         )
     place = s.place.model_copy(update={"mode": mode})
     s.place = place
@@ -81,6 +82,7 @@ async def ask(
         start_by=place.start_by,
         by_deadline=place.by_deadline,
         shape=graph_shape(s.job.graph),
+        team=place.team,
     )
     unanswered = False
     while True:
@@ -145,6 +147,7 @@ def _standing(s: VideoJobState) -> PoolAsk:
         start_by=place.start_by,
         by_deadline=place.by_deadline,
         shape=graph_shape(s.job.graph),
+        team=place.team,
     )
 
 

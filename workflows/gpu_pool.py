@@ -353,6 +353,7 @@ class GpuPoolWorkflow:
                     models=held.models,
                     start_by=held.start_by,
                     by_deadline=held.by_deadline,
+                    team=held.team,
                 )
                 self._send_all(book.ask(lined, now))
 

@@ -20,6 +20,10 @@ from spillway.core.models import (
 from spillway.core.spend_book import describe
 
 
+def no_such_team(team: str, teams: list[str]) -> str:
+    return f"no team {team!r}; the teams: {', '.join(sorted(teams))} (SPILLWAY_TEAMS_FILE)"
+
+
 def check(provider: str) -> str:
     return (
         f"check {console(provider)} for a task created at that time before resubmitting; "

@@ -113,6 +113,10 @@ class VideoJobWorkflow:
                 s.publish()
                 s.pooled = workflow.patched(admission.GPU_POOL)
                 s.worker_policy = await calls.read_policy(s.job.job_id, local=not s.pooled)
+                s.plan.team = s.job.team or s.worker_policy.default_team
+                shares = s.worker_policy.team_shares
+                if shares and s.plan.team not in shares:  # started around the CLI's check
+                    s.fail(texts.no_such_team(s.plan.team, list(shares)))
                 choice = await self._decide()
             else:
                 choice = await approval.wait(s, s.carry.approval_deadline, s.carry.give_up_at)

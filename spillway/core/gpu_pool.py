@@ -73,6 +73,9 @@ class PoolAsk(BaseModel):
     # What kind of render its graph is: the line's estimate takes renders of the same shape
     # where the pool has seen some (None: any render).
     shape: Annotated[str, Field(max_length=MAX_SHAPE)] | None = None
+    # Who the job is for (SPILLWAY_TEAMS_FILE): places go to teams by their shares. None: the
+    # default team (an ask of a job before teams).
+    team: Annotated[str, Field(max_length=MAX_ID)] | None = None
 
     @model_serializer(mode="wrap")
     def _without_defaults(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -177,6 +180,7 @@ class Holder(BaseModel):
     left_render_s: float | None = None
     adopted: bool = False  # from an earlier pool: when it took its place is not known
     shape: str | None = None  # its graph's (PoolAsk.shape)
+    team: str | None = None  # who it is for (PoolAsk.team; None: the default team)
     # Its host's ComfyUI (HostRef.comfyui) when admitted: the host renamed since, its place
     # counts on the host of that ComfyUI under its new name.
     comfyui: str | None = None
@@ -258,6 +262,7 @@ class PlaceView(BaseModel):
     # The holder's own state, as `spillway queue` reads it off Temporal (the pool does not keep
     # it); None where it was not read.
     state: JobState | None = None
+    team: str | None = None
 
 
 class HostPlaces(BaseModel):
@@ -291,6 +296,7 @@ class InLine(BaseModel):
     # An armed job waiting by its patience goes to the cloud then (read off the job's plan by
     # `spillway queue`; the pool does not keep it).
     patience_until: datetime | None = None
+    team: str | None = None
 
 
 class PoolView(BaseModel):

@@ -99,6 +99,10 @@ class Policy(BaseModel):
     host_fit: bool = False
     # SPILLWAY_POOL_PREFER_WARM (False in what 0.5.0 workers read)
     pool_prefer_warm: bool = False
+    # The teams' shares of the GPU places (SPILLWAY_TEAMS_FILE), and the team of a job that
+    # names none; one team, `studio`, without a teams file.
+    team_shares: dict[str, float] = {}
+    default_team: str = "studio"
     overflow_after_s: float = 0.0  # CLOUD_OVERFLOW_AFTER_S: a job's patience by default
     # Local waits stop a stalled render (each agent's RENDER_STALL_S). False in what 0.5.0
     # workers read: their runs replay without the outcome.
@@ -452,6 +456,7 @@ class JobPlace(BaseModel):
     # Waiting by its patience: the latest start it waits for (its deadline, `by_deadline`).
     start_by: datetime | None = None
     by_deadline: bool = False
+    team: str | None = None  # who the job is for (None: a job before teams)
 
 
 class Plan(BaseModel):
@@ -461,6 +466,7 @@ class Plan(BaseModel):
     job_id: str
     state: JobState = "probing"
     route: Literal["local", "cloud"] | None = None
+    team: str | None = None  # who it is for (SPILLWAY_TEAMS_FILE); None: a job before teams
     reasons: list[str] = []
     overflow: Overflow = Overflow()
     approval: ApprovalRecord | None = None
@@ -544,6 +550,8 @@ class VideoJob(BaseModel):
     # one; neither: CLOUD_OVERFLOW_AFTER_S on the workers (0: overflow as soon as they are full).
     max_wait_s: Annotated[float, Field(ge=0, le=7 * 86400)] | None = None
     deadline: datetime | None = None
+    # Who it is for (SPILLWAY_TEAMS_FILE); None: the default team.
+    team: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,39}$")] | None = None
     carry: AwaitCarry | None = None  # set only by continue-as-new
 
     @model_validator(mode="after")

@@ -184,6 +184,8 @@ class Settings(BaseSettings):
     SPILLWAY_INPUT_ALLOW_HOSTS: str = ""
     SPILLWAY_TASK_QUEUE: Annotated[str, Field(min_length=1)] = "spillway"
     SPILLWAY_ROUTING_TIERS: Path = PROJECT_ROOT / "routing_tiers.json"
+    # The teams (docs/design.md, "A studio of several teams"); unset: one team, `studio`.
+    SPILLWAY_TEAMS_FILE: Path | None = None
     # Long activities heartbeat 6 times per timeout; a dead worker's work moves on after it.
     SPILLWAY_HEARTBEAT_TIMEOUT_S: Annotated[float, Field(ge=1, le=30)] = 30.0
     # On SIGTERM a create in flight must be allowed to end (it is never aborted once sent);
