@@ -174,7 +174,7 @@ async def pool_holds(
         return None
     memo = await described.memo()
     if names.POOL_HOLDERS_MEMO in memo:
-        shown = dict(memo[names.POOL_HOLDERS_MEMO] or {}).get(job_id)
+        shown = memo.get(names.holder_memo(job_id))
         if shown is None:
             return False
         place = HeldPlace.model_validate(shown)
@@ -408,8 +408,12 @@ class PoolActivities:
         if names.POOL_HOLDERS_MEMO not in memo:
             return drained, None
         try:
-            kept = dict(memo[names.POOL_HOLDERS_MEMO] or {})
-            return drained, {str(j): HeldPlace.model_validate(p) for j, p in kept.items()}
+            held = {
+                key.removeprefix(names.POOL_HOLDER_MEMO): HeldPlace.model_validate(place)
+                for key, place in memo.items()
+                if key.startswith(names.POOL_HOLDER_MEMO)
+            }
+            return drained, held
         except (ValueError, TypeError) as err:  # not what a pool wrote: every claim counts
             activity.logger.warning("gpu pool %s: its holders were not read: %s", pool, err)
             return drained, None

@@ -154,6 +154,9 @@ async def test_a_holder_terminated_after_its_pool_has_its_prompt_taken_out_befor
     ):
         holder, nxt = await sw.holder_and_next()
         prompt = await _pending(comfyui, sw, holder)
+        # Its position reached it: it waits in line, checking every 3 s (an answer the pool
+        # sent as it was terminated is dropped by the server, and the job asks again in 2 min).
+        await sw.jobs.until(nxt, lambda plan: plan.queue is not None)
         await terminate_pool(sw)
         await holder.terminate(reason="operator")  # the same clean-up
         # The waiting job's line check starts a new pool; the one before it showed the holder

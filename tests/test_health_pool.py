@@ -224,8 +224,8 @@ async def test_a_wedged_pool_is_named_with_the_way_back(dev_env: WorkflowEnviron
         "no job gets a GPU place",
         f"`temporal workflow terminate --workflow-id {pool_id}`",
         "nothing is lost",
-        "the next ask starts a fresh pool",
-        "every job in line asks again within 5 minutes",
+        "starts a new pool, which takes back the places still held",
+        "at the latest when a job in line asks again, within 5 minutes",
     ):
         assert said in found.error, (said, found.error)
 

@@ -234,14 +234,24 @@ class GpuPoolWorkflow:
         if not self._own_word:
             return
         held = {j: p.model_dump(mode="json") for j, p in self._book.held_places().items()}
-        if held != self._kept:
-            workflow.upsert_memo({names.POOL_HOLDERS_MEMO: held})
-            self._kept = held
+        kept = self._kept if self._kept is not None else {}
+        changed: dict[str, Any] = {
+            names.holder_memo(j): p for j, p in held.items() if kept.get(j) != p
+        }
+        changed |= {names.holder_memo(j): None for j in kept.keys() - held.keys()}  # removed
+        if self._kept is None:
+            changed[names.POOL_HOLDERS_MEMO] = True
+        if changed:
+            workflow.upsert_memo(changed)
+        self._kept = held
 
     def _memo(self) -> dict[str, Any]:
         drained = {n: d.model_dump(mode="json") for n, d in self._book.drained.items()}
-        held = {j: p.model_dump(mode="json") for j, p in self._book.held_places().items()}
-        return {names.POOL_DRAINED_MEMO: drained, names.POOL_HOLDERS_MEMO: held}
+        held = {
+            names.holder_memo(j): p.model_dump(mode="json")
+            for j, p in self._book.held_places().items()
+        }
+        return {names.POOL_DRAINED_MEMO: drained, names.POOL_HOLDERS_MEMO: True, **held}
 
     def _send_all(self, sent: list[Sent]) -> None:
         for job_id, answer in sent:

@@ -63,7 +63,17 @@ POOL_DRAIN = "drain"  # `spillway host drain|resume`
 POOL_QUOTE = "quote"  # where an ask would stand now (`spillway quote`)
 POOL_LATE = "late"  # whether a job's own ask is late by the line's estimate (`LateCheck`)
 POOL_DRAINED_MEMO = "drained"  # the pool's drains, read by the pool that starts after it ended
-POOL_HOLDERS_MEMO = "holders"  # who holds which place, by the pool's own word (`HeldPlace`)
+# Who holds which place, by the pool's own word: a key per holder (`HeldPlace`), each upsert
+# only what changed (Temporal's SDK warns of a memo upsert over 2 KB: 20 holders); `holders`
+# says the pool keeps them (a pool of 0.6.0 does not).
+POOL_HOLDERS_MEMO = "holders"
+POOL_HOLDER_MEMO = "holder:"
+
+
+def holder_memo(job_id: str) -> str:
+    return POOL_HOLDER_MEMO + job_id
+
+
 POOL_ID = "spillway-gpu-pool"
 
 
