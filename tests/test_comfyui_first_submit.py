@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from datetime import UTC, datetime
 
-from temporalio.testing import ActivityEnvironment
+import pytest
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
 from activities.comfyui.activities import ComfyUIActivities
-from activities.comfyui.models import ComfyUISubmit, ComfyUISubmitted
+from activities.comfyui.models import NO_POOL, ComfyUISubmit, ComfyUISubmitted
 from spillway.sim.comfyui import ComfyUISim
 from tests.support.comfyui import submit_request
 from tests.support.graphs import VIDEO_GRAPH
@@ -48,5 +51,31 @@ async def test_a_retry_of_a_runs_own_prompt_finds_the_earlier_post_and_does_not_
     await submit(comfyui_activities(), req, attempt=1)
     # Another agent (no record of the first POST) retries: it looks, and finds it queued.
     again = await submit(comfyui_activities(), req, attempt=2)
+    assert again == ComfyUISubmitted(prompt_id=req.prompt_id, posted=False)
+    assert comfyui.prompt_posts[req.prompt_id] == 1
+
+
+@pytest.mark.full
+async def test_with_no_pool_a_first_submit_posts_nothing_and_a_retry_follows_what_was_posted(
+    comfyui: ComfyUISim, comfyui_activities, dev_env: WorkflowEnvironment
+):
+    """The place is confirmed with the running GPU pool before a POST; none runs here. A first
+    attempt posts nothing; a retry whose earlier attempt posted without a heartbeat saying so
+    (its worker died) finds the prompt and follows it rather than say nothing was posted."""
+    comfyui.pause()
+    queue = f"no-pool-{uuid.uuid4().hex[:8]}"
+    req = new_request().model_copy(
+        update={
+            "place_on": "a40_local",
+            "place_asked_at": datetime.now(UTC),
+            "jobs_queue": queue,
+        }
+    )
+    acts = comfyui_activities(temporal=dev_env.client)
+    with pytest.raises(ApplicationError) as refused:
+        await submit(acts, req, attempt=1)
+    assert refused.value.type == NO_POOL and req.prompt_id not in comfyui.prompt_posts
+    await submit(comfyui_activities(), req, attempt=1)  # an attempt that posted, unconfirmed
+    again = await submit(comfyui_activities(temporal=dev_env.client), req, attempt=2)
     assert again == ComfyUISubmitted(prompt_id=req.prompt_id, posted=False)
     assert comfyui.prompt_posts[req.prompt_id] == 1

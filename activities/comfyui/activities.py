@@ -149,8 +149,9 @@ class ComfyUIActivities(OwnsOutputStore):
         """Posts under the agent's client id: ComfyUI sends a prompt's messages only to the
         client that submitted it, and the agent's one socket listens under its own id."""
         self._watcher.start()  # the socket is open before the prompt can start
-        await self._place_is_mine(req)
         earlier = self._earlier_post(req)
+        if earlier is None:  # an attempt that posted had its place confirmed before
+            await self._place_or_posted(req)
         async with Heartbeat(self._heartbeat_every_s) as heartbeat:
             # Not beaten on entry: the "posting" beat below must be this attempt's first.
             heartbeat.update(SubmitProgress(phase="looking", posted_at=earlier))
@@ -192,6 +193,19 @@ class ComfyUIActivities(OwnsOutputStore):
             number=int(number) if isinstance(number, int | float) else None,
             posted=True,
         )
+
+    async def _place_or_posted(self, req: ComfyUISubmit) -> None:
+        """`_place_is_mine`, but a retry whose earlier attempt may have posted without saying so
+        (its worker died before its heartbeat went out) follows a prompt ComfyUI has: that
+        attempt's check had passed, and "nothing was posted" would be untrue."""
+        try:
+            await self._place_is_mine(req)
+        except ApplicationError as refused:
+            if refused.type not in (PLACE_TAKEN, NO_POOL) or self._first_post(None, req):
+                raise
+            if (await self._client.locate(req.prompt_id)).where == "absent":
+                raise
+            activity.logger.info("prompt %s posted by an earlier attempt: followed", req.prompt_id)
 
     async def _place_is_mine(self, req: ComfyUISubmit) -> None:
         """A job posts only on a place the running GPU pool shows as its own, for its own ask:
