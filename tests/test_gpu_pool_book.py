@@ -22,6 +22,7 @@ from spillway.core.gpu_pool import (
 )
 from spillway.core.hosts import ref
 from spillway.core.line_estimate import Waiter, host_places, starts
+from spillway.core.models import JobPlace
 from spillway.core.pool_book import LEAVE_CHECKS, WARM_PASSES, PoolBook
 
 T0 = datetime(2026, 12, 3, 8, 0, tzinfo=UTC)
@@ -706,3 +707,75 @@ def test_holders_of_a_gone_name_count_nowhere_when_no_one_host_has_their_comfyui
         ("rtx", 2, 0),
     ]
     assert b.host_of(b.holders["j1"]) is None
+
+
+def _lined_book() -> PoolBook:
+    """One place held, `first` then `second` in line, the pool taking changes on the job's own
+    word only (pools from `gpu-pool-own-word`)."""
+    b = book(("a40", 1))
+    b.confirm_changes = True
+    b.ask(ask("holder"), T0)
+    b.ask(ask("first", 1), T0)
+    b.ask(ask("second", 2), T0)
+    return b
+
+
+def _own(job: PoolAsk, **changed: object) -> JobPlace:
+    """The job's own place, as its `place` query answers."""
+    return JobPlace.model_validate(
+        {"asked_at": job.asked_at, "mode": job.mode, "priority": job.priority} | changed
+    )
+
+
+@pytest.mark.parametrize(
+    "forged",
+    [
+        {"priority": 1},
+        {"mode": "headroom"},
+        {"priority": 1, "unfit": ["a40"], "start_by": T0 + timedelta(seconds=5)},
+        {"asked_at": T0 - timedelta(hours=1)},  # to the head of the line
+    ],
+    ids=["priority", "mode", "hosts-and-patience", "an-earlier-ask-time"],
+)
+def test_an_ask_in_a_lined_job_s_name_changes_nothing_its_own_place_does_not_show(forged):
+    b = _lined_book()
+    second = b._lined["second"]
+    message = ask("second", 2, seen=[]).model_copy(update=forged)
+    assert b.ask(message, T0) == []  # nothing answered, nothing moved yet
+    assert list(b.changing) == ["second"]
+    sent, dropped = b.changes_confirmed({"second": _own(second)}, T0)
+    assert (sent, dropped) == ([], ["second"])
+    assert [a.job_id for a in b.line] == ["first", "second"]
+    kept = b._lined["second"]
+    assert (kept.asked_at, kept.priority, kept.mode, kept.unfit, kept.start_by) == (
+        second.asked_at,
+        3,
+        "any",
+        [],
+        None,
+    )
+
+
+def test_a_change_the_job_s_own_place_shows_moves_it_and_a_repeat_is_answered_at_once():
+    b = _lined_book()
+    second = b._lined["second"]
+    repeat = answers(b.ask(ask("second", 2, seen=[]), T0))["second"]
+    assert repeat.position == 2 and not b.changing  # its own ask again: where it is
+    b.ask(ask("second", 2, seen=[], priority=1), T0)  # `spillway priority` moved it
+    sent, dropped = b.changes_confirmed({"second": _own(second, priority=1)}, T0)
+    assert dropped == [] and answers(sent)["second"].position == 1
+    assert [a.job_id for a in b.line] == ["second", "first"]
+
+
+def test_a_new_ask_time_the_job_s_own_place_shows_takes_the_line_s_one():
+    """A run reset to before its ask asks anew while its earlier ask waits in line."""
+    b = _lined_book()
+    anew = ask("first", 30, seen=[])
+    b.ask(anew, T0 + timedelta(seconds=30))
+    assert [a.job_id for a in b.line] == ["first", "second"]
+    sent, _ = b.changes_confirmed({"first": _own(anew)}, T0 + timedelta(seconds=30))
+    assert answers(sent)["first"].position == 2
+    assert [(a.job_id, a.asked_at) for a in b.line] == [
+        ("second", T0 + timedelta(seconds=2)),
+        ("first", T0 + timedelta(seconds=30)),
+    ]

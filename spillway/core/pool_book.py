@@ -134,10 +134,12 @@ class PoolBook:
         if lined is not None and ask.again and lined.asked_at == ask.asked_at:
             lined.run_id = ask.run_id or lined.run_id  # a run continued as new asks now
             return []  # it is where it was
-        if lined is not None and lined.asked_at == ask.asked_at and self.confirm_changes:
-            if (ask.mode, ask.priority) == (lined.mode, lined.priority):
+        if lined is not None and self.confirm_changes:
+            same = lined.asked_at == ask.asked_at
+            if same and (ask.mode, ask.priority) == (lined.mode, lined.priority):
                 return [(ask.job_id, self._lined_answer(lined, now))]  # unanswered, it asked again
-            # Anyone may send an ask in the job's name: the change waits for the job's own word.
+            # Anyone may send an ask in the job's name: another mode or priority, or another ask
+            # time (a run reset to before its ask asks anew), waits for the job's own word.
             self.changing[ask.job_id] = ask.model_copy(update={"seen": []})
             return []
         if lined is not None:
@@ -200,16 +202,17 @@ class PoolBook:
         self, places: dict[str, JobPlace | None], now: datetime
     ) -> tuple[list[Sent], list[str]]:
         """The pending changes (`changing`) against each job's own place, as its `place` query
-        answered (None: it holds no ask; absent: it could not be asked). A change the job's place
-        shows is applied: the ask moves to its new priority, or waits in its new mode, and keeps
-        its patience, hosts and shape; any other is dropped (a job that asked it asks again,
+        answered (None: it holds no ask, or could not be asked). A change the job's place shows
+        is applied: the same ask moves to its new priority, or waits in its new mode, and keeps
+        its patience, hosts and shape; a new ask (its place shows that ask time) takes the
+        line's, as the job's place has it. Any other is dropped (a job that asked it asks again,
         unanswered). Returns the answers and the jobs whose change was dropped."""
         sent: list[Sent] = []
         dropped: list[str] = []
         for job_id, ask in list(self.changing.items()):
             del self.changing[job_id]
             lined = self._lined.get(job_id)
-            if lined is None or lined.asked_at != ask.asked_at:
+            if lined is None:
                 continue  # it left the line meanwhile
             place = places.get(job_id)
             if (
@@ -220,8 +223,15 @@ class PoolBook:
                 dropped.append(job_id)
                 continue
             self._unline(lined)
-            changed = lined.model_copy(update={"mode": place.mode, "priority": place.priority})
-            sent += self._line_or_admit(changed, now)
+            if lined.asked_at == ask.asked_at:
+                kept = {"mode": place.mode, "priority": place.priority}
+                sent += self._line_or_admit(lined.model_copy(update=kept), now)
+                continue
+            own = place.model_dump(include={"unfit", "models", "start_by", "by_deadline", "team"})
+            anew = ask.model_copy(update={**own, "mode": place.mode, "priority": place.priority})
+            if anew.start_by is not None and anew.start_by <= now:
+                anew = anew.model_copy(update={"start_by": None, "by_deadline": False})
+            sent += self._line_or_admit(anew, now)
         return sent, dropped
 
     def give_back(self, leave: PoolLeave, now: datetime) -> bool:
