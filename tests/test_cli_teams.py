@@ -33,6 +33,7 @@ from tests.support.jobs import RunJobs, cause_message
 from tests.support.one_host import one_host
 from tests.support.route_stubs import FREE, RouteStubs
 from tests.support.waiting import until
+from tests.test_any_client import _publications_before_the_probe
 
 TEAMS = {"default": "film", "teams": {"film": {"share": 2}, "ads": {"share": 1}}}
 THE_TEAMS = "the teams: ads, film"
@@ -199,3 +200,16 @@ def test_status_and_queue_name_a_team_only_where_there_are_teams():
     assert "  team      ads" in render_plan(Plan(job_id="j", team="ads")).splitlines()
     assert "team" not in render_plan(Plan(job_id="j", team=STUDIO))
     assert "team" not in render_plan(Plan(job_id="j"))  # a job from before teams
+
+
+async def test_a_team_on_the_start_costs_the_job_no_publication_of_its_own(run_jobs: RunJobs):
+    """The team rides on the start beside the first publication, which the job then skips as
+    for any job of spillway's client: no upsert before its first activity."""
+    async with run_jobs(RouteStubs(FREE)) as jobs:
+        job = VideoJob(job_id=new_id(), graph=VIDEO_GRAPH, team=STUDIO)
+        handle = await job_ops.submit(jobs.client, job, jobs.task_queue)
+        plan = await handle.result()
+        described = await handle.describe()
+        upserts = await _publications_before_the_probe(handle)
+    assert (plan.state, plan.team) == ("completed", STUDIO)
+    assert described.typed_search_attributes.get(sa.TEAM) == STUDIO and upserts == 0
