@@ -225,11 +225,16 @@ async def test_init_registers_search_attributes_once_and_submit_asks_for_it(
     code, out, err = await spillway("submit", "--graph", str(graph), env=env)
     assert code == 1 and out == ""
     assert "SpillwayState: run `spillway init` once for this namespace" in one_line(err)
+    code, _, err = await spillway("submit", "--graph", str(graph), "--team", "studio", env=env)
+    assert code == 1 and "run `spillway init` once for this namespace" in one_line(err)
 
     secrets = tmp_path / "secrets"
     code, out, err = await spillway("init", env=env | {"SPILLWAY_SECRETS_DIR": str(secrets)})
     assert code == 0, err
-    added = "SpillwayHost, SpillwayOverloaded, SpillwayRoute, SpillwayState, SpillwayTrigger"
+    added = (
+        "SpillwayHost, SpillwayOverloaded, SpillwayRoute, SpillwayState, SpillwayTeam, "
+        "SpillwayTrigger"
+    )
     assert f"added {added}" in out
     # The spend ledger's secret, made where the workers read it, for their owner only.
     made = secrets / "SPILLWAY_LEDGER_SECRET"

@@ -69,6 +69,7 @@ GOOD_JOBS: list[dict[str, Any]] = [
         "callback_url": "https://example.com/hooks/spillway",
         "priority": 1,
     },
+    {"job_id": "job-3", "graph": VIDEO_GRAPH, "team": "ads"},
 ]
 BAD_JOBS: list[dict[str, Any]] = [
     {"job_id": "job-1", "graph": 5},
@@ -78,6 +79,7 @@ BAD_JOBS: list[dict[str, Any]] = [
     {"job_id": "a b", "graph": VIDEO_GRAPH},
     {"job_id": "job-1", "graph": VIDEO_GRAPH, "priority": 9},
     {"job_id": "job-1", "graph": VIDEO_GRAPH, "callback_url": "ftp://example.com/x"},
+    {"job_id": "job-1", "graph": VIDEO_GRAPH, "team": "ads team"},
 ]
 
 
@@ -85,6 +87,13 @@ BAD_JOBS: list[dict[str, Any]] = [
 def test_a_job_the_workflow_accepts_meets_the_schema(payload: dict[str, Any]):
     VideoJob.model_validate(payload)
     _validator("video-job").validate(payload)
+
+
+def test_a_job_without_a_team_stays_valid_input():
+    """Clients written before teams send no `team`: their jobs are the default team's."""
+    assert "team" not in schemas()["video-job"].get("required", [])
+    _validator("video-job").validate({"job_id": "job-1", "graph": VIDEO_GRAPH})
+    assert VideoJob.model_validate({"job_id": "job-1", "graph": VIDEO_GRAPH}).team is None
 
 
 @pytest.mark.parametrize("payload", BAD_JOBS)

@@ -246,7 +246,8 @@ class VideoJobState:
             plan != self.plan
             or priority != self.job.priority
             or started.get(sa.STATE) != self.plan.state
-            or any(started.get(key) is not None for key in sa.ALL if key is not sa.STATE)
+            # The team is the start's alone: no publication upserts it.
+            or any(started.get(key) is not None for key in sa.ALL if key not in (sa.STATE, sa.TEAM))
         ):
             return ""
         workflow.set_current_details(texts.current_details(self.plan))

@@ -35,6 +35,7 @@ with workflow.unsafe.imports_passed_through():
 
 QUOTE = "quote"  # the job id its probes and policy read carry
 NO_HOST = "NoHostCanRun"
+NO_TEAM = "NoSuchTeam"
 
 
 @workflow.defn(name=names.QUOTE)
@@ -42,6 +43,9 @@ class QuoteWorkflow:
     @workflow.run
     async def run(self, job: VideoJob) -> Quote:
         policy = await calls.read_policy(QUOTE)
+        team = job.team or policy.default_team
+        if policy.team_shares and team not in policy.team_shares:  # the job would fail so
+            raise ApplicationError(texts.no_such_team(team, list(policy.team_shares)), type=NO_TEAM)
         priority = Priority(priority_key=job.priority)
         loads, fits = await asyncio.gather(
             asyncio.gather(*(_probe(policy, h, priority) for h in policy.hosts)),
@@ -66,6 +70,7 @@ class QuoteWorkflow:
             ],
             unfit=unfit,
             shape=graph_shape(job.graph),
+            team=team,
         )
         hosts = [PoolHost(ref=h, max_jobs=h.max_jobs) for h in policy.hosts]
         line = await calls.pool_quote(PoolQuote(ask=ask, hosts=hosts))

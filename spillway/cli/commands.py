@@ -103,7 +103,7 @@ async def cmd_health(args: argparse.Namespace) -> int:
 
 
 async def cmd_submit(args: argparse.Namespace) -> int:
-    from spillway.client.new_jobs import make_job
+    from spillway.client.new_jobs import make_job, with_team
 
     settings, _ = _config()
     # Everything is checked before Temporal is even asked (bad input: exit 2 whatever its state).
@@ -118,7 +118,9 @@ async def cmd_submit(args: argparse.Namespace) -> int:
         priority=args.priority,
         max_wait=args.max_wait,
         deadline=args.deadline,
+        team=args.team,
     )
+    job = with_team(job, settings)
     client = await _jobs_client(settings)
     plan = await client.start(
         job,
@@ -135,8 +137,9 @@ async def cmd_submit(args: argparse.Namespace) -> int:
 
 async def cmd_quote(args: argparse.Namespace) -> int:
     from spillway.cli.render import render_quote
-    from spillway.client.new_jobs import make_job
+    from spillway.client.new_jobs import make_job, with_team
 
+    settings, _ = _config()
     job = make_job(
         args.graph,
         prompt=args.prompt,
@@ -146,8 +149,10 @@ async def cmd_quote(args: argparse.Namespace) -> int:
         priority=args.priority,
         max_wait=args.max_wait,
         deadline=args.deadline,
+        team=args.team,
     )
-    quote = await (await _jobs_client()).quote(job)
+    job = with_team(job, settings)  # before Temporal is asked, as for submit
+    quote = await (await _jobs_client(settings)).quote(job)
     print(quote.model_dump_json(indent=2) if args.json else render_quote(quote))
     return OK
 
@@ -163,7 +168,12 @@ async def cmd_list(args: argparse.Namespace) -> int:
 
     from spillway.cli.render import render_jobs
 
-    found = await (await _jobs_client()).list(args.state)
+    settings = _config()[0]
+    if args.team is not None:  # an unknown team is bad input, whatever Temporal's state
+        from spillway.client.new_jobs import known_team
+
+        known_team(args.team, settings)
+    found = await (await _jobs_client(settings)).list(args.state, args.team)
     if args.json:
         print(json.dumps([j.model_dump(mode="json") for j in found], indent=2))
     else:

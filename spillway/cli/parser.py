@@ -61,6 +61,12 @@ def job_options(sub: argparse.ArgumentParser) -> None:
         help="done by then (ISO 8601 with a zone, e.g. 2026-12-05T18:00:00Z): its patience is "
         "the time left minus a typical render",
     )
+    sub.add_argument(
+        "--team",
+        metavar="NAME",
+        help="who the job is for: a team of SPILLWAY_TEAMS_FILE, read here as by the workers "
+        "(default: the file's default team; without a file the one team, studio)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -98,10 +104,11 @@ def build_parser() -> argparse.ArgumentParser:
         cmd.cmd_init,
         "register spillway's search attributes; make the spend ledger's secret (idempotent)",
         "Register the custom search attributes (SpillwayState, SpillwayRoute, SpillwayTrigger, "
-        "SpillwayOverloaded, SpillwayHost) on the connected namespace. With SPILLWAY_SECRETS_DIR "
-        "set and no SPILLWAY_LEDGER_SECRET yet, first make one in that folder (the file "
-        "SPILLWAY_LEDGER_SECRET, readable by its owner only), where the workers read it; a worker "
-        "holding cloud keys does not start without one. Safe to run again.",
+        "SpillwayOverloaded, SpillwayHost, SpillwayTeam) on the connected namespace. With "
+        "SPILLWAY_SECRETS_DIR set and no SPILLWAY_LEDGER_SECRET yet, first make one in that "
+        "folder (the file SPILLWAY_LEDGER_SECRET, readable by its owner only), where the "
+        "workers read it; a worker holding cloud keys does not start without one. Safe to run "
+        "again.",
     )
     command(
         "load",
@@ -179,6 +186,11 @@ def build_parser() -> argparse.ArgumentParser:
         "list", cmd.cmd_list, "list jobs, newest first", "List jobs, optionally in one state."
     )
     listing.add_argument("--state", choices=STATES, help="only jobs in this state")
+    listing.add_argument(
+        "--team",
+        metavar="NAME",
+        help="only this team's jobs (the default team's include jobs started without a team)",
+    )
     listing.add_argument("--json", action="store_true", help="print a JSON array")
 
     for name, approved in (("approve", True), ("reject", False)):

@@ -12,6 +12,7 @@ from spillway.core.decision import about
 from spillway.core.gpu_pool import PoolView
 from spillway.core.ledger import LedgerSummary, MonthSpend
 from spillway.core.models import HostCapabilities, LoadStatus, Plan, Quote
+from spillway.core.teams import STUDIO
 
 
 def _pct(value: float | None) -> str:
@@ -184,6 +185,8 @@ def _budget_line(health: Health) -> str:
 def render_plan(plan: Plan) -> str:
     route = f" on the {plan.route} route" if plan.route else ""
     lines = [f"job {plan.job_id}: {plan.state}{route}"]
+    if _teamed(plan.team):
+        lines.append(f"  team      {plan.team}")
     if plan.reasons:
         lines.append("  reasons   " + ", ".join(plan.reasons))
     signal = plan.overflow.last_signal
@@ -293,6 +296,11 @@ def render_jobs(jobs: list[JobSummary]) -> str:
     return "\n".join(lines)
 
 
+def _teamed(team: str | None) -> bool:
+    """Whether a team is worth a word: a studio without a teams file has one team, studio."""
+    return team is not None and team != STUDIO
+
+
 def render_queue(view: PoolView, *, wide: bool = False) -> str:
     """Each host's places, then the line as a table that fits 100 columns: job ids cut short
     (`--json` has them whole) and each why whole, wrapped under its column. `wide`: nothing
@@ -318,6 +326,7 @@ def render_queue(view: PoolView, *, wide: bool = False) -> str:
         lines += [
             f"    {_fit(p.job_id, held_w, wide):<{held_w}}  {p.state or '':<17}  "
             f"since {p.since:%H:%M:%S}"
+            + (f"  team {p.team}" if _teamed(p.team) else "")
             + (f"  (left: taking prompt {p.clearing} out of ComfyUI)" if p.clearing else "")
             for p in host.places
         ]
@@ -329,7 +338,7 @@ def render_queue(view: PoolView, *, wide: bool = False) -> str:
     for item in view.line:
         # No estimate, or one of now for a job still in line: its why says what it waits for.
         eta = f"~{_eta(item.eta_s)}" if item.eta_s is not None and about(item.eta_s) else "-"
-        why = item.why
+        why = f"team {item.team}; {item.why}" if _teamed(item.team) else item.why
         if item.patience_until is not None:
             why += f"; cloud at {item.patience_until:%H:%M:%S}"
         row = (

@@ -41,7 +41,7 @@ from activities.storage.opening import presign_outputs
 from spillway.client import jobs
 from spillway.client.inputs import prepare_inputs
 from spillway.client.jobs import JobSummary
-from spillway.client.new_jobs import make_decision, make_job, signed_for
+from spillway.client.new_jobs import known_team, make_decision, make_job, signed_for, with_team
 from spillway.core.errors import ConfigError, Failed, JobNotFound
 from spillway.core.models import (
     FINAL_STATES,
@@ -133,6 +133,7 @@ class SpillwayClient:
         inputs: Sequence[str | JobInput] | None = None,
         callback_url: str | None = None,
         priority: int = 3,
+        team: str | None = None,
         wait: bool = False,
         on_progress: Callable[[Plan], None] | None = None,
     ) -> Plan:
@@ -151,6 +152,7 @@ class SpillwayClient:
             resolution=resolution,
             callback_url=callback_url,
             priority=priority,
+            team=team,
         )
         return await self.start(job, inputs=inputs, wait=wait, on_progress=on_progress)
 
@@ -162,7 +164,9 @@ class SpillwayClient:
         wait: bool = False,
         on_progress: Callable[[Plan], None] | None = None,
     ) -> Plan:
-        """Start a job made by `make_job`, as `submit` does. Failed when its id exists."""
+        """Start a job made by `make_job`, as `submit` does. Failed when its id exists;
+        ConfigError for a team the teams file (`settings`' SPILLWAY_TEAMS_FILE) does not name."""
+        job = with_team(job, self.settings)
         if inputs:
             job = job.model_copy(update={"inputs": [*job.inputs, *await self._store(job, inputs)]})
         await jobs.check_addresses(job, self.settings)
@@ -178,12 +182,20 @@ class SpillwayClient:
         SPILLWAY_OUTPUT_URL and AWS_* settings (none without them). Failed: no such job."""
         return await presign_outputs(await jobs.status(self.temporal, job_id), self.settings)
 
-    async def list(self, state: JobState | None = None) -> builtins.list[JobSummary]:
-        """Jobs, newest first, optionally only those in `state`; each with its id, state, route,
-        start time, GPU host and priority (None for a job whose client set no priority memo)."""
+    async def list(
+        self, state: JobState | None = None, team: str | None = None
+    ) -> builtins.list[JobSummary]:
+        """Jobs, newest first, optionally only those in `state` and of `team` (one the teams
+        file names; the default team's include the jobs started without one); each with its
+        id, state, route, start time, GPU host and priority (None for a job whose client set no
+        priority memo)."""
         if state is not None and state not in get_args(JobState):
             raise ConfigError(f"unknown state {state!r}; one of {', '.join(get_args(JobState))}")
-        return await jobs.list_jobs(self.temporal, state)
+        default = False
+        if team is not None:
+            team, teams = known_team(team, self.settings)
+            default = team == teams.default
+        return await jobs.list_jobs(self.temporal, state, team, default_team=default)
 
     async def approve(
         self, job_id: str, by: str, reason: str = "", over_budget: bool = False
@@ -211,8 +223,8 @@ class SpillwayClient:
     async def quote(self, job: VideoJob) -> Quote:
         """Where `job` would run now and what the cloud would cost (`spillway quote`), under
         the rules a job applies; nothing is started. Failed when no GPU host can run its graph
-        or no worker answers."""
-        return await jobs.quote(self.temporal, self.task_queue, job)
+        or no worker answers; ConfigError for a team the teams file does not name (`start`)."""
+        return await jobs.quote(self.temporal, self.task_queue, with_team(job, self.settings))
 
     async def set_priority(
         self,

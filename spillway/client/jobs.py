@@ -174,6 +174,7 @@ def build_job(
     priority: int = 3,
     max_wait_s: float | None = None,
     deadline: datetime | None = None,
+    team: str | None = None,
 ) -> VideoJob:
     """Validates everything at the edge: nothing starts with a bad graph or cloud request."""
     if prompt is None and cloud_options:
@@ -190,6 +191,7 @@ def build_job(
             priority=priority,
             max_wait_s=max_wait_s,
             deadline=deadline,
+            team=team,
         )
     except ValidationError as exc:
         raise ConfigError(describe_validation_error(exc, "job")) from None
@@ -199,6 +201,9 @@ async def submit(client: Client, job: VideoJob, task_queue: str) -> WorkflowHand
     nodes = ", ".join(sorted({n["class_type"] for n in job.graph.values()}))
     cloud = f'cloud prompt: "{job.cloud.prompt[:80]}"' if job.cloud else "local only"
     plan = Plan(job_id=job.job_id)
+    attributes: list[SearchAttributePair[Any]] = [SearchAttributePair(sa.STATE, plan.state)]
+    if job.team is not None:
+        attributes.append(SearchAttributePair(sa.TEAM, job.team))
     asked_since = time.monotonic()
     while True:
         try:
@@ -214,16 +219,15 @@ async def submit(client: Client, job: VideoJob, task_queue: str) -> WorkflowHand
                 # `list` know the job before a worker picks it up, and the workflow upserts
                 # nothing then (workflows/job_state.py).
                 memo={PLAN_MEMO: plan, PRIORITY_MEMO: job.priority},
-                search_attributes=TypedSearchAttributes(
-                    [SearchAttributePair(sa.STATE, plan.state)]
-                ),
+                search_attributes=TypedSearchAttributes(attributes),
                 static_summary=f"video job {job.job_id}: {len(job.graph)} nodes; {cloud}",
                 static_details=f"ComfyUI nodes: {nodes}",
             )
         except WorkflowAlreadyStartedError:
             raise Failed(f"job {job.job_id} already exists: choose another --job-id") from None
         except RPCError as exc:
-            if exc.status == RPCStatusCode.INVALID_ARGUMENT and sa.STATE.name in exc.message:
+            unregistered = any(key.name in exc.message for key in sa.ALL)
+            if exc.status == RPCStatusCode.INVALID_ARGUMENT and unregistered:
                 raise Failed(
                     f"{exc.message}: run `spillway init` once for this namespace"
                 ) from None
@@ -302,10 +306,17 @@ async def _progress(client: Client, raw: Any) -> Progress | None:
     return None
 
 
-async def list_jobs(client: Client, state: JobState | None) -> list[JobSummary]:
+async def list_jobs(
+    client: Client, state: JobState | None, team: str | None = None, default_team: bool = False
+) -> list[JobSummary]:
+    """`team`: only its jobs; `default_team`: it is the default team, whose jobs include those
+    started without a team (before the teams file, or by a client that set none)."""
     query = f"WorkflowType = '{VIDEO_JOB}'"
     if state is not None:
         query += f" AND {sa.STATE.name} = '{state}'"
+    if team is not None:
+        own = f"{sa.TEAM.name} = '{team}'"
+        query += f" AND ({own} OR {sa.TEAM.name} IS NULL)" if default_team else f" AND {own}"
     jobs = []
     async for execution in client.list_workflows(query):
         attributes = execution.typed_search_attributes

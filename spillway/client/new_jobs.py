@@ -16,6 +16,7 @@ from spillway.core import approvals
 from spillway.core.errors import ConfigError
 from spillway.core.models import ApprovalDecision, VideoJob
 from spillway.core.settings import Settings, describe_validation_error
+from spillway.core.teams import Teams, load_teams
 
 
 def make_job(
@@ -30,6 +31,7 @@ def make_job(
     priority: int = 3,
     max_wait: str | float | None = None,
     deadline: str | datetime | None = None,
+    team: str | None = None,
 ) -> VideoJob:
     """A job, every part checked (ConfigError naming what is wrong); nothing is started.
 
@@ -42,7 +44,8 @@ def make_job(
     history: a URL that holds a secret belongs in JOB_WEBHOOK_URL on the workers. `priority`: 1
     (first) to 5 (last), default 3. `max_wait` (seconds, or `90s`, `10m`, `2h`) or `deadline`
     (ISO 8601 with a zone): the job's patience, how long an armed job may wait in the GPU line
-    before the cloud.
+    before the cloud. `team`: who the job is for (SPILLWAY_TEAMS_FILE), checked against the
+    teams file when the job starts (`with_team`); None: the default team.
     """
     if isinstance(graph, Path):
         graph = jobs.read_graph(graph)
@@ -58,7 +61,31 @@ def make_job(
         priority=priority,
         max_wait_s=None if max_wait is None else duration_s(max_wait),
         deadline=None if deadline is None else future(moment(deadline), deadline),
+        team=team,
     )
+
+
+def with_team(job: VideoJob, settings: Settings) -> VideoJob:
+    """`job` with its team checked against the teams file this machine reads (the workers
+    must read the same one), the default team's name filled in when it names none. ConfigError
+    for an unknown team (naming the teams) or a bad file (naming the field). Without a teams
+    file a job that names no team stays as it is: one team, and nothing new to register."""
+    if settings.SPILLWAY_TEAMS_FILE is None and job.team is None:
+        return job
+    team, _ = known_team(job.team, settings)
+    return job if team == job.team else job.model_copy(update={"team": team})
+
+
+def known_team(name: str | None, settings: Settings) -> tuple[str, Teams]:
+    """The team `name` (None: the default) and the teams, from the teams file this machine
+    reads; ConfigError for a bad file or a team it does not name."""
+    path = settings.SPILLWAY_TEAMS_FILE
+    teams = load_teams(path)
+    try:
+        return teams.team_of(name), teams
+    except ConfigError as exc:
+        where = f"the teams file {path}" if path else "SPILLWAY_TEAMS_FILE is not set here"
+        raise ConfigError(f"{exc} ({where})") from None
 
 
 def duration_s(value: str | float) -> float:

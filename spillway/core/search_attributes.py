@@ -11,5 +11,8 @@ ROUTE = SearchAttributeKey.for_keyword("SpillwayRoute")
 TRIGGER = SearchAttributeKey.for_keyword("SpillwayTrigger")
 OVERLOADED = SearchAttributeKey.for_bool("SpillwayOverloaded")
 HOST = SearchAttributeKey.for_keyword("SpillwayHost")  # the GPU host of a local job
+# Who the job is for (SPILLWAY_TEAMS_FILE). Set by the client that starts the job and never
+# upserted: a job's team does not change. A job without it counts as the default team.
+TEAM = SearchAttributeKey.for_keyword("SpillwayTeam")
 
-ALL = (STATE, ROUTE, TRIGGER, OVERLOADED, HOST)
+ALL = (STATE, ROUTE, TRIGGER, OVERLOADED, HOST, TEAM)
