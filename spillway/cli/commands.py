@@ -120,6 +120,7 @@ async def cmd_submit(args: argparse.Namespace) -> int:
         deadline=args.deadline,
     )
     client = await _jobs_client(settings)
+    await _within_waiting_limit(client, settings, getattr(args, "team", None) or job.team)
     plan = await client.start(
         job,
         inputs=args.input,
@@ -131,6 +132,22 @@ async def cmd_submit(args: argparse.Namespace) -> int:
         return OK
     _print_plan(plan, args.json)
     return OK if plan.state == "completed" else FAILED
+
+
+async def _within_waiting_limit(
+    client: SpillwayClient, settings: Settings, team: str | None
+) -> None:
+    """Failed (exit 1, nothing started): the team has its `max_waiting` jobs in the GPU line
+    already. A submit racing others may pass: the pool refuses it, and the job fails with the
+    same words before it reaches a host or the cloud."""
+    from spillway.client.queue import team_waiting
+    from spillway.core.teams import load_teams, over_waiting
+
+    teams = load_teams(settings.SPILLWAY_TEAMS_FILE)
+    name = teams.team_of(team)
+    limit = teams.teams[name].max_waiting
+    if limit is not None and await team_waiting(client.temporal, client.task_queue, name) >= limit:
+        raise Failed(over_waiting(name, limit))
 
 
 async def cmd_quote(args: argparse.Namespace) -> int:
