@@ -352,8 +352,8 @@ class PoolBook:
                 first[team] = (ask, host)
                 if len(first) == len(teams):
                     break
-        team = fair_share.next_team(list(first), self.held_by_team(), self.shares, self.turns)
-        return None if team is None else first[team]
+        chosen = fair_share.next_team(list(first), self.held_by_team(), self.shares, self.turns)
+        return None if chosen is None else first[chosen]
 
     def _usable_now(self, ask: PoolAsk, now: datetime, freshness: timedelta) -> list[str]:
         return [
