@@ -138,15 +138,18 @@ async def _within_waiting_limit(
     client: SpillwayClient, settings: Settings, team: str | None
 ) -> None:
     """Failed (exit 1, nothing started): the team has its `max_waiting` jobs in the GPU line
-    already. A submit racing others may pass: the pool refuses it, and the job fails with the
-    same words before it reaches a host or the cloud."""
+    already. A submit racing others, or one the pool did not answer, passes: the pool refuses
+    it, and the job fails with the same words before it reaches a host or the cloud."""
     from spillway.client.queue import team_waiting
     from spillway.core.teams import load_teams, over_waiting
 
     teams = load_teams(settings.SPILLWAY_TEAMS_FILE)
     name = teams.team_of(team)
     limit = teams.teams[name].max_waiting
-    if limit is not None and await team_waiting(client.temporal, client.task_queue, name) >= limit:
+    if limit is None:
+        return
+    waiting = await team_waiting(client.temporal, client.task_queue, name)
+    if waiting is not None and waiting >= limit:
         raise Failed(over_waiting(name, limit))
 
 
