@@ -66,6 +66,7 @@ class PolicyActivities:
             pool_prefer_warm=s.SPILLWAY_POOL_PREFER_WARM,
             team_shares=self._teams.shares(),
             default_team=self._teams.default,
+            team_max_waiting=self._teams.max_waiting(),
             stall_rule=True,
             job_quote=True,
             cloud_eta=True,

@@ -165,7 +165,10 @@ def take(s: VideoJobState, answer: PoolAnswer) -> bool:
         s.plan.queue = None
     elif answer.position is not None:
         s.plan.queue = QueueSpot(
-            position=answer.position, ahead=answer.position - 1, eta_s=answer.eta_s
+            position=answer.position,
+            ahead=answer.position - 1,
+            eta_s=answer.eta_s,
+            team_places=answer.team_places,
         )
     s.late = s.late or answer.late
     s.answer = answer

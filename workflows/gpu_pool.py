@@ -316,6 +316,7 @@ class GpuPoolWorkflow:
         aging = self._aged and policy.pool_aging_s > 0
         self._book.set_aging(timedelta(seconds=policy.pool_aging_s) if aging else None)
         self._book.prefer_warm = policy.pool_prefer_warm
+        self._book.set_teams(policy.team_shares, policy.default_team, policy.team_max_waiting)
 
     async def _find_holders(self) -> None:
         """An earlier pool ended (an operator terminated it, say) while jobs held places: they
@@ -341,7 +342,7 @@ class GpuPoolWorkflow:
             if shown is None or (
                 held.job_id in shown and shown[held.job_id].asked_at == held.asked_at
             ):
-                book.adopt(held.job_id, held.asked_at, held.host, now, held.run_id)
+                book.adopt(held.job_id, held.asked_at, held.host, now, held.run_id, team=held.team)
             else:
                 workflow.logger.warning(
                     "gpu pool: %s claims a place on %s the pool before it had taken back",
@@ -490,7 +491,17 @@ class GpuPoolWorkflow:
         meter.create_gauge("spillway_gpu_line_length", "jobs waiting for a GPU place").set(
             len(book.line)
         )
+        held, waiting = book.held_by_team(), book.waiting_by_team()
+        team_places = meter.create_gauge("spillway_gpu_team_places", "GPU places held per team")
+        for team, n in held.items():
+            team_places.set(n, {"team": team})
+        team_line = meter.create_gauge("spillway_gpu_team_waiting", "jobs in the GPU line per team")
+        for team, n in waiting.items():
+            team_line.set(n, {"team": team})
         # The head of the line only: this runs after every batch of messages, whatever its length.
         head = book.view(workflow.now(), DETAILS_HEAD)
-        workflow.set_current_details(texts.pool_details(head, len(book.line)))
+        teams = None
+        if len(book.shares) > 1:
+            teams = {t: (held.get(t, 0), waiting.get(t, 0)) for t in {**held, **waiting}}
+        workflow.set_current_details(texts.pool_details(head, len(book.line), teams))
         self._keep_holders()

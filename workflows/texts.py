@@ -180,22 +180,42 @@ def _line_text(plan: Plan) -> str:
     if spot is None:
         return hosts
     eta = about(spot.eta_s)
-    return f"\n\n{ordinal(spot.position)} in line for the GPUs when it joined{eta}.{hosts}"
+    team = ""
+    if plan.team is not None and spot.team_places is not None:
+        team = f" Team `{plan.team}` held {places(spot.team_places)} of the GPUs then."
+    return f"\n\n{ordinal(spot.position)} in line for the GPUs when it joined{eta}.{team}{hosts}"
 
 
-def pool_details(view: PoolView, in_line: int) -> str:
+def places(n: int) -> str:
+    return f"{n} place" if n == 1 else f"{n} places"
+
+
+def pool_details(
+    view: PoolView, in_line: int, teams: dict[str, tuple[int, int]] | None = None
+) -> str:
     """The pool's current details in the UI: each host's places, then the head of the line
-    (`view.line`) of the `in_line` waiting."""
+    (`view.line`) of the `in_line` waiting. `teams` (places held, jobs waiting per team), where
+    there is more than one: each job is named with its team."""
+    several = teams is not None and len(teams) > 1
+
+    def who(job_id: str, team: str | None) -> str:
+        return f"`{job_id}` ({team})" if several and team else f"`{job_id}`"
+
     lines = ["**GPU places**"]
     for host in view.hosts:
-        held = ", ".join(f"`{p.job_id}`" for p in host.places) or "free"
+        held = ", ".join(who(p.job_id, p.team) for p in host.places) or "free"
         lines.append(
             f"- `{host.name}`: {len(host.places)} of {host.max_jobs} ({held}){host.drained_text()}"
         )
+    if several and teams is not None:
+        lines.append("\n**Teams**")
+        for team, (held_n, waiting) in sorted(teams.items()):
+            lines.append(f"- `{team}`: {places(held_n)} held, {waiting} waiting")
     lines.append(f"\n**In line: {in_line}**")
     for item in view.line:
         eta = about(item.eta_s) or (f": {item.why}" if item.why else "")
-        lines.append(f"{item.position}. `{item.job_id}` (priority {item.priority}{eta})")
+        team = f", team {item.team}" if several and item.team else ""
+        lines.append(f"{item.position}. `{item.job_id}` (priority {item.priority}{team}{eta})")
     if in_line > len(view.line):
         lines.append(f"... and {in_line - len(view.line)} more (`spillway queue`)")
     return "\n".join(lines)

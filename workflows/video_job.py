@@ -190,6 +190,8 @@ class VideoJobWorkflow:
                 start_by=start_by,
                 by_deadline=job.deadline is not None,
             )
+            if answer.refused is not None:  # its team's waiting limit: nothing reached a host
+                s.fail(answer.refused)
             seen = replace(seen, line=_line(answer))
             verdict = route(seen)
             if answer.host is None:

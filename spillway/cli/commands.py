@@ -122,6 +122,7 @@ async def cmd_submit(args: argparse.Namespace) -> int:
     )
     job = with_team(job, settings)
     client = await _jobs_client(settings)
+    await _within_waiting_limit(client, settings, getattr(args, "team", None) or job.team)
     plan = await client.start(
         job,
         inputs=args.input,
@@ -133,6 +134,25 @@ async def cmd_submit(args: argparse.Namespace) -> int:
         return OK
     _print_plan(plan, args.json)
     return OK if plan.state == "completed" else FAILED
+
+
+async def _within_waiting_limit(
+    client: SpillwayClient, settings: Settings, team: str | None
+) -> None:
+    """Failed (exit 1, nothing started): the team has its `max_waiting` jobs in the GPU line
+    already. A submit racing others, or one the pool did not answer, passes: the pool refuses
+    it, and the job fails with the same words before it reaches a host or the cloud."""
+    from spillway.client.queue import team_waiting
+    from spillway.core.teams import load_teams, over_waiting
+
+    teams = load_teams(settings.SPILLWAY_TEAMS_FILE)
+    name = teams.team_of(team)
+    limit = teams.teams[name].max_waiting
+    if limit is None:
+        return
+    waiting = await team_waiting(client.temporal, client.task_queue, name)
+    if waiting is not None and waiting >= limit:
+        raise Failed(over_waiting(name, limit))
 
 
 async def cmd_quote(args: argparse.Namespace) -> int:

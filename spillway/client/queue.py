@@ -22,6 +22,25 @@ QUERY_TIMEOUT = timedelta(seconds=10)
 PATIENCE_READ = 100  # jobs of the line whose patience `spillway queue` reads
 
 
+async def team_waiting(client: Client, task_queue: str, team: str) -> int | None:
+    """Jobs of `team` in the GPU line now, as the pool's view has them (0: no pool runs; None:
+    the pool did not answer, and the CLI cannot tell). Only the pool's query: a submit asks it,
+    and a burst of submits must not list holders each."""
+    handle = client.get_workflow_handle(names.pool_id(task_queue))
+    try:
+        view: PoolView = await handle.query(
+            names.POOL_VIEW,
+            result_type=PoolView,
+            reject_condition=QueryRejectCondition.NOT_OPEN,
+            rpc_timeout=QUERY_TIMEOUT,
+        )
+    except WorkflowQueryRejectedError:
+        return 0
+    except RPCError as exc:
+        return 0 if exc.status == RPCStatusCode.NOT_FOUND else None
+    return sum(1 for item in view.line if item.team == team)
+
+
 async def pool_view(client: Client, task_queue: str) -> PoolView:
     """A closed pool's last view is never shown: its holders may have ended since, and its line
     has moved on to a new pool."""

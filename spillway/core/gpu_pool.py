@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, model_serializer
 
+from spillway.core.fair_share import Turns
 from spillway.core.models import HostCapabilities, HostRef, JobState
 from spillway.core.models import PlaceMode as Mode
 
@@ -133,6 +134,10 @@ class PoolAnswer(BaseModel):
     late: bool = False
     # Not lined (full, and the ask does not wait): the position it would have had (its quote).
     would_be: int | None = None
+    # Not lined: its team has as many jobs waiting as its `max_waiting` (the words say so).
+    refused: str | None = None
+    # In the line, where the pool has several teams: the places its team held then.
+    team_places: int | None = None
 
 
 class LateCheck(BaseModel):
@@ -251,6 +256,8 @@ class PoolInput(BaseModel):
     # Asks that repeat a lined job's ask time with another mode or priority: applied only once
     # the job's own place says the same (a message in its name changes nothing it did not ask).
     changing: list[PoolAsk] = []
+    # Each team's turn for a freed place (spillway/core/fair_share.py).
+    turns: Turns = Turns()
 
 
 class PlaceView(BaseModel):

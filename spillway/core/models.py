@@ -103,6 +103,8 @@ class Policy(BaseModel):
     # names none; one team, `studio`, without a teams file.
     team_shares: dict[str, float] = {}
     default_team: str = "studio"
+    # Each team's `max_waiting` (jobs in the GPU line at once), for the teams that have one.
+    team_max_waiting: dict[str, int] = {}
     overflow_after_s: float = 0.0  # CLOUD_OVERFLOW_AFTER_S: a job's patience by default
     # Local waits stop a stalled render (each agent's RENDER_STALL_S). False in what 0.5.0
     # workers read: their runs replay without the outcome.
@@ -436,6 +438,9 @@ class QueueSpot(BaseModel):
     # What it waits for, as `spillway queue` says it (the pool's answer to `status`; None in
     # the plan the job publishes).
     waits_for: str | None = None
+    # Where the pool has several teams: the places the job's team holds (held when it joined,
+    # in the plan the job publishes).
+    team_places: int | None = None
 
 
 # "headroom": a place only while the host's probe shows headroom (a job that may still go to the

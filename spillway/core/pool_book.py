@@ -12,6 +12,7 @@ import statistics
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from spillway.core import fair_share
 from spillway.core.gpu_pool import (
     MAX_SHAPES,
     Drain,
@@ -36,6 +37,7 @@ from spillway.core.gpu_pool import (
 from spillway.core.line_estimate import Waiter, frees_in, host_places, starts
 from spillway.core.models import HostCapabilities, HostRef, JobPlace, QueueSpot
 from spillway.core.models import PlaceMode as Mode
+from spillway.core.teams import STUDIO, over_waiting
 
 RECENT_HOLDS = 20  # hold durations per host the ETA is computed from
 # A give-back the job still contradicts after this many holder checks is dropped: one sent by
@@ -83,6 +85,12 @@ class PoolBook:
         # them (`changes_confirmed`); pools of 0.6.0 took them on the message's word.
         self.changing = {a.job_id: a for a in inp.changing}
         self.confirm_changes = False
+        # The teams (the workers' policy): a freed place goes by their shares
+        # (spillway/core/fair_share.py); a job of no team is the default team's.
+        self.shares: dict[str, float] = {}
+        self.default_team = STUDIO
+        self.max_waiting: dict[str, int] = {}
+        self.turns = inp.turns
         if inp.hosts:
             self.configure(inp.hosts)
 
@@ -90,6 +98,37 @@ class PoolBook:
         if aging != self.aging:
             self.aging = aging
             self.line.sort(key=self._key)
+
+    def set_teams(
+        self, shares: dict[str, float], default: str, max_waiting: dict[str, int]
+    ) -> None:
+        self.shares, self.default_team = dict(shares), default
+        self.max_waiting = dict(max_waiting)
+
+    def team_of(self, team: str | None) -> str:
+        return team or self.default_team
+
+    def held_by_team(self) -> dict[str, int]:
+        """Places held per team; a place being cleared is no team's now."""
+        held = dict.fromkeys(self.shares, 0)
+        for h in self.holders.values():
+            if h.clearing is None:
+                team = self.team_of(h.team)
+                held[team] = held.get(team, 0) + 1
+        return held
+
+    def waiting_by_team(self) -> dict[str, int]:
+        waiting = dict.fromkeys(self.shares, 0)
+        for a in self.line:
+            team = self.team_of(a.team)
+            waiting[team] = waiting.get(team, 0) + 1
+        return waiting
+
+    def _team_places(self, ask: PoolAsk) -> int | None:
+        """What a waiting job is told of its team's places: only where there are teams."""
+        if len(self.shares) < 2:
+            return None
+        return self.held_by_team().get(self.team_of(ask.team), 0)
 
     def _key(self, ask: PoolAsk) -> tuple[Any, ...]:
         """The line's order. With aging, a job that asked `aging` earlier than one a priority
@@ -153,13 +192,18 @@ class PoolBook:
             # A patience already over when it asks is no job's (a job past its own overflows
             # without asking to wait): believed, it would make the pool say `late` at once.
             ask = ask.model_copy(update={"start_by": None, "by_deadline": False})
-        return self._line_or_admit(ask, now)
+        # A job already waiting (its mode changed, or a pool that lost it lines it again) is
+        # never turned away by its team's limit.
+        return self._line_or_admit(ask, now, limited=lined is None and not ask.again)
 
-    def _line_or_admit(self, ask: PoolAsk, now: datetime) -> list[Sent]:
+    def _line_or_admit(self, ask: PoolAsk, now: datetime, *, limited: bool = False) -> list[Sent]:
         host = self._place_for(ask, [s.name for s in ask.seen if self._usable(s, ask.mode)])
         if host is not None:
             return [self._admit(ask, host, now)]
         full = self.full_reasons(ask)
+        refused = self._over_limit(ask) if limited and ask.wait else None
+        if refused is not None:
+            return [(ask.job_id, PoolAnswer(asked_at=ask.asked_at, full=full, refused=refused))]
         if not ask.wait:
             would_be = bisect.bisect_left(self.line, self._key(ask), key=self._key) + 1
             answer = PoolAnswer(
@@ -184,8 +228,17 @@ class PoolBook:
             eta_s=eta,
             render_s=self._typical(ask.shape),
             late=ask.told_late,
+            team_places=self._team_places(ask),
         )
         return [(ask.job_id, in_line), *self.admit(now, freshness=timedelta(0))]
+
+    def _over_limit(self, ask: PoolAsk) -> str | None:
+        """The refusal of a job whose team has `max_waiting` jobs in line already."""
+        team = self.team_of(ask.team)
+        limit = self.max_waiting.get(team)
+        if limit is None or self.waiting_by_team().get(team, 0) < limit:
+            return None
+        return over_waiting(team, limit)
 
     def _lined_answer(self, ask: PoolAsk, now: datetime) -> PoolAnswer:
         i = bisect.bisect_left(self.line, self._key(ask), key=self._key)
@@ -196,6 +249,7 @@ class PoolBook:
             eta_s=self._etas(now, self.line[: i + 1])[-1],
             render_s=self._typical(ask.shape),
             late=ask.told_late,
+            team_places=self._team_places(ask),
         )
 
     def changes_confirmed(
@@ -277,23 +331,39 @@ class PoolBook:
     # --- handing out places ----------------------------------------------------------------
 
     def admit(self, now: datetime, freshness: timedelta) -> list[Sent]:
-        """Free places to the line in order. A job that waits for headroom takes a place only on
-        a host whose reading is at most `freshness` old and shows headroom. A job behind the
-        one whose turn it is may take the place instead when its models are warm on that host
-        and the other's are not (`_warm_instead`)."""
+        """Free places to the line: each to the first job that can take it of the team whose
+        turn it is (`_next_turn`). A job that waits for headroom takes a place only on a host
+        whose reading is at most `freshness` old and shows headroom. A job of the same team
+        behind the one whose turn it is may take the place instead when its models are warm on
+        that host and the other's are not (`_warm_instead`)."""
         sent: list[Sent] = []
-        admitted = True
-        while admitted and self._free_hosts():
-            admitted = False
-            for ask in self.line:
-                host = self._place_for(ask, self._usable_now(ask, now, freshness))
-                if host is not None:
-                    ask = self._warm_instead(ask, host, now, freshness) or ask
-                    self._unline(ask)
-                    sent.append(self._admit(ask, host, now))
-                    admitted = True
-                    break
+        while self._free_hosts():
+            turn = self._next_turn(now, freshness)
+            if turn is None:
+                break
+            ask, host = turn
+            ask = self._warm_instead(ask, host, now, freshness) or ask
+            self._unline(ask)
+            sent.append(self._admit(ask, host, now))
         return sent
+
+    def _next_turn(self, now: datetime, freshness: timedelta) -> tuple[PoolAsk, str] | None:
+        """Of each team's first job in line that can take a free place, the one of the team
+        whose turn it is (spillway/core/fair_share.py), with the host it takes. With one team
+        that is the line's first job that can: the line as it always was."""
+        teams = {self.team_of(a.team) for a in self.line}
+        first: dict[str, tuple[PoolAsk, str]] = {}
+        for ask in self.line:
+            team = self.team_of(ask.team)
+            if team in first:
+                continue
+            host = self._place_for(ask, self._usable_now(ask, now, freshness))
+            if host is not None:
+                first[team] = (ask, host)
+                if len(first) == len(teams):
+                    break
+        chosen = fair_share.next_team(list(first), self.held_by_team(), self.shares, self.turns)
+        return None if chosen is None else first[chosen]
 
     def _usable_now(self, ask: PoolAsk, now: datetime, freshness: timedelta) -> list[str]:
         return [
@@ -314,6 +384,8 @@ class PoolBook:
         for ask in self.line[self.line.index(turn) + 1 :]:
             if host not in self._usable_now(ask, now, freshness) or not self._can_use(ask, host):
                 continue  # it could not take this place: nobody passes it here
+            if self.team_of(ask.team) != self.team_of(turn.team):
+                continue  # warm models never take a place from another team's turn
             if ask.priority != turn.priority or any(p.passed >= WARM_PASSES for p in passed):
                 return None
             if self._warm(ask, host):
@@ -411,6 +483,7 @@ class PoolBook:
         run_id: str | None = None,
         *,
         check_now: bool = False,
+        team: str | None = None,
     ) -> None:
         """A place a job holds from an earlier pool: counted as held until it is given back.
         `check_now`: the job is asked at the next holder check whether it still holds it."""
@@ -424,6 +497,7 @@ class PoolBook:
                 run_id=run_id,
                 adopted=True,
                 comfyui=self.hosts[host].ref.comfyui if host in self.hosts else None,
+                team=team,
             )
 
     def held_places(self) -> dict[str, HeldPlace]:
@@ -622,6 +696,7 @@ class PoolBook:
             ahead=i,
             eta_s=self._etas(now, self.line[: i + 1])[-1],
             waits_for=HEADROOM_WHY if ask.mode == "headroom" else self._waits_for(ask),
+            team_places=self._team_places(ask),
         )
 
     def view(self, now: datetime, head: int | None = None) -> PoolView:
@@ -631,7 +706,12 @@ class PoolBook:
             reading = self.readings.get(name)
             places = sorted(
                 (
-                    PlaceView(job_id=h.job_id, since=h.since, clearing=h.clearing)
+                    PlaceView(
+                        job_id=h.job_id,
+                        since=h.since,
+                        clearing=h.clearing,
+                        team=self.team_of(h.team),
+                    )
                     for h in self._held_on(name)
                 ),
                 key=lambda p: p.since,
@@ -659,6 +739,7 @@ class PoolBook:
                 eta_s=etas[i],
                 state="awaiting_approval" if a.mode == "headroom" else "queued",
                 why=HEADROOM_WHY if a.mode == "headroom" else self._waits_for(a),
+                team=self.team_of(a.team),
             )
             for i, a in enumerate(shown)
         ]
@@ -715,6 +796,7 @@ class PoolBook:
             drained=self.drained,
             hosts=list(self.hosts.values()),
             changing=list(self.changing.values()),
+            turns=self.turns,
         )
 
     # --- inside ----------------------------------------------------------------------------
@@ -799,7 +881,9 @@ class PoolBook:
             run_id=ask.run_id,
             shape=ask.shape,
             comfyui=self.hosts[host].ref.comfyui,
+            team=ask.team,
         )
+        self.turns = fair_share.served(self.turns, self.team_of(ask.team), self.shares)
         return ask.job_id, PoolAnswer(asked_at=ask.asked_at, host=host)
 
     def _in_line(self, job_id: str) -> PoolAsk | None:

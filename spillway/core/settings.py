@@ -248,9 +248,9 @@ class Settings(BaseSettings):
         "SPILLWAY_APPROVAL_SECRET",
         "SPILLWAY_LEDGER_SECRET",
         "SPILLWAY_METRICS_PORT",
+        "SPILLWAY_TEAMS_FILE",
         "CLOUD_DAILY_BUDGET_USD",
         "CLOUD_MONTHLY_BUDGET_USD",
-        "SPILLWAY_TEAMS_FILE",
         mode="before",
     )
     @classmethod

@@ -64,6 +64,14 @@ class Teams(BaseModel):
     def shares(self) -> dict[str, float]:
         return {name: team.share for name, team in self.teams.items()}
 
+    def max_waiting(self) -> dict[str, int]:
+        return {n: t.max_waiting for n, t in self.teams.items() if t.max_waiting is not None}
+
+
+def over_waiting(team: str, limit: int) -> str:
+    """Why a job of a team at its waiting limit is refused (the CLI and the pool say the same)."""
+    return f"team {team} has {limit} jobs waiting, its limit (max_waiting)"
+
 
 ONE_TEAM = Teams(default=STUDIO, teams={STUDIO: Team()})
 

@@ -55,13 +55,19 @@ class Spillway:
         self.jobs = Jobs(client, self.queue)
 
     async def start(
-        self, *, cloud: bool = True, priority: int = 3, job_id: str | None = None
+        self,
+        *,
+        cloud: bool = True,
+        priority: int = 3,
+        job_id: str | None = None,
+        team: str | None = None,
     ) -> WorkflowHandle[Any, Plan]:
         job = VideoJob(
             job_id=job_id or f"adm-{uuid.uuid4().hex[:10]}",
             graph=VIDEO_GRAPH,
             cloud=CloudRequest(prompt="a lighthouse at dusk") if cloud else None,
             priority=priority,
+            team=team,
         )
         return await job_ops.submit(self.client, job, self.queue)
 
