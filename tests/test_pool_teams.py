@@ -147,3 +147,11 @@ def test_the_ui_names_the_teams_where_there_are_several_and_a_waiting_job_its_te
         job_id="j", state="queued", team="studio", queue=QueueSpot(position=1, ahead=0, eta_s=None)
     )
     assert "Team" not in texts.current_details(one_team)
+
+
+def test_a_team_the_file_does_not_name_counts_as_the_default_team():
+    """A job started before the teams file has the team `studio`, which the file may not name."""
+    b = book(places=2)
+    b.ask(ask("old", 0, team="studio"), T0)
+    b.ask(ask("film-1", 1, team="film"), T0)
+    assert b.held_by_team() == {"film": 2, "ads": 0}

@@ -106,7 +106,9 @@ class PoolBook:
         self.max_waiting = dict(max_waiting)
 
     def team_of(self, team: str | None) -> str:
-        return team or self.default_team
+        """A job's team in the line; one the teams file does not name (a job from before the
+        file, `studio`) counts as the default team's, as the guide says."""
+        return team if team is not None and team in self.shares else self.default_team
 
     def held_by_team(self) -> dict[str, int]:
         """Places held per team; a place being cleared is no team's now."""
