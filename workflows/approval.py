@@ -36,6 +36,7 @@ from workflows.job_state import (
 
 with workflow.unsafe.imports_passed_through():
     from activities.approvals import ApprovalCheck
+    from spillway.core.decision import BUDGET_EXHAUSTED
     from spillway.core.models import (
         ApprovalDecision,
         ApprovalNotice,
@@ -135,6 +136,8 @@ async def ask(s: VideoJobState, because: str | None) -> RouteChoice:
     now = workflow.now()
     if because is not None:
         s.reason(because)
+    if because == BUDGET_EXHAUSTED:
+        s.reason(texts.exhausted_by(s.plan.budget))
     deadline = now + timedelta(seconds=policy.approval_timeout_s)
     if workflow.patched(BUDGET_WITH_STATE):
         # Asked with the estimate and the budget: `spillway approve` reads the plan's provider
