@@ -66,6 +66,11 @@ class PolicyActivities:
             pool_prefer_warm=s.SPILLWAY_POOL_PREFER_WARM,
             team_shares=self._teams.shares(),
             default_team=self._teams.default,
+            team_approvers={
+                name: list(team.approvers)
+                for name, team in self._teams.teams.items()
+                if team.approvers is not None
+            },
             stall_rule=True,
             job_quote=True,
             cloud_eta=True,

@@ -427,6 +427,14 @@ def exhausted_view(view: BudgetView | None, shortfall: BudgetShortfall) -> Budge
     )
 
 
+def not_an_approver(job_id: str, by: str, team: str, approvers: list[str]) -> str:
+    listed = ", ".join(approvers) if approvers else "nobody"
+    return (
+        f"refused: {by} is not an approver of team {team} (its approvers: {listed}); job "
+        f"{job_id} keeps waiting for one of them"
+    )
+
+
 def exhausted_by(view: BudgetView | None) -> str:
     """The reason beside `budget_exhausted` that names the budget: `budget_exhausted_by=studio`
     or `budget_exhausted_by=team:NAME`."""
