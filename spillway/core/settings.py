@@ -250,6 +250,7 @@ class Settings(BaseSettings):
         "SPILLWAY_METRICS_PORT",
         "CLOUD_DAILY_BUDGET_USD",
         "CLOUD_MONTHLY_BUDGET_USD",
+        "SPILLWAY_TEAMS_FILE",
         mode="before",
     )
     @classmethod

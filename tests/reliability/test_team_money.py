@@ -179,6 +179,6 @@ async def test_300_armed_jobs_of_three_teams_and_a_killed_worker_keep_every_budg
             assert plan.route == "cloud" and creates[plan.job_id] == 1
     for plan in waiting:
         assert creates[plan.job_id] == 0 and "budget_exhausted" in plan.reasons, plan.reasons
-        named = [r for r in plan.reasons if r.startswith("budget_exhausted_by=")]
+        said = [r for r in plan.reasons if r.startswith("budget_exhausted_by=")]
         team = teams[plan.job_id]
-        assert named in (["budget_exhausted_by=studio"], [f"budget_exhausted_by=team:{team}"])
+        assert said in (["budget_exhausted_by=studio"], [f"budget_exhausted_by=team:{team}"])

@@ -46,7 +46,9 @@ async def start(jobs: Jobs, team: str | None, prompt: str = "a teams job") -> st
     return job.job_id
 
 
-def cli_env_of(cli_env: Any, dev_env: WorkflowEnvironment, jobs: Jobs, teams: Path) -> dict[str, str]:
+def cli_env_of(
+    cli_env: Any, dev_env: WorkflowEnvironment, jobs: Jobs, teams: Path
+) -> dict[str, str]:
     address = dev_env.client.service_client.config.target_host
     env: dict[str, str] = cli_env(
         TEMPORAL_ADDRESS=address,
