@@ -23,6 +23,7 @@ from tests.support.jobs import RunJobs
 from tests.support.route_stubs import BUSY, RouteStubs
 from tests.support.settings import ARMED
 from tests.support.teams import cli_env_of, start, write_teams
+from workflows.texts import current_details
 
 
 @pytest.fixture
@@ -53,6 +54,7 @@ async def test_a_teams_budget_is_seeded_from_the_teams_file_and_names_itself_whe
         assert "budget_exhausted_by=team:ads" in waiting.reasons
         assert waiting.budget is not None and waiting.budget.exhausted_team == "ads"
         assert waiting.quote is not None and "team ads's daily cloud budget" in waiting.quote.why
+        assert "team ads's cloud budget cannot cover the job" in current_details(waiting)
 
         code, out, err = await spillway("budget", "--team", "ads", "--json", env=env)
         assert code == 0, err

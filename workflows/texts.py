@@ -66,7 +66,9 @@ def current_details(plan: Plan, progress: RenderProgress | None = None) -> str:
         approve, reject = commands(plan.job_id)
         what = "overloaded" if plan.overflow.trigger == "overloaded" else "unreachable"
         if plan.budget is not None and plan.budget.exhausted is not None:
-            what += " and the cloud budget cannot cover the job"
+            team = plan.budget.exhausted_team
+            whose = "the cloud budget" if team is None else f"team {team}'s cloud budget"
+            what += f" and {whose} cannot cover the job"
         elif "fallback_disarmed" in plan.reasons:
             what += " and the cloud fallback was disarmed"
         return (
