@@ -259,28 +259,48 @@ async def _gauges(client: Client, ledger: SpendLedger) -> None:
 
 async def announce_budgets(ledger: SpendLedger, settings: Settings) -> None:
     """Starts the spend ledger (sealed) if none runs, and offers it this worker's
-    CLOUD_*_BUDGET_USD, signed: only a ledger that never had a budget set takes them (the budget
-    is the ledger's: `spillway budget --day/--month` sets it). A worker without a budget setting
-    offers nothing; one without the secret does nothing at all (it could neither sign nor seal,
-    and a ledger it started would grant nothing). A failure only leaves a ledger that never had
-    a budget without one until a person sets it."""
+    CLOUD_*_BUDGET_USD and each team's `budget` from the teams file, signed: each budget is taken
+    only by a ledger where that budget was never set (the budget is the ledger's: `spillway
+    budget [--team NAME] --day/--month` sets it). A worker without a budget setting offers
+    nothing; one without the secret does nothing at all (it could neither sign nor seal, and a
+    ledger it started would grant nothing). A failure only leaves a budget never set without
+    one until a person sets it."""
     budgets = budgets_of(settings)
+    teams = {
+        name: Budgets(daily_usd=team.budget.day_usd, monthly_usd=team.budget.month_usd)
+        for name, team in load_teams(settings.SPILLWAY_TEAMS_FILE).teams.items()
+        if team.budget is not None
+    }
     if settings.SPILLWAY_LEDGER_SECRET is None:
-        if budgets != Budgets():
+        if budgets != Budgets() or teams:
             log.warning(
-                "spend ledger: CLOUD_*_BUDGET_USD is set but SPILLWAY_LEDGER_SECRET is not: "
-                "this worker cannot announce it; set the budget with `spillway budget --day`"
+                "spend ledger: CLOUD_*_BUDGET_USD or a team's budget is set but "
+                "SPILLWAY_LEDGER_SECRET is not: this worker cannot announce them; set them with "
+                "`spillway budget [--team NAME] --day`"
             )
         return
+    by = f"worker {ledger.identity}"
     try:
         if budgets == Budgets():
-            await ledger.configure()
-            return
-        held = await ledger.order(budgets, f"worker {ledger.identity}", seed=True)
+            held = await ledger.configure()
+        else:
+            held = await ledger.order(budgets, by, seed=True)
+        for name, wanted in teams.items():
+            kept = await ledger.order(wanted, by, seed=True, team=name)
+            if kept != wanted:
+                log.warning(
+                    "spend ledger: team %s's budget in the teams file (day %s, month %s) changes "
+                    "nothing: the ledger's is in force (day %s, month %s; spillway budget --team)",
+                    name,
+                    wanted.daily_usd,
+                    wanted.monthly_usd,
+                    kept.daily_usd,
+                    kept.monthly_usd,
+                )
     except Exception as exc:
         log.warning("spend ledger: announcing the budgets failed: %s", exc)
         return
-    if held != budgets:
+    if budgets != Budgets() and held != budgets:
         log.warning(
             "spend ledger: this worker's CLOUD_*_BUDGET_USD (day %s, month %s) changes nothing: "
             "the budget is the ledger's (day %s, month %s; spillway budget)",

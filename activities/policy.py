@@ -67,6 +67,11 @@ class PolicyActivities:
             team_shares=self._teams.shares(),
             default_team=self._teams.default,
             team_max_waiting=self._teams.max_waiting(),
+            team_approvers={
+                name: list(team.approvers)
+                for name, team in self._teams.teams.items()
+                if team.approvers is not None
+            },
             stall_rule=True,
             job_quote=True,
             cloud_eta=True,

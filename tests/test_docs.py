@@ -22,7 +22,8 @@ from spillway.cli.health import Health
 from spillway.cli.parser import build_parser
 from spillway.client.jobs import JobSummary
 from spillway.client.ledger_restore import Restored
-from spillway.core.ledger import LedgerSummary, MonthSpend
+from spillway.client.teams import TeamRow
+from spillway.core.ledger import LedgerSummary, MonthSpend, TeamSpend
 from spillway.core.models import LoadStatus
 from spillway.core.settings import PROJECT_ROOT, Settings
 
@@ -288,6 +289,8 @@ PINNED_SHAPES: dict[str, type[BaseModel]] = {
     "list": JobSummary,
     "budget": LedgerSummary,
     "budget --month": MonthSpend,
+    "budget --team": TeamSpend,
+    "team list": TeamRow,
     "ledger restore": Restored,
 }
 NAME = r"[a-z_][a-z0-9_]*"

@@ -36,6 +36,7 @@ from workflows.job_state import (
 
 with workflow.unsafe.imports_passed_through():
     from activities.approvals import ApprovalCheck
+    from spillway.core.decision import BUDGET_EXHAUSTED
     from spillway.core.models import (
         ApprovalDecision,
         ApprovalNotice,
@@ -94,6 +95,19 @@ def refusal(s: VideoJobState, decision: ApprovalDecision) -> str | None:
     return None
 
 
+def not_an_approver(s: VideoJobState, decision: ApprovalDecision) -> str | None:
+    """Why an approval by someone the job's team does not list as an approver must not send it
+    to the cloud (the teams file's `approvers`); None when the team lists them or lists nobody.
+    A rejection spends nothing, so anyone may still keep a job local."""
+    if not decision.approved:
+        return None
+    team = s.plan.team or s.policy.default_team
+    approvers = s.policy.team_approvers.get(team)
+    if approvers is None or decision.by in approvers:
+        return None
+    return texts.not_an_approver(s.job.job_id, decision.by, team, approvers)
+
+
 def ignore(s: VideoJobState, ignored: IgnoredSignal) -> None:
     s.plan.ignored_signals = [*s.plan.ignored_signals, ignored][-MAX_IGNORED_SIGNALS:]
     s.ignored += 1
@@ -135,6 +149,8 @@ async def ask(s: VideoJobState, because: str | None) -> RouteChoice:
     now = workflow.now()
     if because is not None:
         s.reason(because)
+    if because == BUDGET_EXHAUSTED:
+        s.reason(texts.exhausted_by(s.plan.budget))
     deadline = now + timedelta(seconds=policy.approval_timeout_s)
     if workflow.patched(BUDGET_WITH_STATE):
         # Asked with the estimate and the budget: `spillway approve` reads the plan's provider
@@ -338,6 +354,12 @@ async def _use(s: VideoJobState, ticket: Ticket) -> RouteChoice | None:
     local as soon as ComfyUI answers; over the budget or not signed as the workers require:
     the person is told, the plan records it)."""
     decision = ticket.decision
+    outsider = not_an_approver(s, decision)
+    if outsider is not None:
+        # Refused before anything is checked or reserved: recorded, and the job waits on.
+        s.pending = None
+        unused(s, ticket, outsider)
+        return None
     # Still pending while its signature is checked: a second decision arriving meanwhile is
     # refused ("already has a decision"), never left queued behind it.
     signed, refused = await _checked(s, decision)

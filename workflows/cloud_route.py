@@ -132,6 +132,7 @@ def spend_request(s: VideoJobState, choice: RouteChoice, provider: str) -> Spend
         request=request,
         authorised_by=choice.by or "armed",
         authorisation=choice.authorisation or "armed",
+        team=s.plan.team,
     )
 
 
@@ -165,10 +166,13 @@ async def read_budget(s: VideoJobState) -> None:
     """The estimate and what the budgets have left, for the person who is asked."""
     if s.job.cloud is None:
         return
-    exhausted = s.plan.budget.exhausted if s.plan.budget else None
+    known = s.plan.budget
+    exhausted = (
+        {"exhausted": known.exhausted, "exhausted_team": known.exhausted_team} if known else {}
+    )
     try:
         view = await calls.spend_view(spend_request(s, ARMED, _first_provider(s)))
-        s.plan.budget = view.model_copy(update={"exhausted": exhausted})
+        s.plan.budget = view.model_copy(update=exhausted)
         if s.plan.quote is not None:
             s.plan.quote.cloud = cloud_quote(s)
     except ActivityError as err:  # shown to people only

@@ -223,6 +223,7 @@ class SpendLedgerWorkflow:
             provider=req.provider,
             authorisation=req.authorisation,
             authorised_by=req.authorised_by,
+            team=req.team,
         )
         return await self._asked(
             _Request(ask, lambda terms: self._book.reserve(req, terms, workflow.now()))

@@ -66,7 +66,9 @@ def current_details(plan: Plan, progress: RenderProgress | None = None) -> str:
         approve, reject = commands(plan.job_id)
         what = "overloaded" if plan.overflow.trigger == "overloaded" else "unreachable"
         if plan.budget is not None and plan.budget.exhausted is not None:
-            what += " and the cloud budget cannot cover the job"
+            team = plan.budget.exhausted_team
+            whose = "the cloud budget" if team is None else f"team {team}'s cloud budget"
+            what += f" and {whose} cannot cover the job"
         elif "fallback_disarmed" in plan.reasons:
             what += " and the cloud fallback was disarmed"
         return (
@@ -409,17 +411,20 @@ def _money_text(plan: Plan, *, markdown: bool) -> str:
     if view is None:
         return ""
     parts = [f"cloud estimate {_usd(view.estimate_usd)}"]
-    for period, left in (
-        ("today", view.day_remaining_usd),
-        ("this month", view.month_remaining_usd),
+    for whose, period, left in (
+        ("", "today", view.day_remaining_usd),
+        ("", "this month", view.month_remaining_usd),
+        (f"team {view.team}: ", "today", view.team_day_remaining_usd),
+        (f"team {view.team}: ", "this month", view.team_month_remaining_usd),
     ):
         if left is not None:
-            parts.append(f"{_usd(left)} left {period}")
+            parts.append(f"{whose}{_usd(left)} left {period}")
     text = "; ".join(parts)
     if view.exhausted is not None:
+        whose = "" if view.exhausted_team is None else f"team {view.exhausted_team}'s "
         text += (
-            f". {BUDGET_EXHAUSTED}: the {'daily' if view.exhausted == 'day' else 'monthly'} "
-            "budget cannot cover it: "
+            f". {BUDGET_EXHAUSTED}: {whose or 'the '}"
+            f"{'daily' if view.exhausted == 'day' else 'monthly'} budget cannot cover it: "
             f"only `spillway approve {plan.job_id} --by NAME --over-budget` sends it to the cloud"
         )
     return f"\n\n{text}." if markdown else f" {text}."
@@ -432,9 +437,31 @@ def exhausted_view(view: BudgetView | None, shortfall: BudgetShortfall) -> Budge
             shortfall.remaining_usd
         )
     }
+    if shortfall.team is not None:
+        left = {f"team_{key}": value for key, value in left.items()}
     return known.model_copy(
-        update={"estimate_usd": shortfall.estimate_usd, "exhausted": shortfall.period, **left}
+        update={
+            "estimate_usd": shortfall.estimate_usd,
+            "exhausted": shortfall.period,
+            "exhausted_team": shortfall.team,
+            **left,
+        }
     )
+
+
+def not_an_approver(job_id: str, by: str, team: str, approvers: list[str]) -> str:
+    listed = ", ".join(approvers) if approvers else "nobody"
+    return (
+        f"refused: {by} is not an approver of team {team} (its approvers: {listed}); job "
+        f"{job_id} keeps waiting for one of them"
+    )
+
+
+def exhausted_by(view: BudgetView | None) -> str:
+    """The reason beside `budget_exhausted` that names the budget: `budget_exhausted_by=studio`
+    or `budget_exhausted_by=team:NAME`."""
+    team = view.exhausted_team if view is not None else None
+    return f"{BUDGET_EXHAUSTED}_by={'studio' if team is None else f'team:{team}'}"
 
 
 def over_budget(shortfall: BudgetShortfall, job_id: str) -> str:

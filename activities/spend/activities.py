@@ -42,6 +42,7 @@ class SpendRequest(BaseModel):
     request: CloudRequest
     authorised_by: str
     authorisation: Authorisation
+    team: str | None = None  # the job's plan's team (None: a job from before teams)
 
 
 class SpendActivities:
@@ -69,6 +70,7 @@ class SpendActivities:
                     provider=req.provider,
                     authorised_by=req.authorised_by,
                     authorisation=req.authorisation,
+                    team=req.team,
                 )
             )
         except SpendRefused as refused:
@@ -151,6 +153,7 @@ class SpendActivities:
                 return None
             return round(max(totals.remaining_usd, 0.0), 2)
 
+        team = summary.teams.get(req.team) if summary and req.team else None
         return BudgetView(
             estimate_usd=estimate_usd(self._tiers, self._settings, req.provider, req.request),
             day_remaining_usd=left(summary.day if summary else None),
@@ -161,6 +164,11 @@ class SpendActivities:
             provider=req.provider or None,
             cost_key=registry.cost_key(req.provider, req.request, self._settings) or None,
             eta_s=_median(summary.done_s.get(req.provider)) if summary else None,
+            team=req.team,
+            team_day_remaining_usd=left(team.day if team else None),
+            team_month_remaining_usd=left(team.month if team else None),
+            team_day_budget_usd=team.day.budget_usd if team else None,
+            team_month_budget_usd=team.month.budget_usd if team else None,
         )
 
 

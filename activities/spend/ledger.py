@@ -149,16 +149,18 @@ class SpendLedger:
         """Who this process is to Temporal (its pollers show the same)."""
         return self._client.identity
 
-    async def order(self, budgets: Budgets, by: str, *, seed: bool = False) -> Budgets:
+    async def order(
+        self, budgets: Budgets, by: str, *, seed: bool = False, team: str | None = None
+    ) -> Budgets:
         """New budgets, signed with SPILLWAY_LEDGER_SECRET (`seal_with`): `spillway budget`,
-        or a worker's announce at start (`seed`), which only a ledger that never had a budget
-        set takes."""
+        or a worker's announce at start (`seed`), which only a budget never set takes. `team`:
+        that team's budgets (the studio's stay as they are)."""
         if self._seal_with is None:
             raise ValueError("a budget order is signed with SPILLWAY_LEDGER_SECRET")
         secret = self._seal_with.get_secret_value()
         now = datetime.now(UTC)
         return await self.configure(
-            signed_order(secret, self.workflow_id, budgets, by, now, seed=seed)
+            signed_order(secret, self.workflow_id, budgets, by, now, seed=seed, team=team)
         )
 
     async def summary(self) -> LedgerSummary | None:

@@ -45,6 +45,7 @@ from spillway.core.ledger_seal import why_not_signed
 from spillway.core.models import ApprovalDecision, CloudRequest, Plan, VideoJob
 from spillway.core.settings import Settings
 from spillway.core.spend_book import APPROVAL_REFUSED, BUDGET_ORDER_REFUSED, REFUSED, SpendBook
+from spillway.core.teams import load_teams
 from spillway.core.tiers import RoutingTiers
 
 Purpose = Literal["reserve", "begin", "settle", "terms", "budget"]
@@ -61,6 +62,7 @@ class VetRequest(BaseModel):
     provider: str = ""
     authorisation: Authorisation = "armed"
     authorised_by: str = ""
+    team: str | None = None  # a reservation's: the team the job believes it belongs to
     attempt: str = ""  # a begin's: run id / activity id / attempt of the create that begins
     token: str = ""  # a begin's: the hash its create attempt shows in its heartbeat
     order: BudgetOrder | None = None  # a budget's: the signed order
@@ -134,6 +136,9 @@ def asking_activities(purpose: Purpose) -> frozenset[str]:
 class LedgerVetting:
     def __init__(self, client: Client, settings: Settings, tiers: RoutingTiers) -> None:
         self._client, self._settings, self._tiers = client, settings, tiers
+        # Whose budget a job's spending counts in besides the studio's: its input's team, or
+        # the default one.
+        self._teams = load_teams(settings.SPILLWAY_TEAMS_FILE)
         self._untrusted: dict[str, str | None] = {}  # ledger run id -> why it grants nothing
         self._reset_base: dict[str, str | None] = {}  # ledger run id -> the run it was reset from
         self._reset_books: dict[str, LedgerInput] = {}  # that run -> what it held
@@ -229,6 +234,13 @@ class LedgerVetting:
         job, decisions = await self._history(req)
         if job is None or job.cloud is None:
             return terms.model_copy(update={"refused": "the job has no cloud request"})
+        team = job.team or self._teams.default
+        if req.team is not None and req.team != team:
+            # A request that names another team than the job's input (forged, or workers that
+            # read different teams files) would charge the wrong budget: nothing is granted.
+            why = f"job {req.job_id} is team {team}'s, not team {req.team}'s"
+            return terms.model_copy(update={"refused": why})
+        terms.team = team
         if req.authorisation != "armed":
             secret = s.SPILLWAY_APPROVAL_SECRET
             if secret is None:

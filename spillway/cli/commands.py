@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from spillway.client import SpillwayClient
-    from spillway.core.ledger import Period
+    from spillway.core.ledger import LedgerSummary, Period
     from spillway.core.models import Plan
 
 OK, FAILED = 0, 1
@@ -305,10 +305,24 @@ def _usd(flag: str, value: str) -> float | None:
     return usd
 
 
+def _team(settings: Settings, name: str) -> str:
+    """A team named on the command line: one of the teams file's where this shell has it."""
+    from spillway.core.teams import load_teams
+
+    if settings.SPILLWAY_TEAMS_FILE is not None:
+        return load_teams(settings.SPILLWAY_TEAMS_FILE).team_of(name)
+    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,39}$", name):
+        raise ConfigError(f"--team: {name!r} is not a team's name")
+    return name
+
+
 async def cmd_budget(args: argparse.Namespace) -> int:
     from spillway.cli.render import render_budget, render_month
 
+    team = None if args.team is None else _team(_config()[0], args.team)
     listing = args.month is not None and MONTH.match(args.month)
+    if listing and team is not None:
+        raise ConfigError("--month YYYY-MM lists the studio's month: leave out --team")
     changes: dict[Period, float | None] = {}
     if args.day is not None:
         changes["day"] = _usd("--day", args.day)
@@ -325,7 +339,9 @@ async def cmd_budget(args: argparse.Namespace) -> int:
         jobs = await _jobs_client(settings)
         settings = jobs.settings.model_copy(update={"SPILLWAY_TASK_QUEUE": jobs.task_queue})
         by = args.by or getpass.getuser()
-        summary = await order_budget(jobs.temporal, settings, changes, by)
+        summary = await order_budget(jobs.temporal, settings, changes, by, team)
+        if team is not None:
+            return _print_team_spend(summary, team, args.json)
         print(summary.model_dump_json(indent=2) if args.json else render_budget(summary))
         return OK
     if args.month is not None:
@@ -342,7 +358,34 @@ async def cmd_budget(args: argparse.Namespace) -> int:
         return OK
 
     summary = await (await _jobs_client()).budget()
+    if team is not None:
+        return _print_team_spend(summary, team, args.json)
     print(summary.model_dump_json(indent=2) if args.json else render_budget(summary))
+    return OK
+
+
+def _print_team_spend(summary: LedgerSummary, team: str, as_json: bool) -> int:
+    from spillway.cli.teams import render_team_spend
+    from spillway.client.budget import team_spend
+
+    spend = team_spend(summary, team)
+    print(spend.model_dump_json(indent=2) if as_json else render_team_spend(spend))
+    return OK
+
+
+async def cmd_team(args: argparse.Namespace) -> int:
+    import json
+
+    from spillway.cli.teams import render_teams
+    from spillway.client.teams import team_list
+
+    jobs = await _jobs_client()
+    settings = jobs.settings.model_copy(update={"SPILLWAY_TASK_QUEUE": jobs.task_queue})
+    rows = await team_list(jobs.temporal, settings)
+    if args.json:
+        print(json.dumps([r.model_dump(mode="json") for r in rows], indent=2))
+    else:
+        print(render_teams(rows))
     return OK
 
 

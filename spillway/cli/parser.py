@@ -243,6 +243,25 @@ def build_parser() -> argparse.ArgumentParser:
     budget.add_argument(
         "--by", help="who sets the budget (recorded in the ledger; default: this login)"
     )
+    budget.add_argument(
+        "--team",
+        metavar="NAME",
+        help="that team's own budget, beside the studio's (SPILLWAY_TEAMS_FILE): its spend and "
+        "what it has left; with --day/--month USD, set it (a team's jobs need both budgets)",
+    )
+
+    team = command(
+        "team",
+        cmd.cmd_team,
+        "list the teams: share, GPU places held, jobs waiting, budget left",
+        "Each team of SPILLWAY_TEAMS_FILE (one team, `studio`, without it): its share of the GPU "
+        "places, the places its jobs hold and how many wait (the GPU pool's view; a job from "
+        "before teams counts as the default team's), and what its own budget has left today "
+        "and this month (the spend ledger's; none: only the studio's budget applies). Read "
+        "through a running worker.",
+        json="print a JSON array of the teams",
+    )
+    team.add_argument("action", choices=["list"])
 
     queue = command(
         "queue",

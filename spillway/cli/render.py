@@ -277,8 +277,16 @@ def _money(plan: Plan) -> str:
         text += f", {usd(view.day_remaining_usd)} left today"
     if view.month_remaining_usd is not None:
         text += f", {usd(view.month_remaining_usd)} left this month"
+    if view.team_day_remaining_usd is not None:
+        text += f", team {view.team}: {usd(view.team_day_remaining_usd)} left today"
+    if view.team_month_remaining_usd is not None:
+        text += f", team {view.team}: {usd(view.team_month_remaining_usd)} left this month"
     if view.exhausted is not None:
-        text += f"; the {view.exhausted}'s budget cannot cover it: approve with --over-budget"
+        which = f"the {view.exhausted}'s budget"
+        if view.exhausted_team is not None:
+            period = "daily" if view.exhausted == "day" else "monthly"
+            which = f"team {view.exhausted_team}'s {period} budget"
+        text += f"; {which} cannot cover it: approve with --over-budget"
     return text
 
 

@@ -20,6 +20,7 @@ from spillway.core.ledger import (
     Period,
     PeriodTotals,
     SpendEntry,
+    TeamSpend,
 )
 from spillway.core.settings import Settings
 from spillway.core.spend_book import SpendRefused
@@ -47,27 +48,46 @@ UNSIGNED = (
 )
 
 
+def team_spend(summary: LedgerSummary, team: str) -> TeamSpend:
+    """`spillway budget --team NAME`: that team's spending and its own budget, as the ledger
+    holds them (a team the ledger never heard of has spent nothing and has no budget)."""
+    held = summary.teams.get(team)
+    if held is not None:
+        return held
+    return TeamSpend(team=team, day=_untouched(None), month=_untouched(None))
+
+
 async def order_budget(
-    client: Client, settings: Settings, changes: dict[Period, float | None], by: str
+    client: Client,
+    settings: Settings,
+    changes: dict[Period, float | None],
+    by: str,
+    team: str | None = None,
 ) -> LedgerSummary:
     """Sets the day's and/or the month's budget (None: no cap) in the ledger, the other as it
-    is; Failed when the ledger refuses the order or does not answer."""
+    is: the studio's, or `team`'s own; Failed when the ledger refuses the order or does not
+    answer."""
     secret = settings.SPILLWAY_LEDGER_SECRET
     if secret is None:
         raise ConfigError(UNSIGNED)
     ledger = SpendLedger(client, settings.SPILLWAY_TASK_QUEUE, seal_with=secret)
-    held = await ledger_summary(client, settings)
+    summary = await ledger_summary(client, settings)
+    held = (summary.day, summary.month) if team is None else _totals(team_spend(summary, team))
     budgets = Budgets(
-        daily_usd=changes.get("day", held.day.budget_usd),
-        monthly_usd=changes.get("month", held.month.budget_usd),
+        daily_usd=changes.get("day", held[0].budget_usd),
+        monthly_usd=changes.get("month", held[1].budget_usd),
     )
     try:
-        await ledger.order(budgets, by)
+        await ledger.order(budgets, by, team=team)
     except SpendRefused as refused:
         raise Failed(refused.message) from None
     except ApplicationError as err:  # did not answer, or closed: nothing changed
         raise Failed(err.message) from None
     return await ledger_summary(client, settings)
+
+
+def _totals(spend: TeamSpend) -> tuple[PeriodTotals, PeriodTotals]:
+    return spend.day, spend.month
 
 
 def _untouched(budget: float | None) -> PeriodTotals:

@@ -24,7 +24,7 @@ from pydantic import BaseModel
 
 from spillway.core.ledger import Authorisation, BudgetShortfall, BudgetView, Period
 from spillway.core.models import LoadStatus, LocalQuote, VideoJob
-from spillway.core.spend_book import short_of
+from spillway.core.spend_budgets import Left, first_short
 
 Route = Literal["local", "cloud", "await"]
 QuoteRoute = Literal["local", "cloud", "await_approval"]
@@ -247,17 +247,21 @@ def _short(seen: Seen) -> BudgetShortfall | None:
     view = seen.budget
     if view is None or not view.totals_read:
         return None
-    periods: tuple[tuple[Period, float | None, float | None], ...] = (
-        ("day", view.day_budget_usd, view.day_remaining_usd),
-        ("month", view.month_budget_usd, view.month_remaining_usd),
+    team = view.team
+    periods: tuple[tuple[str | None, Period, float | None, float | None], ...] = (
+        (None, "day", view.day_budget_usd, view.day_remaining_usd),
+        (None, "month", view.month_budget_usd, view.month_remaining_usd),
+        (team, "day", view.team_day_budget_usd, view.team_day_remaining_usd),
+        (team, "month", view.team_month_budget_usd, view.team_month_remaining_usd),
     )
-    for period, budget, left in periods:
-        if left is None:
-            continue
-        short = short_of(period, budget if budget is not None else left, left, view.estimate_usd)
-        if short is not None:
-            return short
-    return None
+    return first_short(
+        view.estimate_usd,
+        (
+            Left(period, budget if budget is not None else left, left, whose)
+            for whose, period, budget, left in periods
+            if left is not None
+        ),
+    )
 
 
 def _quote_route(route: Route, patient: bool, has_cloud: bool) -> QuoteRoute:
@@ -323,7 +327,13 @@ def _budget_note(seen: Seen) -> str:
         return ""
     if view is None or not view.totals_read:
         return "; the spend ledger checks the budget when it reserves the cost"
-    left = [v for v in (view.day_remaining_usd, view.month_remaining_usd) if v is not None]
+    figures = (
+        view.day_remaining_usd,
+        view.month_remaining_usd,
+        view.team_day_remaining_usd,
+        view.team_month_remaining_usd,
+    )
+    left = [v for v in figures if v is not None]
     if not left:
         return "; no cloud budget is set"
     estimate = "?" if view.estimate_usd is None else f"${view.estimate_usd:.2f}"

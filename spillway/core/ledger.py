@@ -45,7 +45,9 @@ class BudgetOrder(BaseModel):
     """New budgets for the ledger, signed with SPILLWAY_LEDGER_SECRET over the ledger's id, the
     budgets, who and when (ledger_seal.py): `spillway budget --day/--month`, or a worker's
     announce at start (`seed`: taken only by a ledger that never had a budget set). Every field
-    has a default: what a raw client sends parses, and its missing signature refuses it."""
+    has a default: what a raw client sends parses, and its missing signature refuses it.
+    `team`: the order is that team's budget (`spillway budget --team`, or the teams file's
+    `budget` a worker announces), beside the studio's; None: the studio's."""
 
     ledger_id: str = ""
     budgets: Budgets = Budgets()
@@ -53,6 +55,12 @@ class BudgetOrder(BaseModel):
     issued_at: datetime | None = None
     seed: bool = False
     signature: Annotated[str, Field(max_length=200)] = ""
+    team: Annotated[str, Field(max_length=40)] | None = None
+
+    @model_serializer(mode="wrap")
+    def _as_signed(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # A studio order signs the bytes it signed before teams existed.
+        return _without_unset(handler(self), "team")
 
 
 class BudgetSetBy(BaseModel):
@@ -89,10 +97,13 @@ class SpendEntry(BaseModel):
     note: str = ""
     # From its create being sent to its video being ready, by the job's clock.
     done_s: Seconds | None = None
+    # The job's team, as the ledger's vet read it (None: an entry from before teams): its cost
+    # counts in that team's budget as well as the studio's.
+    team: str | None = None
 
     @model_serializer(mode="wrap")
     def _as_sealed(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return _without_unset(handler(self), "done_s")
+        return _without_unset(handler(self), "done_s", "team")
 
 
 class ReserveRequest(BaseModel):
@@ -104,6 +115,9 @@ class ReserveRequest(BaseModel):
     provider: str
     authorised_by: str
     authorisation: Authorisation
+    # The team the job believes it belongs to (its plan's): the vet reads the team itself and
+    # refuses a request that names another (a forged one, or workers reading other teams files).
+    team: str | None = None
 
 
 class Vetted(BaseModel):
@@ -134,6 +148,9 @@ class Vetted(BaseModel):
     # and its end (None: armed spending, or workers without SPILLWAY_APPROVAL_SECRET).
     approval: str | None = None
     approval_until: datetime | None = None
+    # The job's team: its input's, or the vetting worker's default team (None: a vet from
+    # before teams, whose reservations count in the studio's budget only).
+    team: str | None = None
 
 
 class BeginCreate(BaseModel):
@@ -167,11 +184,17 @@ class BudgetShortfall(BaseModel):
     budget_usd: float
     remaining_usd: float
     estimate_usd: float | None
+    team: str | None = None  # the team's budget that cannot cover it; None: the studio's
+
+    def budget_name(self) -> str:
+        """Which budget: `studio`, or `team:NAME` (a job's reason `budget_exhausted_by=...`)."""
+        return "studio" if self.team is None else f"team:{self.team}"
 
     def text(self) -> str:
         estimate = "unknown" if self.estimate_usd is None else f"${self.estimate_usd:.2f}"
+        whose = "" if self.team is None else f"team {self.team}'s "
         return (
-            f"the {'daily' if self.period == 'day' else 'monthly'} cloud budget "
+            f"the {whose}{'daily' if self.period == 'day' else 'monthly'} cloud budget "
             f"(${self.budget_usd:.2f}) has ${self.remaining_usd:.2f} left; this job's estimate "
             f"is {estimate}"
         )
@@ -182,6 +205,16 @@ class PeriodTotals(BaseModel):
     spent_usd: float  # charged and maybe_charged: a possible charge counts as spent
     reserved_usd: float  # reservations whose create has not settled yet
     remaining_usd: float | None
+
+
+class TeamSpend(BaseModel):
+    """One team's budget beside the studio's (`spillway budget --team NAME --json`): what its
+    jobs spent and reserved, what its own budget has left (null: no budget of its own)."""
+
+    team: str
+    day: PeriodTotals
+    month: PeriodTotals
+    budget_set: BudgetSetBy | None = None
 
 
 class LedgerSummary(BaseModel):
@@ -201,6 +234,8 @@ class LedgerSummary(BaseModel):
     # Who set `day.budget_usd` and `month.budget_usd` (None: never set, or set by a ledger from
     # before the budget was the ledger's own).
     budget_set: BudgetSetBy | None = None
+    # Each team with a budget of its own or spending this month, by name.
+    teams: dict[str, TeamSpend] = {}
 
 
 class IncarnationAsk(BaseModel):
@@ -250,10 +285,17 @@ class LedgerInput(BaseModel):
     # Who set `budgets` (None: never set, unless `budgets` holds a cap: a ledger carried from
     # before the budget was the ledger's own, which counts as set).
     budget_set: BudgetSetBy | None = None
+    # The teams' own budgets, who set each, and what each team's settled entries added to its
+    # days and months (team -> key -> USD, keyed like `spent`).
+    team_budgets: dict[str, Budgets] = {}
+    team_budget_set: dict[str, BudgetSetBy] = {}
+    team_spent: dict[str, dict[str, Usd]] = {}
 
     @model_serializer(mode="wrap")
     def _as_sealed(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return _without_unset(handler(self), "done_s", "budget_set")
+        return _without_unset(
+            handler(self), "done_s", "budget_set", "team_budgets", "team_budget_set", "team_spent"
+        )
 
 
 # --- what the workflow gets back from the `spend_reserve` activity ---------------------------
@@ -306,3 +348,11 @@ class BudgetView(BaseModel):
     cost_key: str | None = None
     # The provider's recent create-to-done times, their median (None: none recorded yet).
     eta_s: float | None = None
+    # The job's team and what its own budget has left (None: the team has no budget of its
+    # own); `exhausted_team` set when that budget, not the studio's, is why the job waits.
+    team: str | None = None
+    team_day_remaining_usd: float | None = None
+    team_month_remaining_usd: float | None = None
+    team_day_budget_usd: float | None = None
+    team_month_budget_usd: float | None = None
+    exhausted_team: str | None = None

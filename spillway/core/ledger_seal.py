@@ -63,9 +63,20 @@ def _seal(secret: str, ledger_id: str, inp: LedgerInput) -> str:
 
 
 def signed_order(
-    secret: str, ledger_id: str, budgets: Budgets, by: str, at: datetime, *, seed: bool = False
+    secret: str,
+    ledger_id: str,
+    budgets: Budgets,
+    by: str,
+    at: datetime,
+    *,
+    seed: bool = False,
+    team: str | None = None,
 ) -> BudgetOrder:
-    order = BudgetOrder(ledger_id=ledger_id, budgets=budgets, by=by, issued_at=at, seed=seed)
+    """An order for the studio's budgets, or (`team`) for that team's: the team is signed too,
+    so an order for one team's budget can never be replayed as another's or the studio's."""
+    order = BudgetOrder(
+        ledger_id=ledger_id, budgets=budgets, by=by, issued_at=at, seed=seed, team=team
+    )
     return order.model_copy(update={"signature": _order_mac(secret, order)})
 
 

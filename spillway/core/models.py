@@ -105,6 +105,9 @@ class Policy(BaseModel):
     default_team: str = "studio"
     # Each team's `max_waiting` (jobs in the GPU line at once), for the teams that have one.
     team_max_waiting: dict[str, int] = {}
+    # Who may approve each team's cloud spend (a team missing here: anyone who may approve).
+    # Empty in what workers before teams read, so their runs replay taking every approval.
+    team_approvers: dict[str, list[str]] = {}
     overflow_after_s: float = 0.0  # CLOUD_OVERFLOW_AFTER_S: a job's patience by default
     # Local waits stop a stalled render (each agent's RENDER_STALL_S). False in what 0.5.0
     # workers read: their runs replay without the outcome.

@@ -11,9 +11,10 @@ The rules (docs/design.md, money invariants 2, 5 and 6):
   before the request leaves). A reservation that has not begun is taken over by whichever run
   reserves or begins next (a reset, a re-run): the old run's create can then no longer begin.
   That is what makes a reset anywhere between reservation and create safe.
-- Armed or plainly approved spending must fit in the day's and the month's budget, counting
-  what is spent (charged, maybe charged) and what is reserved; only `approved_over_budget`
-  goes past it.
+- Armed or plainly approved spending must fit in the studio's day and month budget and in its
+  team's (spend_budgets.py), counting what is spent (charged, maybe charged) and what is
+  reserved; only `approved_over_budget` goes past them. Each entry carries its team, so one
+  book holds the studio's totals and every team's at once.
 - The ledger decides what the book is told: the cost, the budgets and the job's incarnation
   come from `Vetted` (what the ledger read itself off Temporal and the workers' settings),
   never from the request. An entry belongs to one incarnation of a job id (its first run id,
@@ -27,10 +28,10 @@ The rules (docs/design.md, money invariants 2, 5 and 6):
   until that attempt settles. Without it a request may only say more is spent (`maybe_charged`,
   or `charged` with a task id after `maybe_charged`), never less. The same attempt beginning
   again with another token is refused.
-- The budgets are the book's own, set in one place: a signed order (`spillway budget`, checked
-  by the vet) replaces them only when it is newer than the order in force; a worker's announce
-  at start (`seed`) sets them only in a book that never had them set (a book carried with a cap
-  from before counts as set). Nothing else changes them: not a request, not a worker's settings.
+- The budgets are the book's own, set in one place: a signed order (`spillway budget [--team]`,
+  checked by the vet) or a worker's seed, by spend_budgets.py's rule (a book carried with a
+  studio cap from before counts as set). Nothing else changes them: not a request, not a
+  worker's settings.
 - A signed approval pays for one create: the ledger records a digest of each signature it
   granted a reservation on, and refuses it once a create under it went out (kept until the
   signature expires, across continue-as-new).
@@ -40,6 +41,7 @@ from __future__ import annotations
 
 import hashlib
 import statistics
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 
 from spillway.core.ledger import (
@@ -57,8 +59,10 @@ from spillway.core.ledger import (
     ReserveRequest,
     SettleRequest,
     SpendEntry,
+    TeamSpend,
     Vetted,
 )
+from spillway.core.spend_budgets import Left, OrderNotTaken, first_short, set_by, takes
 
 CARRY_WARN_BYTES = 512 * 1024  # a quarter of Temporal's default 2 MB payload limit
 REFUSED = "SpendRefused"  # ApplicationError type of every refusal; details: kind, entry, ...
@@ -71,23 +75,6 @@ UNSENT_TTL = timedelta(hours=1)
 # namespace may keep a job, and let it be reset, for longer: past the tag, the vet finds the
 # create in the job's earlier runs (`Vetted.created_earlier`).
 KEEP = timedelta(days=40)
-CENT = 1e-9
-
-
-def short_of(
-    period: Period, budget_usd: float, remaining_usd: float, cost_usd: float | None
-) -> BudgetShortfall | None:
-    """One budget's verdict on a cost: the ledger's refusal, or None when it covers it. A cost
-    not known is never covered (money fails closed). `spillway quote` asks the same rule of the
-    figures the budget view read, so that a quote says what the ledger would."""
-    if cost_usd is not None and cost_usd <= remaining_usd + CENT:
-        return None
-    return BudgetShortfall(
-        period=period,
-        budget_usd=budget_usd,
-        remaining_usd=round(max(remaining_usd, 0.0), 2) + 0.0,
-        estimate_usd=cost_usd,
-    )
 
 
 class SpendRefused(Exception):
@@ -114,10 +101,16 @@ class SpendBook:
         approvals: dict[str, datetime] | None = None,
         done_s: dict[str, list[float]] | None = None,
         budget_set: BudgetSetBy | None = None,
+        team_budgets: dict[str, Budgets] | None = None,
+        team_budget_set: dict[str, BudgetSetBy] | None = None,
+        team_spent: dict[str, dict[str, float]] | None = None,
     ) -> None:
         self.entries = list(entries)
         self.budgets = budgets
         self.budget_set = budget_set
+        self.team_budgets = dict(team_budgets or {})
+        self.team_budget_set = dict(team_budget_set or {})
+        self.team_spent = {team: dict(keys) for team, keys in (team_spent or {}).items()}
         self.spent = dict(spent or {})
         self.created = {month: set(tags.split()) for month, tags in (created or {}).items()}
         self.approvals = dict(approvals or {})
@@ -133,43 +126,39 @@ class SpendBook:
             inp.approvals,
             inp.done_s,
             inp.budget_set,
+            inp.team_budgets,
+            inp.team_budget_set,
+            inp.team_spent,
         )
 
     # --- the budgets ---------------------------------------------------------------------
 
-    def budget_is_set(self) -> bool:
-        """Set by an order or a seed, or carried with a cap from a ledger of before."""
+    def budget_is_set(self, team: str | None = None) -> bool:
+        """Set by an order or a seed, or (the studio's) carried with a cap from a ledger of
+        before."""
+        if team is not None:
+            return team in self.team_budget_set
         return self.budget_set is not None or self.budgets != Budgets()
 
-    def set_budgets(self, order: BudgetOrder, now: datetime) -> Budgets:
-        """Takes a signed order (the vet checked its signature): a seed only while no budget
-        was ever set, an order only when newer than the one in force. Returns the budgets in
-        force."""
-        if order.issued_at is None:
-            raise SpendRefused(
-                "a budget order without its time changes nothing", BUDGET_ORDER_REFUSED
-            )
-        if order.seed:
-            if not self.budget_is_set():
-                self._take(order, now)
-            return self.budgets
-        held = self.budget_set
-        if held is not None and order.issued_at <= held.issued_at:
-            raise SpendRefused(
-                f"the budget order by {order.by} issued at {order.issued_at:%Y-%m-%d %H:%M:%S} "
-                f"UTC is not newer than the one in force (by {held.by}, issued "
-                f"{held.issued_at:%Y-%m-%d %H:%M:%S} UTC): nothing changed",
-                BUDGET_ORDER_REFUSED,
-            )
-        self._take(order, now)
-        return self.budgets
+    def budgets_of(self, team: str | None) -> Budgets:
+        """The studio's budgets (None), or a team's own (none set: no cap of its own)."""
+        return self.budgets if team is None else self.team_budgets.get(team, Budgets())
 
-    def _take(self, order: BudgetOrder, now: datetime) -> None:
-        assert order.issued_at is not None
-        self.budgets = order.budgets.model_copy()
-        self.budget_set = BudgetSetBy(
-            by=order.by, issued_at=order.issued_at, at=now, seed=order.seed
-        )
+    def set_budgets(self, order: BudgetOrder, now: datetime) -> Budgets:
+        """Takes a signed order (the vet checked its signature) for the budget it names, the
+        studio's or a team's. Returns that budget in force."""
+        team = order.team
+        held = self.budget_set if team is None else self.team_budget_set.get(team)
+        try:
+            taken = takes(order, held, self.budget_is_set(team))
+        except OrderNotTaken as refused:
+            raise SpendRefused(str(refused), BUDGET_ORDER_REFUSED) from None
+        if taken and team is None:
+            self.budgets, self.budget_set = order.budgets.model_copy(), set_by(order, now)
+        elif taken and team is not None:
+            self.team_budgets[team] = order.budgets.model_copy()
+            self.team_budget_set[team] = set_by(order, now)
+        return self.budgets_of(team)
 
     def eta_s(self, provider: str) -> float | None:
         """The cloud's ETA for `provider`: the median of its recent create-to-done times (one
@@ -187,18 +176,23 @@ class SpendBook:
                 return entry
         return None
 
-    def totals(self, period: Period, now: datetime) -> PeriodTotals:
+    def totals(self, period: Period, now: datetime, team: str | None = None) -> PeriodTotals:
+        """The studio's totals (`team` None: every entry, every budget), or one team's (its
+        entries, its own budget)."""
         spent = reserved = 0.0
         for entry in self.entries:
             if not _same(period, entry.at, now) or _over(entry, now):
+                continue
+            if team is not None and entry.team != team:
                 continue
             cost = entry.cost_usd or 0.0
             if entry.state == "reserved":
                 reserved += cost
             else:
                 spent += cost
-        spent += self.spent.get(_key(period, now), 0.0)
-        budget = self.budgets.of(period)
+        settled = self.spent if team is None else self.team_spent.get(team, {})
+        spent += settled.get(_key(period, now), 0.0)
+        budget = self.budgets_of(team).of(period)
         # + 0.0: a budget spent to the cent leaves -0.0 after rounding, which prints "$-0.00".
         remaining = None if budget is None else round(budget - spent - reserved, 6) + 0.0
         return PeriodTotals(
@@ -216,12 +210,30 @@ class SpendBook:
             entries=month,
             done_s=self.done_s,
             budget_set=self.budget_set,
+            teams={team: self.team_view(team, now) for team in self._teams(now)},
         )
+
+    def team_view(self, team: str, now: datetime) -> TeamSpend:
+        return TeamSpend(
+            team=team,
+            day=self.totals("day", now, team),
+            month=self.totals("month", now, team),
+            budget_set=self.team_budget_set.get(team),
+        )
+
+    def _teams(self, now: datetime) -> list[str]:
+        """The teams with a budget of their own, or spending this month."""
+        month = _key("month", now)
+        named = set(self.team_budgets) | set(self.team_budget_set)
+        named |= {team for team, keys in self.team_spent.items() if month in keys}
+        named |= {e.team for e in self.entries if e.team is not None and _same("month", e.at, now)}
+        return sorted(named)
 
     def carried(self, now: datetime, updates_per_run: int) -> LedgerInput:
         """What a continued ledger carries (LedgerInput): its size grows with the open entries
         and by one short tag per create, never with the settled entries."""
         spent, kept = dict(self.spent), []
+        team_spent = {team: dict(keys) for team, keys in self.team_spent.items()}
         created = {month: set(tags) for month, tags in self.created.items()}
         approvals = {d: until for d, until in self.approvals.items() if until > now}
         for entry in self.entries:
@@ -234,18 +246,37 @@ class SpendBook:
             cost = 0.0 if entry.state in ENDED_FREE else entry.cost_usd or 0.0
             for key in (_key("day", entry.at), _key("month", entry.at)):
                 spent[key] = round(spent.get(key, 0.0) + cost, 6)
+                if entry.team is not None:
+                    mine = team_spent.setdefault(entry.team, {})
+                    mine[key] = round(mine.get(key, 0.0) + cost, 6)
             if entry.state == "charged":
                 created.setdefault(_key("month", entry.at), set()).add(create_tag(entry))
         yesterday, oldest = _key("day", now - timedelta(days=1)), _key("month", now - KEEP)
+
+        def recent(keys: dict[str, float]) -> dict[str, float]:
+            return {k: v for k, v in keys.items() if len(k) == len("YYYY-MM") or k >= yesterday}
+
+        def team_recent(keys: dict[str, float]) -> dict[str, float]:
+            # A team's budget is for this day and month only: up to a hundred teams' past
+            # months would grow what is carried for ever.
+            return {k: v for k, v in recent(keys).items() if k >= oldest}
+
         return LedgerInput(
             entries=kept,
             budgets=self.budgets,
-            spent={k: v for k, v in spent.items() if len(k) == len("YYYY-MM") or k >= yesterday},
+            spent=recent(spent),
             created={m: " ".join(sorted(t)) for m, t in created.items() if m >= oldest},
             approvals=approvals,
             updates_per_run=updates_per_run,
             done_s=self.done_s,
             budget_set=self.budget_set,
+            team_budgets=self.team_budgets,
+            team_budget_set=self.team_budget_set,
+            team_spent={
+                team: kept_keys
+                for team, keys in team_spent.items()
+                if (kept_keys := team_recent(keys))
+            },
         )
 
     def month_spent(self, month: str) -> float:
@@ -294,7 +325,7 @@ class SpendBook:
             )
         if req.authorisation == "approved_over_budget":
             return
-        shortfall = self.shortfall(terms.cost_usd, now, excluding=current)
+        shortfall = self.shortfall(terms.cost_usd, now, excluding=current, team=terms.team)
         if shortfall is not None:
             raise SpendRefused(shortfall.text(), "budget", shortfall=shortfall)
 
@@ -305,19 +336,29 @@ class SpendBook:
         return any(e.approval == approval and has_create(e) for e in self.entries)
 
     def shortfall(
-        self, cost_usd: float | None, now: datetime, excluding: SpendEntry | None = None
+        self,
+        cost_usd: float | None,
+        now: datetime,
+        excluding: SpendEntry | None = None,
+        team: str | None = None,
     ) -> BudgetShortfall | None:
-        for period in ("day", "month"):
-            totals = self.totals(period, now)
-            if totals.budget_usd is None or totals.remaining_usd is None:
-                continue
-            remaining = totals.remaining_usd
-            if excluding is not None and _same(period, excluding.at, now):
-                remaining += excluding.cost_usd or 0.0
-            short = short_of(period, totals.budget_usd, remaining, cost_usd)
-            if short is not None:
-                return short
-        return None
+        """The budget that cannot cover `cost_usd` for a job of `team`: the studio's, then the
+        team's own; `excluding`: a reservation the new one takes over, whose cost counts back."""
+        return first_short(cost_usd, self._left(now, excluding, team))
+
+    def _left(
+        self, now: datetime, excluding: SpendEntry | None, team: str | None
+    ) -> Iterator[Left]:
+        for whose in (None, team) if team is not None else (None,):
+            for period in ("day", "month"):
+                totals = self.totals(period, now, whose)
+                if totals.budget_usd is None or totals.remaining_usd is None:
+                    continue
+                remaining = totals.remaining_usd
+                counted = excluding is not None and (whose is None or excluding.team == whose)
+                if counted and excluding is not None and _same(period, excluding.at, now):
+                    remaining += excluding.cost_usd or 0.0
+                yield Left(period, totals.budget_usd, remaining, whose)
 
     def reserve(self, req: ReserveRequest, terms: Vetted, now: datetime) -> SpendEntry:
         self.check_reserve(req, terms, now)
@@ -341,6 +382,7 @@ class SpendBook:
             at=now,
             approval=terms.approval,
             approval_until=terms.approval_until,
+            team=terms.team,
         )
         self.entries.append(entry)
         return entry
