@@ -20,7 +20,7 @@ from spillway.client import jobs as job_ops
 from spillway.core import names
 from spillway.core.gpu_pool import PoolAsk, PoolInput, PoolLeave
 from spillway.core.models import Plan
-from spillway.core.pool_book import LEAVE_CHECKS
+from spillway.core.pool_holders import LEAVE_CHECKS
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
 from tests.support.cli import spillway as cli

@@ -23,7 +23,8 @@ from spillway.core.gpu_pool import (
 from spillway.core.hosts import ref
 from spillway.core.line_estimate import Waiter, host_places, starts
 from spillway.core.models import JobPlace
-from spillway.core.pool_book import LEAVE_CHECKS, WARM_PASSES, PoolBook
+from spillway.core.pool_book import WARM_PASSES, PoolBook
+from spillway.core.pool_holders import LEAVE_CHECKS
 
 T0 = datetime(2026, 12, 3, 8, 0, tzinfo=UTC)
 FREE = [HostSeen(name="a40", reachable=True, headroom=True)]

@@ -150,6 +150,20 @@ class SpendLedgerWorkflow:
             except ApplicationError as err:
                 request.error = err
             request.done = True
+        self._publish_spend()
+
+    def _publish_spend(self) -> None:
+        """The day's spend for Prometheus, the studio's (`team="all"`) and each team's. Metrics
+        are no commands: what a history holds is the same with them."""
+        now = workflow.now()
+        gauge = workflow.metric_meter().create_gauge_float(
+            "spillway_cloud_spend_today_usd",
+            "cloud spend of the UTC day, charged and maybe charged",
+            "USD",
+        )
+        gauge.set(self._book.totals("day", now).spent_usd, {"team": "all"})
+        for team in self._book.teams(now):
+            gauge.set(self._book.totals("day", now, team).spent_usd, {"team": team})
 
     def _judged(self, ask: VetRequest, terms: Vetted) -> Vetted:
         """The terms, once the vet's answer allows the request at all."""

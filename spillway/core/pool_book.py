@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import bisect
 import statistics
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from spillway.core import fair_share
 from spillway.core.gpu_pool import (
-    MAX_SHAPES,
     Drain,
-    HeldPlace,
     Holder,
     HostPlaces,
     HostSeen,
@@ -37,12 +35,9 @@ from spillway.core.gpu_pool import (
 from spillway.core.line_estimate import Waiter, frees_in, host_places, starts
 from spillway.core.models import HostCapabilities, HostRef, JobPlace, QueueSpot
 from spillway.core.models import PlaceMode as Mode
+from spillway.core.pool_holders import CHECK_NOW, HolderBook
 from spillway.core.teams import STUDIO, over_waiting
 
-RECENT_HOLDS = 20  # hold durations per host the ETA is computed from
-# A give-back the job still contradicts after this many holder checks is dropped: one sent by
-# the job's download reaches the pool before the job itself has taken in that it let go.
-LEAVE_CHECKS = 3
 # A job in line is passed by a job whose models are warm on a freed place's host at most this
 # many times (SPILLWAY_POOL_PREFER_WARM); then it takes the next place it can use.
 WARM_PASSES = 2
@@ -50,14 +45,13 @@ HEADROOM_WHY = "approval, or a host with headroom"
 
 
 Sent = tuple[str, PoolAnswer]  # (job id, answer)
-CHECK_NOW = datetime(2000, 1, 1, tzinfo=UTC)  # a holder's `checked_at`: check it at the next round
 
 
 def full_reason(host: str, taken: int, max_jobs: int) -> str:
     return f"gpu_places_full_{host}_{taken}of{max_jobs}"
 
 
-class PoolBook:
+class PoolBook(HolderBook):
     def __init__(self, inp: PoolInput) -> None:
         self.hosts: dict[str, PoolHost] = {}
         self._at_comfyui: dict[str, str] = {}  # the host at each ComfyUI only one host is at
@@ -412,22 +406,6 @@ class PoolBook:
                 due.append(self.hosts[name].ref)
         return due
 
-    def check_now(self, now: datetime, every: timedelta) -> bool:
-        """A parked ask or a give-back waits for its holder's check."""
-        return any(
-            h.clearing is None and (h.checked_at == CHECK_NOW or self._leave_due(h, now, every))
-            for h in self.holders.values()
-        )
-
-    @staticmethod
-    def _leave_due(h: Holder, now: datetime, every: timedelta) -> bool:
-        """A give-back no check has begun on since it came, or one the job contradicted, again
-        after `every` (its download's give-back may come before the job has taken in its
-        result)."""
-        if h.left_at is None:
-            return False
-        return h.leave_unchecked or now - h.checked_at >= every
-
     def next_probe(self, now: datetime, every: timedelta) -> datetime | None:
         """When `to_probe` will next name a host; None while it names none (nobody waits, or
         no host has a free place)."""
@@ -438,157 +416,6 @@ class PoolBook:
             for name in self._wanted(self._free_hosts())
         ]
         return min(due) if due else None
-
-    def next_leave_check(self, every: timedelta) -> datetime | None:
-        """When the next give-back is due for its check; None while none waits for one."""
-        due = [
-            h.checked_at if h.leave_unchecked else h.checked_at + every
-            for h in self.holders.values()
-            if h.clearing is None and h.left_at is not None
-        ]
-        return min(due) if due else None
-
-    def unheard(self, now: datetime, after: timedelta, every: timedelta) -> list[Holder]:
-        """The holders to check now: not heard from for `after`, or whose give-back is due for
-        its check (one whose prompt is being taken out is not asked again). Their give-backs
-        count as under check from here: one that comes later is checked again."""
-        due = [
-            h
-            for h in self.holders.values()
-            if h.clearing is None
-            and (now - h.checked_at >= after or self._leave_due(h, now, every))
-        ]
-        for h in due:
-            h.leave_unchecked = False
-        return due
-
-    def heard(self, job_id: str, at: datetime) -> None:
-        """The holder was checked at `at` (when the check began) and said it holds its place,
-        or could not be asked: a give-back in its name that came by then is dropped once that
-        has happened LEAVE_CHECKS times (the place stays held; the holder check goes on)."""
-        held = self.holders.get(job_id)
-        if held is None:
-            return
-        held.checked_at = max(held.checked_at, at)
-        if held.left_at is not None and not held.leave_unchecked:
-            held.left_checks += 1
-            if held.left_checks >= LEAVE_CHECKS:
-                held.left_at, held.left_prompt, held.left_checks = None, None, 0
-                held.left_render_s = None
-
-    def adopt(
-        self,
-        job_id: str,
-        asked_at: datetime,
-        host: str,
-        now: datetime,
-        run_id: str | None = None,
-        *,
-        check_now: bool = False,
-        team: str | None = None,
-    ) -> None:
-        """A place a job holds from an earlier pool: counted as held until it is given back.
-        `check_now`: the job is asked at the next holder check whether it still holds it."""
-        if job_id not in self.holders:
-            self.holders[job_id] = Holder(
-                job_id=job_id,
-                asked_at=asked_at,
-                host=host,
-                since=now,
-                checked_at=CHECK_NOW if check_now else now,
-                run_id=run_id,
-                adopted=True,
-                comfyui=self.hosts[host].ref.comfyui if host in self.hosts else None,
-                team=team,
-            )
-
-    def held_places(self) -> dict[str, HeldPlace]:
-        """Who holds which place (the pool's memo): a place being cleared is no job's now."""
-        return {
-            h.job_id: HeldPlace(asked_at=h.asked_at, host=h.host, run_id=h.run_id)
-            for h in self.holders.values()
-            if h.clearing is None
-        }
-
-    def free(
-        self,
-        holder: Holder,
-        now: datetime,
-        prompt_id: str | None = None,
-        *,
-        whole_run: bool = False,
-    ) -> bool:
-        """A holder that is gone (left, terminated, reset away), as the holder check found:
-        its place back to the pool, once `prompt_id` (one ComfyUI may still hold) is out, or
-        with `whole_run`, every prompt of `prompt_id`'s run."""
-        held = self.holders.get(holder.job_id)
-        if held is None or held.asked_at != holder.asked_at or held.clearing is not None:
-            return False
-        # It gave its place back before it ended: a render, which the ETA learns from.
-        timed = held.left_at is not None and not whole_run
-        return self._leave(held, prompt_id, now, whole_run=whole_run, timed=timed)
-
-    def _leave(
-        self,
-        held: Holder,
-        prompt_id: str | None,
-        now: datetime,
-        *,
-        whole_run: bool = False,
-        timed: bool = False,
-    ) -> bool:
-        """`timed`: the job left after its render, which the ETA learns from."""
-        if prompt_id is not None:
-            held.clearing, held.clearing_run = prompt_id, whole_run
-            return False
-        self._release(held, now, timed=timed)
-        return True
-
-    def to_clear(self, now: datetime, every: timedelta) -> list[Holder]:
-        """Left places whose prompt is to be taken out now (first try, or `every` since)."""
-        return [
-            h
-            for h in self.holders.values()
-            if h.clearing is not None and (h.cleared_at is None or now - h.cleared_at >= every)
-        ]
-
-    def next_clear(self, now: datetime, every: timedelta) -> datetime | None:
-        """When `to_clear` will next name a place; None while no place is left uncleared."""
-        due = [
-            now if h.cleared_at is None else h.cleared_at + every
-            for h in self.holders.values()
-            if h.clearing is not None
-        ]
-        return min(due) if due else None
-
-    def cleared(self, holder: Holder, now: datetime) -> bool:
-        """The prompt is out of ComfyUI: the place is free."""
-        held = self.holders.get(holder.job_id)
-        if held is None or held.asked_at != holder.asked_at:
-            return False
-        self._release(held, now)
-        return True
-
-    def _release(self, held: Holder, now: datetime, *, timed: bool = False) -> None:
-        """A place back. What the ETA learns, from a job that gave its place back itself: its
-        render as ComfyUI timed it, else how long it held the place (not known for a hold
-        adopted from an earlier pool). Never from a job that ended without giving it back, or a
-        prompt taken out: those are no renders. (A spillway stopped 17 minutes mid-render made
-        one "17 minutes", and every wait behind two 8 s renders "~9 min".)"""
-        del self.holders[held.job_id]
-        took = held.left_render_s if timed else None
-        if took is None and timed and not held.adopted:
-            took = (now - held.since).total_seconds()
-        if took is not None:
-            holds = self.holds_s.setdefault(self._counted_on(held), [])
-            holds.append(took)
-            del holds[:-RECENT_HOLDS]
-        if took is not None and held.shape is not None:
-            # Renewed last at the end: the shapes seen least recently go first.
-            shaped = self.shape_holds.pop(held.shape, [])
-            self.shape_holds[held.shape] = [*shaped, took][-RECENT_HOLDS:]
-            for old in list(self.shape_holds)[:-MAX_SHAPES]:
-                del self.shape_holds[old]
 
     def settle_parked(self, still_holding: set[str], now: datetime) -> list[Sent]:
         """After a holder check: a parked ask of a job whose earlier place is free now is asked
@@ -824,18 +651,6 @@ class PoolBook:
 
     def _held_on(self, host: str) -> list[Holder]:
         return [h for h in self.holders.values() if self._counted_on(h) == host]
-
-    def _counted_on(self, held: Holder) -> str:
-        """The host whose places `held` takes: the one it was admitted to, or, that name no
-        longer configured, the host at the same ComfyUI (renamed: a new name is not a new card).
-        A loopback URL shared by hosts on their own machines names none of them."""
-        if held.host in self.hosts or held.comfyui is None:
-            return held.host
-        return self._at_comfyui.get(held.comfyui, held.host)
-
-    def host_of(self, held: Holder) -> PoolHost | None:
-        """The configured host `held` counts on; None: none (its place counts nowhere)."""
-        return self.hosts.get(self._counted_on(held))
 
     def _free_hosts(self) -> list[str]:
         counts = self.in_use()

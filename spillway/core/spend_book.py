@@ -210,7 +210,7 @@ class SpendBook:
             entries=month,
             done_s=self.done_s,
             budget_set=self.budget_set,
-            teams={team: self.team_view(team, now) for team in self._teams(now)},
+            teams={team: self.team_view(team, now) for team in self.teams(now)},
         )
 
     def team_view(self, team: str, now: datetime) -> TeamSpend:
@@ -221,7 +221,7 @@ class SpendBook:
             budget_set=self.team_budget_set.get(team),
         )
 
-    def _teams(self, now: datetime) -> list[str]:
+    def teams(self, now: datetime) -> list[str]:
         """The teams with a budget of their own, or spending this month."""
         month = _key("month", now)
         named = set(self.team_budgets) | set(self.team_budget_set)
