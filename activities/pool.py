@@ -203,22 +203,16 @@ class PoolActivities:
         by someone else: no spillway worker answers it, and every job would wait for ever) is
         terminated first: a pool's state is only places and a line, which the next one takes
         back from the jobs themselves."""
-        queue = activity.info().task_queue
-        await self._evict_foreign(queue)
-        await self._client.start_workflow(
-            names.GPU_POOL,
-            PoolInput(),
-            id=names.pool_id(queue),
-            task_queue=names.pool_queue(queue),
-            start_signal=names.POOL_ASK,
-            start_signal_args=[ask],
-        )
+        await self._start_with(names.POOL_ASK, ask)
 
     @activity.defn(name=names.POOL_START_BY_LEAVE)
     async def start_by_leave(self, leave: PoolLeave) -> None:
         """The same, with the give-back of a job that found no pool running: the pool that
         starts finds the places still held and hands the freed one on at once, where the line
         would otherwise wait for its next check (SPILLWAY_POOL_LINE_CHECK_S)."""
+        await self._start_with(names.POOL_LEAVE, leave)
+
+    async def _start_with(self, signal: str, message: PoolAsk | PoolLeave) -> None:
         queue = activity.info().task_queue
         await self._evict_foreign(queue)
         await self._client.start_workflow(
@@ -226,8 +220,8 @@ class PoolActivities:
             PoolInput(),
             id=names.pool_id(queue),
             task_queue=names.pool_queue(queue),
-            start_signal=names.POOL_LEAVE,
-            start_signal_args=[leave],
+            start_signal=signal,
+            start_signal_args=[message],
         )
 
     async def _evict_foreign(self, queue: str) -> None:

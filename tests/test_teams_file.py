@@ -64,7 +64,7 @@ def test_a_bad_teams_file_is_refused_in_one_line_naming_the_field(tmp_path, cont
 
 
 def test_a_missing_teams_file_says_which():
-    with pytest.raises(ConfigError, match=r"cannot read the teams file /nowhere/teams\.json"):
+    with pytest.raises(ConfigError, match=r"cannot read teams file /nowhere/teams\.json"):
         load_teams(Path("/nowhere/teams.json"))
 
 

@@ -26,14 +26,8 @@ async def team_waiting(client: Client, task_queue: str, team: str) -> int | None
     """Jobs of `team` in the GPU line now, as the pool's view has them (0: no pool runs; None:
     the pool did not answer, and the CLI cannot tell). Only the pool's query: a submit asks it,
     and a burst of submits must not list holders each."""
-    handle = client.get_workflow_handle(names.pool_id(task_queue))
     try:
-        view: PoolView = await handle.query(
-            names.POOL_VIEW,
-            result_type=PoolView,
-            reject_condition=QueryRejectCondition.NOT_OPEN,
-            rpc_timeout=QUERY_TIMEOUT,
-        )
+        view = await _running_view(client, task_queue)
     except WorkflowQueryRejectedError:
         return 0
     except RPCError as exc:
@@ -44,14 +38,8 @@ async def team_waiting(client: Client, task_queue: str, team: str) -> int | None
 async def pool_view(client: Client, task_queue: str) -> PoolView:
     """A closed pool's last view is never shown: its holders may have ended since, and its line
     has moved on to a new pool."""
-    handle = client.get_workflow_handle(names.pool_id(task_queue))
     try:
-        view: PoolView = await handle.query(
-            names.POOL_VIEW,
-            result_type=PoolView,
-            reject_condition=QueryRejectCondition.NOT_OPEN,
-            rpc_timeout=QUERY_TIMEOUT,
-        )
+        view = await _running_view(client, task_queue)
     except WorkflowQueryRejectedError as rejected:
         return PoolView(
             hosts=[], line=[], pool="closed", closed=getattr(rejected.status, "name", None)
@@ -62,6 +50,17 @@ async def pool_view(client: Client, task_queue: str) -> PoolView:
         raise Failed(f"the GPU pool did not answer ({exc.message}): is a worker running?") from None
     await _holders_states(client, view)
     await _patience(client, view)
+    return view
+
+
+async def _running_view(client: Client, task_queue: str) -> PoolView:
+    """The running pool's `view`; WorkflowQueryRejectedError: it is closed."""
+    view: PoolView = await client.get_workflow_handle(names.pool_id(task_queue)).query(
+        names.POOL_VIEW,
+        result_type=PoolView,
+        reject_condition=QueryRejectCondition.NOT_OPEN,
+        rpc_timeout=QUERY_TIMEOUT,
+    )
     return view
 
 

@@ -15,12 +15,13 @@ import os
 import re
 import secrets
 from pathlib import Path
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Any, Literal, Self, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import (
     AliasChoices,
     AnyHttpUrl,
+    BaseModel,
     BeforeValidator,
     Field,
     SecretStr,
@@ -306,6 +307,22 @@ def webhook_key(secret: str) -> bytes:
 # A field whose name holds one of these never has its value shown (a webhook URL is a credential;
 # a storage URL may carry credentials, e.g. https://KEY:SECRET@host).
 SECRET_WORDS = ("KEY", "SECRET", "TOKEN", "WEBHOOK", "PASSWORD", "CALLBACK", "OUTPUT_URL", "AWS_")
+
+
+_Model = TypeVar("_Model", bound=BaseModel)
+
+
+def read_config_file(path: Path, model: type[_Model], what: str) -> _Model:
+    """A JSON configuration file (the routing tiers, the teams): ConfigError in one line, naming
+    the file and each bad field."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} {path}: {exc.strerror}") from None
+    try:
+        return model.model_validate_json(text)
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error(exc, f"{what} {path}")) from None
 
 
 def describe_validation_error(exc: ValidationError, source: str) -> str:

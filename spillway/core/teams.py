@@ -7,10 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from spillway.core.errors import ConfigError
-from spillway.core.settings import describe_validation_error
+from spillway.core.settings import read_config_file
 
 STUDIO = "studio"  # the one team when there is no teams file
 # A team's name is a search attribute's value (SpillwayTeam) and a metric label.
@@ -80,11 +80,4 @@ def load_teams(path: Path | None) -> Teams:
     """The teams file; None: the one team. A bad file: ConfigError naming the field."""
     if path is None:
         return ONE_TEAM
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read the teams file {path}: {exc.strerror}") from None
-    try:
-        return Teams.model_validate_json(text)
-    except ValidationError as exc:
-        raise ConfigError(describe_validation_error(exc, f"teams file {path}")) from None
+    return read_config_file(path, Teams, "teams file")

@@ -6,13 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from spillway.core.errors import ConfigError
 from spillway.core.settings import (
     CheckedUrl,
-    describe_validation_error,
     is_loopback,
+    read_config_file,
     shown,
     url_key,
 )
@@ -96,11 +95,4 @@ def shared_comfyui(hosts: list[tuple[str, object]], *, loopback: bool) -> str | 
 
 
 def load_tiers(path: Path) -> RoutingTiers:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read routing tiers {path}: {exc.strerror}") from None
-    try:
-        return RoutingTiers.model_validate_json(text)
-    except ValidationError as exc:
-        raise ConfigError(describe_validation_error(exc, f"routing tiers {path}")) from None
+    return read_config_file(path, RoutingTiers, "routing tiers")
