@@ -52,7 +52,9 @@ async def ask(
     job when the line's estimate passes it)."""
     if s.place is not None and s.place.host is not None:
         # An ask it kept (its submit found no place of its own) was answered with a place
-        # while the job decided again: it holds it.
+        # while the job decided again: it holds it, and renders there whatever host its new
+        # probe would have picked.
+        s.next_host = s.place.host
         return PoolAnswer(asked_at=s.place.asked_at, host=s.place.host)
     if s.place is None:
         s.place = JobPlace(
