@@ -172,7 +172,10 @@ async def test_300_armed_jobs_of_three_teams_and_a_killed_worker_keep_every_budg
     # The ledger's charged plus maybe charged are exactly the creates the double saw, but for a
     # lost create that never left (counted as a possible charge: money fails closed).
     assert spent_clips == len(completed) + len(lost), counts
-    assert minimax.tasks_created == minimax.create_calls == sum(creates.values())
+    assert minimax.tasks_created == sum(creates.values()), counts
+    # A lost create whose body the kill cut off reached MiniMax as a request and made no task.
+    unread = len(lost) - sum(creates[j] for j in lost)
+    assert minimax.tasks_created <= minimax.create_calls <= minimax.tasks_created + unread, counts
     assert minimax.tasks_created == len(completed) + sum(creates[j] for j in lost), counts
     assert_spend_covers(summary, minimax, plans)
     # The budgets, not the crash, stopped the spending: the studio's is spent but for what a
