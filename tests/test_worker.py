@@ -12,8 +12,12 @@ import httpx
 import worker
 from spillway.core.models import Plan
 from spillway.sim.comfyui import ComfyUISim
+from spillway.sim.minimax import MiniMaxSim
 from tests.support.cli import free_ports
+from tests.support.constants import BUSY_VRAM_PCT, CLIP_USD
 from tests.support.jobs import Jobs
+from tests.support.teams import start, write_teams
+from tests.support.worker_process import FAST_CLOUD
 
 
 async def test_the_worker_serves_job_probe_and_sdk_metrics_then_stops_on_sigterm(
@@ -41,6 +45,36 @@ async def test_the_worker_serves_job_probe_and_sdk_metrics_then_stops_on_sigterm
     await worker.stop()  # SIGTERM
     assert "shutting down: waits hand over now, a create in flight gets" in worker.log
     assert "Traceback" not in worker.log
+
+
+async def test_the_worker_publishes_the_day_s_cloud_spend_for_the_studio_and_each_team(
+    worker_process, dev_env, comfyui: ComfyUISim, minimax: MiniMaxSim, tmp_path: Path
+):
+    comfyui.set_vram_used_pct(BUSY_VRAM_PCT)
+    [port] = free_ports(1)
+    worker = await worker_process(
+        COMFYUI_URL=comfyui.url,
+        MINIMAX_BASE_URL=minimax.url,
+        **FAST_CLOUD,
+        CLOUD_VIDEO_FALLBACK_ENABLED=1,
+        SPILLWAY_TEAMS_FILE=str(write_teams(tmp_path)),
+        SPILLWAY_METRICS_PORT=port,
+    )
+    jobs = Jobs(dev_env.client, worker.task_queue)
+    job_id = await start(jobs, "ads", "an ads clip")
+    handle = jobs.client.get_workflow_handle(job_id, result_type=Plan)
+    plan = await asyncio.wait_for(handle.result(), 60)
+    assert plan.route == "cloud"
+
+    async with httpx.AsyncClient() as http:
+        metrics = (await http.get(f"http://127.0.0.1:{port}/metrics", timeout=5)).text
+    spend = {
+        line.split("{", 1)[1].split("}", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("spillway_cloud_spend_today_usd{")
+    }
+    assert [v for k, v in spend.items() if 'team="all"' in k] == [CLIP_USD], spend
+    assert [v for k, v in spend.items() if 'team="ads"' in k] == [CLIP_USD], spend
 
 
 def test_the_worker_takes_nothing_from_the_cli():

@@ -4,8 +4,12 @@ and who holds what, and records each admission here.
 
 Each team has a turn on one clock: an admission moves the team's turn on by 1/share, so over
 time a team is handed places in proportion to its share. The place goes to the waiting team
-whose turn comes first (the one served least recently for its share); ties go to the team
-holding the fewest places now per unit of share, then to the line's order. A team that had
+whose turn comes first (the one served least recently for its share); ties go to the team of
+the smallest share (losing a tie delays it by a whole 1/share, the most), then to the team
+holding the fewest places now per unit of share, then to the line's order. With the smaller
+share first at ties, a team always waiting gets its share of every window of admissions minus
+at most one (the property test); with the line's order there, a share-1 team of three lost
+that by up to 1.2 places. A team that had
 nobody waiting starts again at the clock: waiting for nothing banks no places. The places held
 now are a tie-break and not the first rule: with fewer places than teams, the team of share 1
 holding none would otherwise take every place that frees (two places, shares 1/2/3: half the
@@ -50,6 +54,7 @@ def next_team(
         waiting,
         key=lambda t: (
             round(turn(turns, t), DIGITS),
+            -1.0 / shares.get(t, 1.0),
             held.get(t, 0) / shares.get(t, 1.0),
             order[t],
         ),
