@@ -64,6 +64,8 @@ class PolicyActivities:
             pool_holder_check_s=s.SPILLWAY_POOL_HOLDER_CHECK_S,
             pool_aging_s=s.SPILLWAY_POOL_AGING_S,
             pool_prefer_warm=s.SPILLWAY_POOL_PREFER_WARM,
+            preempt=s.SPILLWAY_PREEMPT,
+            preempt_max_run_s=s.SPILLWAY_PREEMPT_MAX_RUN_S,
             team_shares=self._teams.shares(),
             default_team=self._teams.default,
             team_max_waiting=self._teams.max_waiting(),

@@ -478,8 +478,15 @@ class PoolActivities:
             return None
         mine = (holder.host, None)
         # Its own ask: holding the place, or about to take it (the answer is on its way, or its
-        # submit found no pool to confirm the place with, and it asked again).
-        if place is not None and place.asked_at == holder.asked_at and place.host in mine:
+        # submit found no pool to confirm the place with, and it asked again); not a place it
+        # let go of for a preemption (it waits in line again with the same ask).
+        let_go = place is not None and place.host is None and place.preempted_by is not None
+        if (
+            place is not None
+            and place.asked_at == holder.asked_at
+            and place.host in mine
+            and not let_go
+        ):
             return True
         named = await _named_prompt(described, holder)
         if named is not None:

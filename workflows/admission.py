@@ -22,7 +22,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.comfyui.capabilities import graph_shape, model_files
     from spillway.core import names
     from spillway.core.gpu_pool import HostSeen, LateCheck, PoolAnswer, PoolAsk, PoolLeave
-    from spillway.core.models import JobPlace, PlaceMode, QueueSpot
+    from spillway.core.models import JobPlace, PlaceMode, Preemption, QueueSpot
 
 # Runs of 0.4.0 decide without the pool (a waiting job of theirs re-probes on its own) and read
 # the policy as a local activity.
@@ -85,6 +85,7 @@ async def ask(
         by_deadline=place.by_deadline,
         shape=graph_shape(s.job.graph),
         team=place.team,
+        preempted_by=place.preempted_by,
     )
     unanswered = False
     while True:
@@ -150,6 +151,7 @@ def _standing(s: VideoJobState) -> PoolAsk:
         by_deadline=place.by_deadline,
         shape=graph_shape(s.job.graph),
         team=place.team,
+        preempted_by=place.preempted_by,
     )
 
 
@@ -160,6 +162,13 @@ def take(s: VideoJobState, answer: PoolAnswer) -> bool:
     if place is None or place.asked_at != answer.asked_at:
         return False
     if place.host is not None:  # the same answer again (it asked twice): it holds that place
+        if (
+            answer.preempted_by is not None
+            and answer.host == place.host
+            and s.plan.preempted is None  # never twice
+            and s.preempt is None
+        ):
+            s.preempt = Preemption(by=answer.preempted_by, at=workflow.now(), host=place.host)
         return True
     if answer.host is not None:
         s.place = place.model_copy(update={"host": answer.host})
@@ -191,6 +200,20 @@ async def leave(s: VideoJobState) -> None:
     lingering = None if s.prompt_out or place.host is None else s.plan.prompt_id
     render_s = s.render_s if place.host is not None else None
     await give_back(s, place.asked_at, lingering, render_s)
+
+
+async def let_go(s: VideoJobState) -> None:
+    """Preempted: the place goes back to the pool, which hands it to the preemptor once a holder
+    check confirms the job let go (and, when the job could not take its prompt out, once the
+    pool has), and the job keeps its first ask time to wait in line again (never to be
+    preempted twice)."""
+    order, place = s.preempt, s.place
+    assert order is not None and place is not None
+    s.preempt = None
+    s.plan.preempted = order
+    s.place = place.model_copy(update={"host": None, "preempted_by": order.by})
+    lingering = None if s.prompt_out else s.plan.prompt_id
+    await give_back(s, place.asked_at, lingering)
 
 
 async def give_back(

@@ -260,7 +260,17 @@ class GpuPoolWorkflow:
             self._keep_holders()
 
     def _send(self, job_id: str, answer: PoolAnswer) -> None:
-        if answer.host is not None:
+        if answer.preempted_by is not None:
+            workflow.logger.info(
+                "gpu pool: %s gives its place on %s to %s (preempted)",
+                job_id,
+                answer.host,
+                answer.preempted_by,
+            )
+            workflow.metric_meter().create_counter(
+                "spillway_gpu_preemptions", "places given up for a preempting job"
+            ).add(1, {"host": answer.host or ""})
+        elif answer.host is not None:
             waited = (workflow.now() - answer.asked_at).total_seconds()
             workflow.metric_meter().create_histogram_float(
                 "spillway_gpu_admission_wait", "seconds from a job's ask to its place", "s"
@@ -316,6 +326,8 @@ class GpuPoolWorkflow:
         aging = self._aged and policy.pool_aging_s > 0
         self._book.set_aging(timedelta(seconds=policy.pool_aging_s) if aging else None)
         self._book.prefer_warm = policy.pool_prefer_warm
+        self._book.preempt = policy.preempt
+        self._book.preempt_max_run_s = policy.preempt_max_run_s
         self._book.set_teams(policy.team_shares, policy.default_team, policy.team_max_waiting)
 
     async def _find_holders(self) -> None:

@@ -36,6 +36,7 @@ with workflow.unsafe.imports_passed_through():
         LoadStatus,
         Plan,
         Policy,
+        Preemption,
         RenderProgress,
         VideoJob,
     )
@@ -121,6 +122,9 @@ class VideoJobState:
     patience_until: datetime | None = None
     late: bool = False
     answer: PoolAnswer | None = None  # the pool's answer to the ask just sent
+    # The pool's word that its place goes to a more urgent job: the render is taken out of
+    # ComfyUI and the place given back (local_route), unless the render ended first.
+    preempt: Preemption | None = None
     # What the job decided on, so that a refusal of the ledger later (the budget, a disarmed
     # fallback) changes its quote by the same rules. Not carried across continue-as-new.
     seen: Seen | None = None

@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError
+from temporalio.exceptions import ActivityError, is_cancelled_exception
 
 from workflows import activity_calls as calls
 from workflows import admission
@@ -61,6 +61,11 @@ async def to_the_end(work: Awaitable[_T]) -> _T:
         raise
 
 
+class Preempted(Exception):
+    """The pool gives the job's place to a more urgent job (SPILLWAY_PREEMPT): its render is
+    out of ComfyUI (or named for the pool to take out), and it waits in line again."""
+
+
 class PlaceTaken(Exception):
     """The GPU pool shows no place of the job's (an answer that was not the pool's; a reset
     run's place that went back; no pool running): nothing was posted, and the job asks for a
@@ -87,7 +92,10 @@ async def run(s: VideoJobState) -> bool:
     # Not part of the workflow's decisions (the Replayer gives every run its first run's id):
     # it only tells the submit to look for the prompts of the run this one was reset from.
     reset_run = info.original_execution_run_id != info.run_id
-    while plan.local_attempts < s.policy.comfyui_max_attempts:
+    # A preempted render is no failed attempt: it posts once more.
+    while plan.local_attempts < s.policy.comfyui_max_attempts + (plan.preempted is not None):
+        if s.preempt is not None:
+            raise Preempted  # nothing posted on this place yet
         plan.local_attempts += 1
         prompt_id = prompt_id_for(job.job_id, plan.local_attempts, tag)
         plan.prompt_id = prompt_id
@@ -143,7 +151,10 @@ async def run(s: VideoJobState) -> bool:
         else:
             if submitted is None:
                 return True
-        finished = await _follow(s, host, prompt_id, silent_since)
+        if s.policy.preempt == "off":  # the pool preempts nobody: no second wait
+            finished = await _follow(s, host, prompt_id, silent_since)
+        else:
+            finished = await _follow_unless_preempted(s, host, prompt_id, silent_since)
         if finished is None:
             return True
         if finished.outcome == "stalled":
@@ -256,6 +267,44 @@ async def _follow(
             pause = min(LOOK_AGAIN_S - s.policy.host_lost_after_s, give_up_s - silent_s)
             if pause > 0:
                 await workflow.sleep(timedelta(seconds=pause))
+
+
+async def _follow_unless_preempted(
+    s: VideoJobState, host: HostRef, prompt_id: str, silent_since: datetime | None
+) -> ComfyUIFinished | None:
+    """`_follow`, unless the pool gives the place to a more urgent job first: then the prompt
+    is taken out of ComfyUI (interrupted at its next node boundary when running, deleted when
+    pending) before the place goes back, and the job raises Preempted. A render that ended
+    first is the job's: it downloads and gives the place back as always."""
+    if s.preempt is None:
+        follow = asyncio.ensure_future(_follow(s, host, prompt_id, silent_since))
+        told = asyncio.ensure_future(workflow.wait_condition(lambda: s.preempt is not None))
+        try:
+            await workflow.wait([follow, told], return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            follow.cancel()
+            told.cancel()
+            raise
+        if follow.done():
+            told.cancel()
+            return follow.result()
+        follow.cancel()
+        with contextlib.suppress(asyncio.CancelledError, ActivityError):
+            await follow
+    assert s.preempt is not None
+    try:
+        cancel = ComfyUICancel(prompt_id=prompt_id)
+        taken = await calls.comfyui_cancel(cancel, s.heartbeat, host, s.priority)
+    except ActivityError as err:
+        if is_cancelled_exception(err):
+            raise
+        # Its host does not answer: the give-back names the prompt, and the pool takes it out
+        # before the place is anyone else's.
+        workflow.logger.warning("job %s: preempted prompt not taken out: %s", s.job.job_id, err)
+    else:
+        s.prompt_out = True
+        s.reason(f"preempted_prompt_{taken.was}={prompt_id}")
+    raise Preempted
 
 
 async def _stalled(s: VideoJobState, host: HostRef, finished: ComfyUIFinished) -> bool:

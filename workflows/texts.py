@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 from activities.cloud.models import Reconciled
 from activities.cloud.registry import console, key_names, label
 from spillway.core.decision import BUDGET_EXHAUSTED, Decision, about, duration, ordinal
-from spillway.core.gpu_pool import PoolView
+from spillway.core.gpu_pool import PlaceView, PoolView
 from spillway.core.ledger import BudgetShortfall, BudgetView, SpendEntry
 from spillway.core.models import (
     ApprovalNotice,
@@ -89,10 +89,17 @@ def current_details(plan: Plan, progress: RenderProgress | None = None) -> str:
             if plan.patience_until is not None
             else ""
         )
+        back = ""
+        if plan.preempted is not None:
+            back = (
+                f" **Preempted** by `{plan.preempted.by}` at {plan.preempted.at:%H:%M:%S} UTC on "
+                f"`{plan.preempted.host}`: its render was taken out of ComfyUI, and it waits "
+                "again at its first ask time."
+            )
         return (
             f"**Waiting in the GPU line** for a place on a GPU host{why}; it runs locally as "
-            f"soon as it gets one.{patience}{_line_text(plan)}\n\n`spillway queue` shows the "
-            "line now."
+            f"soon as it gets one.{back}{patience}{_line_text(plan)}\n\n`spillway queue` shows "
+            "the line now."
         )
     if state == "probing":
         if plan.overflow.trigger == "unreachable":
@@ -203,9 +210,13 @@ def pool_details(
     def who(job_id: str, team: str | None) -> str:
         return f"`{job_id}` ({team})" if several and team else f"`{job_id}`"
 
+    def holder(p: PlaceView) -> str:
+        given = f", giving it to `{p.preempted_by}`" if p.preempted_by else ""
+        return who(p.job_id, p.team) + given
+
     lines = ["**GPU places**"]
     for host in view.hosts:
-        held = ", ".join(who(p.job_id, p.team) for p in host.places) or "free"
+        held = ", ".join(holder(p) for p in host.places) or "free"
         lines.append(
             f"- `{host.name}`: {len(host.places)} of {host.max_jobs} ({held}){host.drained_text()}"
         )
@@ -213,11 +224,16 @@ def pool_details(
         lines.append("\n**Teams**")
         for team, (held_n, waiting) in sorted(teams.items()):
             lines.append(f"- `{team}`: {places(held_n)} held, {waiting} waiting")
+    if view.preemptions:
+        lines.append(f"\n**Preemptions: {view.preemptions}**")
     lines.append(f"\n**In line: {in_line}**")
     for item in view.line:
         eta = about(item.eta_s) or (f": {item.why}" if item.why else "")
         team = f", team {item.team}" if several and item.team else ""
-        lines.append(f"{item.position}. `{item.job_id}` (priority {item.priority}{team}{eta})")
+        back = f", preempted by `{item.preempted_by}`" if item.preempted_by else ""
+        lines.append(
+            f"{item.position}. `{item.job_id}` (priority {item.priority}{team}{back}{eta})"
+        )
     if in_line > len(view.line):
         lines.append(f"... and {in_line - len(view.line)} more (`spillway queue`)")
     return "\n".join(lines)

@@ -130,6 +130,10 @@ class VideoJobWorkflow:
                     break
                 try:
                     host_lost = await local_route.run(s)
+                except local_route.Preempted:
+                    await admission.let_go(s)
+                    choice = await self._decide()  # back in line at its first ask time
+                    continue
                 except local_route.PlaceTaken as taken:
                     choice = await self._decide()  # a new ask: a place, the line, or the cloud
                     s.reason(f"place_taken={taken}")
@@ -216,6 +220,8 @@ class VideoJobWorkflow:
         s.plan.reasons = decision.reasons
         s.plan.reasons += [f"cannot_run_on={name}" for name in s.unfit or []]
         s.plan.reasons += [patience_reason] if patience_reason else []
+        if s.plan.preempted is not None:
+            s.plan.reasons.append(f"preempted_by_{s.plan.preempted.by}")
         s.plan.overflow.trigger = decision.trigger
         s.plan.overflow.last_signal = load if decision.trigger else None
         s.seen = seen

@@ -217,6 +217,12 @@ def render_plan(plan: Plan) -> str:
             f"  cancel    asked by {plan.cancelled_by.by} "
             f"at {plan.cancelled_by.at:%Y-%m-%d %H:%M:%S} UTC{said}"
         )
+    if plan.preempted is not None:
+        lines.append(
+            f"  preempted by {plan.preempted.by} on {plan.preempted.host} "
+            f"at {plan.preempted.at:%Y-%m-%d %H:%M:%S} UTC: its render was taken out of ComfyUI "
+            "and it waited in line again at its first ask time"
+        )
     if plan.quote is not None:
         lines.append(f"  decided   {plan.quote.route}: {plan.quote.why}")
     if plan.state == "awaiting_approval":
@@ -336,8 +342,11 @@ def render_queue(view: PoolView, *, wide: bool = False) -> str:
             f"since {p.since:%H:%M:%S}"
             + (f"  team {p.team}" if _teamed(p.team) else "")
             + (f"  (left: taking prompt {p.clearing} out of ComfyUI)" if p.clearing else "")
+            + (f"  (preempted: giving its place to {p.preempted_by})" if p.preempted_by else "")
             for p in host.places
         ]
+    if view.preemptions:
+        lines.append(f"preemptions since the pool started: {view.preemptions}")
     if not view.line:
         lines.append("nobody waits in line")
         return "\n".join(lines)
@@ -347,6 +356,8 @@ def render_queue(view: PoolView, *, wide: bool = False) -> str:
         # No estimate, or one of now for a job still in line: its why says what it waits for.
         eta = f"~{_eta(item.eta_s)}" if item.eta_s is not None and about(item.eta_s) else "-"
         why = f"team {item.team}; {item.why}" if _teamed(item.team) else item.why
+        if item.preempted_by is not None:
+            why = f"preempted by {item.preempted_by}; {why}"
         if item.patience_until is not None:
             why += f"; cloud at {item.patience_until:%H:%M:%S}"
         row = (

@@ -77,6 +77,9 @@ class PoolAsk(BaseModel):
     # Who the job is for (SPILLWAY_TEAMS_FILE): places go to teams by their shares. None: the
     # default team (an ask of a job before teams).
     team: Annotated[str, Field(max_length=MAX_ID)] | None = None
+    # The job whose preemption sent this one back into line (SPILLWAY_PREEMPT): it is never
+    # preempted again, and its earlier place must be free before this ask is lined.
+    preempted_by: Annotated[str, Field(max_length=MAX_ID)] | None = None
 
     @model_serializer(mode="wrap")
     def _without_defaults(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -138,6 +141,10 @@ class PoolAnswer(BaseModel):
     refused: str | None = None
     # In the line, where the pool has several teams: the places its team held then.
     team_places: int | None = None
+    # To a holder (SPILLWAY_PREEMPT): give this place back to that job. The holder takes its
+    # prompt out of ComfyUI first, then gives the place back and asks again at its first ask
+    # time; the place goes to that job once free.
+    preempted_by: str | None = None
 
 
 class LateCheck(BaseModel):
@@ -189,6 +196,12 @@ class Holder(BaseModel):
     # Its host's ComfyUI (HostRef.comfyui) when admitted: the host renamed since, its place
     # counts on the host of that ComfyUI under its new name.
     comfyui: str | None = None
+    priority: int = 3  # its ask's (the preemption rule reads it)
+    preempted: bool = False  # it was preempted once: never again
+    # Preemption under way: the job its place goes to once the holder has let go, and when
+    # the holder was told.
+    preempted_by: str | None = None
+    preempted_at: datetime | None = None
 
 
 class HeldPlace(BaseModel):
@@ -258,6 +271,10 @@ class PoolInput(BaseModel):
     changing: list[PoolAsk] = []
     # Each team's turn for a freed place (spillway/core/fair_share.py).
     turns: Turns = Turns()
+    # Preemption: per preemptor, the host whose place its victim has let go of, kept for it
+    # until it takes it or leaves the line; and how many the pool has made.
+    promised: dict[str, str] = {}
+    preemptions: int = 0
 
 
 class PlaceView(BaseModel):
@@ -270,6 +287,7 @@ class PlaceView(BaseModel):
     # it); None where it was not read.
     state: JobState | None = None
     team: str | None = None
+    preempted_by: str | None = None  # it is giving its place to that job (SPILLWAY_PREEMPT)
 
 
 class HostPlaces(BaseModel):
@@ -304,6 +322,7 @@ class InLine(BaseModel):
     # `spillway queue`; the pool does not keep it).
     patience_until: datetime | None = None
     team: str | None = None
+    preempted_by: str | None = None  # sent back into line by that job's preemption
 
 
 class PoolView(BaseModel):
@@ -315,3 +334,4 @@ class PoolView(BaseModel):
     # TERMINATED) and what it last held is not shown: the jobs ask a new pool.
     pool: Literal["running", "not_started", "closed"] = "running"
     closed: str | None = None
+    preemptions: int = 0  # places taken by preemption since the pool started (SPILLWAY_PREEMPT)

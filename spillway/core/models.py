@@ -99,6 +99,8 @@ class Policy(BaseModel):
     host_fit: bool = False
     # SPILLWAY_POOL_PREFER_WARM (False in what 0.5.0 workers read)
     pool_prefer_warm: bool = False
+    preempt: Literal["off", "priority", "fair"] = "off"  # SPILLWAY_PREEMPT
+    preempt_max_run_s: float = 120.0  # SPILLWAY_PREEMPT_MAX_RUN_S
     # The teams' shares of the GPU places (SPILLWAY_TEAMS_FILE), and the team of a job that
     # names none; one team, `studio`, without a teams file.
     team_shares: dict[str, float] = {}
@@ -465,6 +467,18 @@ class JobPlace(BaseModel):
     start_by: datetime | None = None
     by_deadline: bool = False
     team: str | None = None  # who the job is for (None: a job before teams)
+    # It let go of its place for that job's preemption and waits in line again, at its first
+    # ask time: a holder check finds it no longer holding that place.
+    preempted_by: str | None = None
+
+
+class Preemption(BaseModel):
+    """A job whose place went to a more urgent job (SPILLWAY_PREEMPT): who took it, when the
+    pool said so, on which host."""
+
+    by: str
+    at: datetime
+    host: str
 
 
 class Plan(BaseModel):
@@ -503,6 +517,9 @@ class Plan(BaseModel):
     quote: Quote | None = None
     # Who asked `spillway cancel` for it, and why (None: nobody did, or a bare cancel request).
     cancelled_by: CancelRecord | None = None
+    # Its place went to a more urgent job (SPILLWAY_PREEMPT): its render was taken out of
+    # ComfyUI and it waited in line again (once at most).
+    preempted: Preemption | None = None
 
     def hosts_text(self) -> str:
         """Which hosts can run the job, and what the others lack."""

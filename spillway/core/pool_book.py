@@ -12,7 +12,7 @@ import statistics
 from datetime import datetime, timedelta
 from typing import Any
 
-from spillway.core import fair_share
+from spillway.core import fair_share, preemption
 from spillway.core.gpu_pool import (
     Drain,
     Holder,
@@ -85,6 +85,12 @@ class PoolBook(HolderBook):
         self.default_team = STUDIO
         self.max_waiting: dict[str, int] = {}
         self.turns = inp.turns
+        # Preemption (SPILLWAY_PREEMPT; spillway/core/preemption.py): who may take whose place,
+        # and the places let go of for a preemptor, kept for it (`promised`).
+        self.preempt: preemption.PreemptMode = "off"
+        self.preempt_max_run_s = 120.0
+        self.promised = dict(inp.promised)
+        self.preemptions = inp.preemptions
         if inp.hosts:
             self.configure(inp.hosts)
 
@@ -157,6 +163,12 @@ class PoolBook(HolderBook):
             self._note_capabilities(seen.name, seen.capabilities)
         held = self.holders.get(ask.job_id)
         if held is not None:
+            if held.preempted_by is not None and ask.preempted_by is not None:
+                # A preempted job lets go of its place, then asks again with the same ask time:
+                # lined once the holder check confirms the place is free (never on its word).
+                self.parked[ask.job_id] = ask.model_copy(update={"seen": []})
+                held.checked_at = CHECK_NOW
+                return []
             if held.asked_at == ask.asked_at:  # asked again (its answer may be lost): the same
                 return [(ask.job_id, PoolAnswer(asked_at=ask.asked_at, host=held.host))]
             # A run reset to before its ask asks anew, and so does anyone who names the job:
@@ -188,9 +200,10 @@ class PoolBook(HolderBook):
             # A patience already over when it asks is no job's (a job past its own overflows
             # without asking to wait): believed, it would make the pool say `late` at once.
             ask = ask.model_copy(update={"start_by": None, "by_deadline": False})
-        # A job already waiting (its mode changed, or a pool that lost it lines it again) is
-        # never turned away by its team's limit.
-        return self._line_or_admit(ask, now, limited=lined is None and not ask.again)
+        # A job already waiting (its mode changed, or a pool that lost it lines it again, or
+        # preemption sent it back) is never turned away by its team's limit.
+        limited = lined is None and not ask.again and ask.preempted_by is None
+        return self._line_or_admit(ask, now, limited=limited)
 
     def _line_or_admit(self, ask: PoolAsk, now: datetime, *, limited: bool = False) -> list[Sent]:
         host = self._place_for(ask, [s.name for s in ask.seen if self._usable(s, ask.mode)])
@@ -332,7 +345,7 @@ class PoolBook(HolderBook):
         whose reading is at most `freshness` old and shows headroom. A job of the same team
         behind the one whose turn it is may take the place instead when its models are warm on
         that host and the other's are not (`_warm_instead`)."""
-        sent: list[Sent] = []
+        sent = self._keep_promises(now)
         while self._free_hosts():
             turn = self._next_turn(now, freshness)
             if turn is None:
@@ -341,7 +354,83 @@ class PoolBook(HolderBook):
             ask = self._warm_instead(ask, host, now, freshness) or ask
             self._unline(ask)
             sent.append(self._admit(ask, host, now))
+        if self.preempt != "off" and self.line:
+            sent += self._preempt(now, freshness)
         return sent
+
+    def _keep_promises(self, now: datetime) -> list[Sent]:
+        """Each place a victim let go of, to the job that preempted it; a preemptor that left
+        the line (cancelled, admitted elsewhere, gone to the cloud) leaves it to the line."""
+        sent: list[Sent] = []
+        for job_id, host in list(self.promised.items()):
+            ask = self._lined.get(job_id)
+            if ask is None or host not in self.hosts or host in self.drained:
+                del self.promised[job_id]
+            elif len(self._held_on(host)) < self.hosts[host].max_jobs:
+                del self.promised[job_id]
+                self._unline(ask)
+                sent.append(self._admit(ask, host, now))
+        return sent
+
+    def _preempt(self, now: datetime, freshness: timedelta) -> list[Sent]:
+        """Jobs in line that may take a running job's place (spillway/core/preemption.py),
+        each told to its victim: the holder takes its prompt out of ComfyUI and gives the place
+        back, which then goes to the preemptor (`promised`). Only a job that waits for any place
+        preempts (one waiting for headroom may still go to the cloud), one victim each."""
+        running = [
+            h
+            for h in self.holders.values()
+            if h.clearing is None and h.preempted_by is None and h.left_at is None
+            and not h.preempted and not h.adopted and self._counted_on(h) in self.hosts
+        ]  # fmt: skip
+        if not running:
+            return []
+        pending = {h.preempted_by for h in self.holders.values()} | set(self.promised)
+        shares = self._standing() if self.preempt == "fair" else preemption.Shares()
+        sent: list[Sent] = []
+        for ask in self.line:
+            if ask.mode != "any" or ask.job_id in pending:
+                continue
+            usable = set(self._usable_now(ask, now, freshness)) - set(self.drained)
+            candidates = [
+                preemption.Running(
+                    job_id=h.job_id,
+                    priority=h.priority,
+                    team=self.team_of(h.team),
+                    since=h.since,
+                    rendered_s=(now - h.since).total_seconds(),
+                )
+                for h in running
+                if h.preempted_by is None
+                and self._counted_on(h) in usable
+                and self._can_use(ask, self._counted_on(h))
+            ]
+            waiting = preemption.Waiting(ask.job_id, ask.priority, self.team_of(ask.team))
+            chosen = preemption.victim(
+                self.preempt, waiting, candidates, max_run_s=self.preempt_max_run_s, shares=shares
+            )
+            if chosen is None:
+                continue
+            held = self.holders[chosen.job_id]
+            held.preempted_by, held.preempted_at = ask.job_id, now
+            self.preemptions += 1
+            order = PoolAnswer(asked_at=held.asked_at, host=held.host, preempted_by=ask.job_id)
+            sent.append((held.job_id, order))
+        return sent
+
+    def _standing(self) -> preemption.Shares:
+        """The teams below and above their share of the places (of the hosts not drained),
+        among the teams that hold or want one."""
+        held, waiting = self.held_by_team(), self.waiting_by_team()
+        wanting = [t for t in {**held, **waiting} if held.get(t, 0) or waiting.get(t, 0)]
+        total = sum(h.max_jobs for n, h in self.hosts.items() if n not in self.drained)
+        shares = sum(self.shares.get(t, 1.0) for t in wanting)
+        if not shares:
+            return preemption.Shares()
+        fair = {t: total * self.shares.get(t, 1.0) / shares for t in wanting}
+        below = {t for t in wanting if waiting.get(t, 0) and held.get(t, 0) + 1 <= fair[t]}
+        above = {t for t in wanting if held.get(t, 0) > fair[t]}
+        return preemption.Shares(below=frozenset(below), above=frozenset(above))
 
     def _next_turn(self, now: datetime, freshness: timedelta) -> tuple[PoolAsk, str] | None:
         """Of each team's first job in line that can take a free place, the one of the team
@@ -540,6 +629,7 @@ class PoolBook(HolderBook):
                         since=h.since,
                         clearing=h.clearing,
                         team=self.team_of(h.team),
+                        preempted_by=h.preempted_by,
                     )
                     for h in self._held_on(name)
                 ),
@@ -569,10 +659,11 @@ class PoolBook(HolderBook):
                 state="awaiting_approval" if a.mode == "headroom" else "queued",
                 why=HEADROOM_WHY if a.mode == "headroom" else self._waits_for(a),
                 team=self.team_of(a.team),
+                preempted_by=a.preempted_by,
             )
             for i, a in enumerate(shown)
         ]
-        return PoolView(hosts=hosts, line=line)
+        return PoolView(hosts=hosts, line=line, preemptions=self.preemptions)
 
     def _waits_for(self, ask: PoolAsk) -> str:
         """Why a job that takes any free place waits: no host (of those that can run it)
@@ -626,6 +717,8 @@ class PoolBook(HolderBook):
             hosts=list(self.hosts.values()),
             changing=list(self.changing.values()),
             turns=self.turns,
+            promised=self.promised,
+            preemptions=self.preemptions,
         )
 
     # --- inside ----------------------------------------------------------------------------
@@ -654,6 +747,9 @@ class PoolBook(HolderBook):
 
     def _free_hosts(self) -> list[str]:
         counts = self.in_use()
+        for host in self.promised.values():  # let go of for a preemptor: its, nobody else's
+            if host in counts:
+                counts[host] += 1
         return [
             n
             for n, h in sorted(self.hosts.items())
@@ -699,6 +795,8 @@ class PoolBook(HolderBook):
             shape=ask.shape,
             comfyui=self.hosts[host].ref.comfyui,
             team=ask.team,
+            priority=ask.priority,
+            preempted=ask.preempted_by is not None,
         )
         self.turns = fair_share.served(self.turns, self.team_of(ask.team), self.shares)
         return ask.job_id, PoolAnswer(asked_at=ask.asked_at, host=host)

@@ -27,6 +27,7 @@ class HolderBook:
     holds_s: dict[str, list[float]]
     shape_holds: dict[str, list[float]]
     _at_comfyui: dict[str, str]
+    promised: dict[str, str]
 
     def check_now(self, now: datetime, every: timedelta) -> bool:
         """A parked ask or a give-back waits for its holder's check."""
@@ -181,6 +182,10 @@ class HolderBook:
         prompt taken out: those are no renders. (A spillway stopped 17 minutes mid-render made
         one "17 minutes", and every wait behind two 8 s renders "~9 min".)"""
         del self.holders[held.job_id]
+        if held.preempted_by is not None:
+            # Let go of for its preemptor; an interrupted render teaches the ETA nothing.
+            self.promised[held.preempted_by] = self._counted_on(held)
+            timed = False
         took = held.left_render_s if timed else None
         if took is None and timed and not held.adopted:
             took = (now - held.since).total_seconds()

@@ -145,6 +145,14 @@ class Settings(BaseSettings):
     # a host where they are not; and such a job in line may take a freed place ahead of jobs of
     # its own priority whose models are not warm there, each passed at most twice.
     SPILLWAY_POOL_PREFER_WARM: bool = True
+    # Preemption (opt-in): `priority`, a job waiting for a place may take the place of a running
+    # job at least two priority steps lower; `fair`, that, and a team below its share may take
+    # one of a team above its share. The victim's prompt is taken out of ComfyUI first, and it
+    # waits in line again at its first ask time.
+    SPILLWAY_PREEMPT: Literal["off", "priority", "fair"] = "off"
+    # Never preempted: a job that has held its place longer than this (most of its render would
+    # be lost).
+    SPILLWAY_PREEMPT_MAX_RUN_S: Annotated[float, Field(ge=0, le=7 * 86400)] = 120.0
     # Places of the single GPU host (routing_tiers.json's `max_jobs` per host otherwise): one
     # rendering, one ready behind it so the card never idles between two jobs.
     A40_MAX_JOBS: Annotated[int, Field(ge=1, le=1000)] = 2
