@@ -151,7 +151,7 @@ async def test_a_priority_1_job_behind_50_queued_jobs_starts_first(
         behind = [job_id() for _ in range(50)]
         for each in behind:
             await client.submit(VIDEO_GRAPH, job_id=each, priority=3)
-        await until(lambda: len(comfyui.queue_pending) == 50, timeout_s=60, what="50 queued")
+        await until(lambda: len(comfyui.queue_pending) == 50, timeout_s=180, what="50 queued")
         first = await client.submit(VIDEO_GRAPH, job_id=job_id(), priority=1)
         await until(lambda: len(comfyui.queue_pending) == 51, what="the priority 1 job queued")
         comfyui.resume()

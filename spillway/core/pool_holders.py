@@ -183,9 +183,10 @@ class HolderBook:
         one "17 minutes", and every wait behind two 8 s renders "~9 min".)"""
         del self.holders[held.job_id]
         if held.preempted_by is not None:
-            # Let go of for its preemptor; an interrupted render teaches the ETA nothing.
+            # Let go of for its preemptor. An interrupted render teaches the ETA nothing; one
+            # that ended before the job let go comes with its time.
             self.promised[held.preempted_by] = self._counted_on(held)
-            timed = False
+            timed = timed and held.left_render_s is not None
         took = held.left_render_s if timed else None
         if took is None and timed and not held.adopted:
             took = (now - held.since).total_seconds()

@@ -9,7 +9,8 @@ folder), GET /object_info[/{class}] and /models[/{folder}] (what `installed` has
 queue order and a prompt's messages go only to the client that submitted it; a LoadImage of a
 file not uploaded fails at POST time.
 
-Knobs: `execution_s` (whole prompt; 0 = instant), `progress_steps` / `progress_nodes`,
+Knobs: `execution_s` (whole prompt; 0 = instant; a prompt with a node input `sim_render_s`
+takes that long instead, for renders of mixed lengths), `progress_steps` / `progress_nodes`,
 `output_bytes`, `fail_next()` / `fail_prompt()`, `pause()` / `resume()`, `ws_silent_after`,
 `lose_prompt_answers`, `hang_prompt_answers`, `lose_upload_answers`, `restart()`,
 `set_vram_used_pct`, `set_queue` (inert placeholders, counted but never run), `stall_next`
@@ -420,7 +421,7 @@ class ComfyUISim(SimServer):
             send,
             lambda: self._interrupt,
             failure,
-            execution_s=self.execution_s,
+            execution_s=_render_s(item[2], self.execution_s),
             progress_steps=self.progress_steps,
             progress_nodes=frozenset(self.progress_nodes),
             output_bytes=self.output_bytes,
@@ -443,6 +444,16 @@ class ComfyUISim(SimServer):
         self._touch()
         await self._broadcast("status", {"status": self._queue_info()})
         await send("executing", {"node": None, "prompt_id": prompt_id})
+
+
+def _render_s(prompt: dict[str, Any], default: float) -> float:
+    """The prompt's length on the double: a node input `sim_render_s` (ComfyUI ignores inputs
+    a node does not declare), else `default`."""
+    for node in prompt.values():
+        seconds = node.get("inputs", {}).get("sim_render_s") if isinstance(node, dict) else None
+        if isinstance(seconds, int | float) and not isinstance(seconds, bool) and seconds >= 0:
+            return float(seconds)
+    return default
 
 
 def system_stats(port: int, vram_total: int, vram_free: int) -> dict[str, Any]:
