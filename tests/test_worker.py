@@ -77,6 +77,29 @@ async def test_the_worker_publishes_the_day_s_cloud_spend_for_the_studio_and_eac
     assert [v for k, v in spend.items() if 'team="ads"' in k] == [CLIP_USD], spend
 
 
+async def test_the_worker_counts_preemptions(worker_process, dev_env, comfyui: ComfyUISim):
+    comfyui.execution_s = 6.0
+    [port] = free_ports(1)
+    worker = await worker_process(
+        COMFYUI_URL=comfyui.url,
+        A40_MAX_JOBS=1,
+        SPILLWAY_PREEMPT="priority",
+        SPILLWAY_METRICS_PORT=port,
+    )
+    jobs = Jobs(dev_env.client, worker.task_queue)
+    batch = await jobs.start(prompt=None, priority=5)
+    await jobs.until(batch, "running_local")
+    urgent = await jobs.start(prompt=None, priority=1)
+    comfyui.execution_s = 0.2
+    plans = await asyncio.wait_for(asyncio.gather(batch.result(), urgent.result()), 60)
+    assert plans[0].preempted is not None
+
+    async with httpx.AsyncClient() as http:
+        metrics = (await http.get(f"http://127.0.0.1:{port}/metrics", timeout=5)).text
+    counted = [m for m in metrics.splitlines() if m.startswith("spillway_gpu_preemptions")]
+    assert any('host="a40_local"' in m and m.endswith(" 1") for m in counted), counted
+
+
 def test_the_worker_takes_nothing_from_the_cli():
     """`spillway worker` imports worker.py: the worker importing the CLI back would make a
     circle, where which module finishes first depends on who was imported first."""

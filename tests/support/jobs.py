@@ -101,12 +101,14 @@ class Jobs:
         prompt: str | None = PROMPT,
         graph: dict[str, Any] = VIDEO_GRAPH,
         job_id: str | None = None,
+        priority: int = 3,
     ) -> WorkflowHandle[Any, Plan]:
         """A job with `graph`, and a cloud request for `prompt` unless it is None."""
         job = VideoJob(
             job_id=job_id or f"job-{uuid.uuid4().hex[:12]}",
             graph=graph,
             cloud=CloudRequest(prompt=prompt) if prompt is not None else None,
+            priority=priority,
         )
         handle = await job_ops.submit(self.client, job, self.task_queue)
         if self.started is not None:
