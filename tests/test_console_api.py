@@ -1,0 +1,197 @@
+"""The studio console's JSON API against the real dev server with a worker running the route
+stubs: the reads answer what the CLI's --json prints, the acts answer the job's status after
+them, and every refusal is one line of JSON with its status (401, 403, 404, 400, 409, 413)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+
+from activities.minimax.activities import CREATE as MINIMAX_CREATE
+from spillway.cli import commands
+from spillway.client import jobs as job_ops
+from spillway.client.queue import pool_view
+from spillway.core.models import plan_json
+from tests.support.cli import spillway
+from tests.support.console import asgi_client, console_app
+from tests.support.jobs import RunJobs, pool_settled
+from tests.support.route_stubs import BUSY, FREE, RouteStubs
+from tests.support.settings import KEY
+
+# A key, the fallback not armed, an hour to decide: a job on a busy GPU waits for a person.
+WAITS = KEY | {"APPROVAL_TIMEOUT_S": 3600}
+
+
+def one_line_error(response) -> str:
+    assert "\n" not in response.text.strip(), response.text
+    message: str = response.json()["error"]
+    return message
+
+
+def teams_file(tmp_path: Path) -> Path:
+    path = tmp_path / "teams.json"
+    teams = {"default": "film", "teams": {"film": {"approvers": ["ana"]}, "ads": {}}}
+    path.write_text(json.dumps(teams))
+    return path
+
+
+async def test_the_reads_answer_what_the_cli_prints_and_bad_reads_get_one_line(
+    run_dev_jobs: RunJobs, tmp_path: Path, cli_env, dev_env
+):
+    async with run_dev_jobs(RouteStubs(FREE)) as jobs:
+        job_id = await jobs.submit(prompt=None)
+        await jobs.until(job_id, "completed")
+        await pool_settled(jobs.client, jobs.task_queue)  # what both reads see stays put
+        app, _ = console_app(jobs.client, jobs.task_queue, tmp_path / "secrets")
+        async with asgi_client(app) as http:
+            health = await http.get("/healthz")
+            queue = await http.get("/api/queue")
+            job = await http.get(f"/api/jobs/{job_id}")
+            teams = await http.get("/api/teams")
+            board = await http.get("/api/board")
+            unknown_job = await http.get("/api/jobs/no-such-job")
+            unknown_route = await http.get("/api/nothing-here")
+            wrong_method = await http.delete("/api/queue")
+            page = await http.get("/")
+            script = await http.get("/static/console.js")
+        env = cli_env(
+            TEMPORAL_ADDRESS=dev_env.client.service_client.config.target_host,
+            SPILLWAY_TASK_QUEUE=jobs.task_queue,
+        )
+        code, team_out, err = await spillway("team", "list", "--json", env=env)
+        assert code == 0, err
+        view = await pool_view(jobs.client, jobs.task_queue)
+        plan = await job_ops.status(jobs.client, job_id)
+
+    assert health.status_code == 200 and health.json() == {"ok": True}
+    assert queue.status_code == 200
+    assert queue.json() == json.loads(view.model_dump_json())  # `spillway queue --json`
+    assert job.status_code == 200 and job.json() == json.loads(plan_json(plan))
+    assert job.json()["state"] == "completed"
+    assert teams.status_code == 200 and teams.json() == json.loads(team_out)
+    recent = board.json()["recent"]
+    assert [r["job_id"] for r in recent] == [job_id]
+    assert recent[0]["link"] == f"http://ui.test:8233/namespaces/default/workflows/{job_id}"
+
+    assert unknown_job.status_code == 404
+    assert one_line_error(unknown_job) == "job no-such-job not found"
+    assert unknown_route.status_code == 404 and "/api/nothing-here" in one_line_error(unknown_route)
+    assert wrong_method.status_code == 405 and one_line_error(wrong_method)
+    assert page.status_code == 200 and "/static/console.js" in page.text
+    assert "http" not in page.text.split("<body>")[1].replace('data-ui="http://ui.test', "")
+    assert script.status_code == 200 and "/api/queue" in script.text
+
+
+async def test_acting_needs_a_person_an_approver_and_a_job_waiting_for_the_act(
+    run_dev_jobs: RunJobs, tmp_path: Path
+):
+    stubs = RouteStubs(BUSY)
+    teams = teams_file(tmp_path)  # the workers' and the console's
+    async with run_dev_jobs(stubs, **WAITS, SPILLWAY_TEAMS_FILE=teams) as jobs:
+        waiting = [await jobs.submit(prompt="a lighthouse") for _ in range(3)]
+        for job_id in waiting:
+            await jobs.until(job_id, "awaiting_approval")
+        app, people = console_app(
+            jobs.client,
+            jobs.task_queue,
+            tmp_path / "secrets",
+            SPILLWAY_TEAMS_FILE=teams,
+        )
+        ana, bob = people.add("ana"), people.add("bob")
+        first, second, third = waiting
+        async with asgi_client(app) as http:
+
+            async def act(job_id: str, what: str, token: str | None, **kw):
+                headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+                return await http.post(f"/api/jobs/{job_id}/{what}", headers=headers, **kw)
+
+            nobody = await act(first, "approve", None)
+            forged = await act(first, "approve", "spw_" + uuid.uuid4().hex)
+            not_bearer = await http.post(
+                f"/api/jobs/{first}/approve", headers={"Authorization": "Basic eDp5"}
+            )
+            bad_json = await act(first, "approve", ana, content=b"{not json")
+            bad_field = await act(first, "approve", ana, json={"why": "x"})
+            too_big = await act(first, "approve", ana, json={"reason": "x" * 70_000})
+            not_approver = await act(first, "approve", bob, json={"reason": "deadline"})
+            unknown = await act("no-such-job", "approve", ana)
+            no_act = await act(first, "launch", ana)
+            refused_so_far = [(await jobs.status(job_id)).state for job_id in waiting]
+
+            approved = await act(first, "approve", ana, json={"reason": "client deadline"})
+            again = await act(first, "approve", ana)
+            rejected = await act(second, "reject", bob, json={"reason": "keep it local"})
+            cancelled = await act(third, "cancel", bob, json={"reason": "not needed"})
+            cancelled_again = await act(third, "cancel", bob)
+        done = await jobs.finished(first)
+
+    assert nobody.status_code == 401 and "Bearer" in one_line_error(nobody)
+    assert forged.status_code == 401 and one_line_error(forged)
+    assert not_bearer.status_code == 401
+    assert bad_json.status_code == 400 and "not JSON" in one_line_error(bad_json)
+    assert bad_field.status_code == 400 and "why" in one_line_error(bad_field)
+    assert too_big.status_code == 413 and "64 KB" in one_line_error(too_big)
+    assert not_approver.status_code == 403
+    assert (
+        one_line_error(not_approver) == "bob is not an approver of team film (its approvers: ana)"
+    )
+    assert unknown.status_code == 404 and one_line_error(unknown) == "job no-such-job not found"
+    assert no_act.status_code == 404
+    assert refused_so_far == ["awaiting_approval"] * 3  # nothing refused reached a job
+
+    assert approved.status_code == 200, approved.text
+    shown = approved.json()
+    assert set(shown) >= {"job_id", "state", "route", "approval", "progress", "cloud", "error"}
+    assert shown["approval"] is not None, json.dumps(shown)
+    assert shown["approval"]["by"] == "ana" and shown["approval"]["reason"] == "client deadline"
+    assert shown["state"] in ("running_cloud", "completed")
+    assert again.status_code == 409 and "is not awaiting approval" in one_line_error(again)
+    assert (done.state, done.route) == ("completed", "cloud")
+    assert stubs.calls[MINIMAX_CREATE] == 1
+
+    assert rejected.status_code == 200, rejected.text
+    assert rejected.json()["approval"]["approved"] is False
+    assert rejected.json()["approval"]["by"] == "bob"
+
+    assert cancelled.status_code == 200, cancelled.text
+    assert cancelled.json()["state"] == "cancelled"
+    assert cancelled.json()["cancelled_by"]["by"] == "bob"
+    assert cancelled_again.status_code == 409 and "already ended" in one_line_error(cancelled_again)
+
+
+async def test_a_closed_console_asks_readers_to_sign_in(run_dev_jobs: RunJobs, tmp_path: Path):
+    async with run_dev_jobs(RouteStubs(FREE)) as jobs:
+        app, people = console_app(
+            jobs.client, jobs.task_queue, tmp_path / "secrets", open_read=False
+        )
+        token = people.add("ana")
+        async with asgi_client(app) as http:
+            anonymous = await http.get("/api/queue")
+            page = await http.get("/")
+            with_token = await http.get("/api/queue", headers={"Authorization": f"Bearer {token}"})
+            health = await http.get("/healthz")
+    assert anonymous.status_code == 401 and one_line_error(anonymous)
+    assert page.status_code == 303 and page.headers["location"] == "/signin"
+    assert with_token.status_code == 200
+    assert health.status_code == 200
+
+
+def test_the_console_command_has_help_and_binds_this_machine_by_default():
+    from spillway.cli.parser import build_parser
+
+    args = build_parser().parse_args(["console"])
+    assert (args.host, args.port, args.run) == ("127.0.0.1", 8240, commands.cmd_console)
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1", "localhost"])
+def test_reading_is_open_on_this_machine_only_unless_the_setting_says(host):
+    from spillway.console.serve import open_read
+    from tests.support.settings import make_settings
+
+    assert open_read(make_settings(), host)
+    assert not open_read(make_settings(), "0.0.0.0")
+    assert open_read(make_settings(SPILLWAY_CONSOLE_OPEN_READ=True), "0.0.0.0")
+    assert not open_read(make_settings(SPILLWAY_CONSOLE_OPEN_READ=False), host)
