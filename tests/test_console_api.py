@@ -4,10 +4,14 @@ them, and every refusal is one line of JSON with its status (401, 403, 404, 400,
 
 from __future__ import annotations
 
+import asyncio
 import json
+import re
+import signal
 import uuid
 from pathlib import Path
 
+import httpx
 import pytest
 
 from activities.minimax.activities import CREATE as MINIMAX_CREATE
@@ -15,11 +19,12 @@ from spillway.cli import commands
 from spillway.client import jobs as job_ops
 from spillway.client.queue import pool_view
 from spillway.core.models import plan_json
-from tests.support.cli import spillway
+from tests.support.cli import SPILLWAY, free_ports, spillway
 from tests.support.console import asgi_client, console_app
 from tests.support.jobs import RunJobs, pool_settled
 from tests.support.route_stubs import BUSY, FREE, RouteStubs
 from tests.support.settings import KEY
+from tests.support.waiting import until
 
 # A key, the fallback not armed, an hour to decide: a job on a busy GPU waits for a person.
 WAITS = KEY | {"APPROVAL_TIMEOUT_S": 3600}
@@ -197,3 +202,91 @@ def test_reading_is_open_on_this_machine_only_unless_the_setting_says(host):
     assert not open_read(make_settings(), "0.0.0.0")
     assert open_read(make_settings(SPILLWAY_CONSOLE_OPEN_READ=True), "0.0.0.0")
     assert not open_read(make_settings(SPILLWAY_CONSOLE_OPEN_READ=False), host)
+
+
+def form_csrf(html: str) -> str:
+    found = re.search(r'name="csrf" value="([^"]+)"', html)
+    assert found, html
+    return found.group(1)
+
+
+async def test_the_page_signs_in_into_a_cookie_and_its_acts_need_the_csrf_token(
+    run_dev_jobs: RunJobs, tmp_path: Path
+):
+    async with run_dev_jobs(RouteStubs(FREE)) as jobs:
+        job_id = await jobs.submit(prompt=None)
+        await jobs.until(job_id, "completed")
+        app, people = console_app(jobs.client, jobs.task_queue, tmp_path / "secrets")
+        token = people.add("ana")
+        async with asgi_client(app) as http:
+            form = await http.get("/signin")
+            csrf = form_csrf(form.text)
+            wrong = await http.post("/signin", data={"csrf": csrf, "token": token + "x"})
+            stale = await http.post("/signin", data={"csrf": "forged", "token": token})
+            form = await http.get("/signin")
+            signed = await http.post("/signin", data={"csrf": form_csrf(form.text), "token": token})
+            page = await http.get("/")
+            session_csrf = re.search(r'data-csrf="([^"]+)"', page.text)
+            assert session_csrf, page.text
+            cancel = f"/api/jobs/{job_id}/cancel"
+            no_csrf = await http.post(cancel)
+            with_csrf = await http.post(cancel, headers={"X-CSRF-Token": session_csrf.group(1)})
+            people.remove("ana")
+            removed = await http.post(cancel, headers={"X-CSRF-Token": session_csrf.group(1)})
+
+    assert wrong.status_code == 401 and "not a console user" in wrong.text
+    assert stale.status_code == 403
+    assert signed.status_code == 303 and signed.headers["location"] == "/"
+    cookie = signed.headers["set-cookie"].lower()
+    assert "httponly" in cookie and "samesite=strict" in cookie
+    assert token not in signed.headers["set-cookie"]
+    assert "signed in as" in page.text and ">ana<" in page.text
+    assert no_csrf.status_code == 403 and "CSRF" in one_line_error(no_csrf)
+    assert with_csrf.status_code == 409 and "has already ended" in one_line_error(with_csrf)
+    assert removed.status_code == 401
+
+
+async def test_spillway_console_serves_on_this_machine_and_stops_on_ctrl_c(
+    run_dev_jobs: RunJobs, tmp_path: Path, cli_env, dev_env, http
+):
+    [port] = free_ports(1)
+    secrets = tmp_path / "secrets"
+    async with run_dev_jobs(RouteStubs(FREE)) as jobs:
+        env = cli_env(
+            TEMPORAL_ADDRESS=dev_env.client.service_client.config.target_host,
+            SPILLWAY_TASK_QUEUE=jobs.task_queue,
+            SPILLWAY_SECRETS_DIR=str(secrets),
+        )
+        code, token, err = await spillway("console", "user", "add", "ana", env=env)
+        assert code == 0, err
+        console = await asyncio.create_subprocess_exec(
+            SPILLWAY, "console", "--port", str(port), env=env,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            base = f"http://127.0.0.1:{port}"
+
+            async def healthz() -> int:
+                try:
+                    return (await http.get(f"{base}/healthz")).status_code
+                except httpx.TransportError:
+                    assert console.returncode is None, "spillway console exited"
+                    return 0
+
+            await until(healthz, lambda status: status == 200, timeout_s=120, what="the console")
+            queue = await http.get(f"{base}/api/queue")
+            refused = await http.post(f"{base}/api/jobs/none/cancel")
+            acted = await http.post(
+                f"{base}/api/jobs/none/cancel", headers={"Authorization": f"Bearer {token.strip()}"}
+            )
+        finally:
+            console.send_signal(signal.SIGINT)
+            async with asyncio.timeout(60):
+                _, stderr = await console.communicate()
+    assert queue.status_code == 200 and set(queue.json()) >= {"hosts", "line"}
+    assert refused.status_code == 401
+    assert acted.status_code == 404 and acted.json() == {"error": "job none not found"}
+    banner = stderr.decode()
+    assert f"spillway console on http://127.0.0.1:{port}/ (reading open" in banner
+    assert "Traceback" not in banner
+    assert token.strip() not in banner

@@ -67,14 +67,14 @@ class Signer:
         }
         return self.seal(data)
 
-    def session(self, value: str | None) -> Session | None:
+    def session(self, value: str | None, now: float | None = None) -> Session | None:
         data = self.open(value) if value else None
         if data is None:
             return None
         name, csrf, until = data.get("name"), data.get("csrf"), data.get("until")
         if not isinstance(name, str) or not isinstance(csrf, str) or not isinstance(until, int):
             return None
-        if until < time.time():
+        if until < (time.time() if now is None else now):
             return None
         return Session(name=name, csrf=csrf)
 
