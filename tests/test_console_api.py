@@ -247,7 +247,7 @@ async def test_the_page_signs_in_into_a_cookie_and_its_acts_need_the_csrf_token(
 
 
 async def test_spillway_console_serves_on_this_machine_and_stops_on_ctrl_c(
-    run_dev_jobs: RunJobs, tmp_path: Path, cli_env, dev_env, http
+    run_dev_jobs: RunJobs, tmp_path: Path, cli_env, dev_env, http: httpx.AsyncClient
 ):
     [port] = free_ports(1)
     secrets = tmp_path / "secrets"
@@ -268,7 +268,8 @@ async def test_spillway_console_serves_on_this_machine_and_stops_on_ctrl_c(
 
             async def healthz() -> int:
                 try:
-                    return (await http.get(f"{base}/healthz")).status_code
+                    status: int = (await http.get(f"{base}/healthz")).status_code
+                    return status
                 except httpx.TransportError:
                     assert console.returncode is None, "spillway console exited"
                     return 0

@@ -433,6 +433,9 @@ def build_parser() -> argparse.ArgumentParser:
     dev.add_argument("--minimax-port", type=int, default=8190, help="MiniMax simulator (8190)")
     dev.add_argument("--kling-port", type=int, default=8191, help="Kling simulator (8191)")
     dev.add_argument(
+        "--console-port", type=int, default=8240, help="the studio console (8240; 0: none)"
+    )
+    dev.add_argument(
         "--render-s",
         type=float,
         default=8.0,

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import uvicorn
 
@@ -35,8 +37,9 @@ def open_read(settings: Settings, host: str) -> bool:
     return loopback(host) if chosen is None else chosen
 
 
-def make_console(client: SpillwayClient, host: str) -> Console:
-    folder = secrets_dir()
+def make_console(client: SpillwayClient, host: str, folder: Path | None = None) -> Console:
+    """`folder`: where its people and its cookie key are kept (default SPILLWAY_SECRETS_DIR)."""
+    folder = folder if folder is not None else secrets_dir()
     return Console(
         client=client,
         people=People(folder),
@@ -52,16 +55,28 @@ class Served:
     url: str
 
 
-def console_server(client: SpillwayClient, host: str, port: int) -> Served:
+def console_server(
+    client: SpillwayClient,
+    host: str,
+    port: int,
+    *,
+    folder: Path | None = None,
+    own_signals: bool = True,
+) -> Served:
+    """`own_signals` False: Ctrl-C is its host process's to handle (`spillway dev` stops the
+    console with everything else)."""
     if not 0 < port < 65536:
         raise ConfigError(f"--port: {port} is not a TCP port")
-    app = create_app(make_console(client, host))
+    app = create_app(make_console(client, host, folder))
     # uvicorn's own access log would print every poll of every open page.
     config = uvicorn.Config(
         app, host=host, port=port, log_level="warning", access_log=False, lifespan="off"
     )
+    server = uvicorn.Server(config)
+    if not own_signals:
+        server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign, assignment]
     shown = f"[{host}]" if ":" in host else host
-    return Served(uvicorn.Server(config), f"http://{shown}:{port}/")
+    return Served(server, f"http://{shown}:{port}/")
 
 
 async def run_console(
