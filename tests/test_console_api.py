@@ -291,3 +291,52 @@ async def test_spillway_console_serves_on_this_machine_and_stops_on_ctrl_c(
     assert f"spillway console on http://127.0.0.1:{port}/ (reading open" in banner
     assert "Traceback" not in banner
     assert token.strip() not in banner
+
+
+async def test_a_person_moves_a_job_in_line_and_drains_and_resumes_a_host(
+    run_dev_jobs: RunJobs, tmp_path: Path
+):
+    stubs = RouteStubs(FREE)
+    stubs.wait_release.clear()  # the first job keeps its render, and the one place, until released
+    async with run_dev_jobs(stubs, A40_MAX_JOBS=1) as jobs:
+        holder = await jobs.submit(prompt=None)
+        await jobs.until(holder, "running_local")
+        waiting = await jobs.submit(prompt=None)
+        await jobs.until(waiting, "queued")
+        app, people = console_app(jobs.client, jobs.task_queue, tmp_path / "secrets")
+        as_ana = {"Authorization": f"Bearer {people.add('ana')}"}
+        async with asgi_client(app) as http:
+            moved = await http.post(
+                f"/api/jobs/{waiting}/priority", headers=as_ana, json={"priority": 1, "reason": "x"}
+            )
+            no_number = await http.post(f"/api/jobs/{waiting}/priority", headers=as_ana)
+            out_of_range = await http.post(
+                f"/api/jobs/{waiting}/priority", headers=as_ana, json={"priority": 9}
+            )
+            running = await http.post(
+                f"/api/jobs/{holder}/priority", headers=as_ana, json={"priority": 1}
+            )
+            anonymous = await http.post("/api/hosts/a40_local/drain")
+            drained = await http.post(
+                "/api/hosts/a40_local/drain", headers=as_ana, json={"reason": "new driver"}
+            )
+            queue = (await http.get("/api/queue")).json()
+            resumed = await http.post("/api/hosts/a40_local/resume", headers=as_ana)
+            unknown = await http.post("/api/hosts/nowhere/drain", headers=as_ana)
+        stubs.wait_release.set()
+        await jobs.finished(holder)
+        await jobs.finished(waiting)
+
+    assert moved.status_code == 200, moved.text
+    assert moved.json()["priority_changes"][-1]["by"] == "ana"
+    assert moved.json()["priority_changes"][-1]["priority"] == 1
+    assert no_number.status_code == 400 and "priority" in one_line_error(no_number)
+    assert out_of_range.status_code == 400
+    assert running.status_code == 409 and one_line_error(running)
+    assert anonymous.status_code == 401
+    assert drained.status_code == 200, drained.text
+    assert drained.json()["drained"]["by"] == "ana"
+    assert drained.json()["drained"]["reason"] == "new driver"
+    assert queue["hosts"][0]["drained"]["by"] == "ana"
+    assert resumed.status_code == 200 and resumed.json()["drained"] is None
+    assert unknown.status_code == 404 and "no GPU host 'nowhere'" in one_line_error(unknown)

@@ -284,7 +284,8 @@ def build_parser() -> argparse.ArgumentParser:
         cmd.cmd_console,
         "serve the studio console: hosts, renders, the line, approvals, spend (a web page)",
         "A web page (and a JSON API beside it: GET /api/queue, /api/jobs/JOB, /api/teams, "
-        "/healthz; POST /api/jobs/JOB/approve|reject|cancel with Authorization: Bearer TOKEN) "
+        "/healthz; POST /api/jobs/JOB/approve|reject|cancel|priority and /api/hosts/NAME/"
+        "drain|resume with Authorization: Bearer TOKEN) "
         "showing the GPU hosts, the renders and their progress, the line with each job's why "
         "and estimate, the jobs awaiting approval with their quote, recent jobs linked to the "
         "Temporal UI, and the cloud spend per day and team; it updates itself every 1.5 s. It "

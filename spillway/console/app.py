@@ -30,12 +30,14 @@ from starlette.staticfiles import StaticFiles
 from spillway.client import SpillwayClient
 from spillway.client import jobs as job_ops
 from spillway.client.budget import ledger_summary
+from spillway.client.hosts import set_drain
 from spillway.client.new_jobs import make_decision
 from spillway.client.queue import pool_view
 from spillway.client.teams import team_list
 from spillway.console.people import People
 from spillway.console.sessions import PRE_COOKIE, SESSION_COOKIE, Session, Signer, same
 from spillway.core.errors import ConfigError, Failed, JobNotFound
+from spillway.core.gpu_pool import PoolDrain
 from spillway.core.ledger import LedgerSummary
 from spillway.core.models import FINAL_STATES, Plan, plan_json
 from spillway.core.settings import describe_validation_error
@@ -48,15 +50,18 @@ RECENT = 20  # jobs in the page's "recent" list
 # An act answers once the job's plan shows it, or after this (with the plan as it is then): a
 # render stops at its next node boundary, and no worker may be running.
 SHOWN_WITHIN_S = 15.0
-Act = Literal["approve", "reject", "cancel"]
+Act = Literal["approve", "reject", "cancel", "priority"]
+ACTS = ("approve", "reject", "cancel", "priority")
 
 
 class ActBody(BaseModel):
-    """`POST /api/jobs/<id>/approve|reject|cancel`'s optional JSON body."""
+    """`POST /api/jobs/<id>/approve|reject|cancel|priority`'s and `POST /api/hosts/<name>/
+    drain|resume`'s optional JSON body; `priority` (1 first .. 5) only for priority."""
 
     model_config = ConfigDict(extra="forbid")
 
     reason: str = Field("", max_length=1000)
+    priority: int | None = Field(None, ge=1, le=5)
 
 
 class ApiError(Exception):
@@ -207,7 +212,13 @@ class Console:
 
     # ---- acts ----
 
-    async def act(self, act: Act, job_id: str, by: str, reason: str) -> dict[str, Any]:
+    async def act(self, act: Act, job_id: str, by: str, body: ActBody) -> dict[str, Any]:
+        reason = body.reason
+        if act == "priority":
+            if body.priority is None:
+                raise ApiError(400, 'priority needs {"priority": N}, 1 (first) .. 5')
+            await self.client.set_priority(job_id, body.priority, by, reason, on_note=log.warning)
+            return await self.status(job_id)
         current = await self.client.status(job_id)
         if act == "cancel":
             if current.state in FINAL_STATES:
@@ -224,6 +235,20 @@ class Console:
         # for the plan that shows the decision, so a script reads what it did.
         await self._shown(job_id, lambda plan: plan.state != "awaiting_approval")
         return await self.status(job_id)
+
+    async def host(self, name: str, drain: bool, by: str, reason: str) -> dict[str, Any]:
+        """`spillway host drain|resume NAME --by`: the host as the pool shows it after."""
+        try:
+            order = PoolDrain(host=name, drain=drain, by=by, reason=reason)
+        except ValidationError as exc:
+            raise ConfigError(describe_validation_error(exc, "drain")) from None
+        try:
+            host = await set_drain(self.client.temporal, self.client.task_queue, order)
+        except ConfigError as exc:
+            if str(exc).startswith("no GPU host"):
+                raise ApiError(404, str(exc)) from None
+            raise
+        return host.model_dump(mode="json")
 
     def _may_approve(self, plan: Plan, by: str) -> None:
         """The teams file's `approvers` as the workflow applies them (workflows/approval.py):
@@ -435,13 +460,24 @@ def create_app(console: Console) -> Starlette:
     @api
     async def api_act(request: Request) -> Response:
         act = request.path_params["act"]
-        if act not in ("approve", "reject", "cancel"):
-            raise ApiError(404, f"no such act {act!r}: approve, reject or cancel")
+        if act not in ACTS:
+            raise ApiError(404, f"no such act {act!r}: {', '.join(ACTS)}")
         by = console.actor(request)
         body = act_body(await read_body(request))
         job_id = request.path_params["job_id"]
         log.info("console: %s %s by %s", act, job_id, by)
-        return JSONResponse(await console.act(cast(Act, act), job_id, by, body.reason))
+        return JSONResponse(await console.act(cast(Act, act), job_id, by, body))
+
+    @api
+    async def api_host(request: Request) -> Response:
+        act = request.path_params["act"]
+        if act not in ("drain", "resume"):
+            raise ApiError(404, f"no such act {act!r}: drain or resume")
+        by = console.actor(request)
+        body = act_body(await read_body(request))
+        name = request.path_params["name"]
+        log.info("console: %s host %s by %s", act, name, by)
+        return JSONResponse(await console.host(name, act == "drain", by, body.reason))
 
     async def not_found(request: Request, exc: Exception) -> Response:
         status = exc.status_code if isinstance(exc, HTTPException) else 404
@@ -465,6 +501,7 @@ def create_app(console: Console) -> Starlette:
         Route("/api/board", api_board),
         Route("/api/jobs/{job_id}", api_job),
         Route("/api/jobs/{job_id}/{act}", api_act, methods=["POST"]),
+        Route("/api/hosts/{name}/{act}", api_host, methods=["POST"]),
         Mount("/static", StaticFiles(directory=str(static)), name="static"),
     ]
     return Starlette(

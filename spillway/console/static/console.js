@@ -52,13 +52,19 @@ function jobLink(id, link) {
   return link ? el("a", { href: link, target: "_blank", rel: "noopener", text: id }) : id;
 }
 
-// A form per act: it carries the session's CSRF token, and a reason field where one is asked.
-function actForm(jobId, acts, withReason) {
+// A form per thing acted on: it carries the session's CSRF token, a reason field where one is
+// asked, and a priority choice for `priority`. `base` is the API path acts are appended to.
+function actForm(base, name, acts, withReason, priority) {
   if (!signedIn) return el("span", { class: "muted", text: "sign in to act" });
-  const form = el("form", { class: "act", "data-job": jobId });
+  const form = el("form", { class: "act", "data-for": name });
   form.append(el("input", { type: "hidden", name: "csrf", value: csrf }));
   if (withReason) {
     form.append(el("input", { type: "text", name: "reason", placeholder: "reason", maxlength: "1000" }));
+  }
+  if (priority !== undefined) {
+    const choice = el("select", { name: "priority", title: "priority: 1 first" });
+    for (let n = 1; n <= 5; n++) choice.append(el("option", { value: String(n), selected: n === priority ? "selected" : null, text: String(n) }));
+    form.append(choice);
   }
   for (const act of acts) {
     const label = act[0].toUpperCase() + act.slice(1);
@@ -67,34 +73,39 @@ function actForm(jobId, acts, withReason) {
   form.addEventListener("submit", (event) => {
     event.preventDefault();
     const act = event.submitter ? event.submitter.dataset.act : acts[0];
-    const reason = form.elements.reason ? form.elements.reason.value : "";
-    send(jobId, act, reason, form.elements.csrf.value);
+    const body = { reason: form.elements.reason ? form.elements.reason.value : "" };
+    if (act === "priority") body.priority = Number(form.elements.priority.value);
+    send(`${base}/${act}`, `${act} ${name}`, body, form.elements.csrf.value);
   });
   return form;
 }
 
-async function send(jobId, act, reason, token) {
+function jobForm(jobId, acts, withReason, priority) {
+  return actForm(`/api/jobs/${encodeURIComponent(jobId)}`, jobId, acts, withReason, priority);
+}
+
+async function send(path, what, body, token) {
   const note = document.getElementById("problems");
   note.hidden = false;
   note.className = "note";
-  note.textContent = `${act}: ${jobId}…`;
+  note.textContent = `${what}…`;
   try {
-    const response = await fetch(`/api/jobs/${encodeURIComponent(jobId)}/${act}`, {
+    const response = await fetch(path, {
       method: "POST",
       headers: { "Content-Type": "application/json", "X-CSRF-Token": token },
-      body: JSON.stringify({ reason }),
+      body: JSON.stringify(body),
       credentials: "same-origin",
     });
     const answer = await response.json();
     if (response.ok) {
-      note.textContent = `${act}: job ${jobId} is now ${answer.state}`;
+      note.textContent = answer.state ? `${what}: now ${answer.state}` : `${what}: done`;
     } else {
       note.className = "problem";
-      note.textContent = `${act} refused (${response.status}): ${answer.error}`;
+      note.textContent = `${what} refused (${response.status}): ${answer.error}`;
     }
   } catch (err) {
     note.className = "problem";
-    note.textContent = `${act}: ${err}`;
+    note.textContent = `${what}: ${err}`;
   }
   refresh();
 }
@@ -110,7 +121,8 @@ function drawHosts(queue) {
     load.firstChild.style.width = `${h.max_jobs ? Math.min(100, (100 * used) / h.max_jobs) : 0}%`;
     const drained = h.drained ? `drained by ${h.drained.by}${h.drained.reason ? ": " + h.drained.reason : ""}` : "";
     const reach = h.reachable === false ? "unreachable" : h.reachable ? "reachable" : "not seen yet";
-    const models = h.capabilities && h.capabilities.models ? h.capabilities.models.length : null;
+    const caps = h.capabilities;
+    const files = caps ? Object.values(caps.models || {}).reduce((a, b) => a + b, 0) : null;
     return el(
       "tr",
       { "data-host": h.name },
@@ -119,10 +131,11 @@ function drawHosts(queue) {
       el("td", { text: reach }),
       el("td", { text: drained || "—" }),
       el("td", { text: h.places.map((p) => `${p.job_id} (${p.state || "?"})`).join(", ") || "—" }),
-      el("td", { text: models === null ? "—" : `${models} model files` })
+      el("td", { text: caps ? `${caps.nodes} node classes, ${files} model files` : "not read yet" }),
+      el("td", {}, actForm(`/api/hosts/${encodeURIComponent(h.name)}`, h.name, [h.drained ? "resume" : "drain"], !h.drained))
     );
   });
-  return table(["host", "places", "reachable", "drained", "held by", "can run"], rows, "no GPU hosts");
+  return table(["host", "places", "reachable", "drained", "held by", "can run", ""], rows, "no GPU hosts");
 }
 
 function drawRenders(renders) {
@@ -137,7 +150,7 @@ function drawRenders(renders) {
       el("td", { text: r.host }),
       el("td", { text: r.team || "—" }),
       el("td", { class: "progress" }, bar, el("span", { class: "brief", text: r.brief || r.state })),
-      el("td", {}, actForm(r.job_id, ["cancel"], false))
+      el("td", {}, jobForm(r.job_id, ["cancel"], false))
     );
   });
   return table(["job", "host", "team", "progress", ""], rows, "nothing renders now");
@@ -156,7 +169,7 @@ function drawLine(queue) {
       el("td", { text: i.why || "—" }),
       el("td", { text: duration(i.eta_s) }),
       el("td", { text: ago(i.since) }),
-      el("td", {}, actForm(i.job_id, ["cancel"], false))
+      el("td", {}, jobForm(i.job_id, ["priority", "cancel"], false, i.priority))
     )
   );
   return table(["#", "job", "team", "priority", "state", "why", "ETA", "since", ""], rows, "nobody waits");
@@ -172,7 +185,7 @@ function drawAwaiting(awaiting) {
       el("td", { text: (a.reasons || []).join(", ") || a.trigger || "—" }),
       el("td", { class: "quote", text: `${usd(a.estimate_usd)}${a.provider ? " on " + a.provider : ""}` }),
       el("td", { text: usd(a.day_remaining_usd) }),
-      el("td", {}, actForm(a.job_id, ["approve", "reject", "cancel"], true))
+      el("td", {}, jobForm(a.job_id, ["approve", "reject", "cancel"], true))
     )
   );
   return table(["job", "team", "why", "quote", "left today", ""], rows, "nobody waits for a person");
@@ -238,7 +251,8 @@ function put(id, data, draw) {
   if (drawn[id] === key) return;
   // A form someone is typing a reason into is left alone until they send it.
   const target = document.getElementById(id);
-  if (target.contains(document.activeElement) && document.activeElement.tagName === "INPUT") return;
+  const typing = ["INPUT", "SELECT"].includes(document.activeElement.tagName);
+  if (typing && target.contains(document.activeElement)) return;
   drawn[id] = key;
   target.replaceChildren(data === null ? el("p", { class: "empty", text: "not readable now" }) : draw(data));
 }
