@@ -100,6 +100,9 @@ async def test_the_console_shows_the_line_and_a_person_approves_rejects_and_canc
             )
             assert "cloud" in await browser.text(row("recent", asking.id))
             assert sum(minimax.create_calls_by_prompt.values()) == 1
+            # Its cost is today's bar in the spend chart, for its team.
+            await browser.until("!!document.querySelector('#spend svg rect.team0')")
+            assert "studio" in await browser.text("#spend")
 
             # Reject, with a reason typed into its form: the job stays in line for a GPU.
             await browser.type(f"{row('awaiting', rejecting.id)} input[name=reason]", "no budget")

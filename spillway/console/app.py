@@ -83,8 +83,6 @@ class Console:
     open_read: bool
     ui_url: str
 
-    # ---- who is asking ----
-
     def session(self, request: Request) -> Session | None:
         found = self.signer.session(request.cookies.get(SESSION_COOKIE))
         # A person removed since they signed in is signed out at once.
@@ -124,8 +122,6 @@ class Console:
         if not same(request.headers.get("x-csrf-token"), session.csrf):
             raise ApiError(403, "the form's CSRF token is missing or not this session's: reload")
         return session.name
-
-    # ---- reads ----
 
     def job_link(self, job_id: str) -> str:
         namespace = quote(self.client.temporal.namespace, safe="")
@@ -209,8 +205,6 @@ class Console:
             update={"SPILLWAY_TASK_QUEUE": self.client.task_queue}
         )
         return spend_by_day_and_team(await ledger_summary(self.client.temporal, settings))
-
-    # ---- acts ----
 
     async def act(self, act: Act, job_id: str, by: str, body: ActBody) -> dict[str, Any]:
         reason = body.reason
@@ -317,8 +311,6 @@ def spend_by_day_and_team(summary: LedgerSummary) -> dict[str, Any]:
         "day_budget_usd": summary.day.budget_usd,
     }
 
-
-# ---- the HTTP side ----
 
 Handler = Callable[[Request], Awaitable[Response]]
 

@@ -88,6 +88,11 @@ async def run_console(
         f"spillway console on {served.url} (reading {reading}; acting after signing in with a "
         "token from `spillway console user add NAME`); Ctrl-C stops it"
     )
+    if secrets_dir() is None:
+        (say or _stderr)(
+            "no SPILLWAY_SECRETS_DIR: nobody can sign in, so nothing can be done from the page; "
+            "set it as for the workers, then `spillway console user add NAME`"
+        )
     await served.server.serve()
     return 0 if served.server.started else 1
 
