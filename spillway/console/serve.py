@@ -18,8 +18,6 @@ from spillway.console.sessions import Signer, console_secret
 from spillway.core.errors import ConfigError
 from spillway.core.settings import Settings, secrets_dir
 
-DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8240
-
 
 def loopback(host: str) -> bool:
     if host == "localhost":

@@ -156,8 +156,10 @@ function drawRenders(renders) {
   return table(["job", "host", "team", "progress", ""], rows, "nothing renders now");
 }
 
+const LINE_SHOWN = 200; // a page of 2,000 rows, each with its forms, redrawn every change is slow
+
 function drawLine(queue) {
-  const rows = queue.line.map((i) =>
+  const rows = queue.line.slice(0, LINE_SHOWN).map((i) =>
     el(
       "tr",
       { "data-job": i.job_id },
@@ -172,6 +174,10 @@ function drawLine(queue) {
       el("td", {}, jobForm(i.job_id, ["priority", "cancel"], false, i.priority))
     )
   );
+  if (queue.line.length > LINE_SHOWN) {
+    const more = queue.line.length - LINE_SHOWN;
+    rows.push(el("tr", { class: "more" }, el("td", { colspan: "9", text: `… and ${more} more in line (GET /api/queue has them all)` })));
+  }
   return table(["#", "job", "team", "priority", "state", "why", "ETA", "since", ""], rows, "nobody waits");
 }
 
