@@ -238,10 +238,13 @@ async def test_the_readme_tour_works_as_written(dev: Dev):
     async with httpx.AsyncClient() as http:
         page = await http.get(console)
         queue = (await http.get(f"{console}api/queue")).json()
+        recent = (await http.get(f"{console}api/board")).json()["recent"]
     assert page.status_code == 200 and "/static/console.js" in page.text
     places = {p["job_id"] for h in queue["hosts"] for p in h["places"]}
     assert len(places & {"tour-3", "tour-4", "tour-5"}) == 2
     assert [i["job_id"] for i in queue["line"]] == list({"tour-3", "tour-4", "tour-5"} - places)
+    ui = f"http://localhost:{dev.ui}/namespaces/default/workflows/"  # the Web UI it started
+    assert {r["job_id"]: r["link"] for r in recent}["tour-5"] == f"{ui}tour-5"
     # The guard double, from the second terminal with the banner's exports: busy shows.
     assert (await dev.run("spillway sim guard --busy --job render-7"))[0] == 0
     code, out = await dev.run("spillway load")

@@ -299,6 +299,8 @@ async def _console(options: DevOptions, client: Client, settings: Settings) -> A
 
 
 async def run_dev(options: DevOptions) -> int:
+    from pydantic import AnyHttpUrl
+
     from spillway.core.hosts import gpu_hosts
     from spillway.core.settings import load_settings, make_secret_file
     from spillway.core.tiers import load_tiers
@@ -322,7 +324,12 @@ async def run_dev(options: DevOptions) -> int:
         await register_search_attributes(client)
         console = None
         if options.console_port:
-            console = await stack.enter_async_context(_console(options, client, settings))
+            shown = settings
+            if address is not None and "SPILLWAY_UI_URL" not in os.environ:
+                # Its job links go to the Web UI this run started, on whichever port.
+                ui = AnyHttpUrl(f"http://localhost:{options.ui_port}")
+                shown = settings.model_copy(update={"SPILLWAY_UI_URL": ui})
+            console = await stack.enter_async_context(_console(options, client, shown))
         print(_banner(options, address, urls, kept, console), flush=True)
         await run_worker(settings, tiers, client)
     print("spillway dev stopped", file=sys.stderr)
