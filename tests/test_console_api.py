@@ -88,6 +88,8 @@ async def test_the_reads_answer_what_the_cli_prints_and_bad_reads_get_one_line(
     assert unknown_route.status_code == 404 and "/api/nothing-here" in one_line_error(unknown_route)
     assert wrong_method.status_code == 405 and one_line_error(wrong_method)
     assert page.status_code == 200 and "/static/console.js" in page.text
+    # Nothing from the network: the page may load only what its own origin serves.
+    assert "script-src 'self'" in page.headers["content-security-policy"]
     assert "http" not in page.text.split("<body>")[1].replace('data-ui="http://ui.test', "")
     assert script.status_code == 200 and "/api/queue" in script.text
 
