@@ -14,6 +14,7 @@ import pytest
 from spillway.console.people import PEOPLE_FILE, People
 from spillway.console.sessions import Signer
 from spillway.core.errors import ConfigError, Failed
+from tests.support.cli import one_line, spillway
 
 
 def test_a_token_is_kept_only_as_a_salted_hash_and_names_its_person(tmp_path: Path):
@@ -65,3 +66,20 @@ def test_a_session_cookie_changed_or_signed_with_another_key_is_nobody_s():
     assert signer.session("x" * 5000) is None
     assert signer.session(cookie, now=time.time() + 11 * 3600) is not None
     assert signer.session(cookie, now=time.time() + 13 * 3600) is None  # a working day
+
+
+async def test_the_user_commands_print_the_token_once_and_exit_as_the_cli_contract_says(
+    cli_env, tmp_path: Path
+):
+    env = cli_env(SPILLWAY_SECRETS_DIR=str(tmp_path / "secrets"))
+    code, token, err = await spillway("console", "user", "add", "ana", env=env)
+    assert code == 0 and token.strip().startswith("spw_") and "shown this once" in err
+    code, listed, _ = await spillway("console", "user", "list", "--json", env=env)
+    assert code == 0 and [p["name"] for p in json.loads(listed)] == ["ana"]
+    assert token.strip() not in listed
+    assert (await spillway("console", "user", "add", "ana", env=env))[0] == 1  # taken
+    assert (await spillway("console", "user", "add", "a/b", env=env))[0] == 2  # bad input
+    assert (await spillway("console", "user", "remove", "ana", env=env))[0] == 0
+    assert (await spillway("console", "user", "remove", "ana", env=env))[0] == 1
+    code, _, err = await spillway("console", "user", "list", env=cli_env())
+    assert code == 2 and "SPILLWAY_SECRETS_DIR is not set" in one_line(err)

@@ -411,6 +411,7 @@ def _console_user(args: argparse.Namespace) -> int:
     from spillway.console.people import People, list_json
 
     people = People.from_environment()
+    people.needed()  # every action reads or writes the people file
     if args.user_action == "list":
         found = people.names()
         if args.json:

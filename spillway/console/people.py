@@ -69,7 +69,7 @@ class People:
             raise ConfigError(f"{path}: {describe_validation_error(exc, 'people file')}") from None
 
     def _write(self, held: PeopleFile) -> None:
-        path = self._needed()
+        path = self.needed()
         assert self.folder is not None
         self.folder.mkdir(parents=True, exist_ok=True)
         fresh = path.with_suffix(".tmp")
@@ -80,7 +80,7 @@ class People:
             out.write(held.model_dump_json(indent=2))
         fresh.replace(path)
 
-    def _needed(self) -> Path:
+    def needed(self) -> Path:
         path = self.path
         if path is None:
             raise ConfigError(
@@ -100,7 +100,7 @@ class People:
                 f"{name!r} is not a person's name: letters, digits, space and ._@+- (64 at most), "
                 "starting with a letter or digit"
             ) from None
-        self._needed()
+        self.needed()
         held = self.read()
         if name in held.people:
             raise Failed(f"{name} is a console user already: remove them first for a new token")
