@@ -24,6 +24,18 @@ while [ $# -gt 0 ]; do
   shift
 done
 source scripts/venv.sh
+# The console's browser tests drive Debian's Chromium (tests/support/browser.py) and never skip:
+# install it where it is missing and this shell may (CI runs as root on Debian).
+if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "installing chromium for the console's browser tests (apt-get)" >&2
+    apt-get update -qq >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >&2
+  else
+    echo "no chromium: the console's browser tests will fail; install it (apt-get install" \
+      "chromium) or leave them out with --fast" >&2
+  fi
+fi
 if [ "$checks" = 1 ]; then
   .venv/bin/ruff check .
   .venv/bin/ruff format --check .

@@ -1,8 +1,11 @@
-"""Opens a job in the Temporal Web UI in headless Chromium (Debian's `chromium`), waits until the
-page shows the given text (the job's current details), and saves a screenshot.
+"""Opens a job in the Temporal Web UI (or any page, e.g. the studio console) in headless Chromium
+(Debian's `chromium`), waits until the page shows the given text (the job's current details),
+and saves a screenshot.
 
     .venv/bin/python scripts/ui_screenshot.py JOB_ID docs/ui-waiting-job.png \
         [--ui http://localhost:8233] [--expect "Waiting for approval"] [--click "User Metadata"]
+    .venv/bin/python scripts/ui_screenshot.py http://127.0.0.1:8240/ docs/console.png \
+        --expect "Awaiting approval"
 
 Drives Chromium over the DevTools protocol with aiohttp (a spillway dependency): no browser
 download, no npm. Exits 1 if the text never appears; prints the page's text around it.
@@ -133,16 +136,20 @@ def _save(path: Path, png: bytes) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("job_id")
+    parser.add_argument("job_id", help="a job to show in the Temporal UI, or a page's URL")
     parser.add_argument("out", type=Path)
     parser.add_argument("--ui", default="http://localhost:8233")
     parser.add_argument("--namespace", default="default")
     parser.add_argument("--expect", default="Waiting for approval")
-    parser.add_argument("--click", default="User Metadata", help="tab to open first")
+    parser.add_argument(
+        "--click", help="tab to open first (a job's default: User Metadata; a URL's: none)"
+    )
     parser.add_argument("--timeout", type=float, default=60)
     args = parser.parse_args()
-    url = f"{args.ui}/namespaces/{args.namespace}/workflows/{args.job_id}"
-    text = asyncio.run(screenshot(url, args.out, args.expect, args.click, args.timeout))
+    page = args.job_id.startswith(("http://", "https://"))
+    url = args.job_id if page else f"{args.ui}/namespaces/{args.namespace}/workflows/{args.job_id}"
+    click = args.click if args.click or page else "User Metadata"
+    text = asyncio.run(screenshot(url, args.out, args.expect, click, args.timeout))
     at = text.index(args.expect)
     print(f"saved {args.out}; the page shows:\n{text[max(0, at - 200) : at + 400]}")
     sys.stdout.flush()

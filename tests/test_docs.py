@@ -276,9 +276,11 @@ def test_the_screenshot_command_the_readme_gives_runs_as_written():
     """`scripts/ui_screenshot.py JOB ...` had no run bit and no shebang: the README's line could
     not run as it stood. It names the venv's Python, which has the script's `aiohttp`."""
     readme = (PROJECT_ROOT / "README.md").read_text(encoding="utf-8")
-    [shown] = re.findall(r"`([^`]*scripts/ui_screenshot\.py[^`]*)`", readme)
-    python, script, *_ = shown.split()
-    assert python == ".venv/bin/python" and (PROJECT_ROOT / script).is_file(), shown
+    shown = re.findall(r"`([^`]*scripts/ui_screenshot\.py[^`]*)`", readme)
+    assert shown
+    for line in shown:  # the Temporal UI's and the console's
+        python, script, *_ = line.split()
+        assert python == ".venv/bin/python" and (PROJECT_ROOT / script).is_file(), line
 
 
 # The `--json` outputs that have no published schema, by the model each prints (`submit --json`

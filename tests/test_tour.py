@@ -56,7 +56,9 @@ class Dev:
     whose ports are taken does."""
 
     def __init__(self, state: Path, env: dict[str, str]) -> None:
-        self.port, self.ui, self.comfyui, self.guard, self.minimax, self.kling = free_ports(6)
+        ports = free_ports(7)
+        self.port, self.ui, self.comfyui, self.guard, self.minimax, self.kling = ports[:6]
+        self.console = ports[6]
         if port_free(8288):
             self.comfyui = 8288
         self.state, self.env = state, env
@@ -80,6 +82,7 @@ class Dev:
             "--port", str(self.port), "--ui-port", str(self.ui),
             "--comfyui-port", str(self.comfyui), "--guard-port", str(self.guard),
             "--minimax-port", str(self.minimax), "--kling-port", str(self.kling),
+            "--console-port", str(self.console),
             cwd=PROJECT_ROOT, env=self.env,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
         )  # fmt: skip
@@ -106,7 +109,15 @@ class Dev:
         return code
 
     def ports_free(self) -> bool:
-        ports = (self.port, self.ui, self.comfyui, self.guard, self.minimax, self.kling)
+        ports = (
+            self.port,
+            self.ui,
+            self.comfyui,
+            self.guard,
+            self.minimax,
+            self.kling,
+            self.console,
+        )
         return all(port_free(port) for port in ports)
 
     async def run(self, command: str) -> tuple[int, str]:
@@ -221,6 +232,19 @@ async def test_the_readme_tour_works_as_written(dev: Dev):
             await dev.until_state("tour-2", "awaiting_approval")
         if "--job-id tour-5" in command:
             await dev.until_one_waits(["tour-3", "tour-4", "tour-5"])
+    # The tour's last step: the console the banner names shows the same line.
+    console = f"http://127.0.0.1:{dev.console}/"
+    assert any(f"console     {console}" in line for line in dev.output), dev.output
+    async with httpx.AsyncClient() as http:
+        page = await http.get(console)
+        queue = (await http.get(f"{console}api/queue")).json()
+        recent = (await http.get(f"{console}api/board")).json()["recent"]
+    assert page.status_code == 200 and "/static/console.js" in page.text
+    places = {p["job_id"] for h in queue["hosts"] for p in h["places"]}
+    assert len(places & {"tour-3", "tour-4", "tour-5"}) == 2
+    assert [i["job_id"] for i in queue["line"]] == list({"tour-3", "tour-4", "tour-5"} - places)
+    ui = f"http://localhost:{dev.ui}/namespaces/default/workflows/"  # the Web UI it started
+    assert {r["job_id"]: r["link"] for r in recent}["tour-5"] == f"{ui}tour-5"
     # The guard double, from the second terminal with the banner's exports: busy shows.
     assert (await dev.run("spillway sim guard --busy --job render-7"))[0] == 0
     code, out = await dev.run("spillway load")

@@ -399,6 +399,44 @@ async def cmd_queue(args: argparse.Namespace) -> int:
     return OK
 
 
+async def cmd_console(args: argparse.Namespace) -> int:
+    if getattr(args, "console_action", None) == "user":
+        return _console_user(args)
+    from spillway.console.serve import run_console
+
+    return await run_console(await _jobs_client(), args.host, args.port)
+
+
+def _console_user(args: argparse.Namespace) -> int:
+    from spillway.console.people import People, list_json
+
+    people = People.from_environment()
+    people.needed()  # every action reads or writes the people file
+    if args.user_action == "list":
+        found = people.names()
+        if args.json:
+            print(list_json(found))
+        else:
+            for person in found:
+                print(f"{person.name}  added {person.added:%Y-%m-%d %H:%M} UTC")
+            if not found:
+                print("nobody may sign in yet: spillway console user add NAME")
+        return OK
+    if not args.name:
+        raise ConfigError(f"spillway console user {args.user_action} needs the person's NAME")
+    if args.user_action == "remove":
+        people.remove(args.name)
+        print(f"removed {args.name}: their token signs nobody in any more")
+        return OK
+    token = people.add(args.name)
+    print(
+        f"console user {args.name} added; their token (shown this once, kept only as a hash):",
+        file=sys.stderr,
+    )
+    print(token)
+    return OK
+
+
 async def cmd_host(args: argparse.Namespace) -> int:
     import json
 

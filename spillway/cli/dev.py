@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING
 from spillway.core.errors import Failed
 
 if TYPE_CHECKING:
+    from temporalio.client import Client
+
     from spillway.core.settings import Settings
 
 STATE_DIR = Path(".spillway")
@@ -45,6 +47,7 @@ class DevOptions:
     guard_port: int = 8189
     minimax_port: int = 8190
     kling_port: int = 8191
+    console_port: int = 8240  # the studio console; 0: none
     state_dir: Path = STATE_DIR
     render_s: float = 8.0  # how long the ComfyUI simulator takes per prompt
 
@@ -213,7 +216,11 @@ def exports(options: DevOptions, address: str | None, settings: Settings) -> lis
 
 
 def _banner(
-    options: DevOptions, address: str | None, urls: dict[str, str] | None, kept: Path | None
+    options: DevOptions,
+    address: str | None,
+    urls: dict[str, str] | None,
+    kept: Path | None,
+    console: str | None = None,
 ) -> str:
     """`kept`: the folder where this run keeps the spend ledger's secret (None: set outside)."""
     from activities.cloud import registry as clouds
@@ -237,6 +244,15 @@ def _banner(
     lines += [
         f"  worker      task queue {settings.SPILLWAY_TASK_QUEUE!r}; cloud fallback {armed}",
     ]
+    if console is not None:
+        people = (
+            ""
+            if "SPILLWAY_SECRETS_DIR" in os.environ
+            else f"SPILLWAY_SECRETS_DIR={options.jobs_dir} "
+        )
+        lines.append(
+            f"  console     {console}   (to approve there: {people}spillway console user add NAME)"
+        )
     if kept is not None:
         lines.append(
             f"  ledger      its secret is kept in {kept / 'SPILLWAY_LEDGER_SECRET'} "
@@ -254,7 +270,37 @@ def _banner(
     return "\n".join(lines)
 
 
+@contextlib.asynccontextmanager
+async def _console(options: DevOptions, client: Client, settings: Settings) -> AsyncIterator[str]:
+    """The studio console on 127.0.0.1, its people kept with the jobs unless
+    SPILLWAY_SECRETS_DIR names a folder; yields its URL once it listens."""
+    from spillway.client import SpillwayClient
+    from spillway.console.serve import console_server
+    from spillway.core.settings import secrets_dir
+
+    _require_free(options.console_port, "console")
+    served = console_server(
+        SpillwayClient(client, settings=settings),
+        "127.0.0.1",
+        options.console_port,
+        folder=secrets_dir() or options.jobs_dir,
+        own_signals=False,
+    )
+    task = asyncio.create_task(served.server.serve())
+    while not served.server.started:
+        if task.done():  # it could not listen: uvicorn said why on stderr
+            raise Failed(f"the console did not start on port {options.console_port}")
+        await asyncio.sleep(0.05)
+    try:
+        yield served.url
+    finally:
+        served.server.should_exit = True
+        await task
+
+
 async def run_dev(options: DevOptions) -> int:
+    from pydantic import AnyHttpUrl
+
     from spillway.core.hosts import gpu_hosts
     from spillway.core.settings import load_settings, make_secret_file
     from spillway.core.tiers import load_tiers
@@ -276,7 +322,15 @@ async def run_dev(options: DevOptions) -> int:
         own_comfyuis(settings, gpu_hosts(settings, tiers))
         client = await connect()
         await register_search_attributes(client)
-        print(_banner(options, address, urls, kept), flush=True)
+        console = None
+        if options.console_port:
+            shown = settings
+            if address is not None and "SPILLWAY_UI_URL" not in os.environ:
+                # Its job links go to the Web UI this run started, on whichever port.
+                ui = AnyHttpUrl(f"http://localhost:{options.ui_port}")
+                shown = settings.model_copy(update={"SPILLWAY_UI_URL": ui})
+            console = await stack.enter_async_context(_console(options, client, shown))
+        print(_banner(options, address, urls, kept, console), flush=True)
         await run_worker(settings, tiers, client)
     print("spillway dev stopped", file=sys.stderr)
     return 0

@@ -279,6 +279,38 @@ def build_parser() -> argparse.ArgumentParser:
         help="job ids and each why whole, a row per job (default: 100 columns, why wrapped)",
     )
 
+    console = command(
+        "console",
+        cmd.cmd_console,
+        "serve the studio console: hosts, renders, the line, approvals, spend (a web page)",
+        "A web page (and a JSON API beside it: GET /api/queue, /api/jobs/JOB, /api/teams, "
+        "/healthz; POST /api/jobs/JOB/approve|reject|cancel|priority and /api/hosts/NAME/"
+        "drain|resume with Authorization: Bearer TOKEN) "
+        "showing the GPU hosts, the renders and their progress, the line with each job's why "
+        "and estimate, the jobs awaiting approval with their quote, recent jobs linked to the "
+        "Temporal UI, and the cloud spend per day and team; it updates itself every 1.5 s. It "
+        "reads and acts through the same queries, updates and signals as these commands, with "
+        "the signed-in person as --by. Acting needs a person: `spillway console user add NAME` "
+        "prints their token once and keeps its hash in SPILLWAY_SECRETS_DIR. Reading without "
+        "signing in: SPILLWAY_CONSOLE_OPEN_READ (unset: open on 127.0.0.1 only). Connects to "
+        "Temporal as the other commands do; docs/console.md has the details.",
+    )
+    console.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine)"
+    )
+    console.add_argument("--port", type=int, default=8240, help="port to listen on (8240)")
+    people = console.add_subparsers(dest="console_action", metavar="user", parser_class=_Parser)
+    user = people.add_parser(
+        "user",
+        help="add, list or remove the people who may sign in",
+        description="`user add NAME` prints NAME's token once (keep it: only its hash is kept, "
+        "in SPILLWAY_SECRETS_DIR); `user list` names the people; `user remove NAME` signs NAME "
+        "out everywhere at once. NAME is what the console records as --by when they act.",
+    )
+    user.add_argument("user_action", choices=["add", "list", "remove"])
+    user.add_argument("name", metavar="NAME", nargs="?", help="the person (add, remove)")
+    user.add_argument("--json", action="store_true", help="list: print the people as JSON")
+
     cancel = command(
         "cancel",
         cmd.cmd_cancel,
@@ -401,6 +433,9 @@ def build_parser() -> argparse.ArgumentParser:
     dev.add_argument("--guard-port", type=int, default=8189, help="guard simulator (8189)")
     dev.add_argument("--minimax-port", type=int, default=8190, help="MiniMax simulator (8190)")
     dev.add_argument("--kling-port", type=int, default=8191, help="Kling simulator (8191)")
+    dev.add_argument(
+        "--console-port", type=int, default=8240, help="the studio console (8240; 0: none)"
+    )
     dev.add_argument(
         "--render-s",
         type=float,

@@ -307,10 +307,15 @@ async def _progress(client: Client, raw: Any) -> Progress | None:
 
 
 async def list_jobs(
-    client: Client, state: JobState | None, team: str | None = None, default_team: bool = False
+    client: Client,
+    state: JobState | None,
+    team: str | None = None,
+    default_team: bool = False,
+    limit: int | None = None,
 ) -> list[JobSummary]:
     """`team`: only its jobs; `default_team`: it is the default team, whose jobs include those
-    started without a team (before the teams file, or by a client that set none)."""
+    started without a team (before the teams file, or by a client that set none); `limit`: the
+    newest that many only (the console's recent jobs, on a server holding thousands)."""
     query = f"WorkflowType = '{VIDEO_JOB}'"
     if state is not None:
         query += f" AND {sa.STATE.name} = '{state}'"
@@ -318,7 +323,7 @@ async def list_jobs(
         own = f"{sa.TEAM.name} = '{team}'"
         query += f" AND ({own} OR {sa.TEAM.name} IS NULL)" if default_team else f" AND {own}"
     jobs = []
-    async for execution in client.list_workflows(query):
+    async for execution in client.list_workflows(query, limit=limit):
         attributes = execution.typed_search_attributes
         jobs.append(
             JobSummary(

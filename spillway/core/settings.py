@@ -209,6 +209,10 @@ class Settings(BaseSettings):
     # history when it is admitted (bench/admission.py measures both).
     SPILLWAY_MAX_CACHED_WORKFLOWS: Annotated[int, Field(ge=0)] = 1000
     SPILLWAY_UI_URL: CheckedUrl = AnyHttpUrl("http://localhost:8233")  # links in notifications
+    # `spillway console`: whether its page and GET API answer people who have not signed in.
+    # Unset: open while it listens on 127.0.0.1 only (whoever reaches it is on this machine),
+    # closed on any other address. Acting always needs a signed-in person.
+    SPILLWAY_CONSOLE_OPEN_READ: bool | None = None
 
     @field_validator("JOB_WEBHOOK_URL")
     @classmethod
@@ -260,6 +264,7 @@ class Settings(BaseSettings):
         "SPILLWAY_TEAMS_FILE",
         "CLOUD_DAILY_BUDGET_USD",
         "CLOUD_MONTHLY_BUDGET_USD",
+        "SPILLWAY_CONSOLE_OPEN_READ",
         mode="before",
     )
     @classmethod
