@@ -92,6 +92,10 @@ class Dev:
                 self.output.append(line.decode())
                 if "worker polling" in line.decode():
                     break
+            else:
+                raise AssertionError(
+                    "spillway dev ended before its worker polled:\n" + "".join(self.output)
+                )
         self._drain = asyncio.create_task(self._read_rest())
         self.exported = self.banner_exports()
 
