@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import statistics
 import sys
@@ -36,6 +37,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +68,36 @@ E = EventType
 WARM = 10
 
 
+def marker(e: HistoryEvent) -> str:
+    """A marker's name, and a patch marker's patch id (which `workflow.patched` recorded it)."""
+    attrs = e.marker_recorded_event_attributes
+    for payloads in attrs.details.values():
+        for payload in payloads.payloads:
+            with contextlib.suppress(ValueError, AttributeError):
+                return f"{attrs.marker_name} {json.loads(payload.data)['id']}"
+    return attrs.marker_name
+
+
+def timeline(events: Sequence[HistoryEvent], since: datetime, who: str) -> list[tuple[float, str]]:
+    """The events that are a round trip's ends, as ms after `since` (the server's clock)."""
+    rows = []
+    scheduled: dict[int, str] = {}
+    for e in events:
+        kind = E.Name(e.event_type).removeprefix("EVENT_TYPE_").lower()
+        if kind in ("workflow_task_scheduled", "activity_task_started", "timer_fired"):
+            continue
+        if e.event_type == E.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            scheduled[e.event_id] = e.activity_task_scheduled_event_attributes.activity_type.name
+            kind += " " + scheduled[e.event_id]
+        elif e.event_type == E.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+            kind += " " + scheduled[e.activity_task_completed_event_attributes.scheduled_event_id]
+        elif e.event_type == E.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
+            kind += " " + e.workflow_execution_signaled_event_attributes.signal_name
+        at = (e.event_time.ToDatetime() - since).total_seconds() * 1000
+        rows.append((at, f"{who} {kind}"))
+    return rows
+
+
 def tally(events: Sequence[HistoryEvent]) -> Counter[str]:
     """Events by type, and by name where the type carries one (an activity's type, a marker's,
     a signal's)."""
@@ -75,7 +107,7 @@ def tally(events: Sequence[HistoryEvent]) -> Counter[str]:
         if e.event_type == E.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
             c[f"  activity {e.activity_task_scheduled_event_attributes.activity_type.name}"] += 1
         elif e.event_type == E.EVENT_TYPE_MARKER_RECORDED:
-            c[f"  marker {e.marker_recorded_event_attributes.marker_name}"] += 1
+            c[f"  marker {marker(e)}"] += 1
         elif e.event_type == E.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
             c[f"  signal in {e.workflow_execution_signaled_event_attributes.signal_name}"] += 1
         elif e.event_type == E.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED:
@@ -99,13 +131,17 @@ async def job_tally(client: Client, handles: Sequence[WorkflowHandle[Any, Any]])
     return total
 
 
-async def pool_runs(client: Client, pool: str) -> dict[str, Counter[str]]:
-    """Every run of the pool's chain, by run id: what each has recorded so far."""
-    runs: dict[str, Counter[str]] = {}
+async def pool_events(client: Client, pool: str) -> dict[str, list[HistoryEvent]]:
+    """Every run of the pool's chain, by run id: its events so far."""
+    runs: dict[str, list[HistoryEvent]] = {}
     async for execution in client.list_workflows(f"WorkflowId = '{pool}'"):
         handle = client.get_workflow_handle(pool, run_id=execution.run_id)
-        runs[execution.run_id] = tally((await handle.fetch_history()).events)
+        runs[execution.run_id] = list((await handle.fetch_history()).events)
     return runs
+
+
+async def pool_runs(client: Client, pool: str) -> dict[str, Counter[str]]:
+    return {run: tally(events) for run, events in (await pool_events(client, pool)).items()}
 
 
 def gained(before: dict[str, Counter[str]], after: dict[str, Counter[str]]) -> Counter[str]:
@@ -220,12 +256,18 @@ async def main(jobs: int, rounds: int) -> None:
             await asyncio.sleep(2)  # the pool's work for the warm-up ends
 
             before = await pool_runs(client, pool)
+            seen = {run: len(events) for run, events in (await pool_events(client, pool)).items()}
             (alone,), _, _ = await batch("LOCAL", 1)
             await asyncio.sleep(2)  # the pool's answer to the give-back lands in its history
             after = await pool_runs(client, pool)
             await until_visible(client, pool, set(after))
             after = await pool_runs(client, pool)
             one_job = await job_tally(client, [alone])
+            job_events = (await client.get_workflow_handle(alone.id).fetch_history()).events
+            since = job_events[0].event_time.ToDatetime()
+            rows = timeline(job_events, since, "job ")
+            for run, events in (await pool_events(client, pool)).items():
+                rows += timeline(events[seen.get(run, 0) :], since, "pool")
             one_pool = gained(before, after)
             (shaped_one,), _, _ = await batch("shaped", 1)
             one_shaped = await job_tally(client, [shaped_one])
@@ -255,6 +297,9 @@ async def main(jobs: int, rounds: int) -> None:
         sims.kill()
 
     n = len(local_handles)
+    print("One LOCAL job alone: its events and the pool's, ms after the job's start (server clock)")
+    for at, what in sorted(rows):
+        print(f"  {at:8.1f}  {what}")
     print(f"History counts per job: one LOCAL job alone, and the mean of {n} ({rounds} batches")
     print(
         f"of {jobs} started back to back); the pool's events are those its runs gained meanwhile."
