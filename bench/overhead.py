@@ -66,6 +66,7 @@ from worker import POLLING, WORKFLOW_RUNNER
 
 E = EventType
 WARM = 10
+ALONE = 5  # lone jobs of each kind, taking turns
 
 
 def marker(e: HistoryEvent) -> str:
@@ -245,6 +246,17 @@ async def main(jobs: int, rounds: int) -> None:
             assert all(r.state == "completed" and r.route == "local" for r in results), results
         return handles, cpu, n / seconds
 
+    async def alone_s(kind: str) -> tuple[float, float]:
+        """One job with nothing else running: start to result as the client sees it, and the
+        server's start to completion from the history."""
+        t0 = time.perf_counter()
+        handle = await start(kind)
+        await handle.result()
+        seen = time.perf_counter() - t0
+        events = (await client.get_workflow_handle(handle.id).fetch_history()).events
+        server = events[-1].event_time.ToDatetime() - events[0].event_time.ToDatetime()
+        return seen, server.total_seconds()
+
     try:
         async with contextlib.AsyncExitStack() as stack:
             for w in baseline:
@@ -271,6 +283,10 @@ async def main(jobs: int, rounds: int) -> None:
             one_pool = gained(before, after)
             (shaped_one,), _, _ = await batch("shaped", 1)
             one_shaped = await job_tally(client, [shaped_one])
+            lone: dict[str, list[tuple[float, float]]] = {"LOCAL": [], "shaped": []}
+            for _ in range(ALONE):
+                for kind in lone:
+                    lone[kind].append(await alone_s(kind))
 
             cpu: dict[str, list[dict[str, float]]] = {"LOCAL": [], "shaped": []}
             rate: dict[str, list[float]] = {"LOCAL": [], "shaped": []}
@@ -327,6 +343,11 @@ async def main(jobs: int, rounds: int) -> None:
         f"  tasks polled and answered, job + pool: LOCAL {local_x:.0f}, shaped {shaped_x:.0f} "
         f"({local_x / shaped_x:.2f}x)"
     )
+    print(f"A lone job, median of {ALONE} of each kind taking turns (wall-clock, shared machine):")
+    for kind, times in lone.items():
+        seen = statistics.median(t[0] for t in times) * 1000
+        server = statistics.median(t[1] for t in times) * 1000
+        print(f"  {kind:<7} client start -> result {seen:6.0f} ms, in its history {server:6.0f} ms")
     print(f"CPU ms per job, median of {rounds} batches of {jobs} (each batch's):")
     print(f"  {'':<40}{'LOCAL':>22}{'shaped':>22}")
     for name in processes:
