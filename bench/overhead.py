@@ -345,9 +345,9 @@ async def main(jobs: int, rounds: int) -> None:
     )
     print(f"A lone job, median of {ALONE} of each kind taking turns (wall-clock, shared machine):")
     for kind, times in lone.items():
-        seen = statistics.median(t[0] for t in times) * 1000
+        client_ms = statistics.median(t[0] for t in times) * 1000
         server = statistics.median(t[1] for t in times) * 1000
-        print(f"  {kind:<7} client start -> result {seen:6.0f} ms, in its history {server:6.0f} ms")
+        print(f"  {kind:<7} start -> result {client_ms:6.0f} ms, its history {server:6.0f} ms")
     print(f"CPU ms per job, median of {rounds} batches of {jobs} (each batch's):")
     print(f"  {'':<40}{'LOCAL':>22}{'shaped':>22}")
     for name in processes:
