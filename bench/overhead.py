@@ -21,7 +21,7 @@ Prints, after ten unmeasured jobs of each kind:
    batches. CPU seconds do not depend on the machine's load the way wall-clock does; the jobs/s
    printed alongside do.
 
-What a waiting job holds is measured by bench/line_memory.py (`--line 200 --trace`).
+What a waiting job holds is measured by bench/line_memory.py (`--line 200 --trace --by-line`).
 """
 
 from __future__ import annotations
@@ -368,7 +368,7 @@ async def main(jobs: int, rounds: int) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(
         description=(__doc__ or "").split("\n\n")[0],
-        epilog="What a waiting job holds: bench/line_memory.py --line 200 --trace.",
+        epilog="What a waiting job holds: bench/line_memory.py --line 200 --trace --by-line.",
     )
     parser.add_argument("--jobs", type=int, default=50, help="jobs per batch (50)")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved batches of each (2)")
