@@ -4,12 +4,14 @@ baseline of bench/comfyui_route.py (`JobShapedWorkflow`: the same five activitie
 host's queues with a LOCAL job's options, no pool, no publication), and the CPU seconds per job
 of each process.
 
-    .venv/bin/python bench/overhead.py [--jobs 50] [--rounds 2]
+    .venv/bin/python bench/overhead.py [--jobs 50] [--rounds 2] [--agent-apart]
 
 A real `python worker.py` (so that its CPU time is its own) with a place for every job
 (A40_MAX_JOBS = --jobs), the ComfyUI double rendering instantly in a process of its own, the
 Temporal dev server. The baseline's workers run in this process, polling and running workflows
-as the worker does (`worker.POLLING`, `worker.WORKFLOW_RUNNER`).
+as the worker does (`worker.POLLING`, `worker.WORKFLOW_RUNNER`). With `--agent-apart` the GPU
+host's agent (`spillway agent --host a40_local`) runs in a process of its own, so the worker's
+CPU splits into its workflows (the job, the pool, the ledger) and the host's activities.
 
 Prints, after ten unmeasured jobs of each kind:
 1. the histories' counts for one job alone (nothing else running, so the pool's events in that
@@ -192,13 +194,21 @@ def print_table(columns: dict[str, dict[str, float]]) -> None:
         print(f"  {key:<{width}}{cells}")
 
 
-async def main(jobs: int, rounds: int) -> None:
+async def main(jobs: int, rounds: int, agent_apart: bool) -> None:
     sims, urls = await start_doubles(execution_s=0)
     env = await start_dev_server()
     client = env.client
     queue = f"overhead-{uuid.uuid4().hex[:8]}"
     pool = names.pool_id(queue)
-    worker = await start_worker(env, queue, urls, A40_MAX_JOBS=str(max(jobs, WARM)))
+    places = str(max(jobs, WARM))
+    agent = None
+    if agent_apart:  # a GPU host's set-up, and it splits the worker's CPU: workflows / activities
+        worker = await start_worker(env, queue, urls, "worker", "--no-agents", A40_MAX_JOBS=places)
+        agent = await start_worker(
+            env, queue, urls, "agent", "--host", "a40_local", A40_MAX_JOBS=places
+        )
+    else:
+        worker = await start_worker(env, queue, urls, A40_MAX_JOBS=places)
     host_queue = f"{queue}-shaped-gpu"
     like_the_worker: dict[str, Any] = {**POLLING, "workflow_runner": WORKFLOW_RUNNER}
     baseline = [
@@ -221,6 +231,8 @@ async def main(jobs: int, rounds: int) -> None:
         "doubles": sims.pid,
         "bench (client; shaped: + its workers)": os.getpid(),
     }
+    if agent is not None:
+        processes["agent (probe, fit, ComfyUI activities)"] = agent.pid
 
     async def start(kind: str) -> WorkflowHandle[Any, Any]:
         if kind == "LOCAL":
@@ -310,6 +322,8 @@ async def main(jobs: int, rounds: int) -> None:
             many_shaped = await job_tally(client, shaped_handles)
     finally:
         worker.kill()
+        if agent is not None:
+            agent.kill()
         sims.kill()
 
     n = len(local_handles)
@@ -372,5 +386,10 @@ if __name__ == "__main__":
     )
     parser.add_argument("--jobs", type=int, default=50, help="jobs per batch (50)")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved batches of each (2)")
+    parser.add_argument(
+        "--agent-apart",
+        action="store_true",
+        help="the GPU host's agent in a process of its own: the worker's CPU split in two",
+    )
     args = parser.parse_args()
-    run_main(main(args.jobs, args.rounds))
+    run_main(main(args.jobs, args.rounds, args.agent_apart))
