@@ -40,6 +40,7 @@ import uuid
 from collections import Counter
 from collections.abc import Sequence
 from datetime import datetime
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -258,6 +259,8 @@ async def main(jobs: int, rounds: int, agent_apart: bool) -> None:
             assert all(r.state == "completed" and r.route == "local" for r in results), results
         return handles, cpu, n / seconds
 
+    widest: list[tuple[float, list[tuple[float, str]]]] = []
+
     async def alone_s(kind: str) -> tuple[float, float]:
         """One job with nothing else running: start to result as the client sees it, and the
         server's start to completion from the history."""
@@ -267,6 +270,13 @@ async def main(jobs: int, rounds: int, agent_apart: bool) -> None:
         seen = time.perf_counter() - t0
         events = (await client.get_workflow_handle(handle.id).fetch_history()).events
         server = events[-1].event_time.ToDatetime() - events[0].event_time.ToDatetime()
+        if kind == "LOCAL":
+            rows = timeline(events, events[0].event_time.ToDatetime(), "")
+            gaps = sorted(
+                ((b[0] - a[0], f"{a[1].strip()} -> {b[1].strip()}") for a, b in pairwise(rows)),
+                reverse=True,
+            )
+            widest.append((server.total_seconds() * 1000, gaps[:3]))
         return seen, server.total_seconds()
 
     try:
@@ -362,6 +372,10 @@ async def main(jobs: int, rounds: int, agent_apart: bool) -> None:
         client_ms = statistics.median(t[0] for t in times) * 1000
         server = statistics.median(t[1] for t in times) * 1000
         print(f"  {kind:<7} start -> result {client_ms:6.0f} ms, its history {server:6.0f} ms")
+    print("  each lone LOCAL job: its history's ms, and its three widest gaps between events")
+    for total, gaps in widest:
+        listed = "; ".join(f"{ms:.0f} {between}" for ms, between in gaps)
+        print(f"    {total:5.0f}  {listed}")
     print(f"CPU ms per job, median of {rounds} batches of {jobs} (each batch's):")
     print(f"  {'':<40}{'LOCAL':>22}{'shaped':>22}")
     for name in processes:
