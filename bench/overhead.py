@@ -18,7 +18,9 @@ Prints, after ten unmeasured jobs of each kind:
    window are that job's) and the mean over `--jobs` started back to back, for the job, for the
    pool (the events its runs gained during the batch, divided by the jobs; the pool continues as
    new every 500 signals, so every run of its chain is read), and for the baseline;
-2. CPU ms per job of the worker process, the dev server, the doubles and this process (the
+2. lone LOCAL jobs back to back and with 1 s idle before each: each one's history and its
+   comfyui_wait, in ms (the watcher's rate limit shows in the first);
+3. CPU ms per job of the worker process, the dev server, the doubles and this process (the
    client, plus the baseline's workers when the baseline runs), median of `--rounds` interleaved
    batches. CPU seconds do not depend on the machine's load the way wall-clock does; the jobs/s
    printed alongside do.
@@ -165,6 +167,27 @@ async def until_visible(client: Client, pool: str, run_ids: set[str]) -> None:
         run_ids = set(await pool_runs(client, pool))
 
 
+async def total_and_wait_ms(
+    client: Client, handle: WorkflowHandle[Any, Any]
+) -> tuple[float, float]:
+    """A job's start to completion and its comfyui_wait's scheduled to completed, from its
+    history."""
+    events = (await client.get_workflow_handle(handle.id).fetch_history()).events
+    scheduled = {
+        e.event_id: e.event_time.ToDatetime()
+        for e in events
+        if e.event_type == E.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+        and e.activity_task_scheduled_event_attributes.activity_type.name == names.COMFYUI_WAIT
+    }
+    wait_ms = 0.0
+    for e in events:
+        sid = e.activity_task_completed_event_attributes.scheduled_event_id
+        if e.event_type == E.EVENT_TYPE_ACTIVITY_TASK_COMPLETED and sid in scheduled:
+            wait_ms = (e.event_time.ToDatetime() - scheduled[sid]).total_seconds() * 1000
+    total = events[-1].event_time.ToDatetime() - events[0].event_time.ToDatetime()
+    return total.total_seconds() * 1000, wait_ms
+
+
 def per(c: Counter[str], n: int) -> dict[str, float]:
     return {k: v / n for k, v in c.items()}
 
@@ -309,6 +332,16 @@ async def main(jobs: int, rounds: int, agent_apart: bool) -> None:
             for _ in range(ALONE):
                 for kind in lone:
                     lone[kind].append(await alone_s(kind))
+            # The agent's ComfyUI watcher looks at most five times per COMFYUI_HISTORY_POLL_S, so
+            # how soon a lone job follows the last one decides its comfyui_wait.
+            paced: dict[str, list[tuple[float, float]]] = {}
+            for label, idle_s in (("back to back", 0.0), ("1 s idle before each", 1.0)):
+                paced[label] = []
+                for _ in range(ALONE):
+                    await asyncio.sleep(idle_s)
+                    handle = await start("LOCAL")
+                    await handle.result()
+                    paced[label].append(await total_and_wait_ms(client, handle))
 
             cpu: dict[str, list[dict[str, float]]] = {"LOCAL": [], "shaped": []}
             rate: dict[str, list[float]] = {"LOCAL": [], "shaped": []}
@@ -376,6 +409,9 @@ async def main(jobs: int, rounds: int, agent_apart: bool) -> None:
     for total, gaps in widest:
         listed = "; ".join(f"{ms:.0f} {between}" for ms, between in gaps)
         print(f"    {total:5.0f}  {listed}")
+    for label, runs in paced.items():
+        listed = ", ".join(f"{t:.0f} ({w:.0f})" for t, w in runs)
+        print(f"  LOCAL alone, {label}: history ms (of it comfyui_wait): {listed}")
     print(f"CPU ms per job, median of {rounds} batches of {jobs} (each batch's):")
     print(f"  {'':<40}{'LOCAL':>22}{'shaped':>22}")
     for name in processes:
