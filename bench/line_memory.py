@@ -3,14 +3,14 @@ holds the only place (its ComfyUI double paused), the worker in this process so 
 allocation tracing sees it, the Temporal dev server.
 
     .venv/bin/python bench/line_memory.py [--line 2000] [--cache 1000] [--gc-full-after 1000]
-                                          [--trace]
+                                          [--trace] [--by-line]
 
 Prints the worker's RSS growth per waiting job (from just before the line to the line formed),
 the unreachable objects a full collection of Python's cyclic GC then finds (workflows the SDK
 evicted from its cache, waiting for a full collection), and with `--trace` the Python
-allocations per waiting job by file. The worker's GC is set up as `worker.py` sets it, with
-`--gc-full-after` collections of the middle generation before a full one (the worker's 1,000;
-Python's default is 10).
+allocations per waiting job by file (`--by-line`: by the line that allocated them). The
+worker's GC is set up as `worker.py` sets it, with `--gc-full-after` collections of the middle
+generation before a full one (the worker's 1,000; Python's default is 10).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def rss_mb() -> float:
     raise SystemExit("no VmRSS in /proc/self/status")
 
 
-async def main(line: int, cache: int, full_after: int, trace: bool) -> None:
+async def main(line: int, cache: int, full_after: int, trace: bool, by_line: bool) -> None:
     logging.disable(logging.ERROR)  # the worker's log: its figures only
     env = await start_dev_server()
     async with ComfyUIDouble() as comfyui:
@@ -112,12 +112,15 @@ async def main(line: int, cache: int, full_after: int, trace: bool) -> None:
             )
             print(f"  a full collection then found {garbage} unreachable objects")
             if trace:
-                stats = tracemalloc.take_snapshot().compare_to(traced, "filename")
+                group = "lineno" if by_line else "filename"
+                stats = tracemalloc.take_snapshot().compare_to(traced, group)
                 total = sum(s.size_diff for s in stats)
                 print(f"  Python's allocations: {total / line / 1024:.1f} KiB a waiting job")
-                for s in stats[:12]:
-                    name = s.traceback[0].filename.split("site-packages/")[-1]
-                    print(f"    {s.size_diff / line / 1024:6.2f} KiB  {name}")
+                for s in stats[: 20 if by_line else 12]:
+                    frame = s.traceback[0]
+                    name = frame.filename.split("site-packages/")[-1]
+                    at = f":{frame.lineno}" if by_line else ""
+                    print(f"    {s.size_diff / line / 1024:6.2f} KiB  {name}{at}")
             comfyui.resume()
 
 
@@ -127,5 +130,6 @@ if __name__ == "__main__":
     parser.add_argument("--cache", type=int, default=1000, help="the workflow cache (1000)")
     parser.add_argument("--gc-full-after", type=int, default=1000)
     parser.add_argument("--trace", action="store_true", help="Python's allocations by file")
+    parser.add_argument("--by-line", action="store_true", help="with --trace: by line")
     args = parser.parse_args()
-    run_main(main(args.line, args.cache, args.gc_full_after, args.trace))
+    run_main(main(args.line, args.cache, args.gc_full_after, args.trace, args.by_line))
