@@ -328,6 +328,7 @@ def test_a_free_place_goes_to_the_host_whose_models_are_warm_before_the_one_with
     b.prefer_warm = True
     b.ask(ask("j1", models=Y, seen=BOTH), T0)  # a and b alike: the job's own order, a
     assert b.warm == {"a": Y}
+    assert [h.warm for h in b.view(T0).hosts] == [Y, []]  # what `queue --json` and the console show
     # Carried across continue-as-new with the rest of the book.
     b2 = PoolBook(b.carried(500, []))
     b2.configure([PoolHost(ref=ref("q", n, 2), max_jobs=2) for n in ("a", "b")])

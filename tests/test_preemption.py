@@ -69,7 +69,8 @@ def _interrupted(comfyui: ComfyUISim, prompt_id: str) -> bool:
 async def test_an_urgent_job_takes_a_batch_render_s_place_which_renders_again_after_it(
     spillway, comfyui: ComfyUISim
 ):
-    comfyui.execution_s = 6.0  # three nodes of 2 s: an interrupt acts within 2 s
+    comfyui.execution_s = 3.0  # the urgent render: long enough to be seen running
+    comfyui.stall_next = 1  # the batch render runs until it is interrupted, however slow the day
     async with spillway(**PREEMPT) as sw, sampling(comfyui) as s:
         batch = await sw.start(cloud=False, priority=5)
         first = await _rendering(comfyui, sw, batch)
@@ -143,7 +144,8 @@ async def test_the_preemptor_cancelled_while_the_victim_lets_go_leaves_the_place
 async def test_the_pool_continuing_as_new_mid_preemption_hands_the_place_to_the_preemptor(
     spillway, comfyui: ComfyUISim
 ):
-    comfyui.execution_s = 6.0
+    comfyui.execution_s = 0.5
+    comfyui.stall_next = 1  # the batch render runs until it is interrupted
     async with spillway(**PREEMPT) as sw, sampling(comfyui) as s:
         # A pool that ends its run every 3 signals: the preemption spans several runs.
         await sw.client.start_workflow(
@@ -156,7 +158,6 @@ async def test_the_pool_continuing_as_new_mid_preemption_hands_the_place_to_the_
         first = await _rendering(comfyui, sw, batch)
         urgent = await sw.start(cloud=False, priority=1)
         others = [await sw.start(cloud=False, priority=3) for _ in range(3)]
-        comfyui.execution_s = 0.5
         plans = await asyncio.gather(*(h.result() for h in (urgent, batch, *others)))
         runs = 0
         async for _ in sw.client.list_workflows(f"WorkflowId = '{names.pool_id(sw.queue)}'"):

@@ -78,7 +78,8 @@ async def test_the_worker_publishes_the_day_s_cloud_spend_for_the_studio_and_eac
 
 
 async def test_the_worker_counts_preemptions(worker_process, dev_env, comfyui: ComfyUISim):
-    comfyui.execution_s = 6.0
+    comfyui.execution_s = 0.2
+    comfyui.stall_next = 1  # the batch job's render runs until it is interrupted, however slow
     [port] = free_ports(1)
     worker = await worker_process(
         COMFYUI_URL=comfyui.url,
@@ -90,7 +91,6 @@ async def test_the_worker_counts_preemptions(worker_process, dev_env, comfyui: C
     batch = await jobs.start(prompt=None, priority=5)
     await jobs.until(batch, "running_local")
     urgent = await jobs.start(prompt=None, priority=1)
-    comfyui.execution_s = 0.2
     plans = await asyncio.wait_for(asyncio.gather(batch.result(), urgent.result()), 60)
     assert plans[0].preempted is not None
 

@@ -299,6 +299,9 @@ class HostPlaces(BaseModel):
     # What it can run, as the latest job to ask found it; None: no job brought it yet.
     capabilities: HostCapabilities | None = None
     drained: Drain | None = None  # given no new places, by whom, since when, why
+    # The model files the job admitted there last loads: warm in its ComfyUI (the console shows
+    # them; SPILLWAY_POOL_PREFER_WARM prefers them).
+    warm: list[str] = []
 
     def drained_text(self) -> str:
         d = self.drained

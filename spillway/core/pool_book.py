@@ -644,6 +644,7 @@ class PoolBook(HolderBook):
                     headroom=reading.headroom if reading else None,
                     capabilities=self.capabilities.get(name),
                     drained=self.drained.get(name),
+                    warm=self.warm.get(name, []),
                 )
             )
         shown = self.line[:head]

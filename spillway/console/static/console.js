@@ -123,6 +123,7 @@ function drawHosts(queue) {
     const reach = h.reachable === false ? "unreachable" : h.reachable ? "reachable" : "not seen yet";
     const caps = h.capabilities;
     const files = caps ? Object.values(caps.models || {}).reduce((a, b) => a + b, 0) : null;
+    const warm = (h.warm || []).map((m) => m.split("/").pop()).join(", ");
     return el(
       "tr",
       { "data-host": h.name },
@@ -132,10 +133,11 @@ function drawHosts(queue) {
       el("td", { text: drained || "—" }),
       el("td", { text: h.places.map((p) => `${p.job_id} (${p.state || "?"})`).join(", ") || "—" }),
       el("td", { text: caps ? `${caps.nodes} node classes, ${files} model files` : "not read yet" }),
+      el("td", { class: "warm", text: warm || "—" }),
       el("td", {}, actForm(`/api/hosts/${encodeURIComponent(h.name)}`, h.name, [h.drained ? "resume" : "drain"], !h.drained))
     );
   });
-  return table(["host", "places", "reachable", "drained", "held by", "can run", ""], rows, "no GPU hosts");
+  return table(["host", "places", "reachable", "drained", "held by", "can run", "warm models", ""], rows, "no GPU hosts");
 }
 
 function drawRenders(renders) {
