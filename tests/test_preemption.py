@@ -157,7 +157,8 @@ async def test_the_pool_continuing_as_new_mid_preemption_hands_the_place_to_the_
         batch = await sw.start(cloud=False, priority=5)
         first = await _rendering(comfyui, sw, batch)
         urgent = await sw.start(cloud=False, priority=1)
-        others = [await sw.start(cloud=False, priority=3) for _ in range(3)]
+        # One step above the batch job: they wait their turn, never preempt it.
+        others = [await sw.start(cloud=False, priority=4) for _ in range(3)]
         plans = await asyncio.gather(*(h.result() for h in (urgent, batch, *others)))
         runs = 0
         async for _ in sw.client.list_workflows(f"WorkflowId = '{names.pool_id(sw.queue)}'"):

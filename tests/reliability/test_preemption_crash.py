@@ -13,6 +13,7 @@ from spillway.client import jobs as job_ops
 from spillway.client.queue import pool_view
 from spillway.core.models import VideoJob
 from spillway.sim.comfyui import ComfyUISim
+from tests.support.gpu_line import Sampler
 from tests.support.graphs import VIDEO_GRAPH
 from tests.support.jobs import pool_settled
 from tests.support.waiting import until
@@ -25,15 +26,6 @@ async def test_the_worker_killed_mid_preemption_gives_the_place_to_exactly_one_j
     worker = await workers(COMFYUI_URL=comfyui.url, A40_MAX_JOBS=1, SPILLWAY_PREEMPT="priority")
     jobs = jobs_on(worker)
     client, queue = jobs.client, worker.task_queue
-    most = 0
-
-    async def sample() -> None:
-        nonlocal most
-        while True:
-            most = max(most, len(comfyui.queue_running) + len(comfyui.queue_pending))
-            await asyncio.sleep(0.01)
-
-    sampler = asyncio.create_task(sample())
 
     async def start(priority: int) -> str:
         job = VideoJob(job_id=f"pre-{uuid.uuid4().hex[:10]}", graph=VIDEO_GRAPH, priority=priority)
@@ -42,6 +34,8 @@ async def test_the_worker_killed_mid_preemption_gives_the_place_to_exactly_one_j
         jobs.started.append(job.job_id)
         return job.job_id
 
+    sampler = Sampler(comfyui)  # the most prompts ComfyUI held at once, read every 10 ms
+    sampling = asyncio.create_task(sampler.run())
     batch = await start(5)
     await until(
         lambda: len(comfyui.queue_running), lambda n: n == 1, timeout_s=60, what="batch rendering"
@@ -59,7 +53,7 @@ async def test_the_worker_killed_mid_preemption_gives_the_place_to_exactly_one_j
     await worker.start()
     urgent_plan = await jobs.finished(urgent, timeout_s=120)
     batch_plan = await jobs.finished(batch, timeout_s=120)
-    sampler.cancel()
+    sampling.cancel()
 
     assert (urgent_plan.state, batch_plan.state) == ("completed", "completed")
     assert batch_plan.preempted is not None and batch_plan.preempted.by == urgent
@@ -72,6 +66,6 @@ async def test_the_worker_killed_mid_preemption_gives_the_place_to_exactly_one_j
         comfyui.history[str(urgent_plan.prompt_id)]["prompt"][0]
         < (comfyui.history[str(batch_plan.prompt_id)]["prompt"][0])
     )
-    assert most <= 1 and comfyui.most_held == 1
+    assert sampler.most <= 1 and comfyui.most_held == 1
     view = await pool_settled(client, queue)
     assert view.line == [] and [p for h in view.hosts for p in h.places] == []
