@@ -39,9 +39,10 @@ with workflow.unsafe.imports_passed_through():
         PoolView,
         Quoted,
         Reading,
+        Sent,
     )
     from spillway.core.models import Policy, QueueSpot
-    from spillway.core.pool_book import PoolBook, Sent
+    from spillway.core.pool_book import PoolBook
     from workflows import texts
 
 POOL_JOB = "gpu-pool"  # the job id the pool's own probes and policy reads carry

@@ -147,6 +147,9 @@ class PoolAnswer(BaseModel):
     preempted_by: str | None = None
 
 
+Sent = tuple[str, PoolAnswer]  # (job id, answer): what the pool signals
+
+
 class LateCheck(BaseModel):
     """The pool's word on a job's own ask (its `late` query), which the job leaves the line for
     the cloud on, never on an answer's: whether the pool has that very ask in line and, with the
