@@ -162,8 +162,8 @@ class Console:
         }
 
     async def _recent(self) -> list[dict[str, Any]]:
-        # The page's pool and line are its task queue's; a job of another spillway sharing the
-        # namespace is not one its people can follow or act on here.
+        # The page's pool and line are its task queue's, and so are its recent jobs: another
+        # spillway may share the namespace.
         found = await self.client.list(limit=RECENT, task_queue=self.client.task_queue)
         return [j.model_dump(mode="json") | {"link": self.job_link(j.job_id)} for j in found]
 
