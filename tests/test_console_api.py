@@ -21,7 +21,7 @@ from spillway.client.queue import pool_view
 from spillway.core.models import plan_json
 from tests.support.cli import SPILLWAY, free_ports, spillway
 from tests.support.console import asgi_client, console_app
-from tests.support.jobs import RunJobs, pool_settled
+from tests.support.jobs import Jobs, RunJobs, pool_settled
 from tests.support.route_stubs import BUSY, FREE, RouteStubs
 from tests.support.settings import KEY
 from tests.support.waiting import until
@@ -47,8 +47,18 @@ async def test_the_reads_answer_what_the_cli_prints_and_bad_reads_get_one_line(
     run_dev_jobs: RunJobs, tmp_path: Path, cli_env, dev_env
 ):
     async with run_dev_jobs(RouteStubs(FREE)) as jobs:
+        # Another spillway's job in the same namespace: no worker polls its queue.
+        elsewhere = await Jobs(jobs.client, f"other-{uuid.uuid4()}").start(prompt=None)
         job_id = await jobs.submit(prompt=None)
         await jobs.until(job_id, "completed")
+        both = {elsewhere.id, job_id}
+
+        async def listed() -> set[str]:
+            query = f"WorkflowId IN ({', '.join(repr(i) for i in both)})"
+            return {w.id async for w in jobs.client.list_workflows(query)}
+
+        # Both are in the namespace's visibility: the board leaves the other out by its queue.
+        await until(listed, lambda found: found == both)
         await pool_settled(jobs.client, jobs.task_queue)  # what both reads see stays put
         app, _ = console_app(jobs.client, jobs.task_queue, tmp_path / "secrets")
         async with asgi_client(app) as http:
@@ -70,6 +80,7 @@ async def test_the_reads_answer_what_the_cli_prints_and_bad_reads_get_one_line(
         assert code == 0, err
         view = await pool_view(jobs.client, jobs.task_queue)
         plan = await job_ops.status(jobs.client, job_id)
+        await elsewhere.terminate("test over")
 
     assert health.status_code == 200 and health.json() == {"ok": True}
     assert queue.status_code == 200
@@ -77,8 +88,9 @@ async def test_the_reads_answer_what_the_cli_prints_and_bad_reads_get_one_line(
     assert job.status_code == 200 and job.json() == json.loads(plan_json(plan))
     assert job.json()["state"] == "completed"
     assert teams.status_code == 200 and teams.json() == json.loads(team_out)
-    # The namespace's newest jobs, as `spillway list` has them (other tests' jobs too).
+    # The newest jobs of the console's task queue, not the namespace's.
     recent = {r["job_id"]: r for r in board.json()["recent"]}
+    assert list(recent) == [job_id]
     assert recent[job_id]["state"] == "completed"
     assert recent[job_id]["link"] == f"http://ui.test:8233/namespaces/default/workflows/{job_id}"
     assert board.json()["problems"] == []
@@ -216,8 +228,18 @@ async def test_the_page_signs_in_into_a_cookie_and_its_acts_need_the_csrf_token(
     run_dev_jobs: RunJobs, tmp_path: Path
 ):
     async with run_dev_jobs(RouteStubs(FREE)) as jobs:
+        # Another spillway's job in the same namespace: no worker polls its queue.
+        elsewhere = await Jobs(jobs.client, f"other-{uuid.uuid4()}").start(prompt=None)
         job_id = await jobs.submit(prompt=None)
         await jobs.until(job_id, "completed")
+        both = {elsewhere.id, job_id}
+
+        async def listed() -> set[str]:
+            query = f"WorkflowId IN ({', '.join(repr(i) for i in both)})"
+            return {w.id async for w in jobs.client.list_workflows(query)}
+
+        # Both are in the namespace's visibility: the board leaves the other out by its queue.
+        await until(listed, lambda found: found == both)
         app, people = console_app(jobs.client, jobs.task_queue, tmp_path / "secrets")
         token = people.add("ana")
         async with asgi_client(app) as http:

@@ -2,16 +2,24 @@
 double as the one GPU host (one place) and the MiniMax double as the cloud: the page shows a
 render and its progress moving, jobs entering the line and waiting for a person; a person signs
 in with their token, approves one job by a click and sees it go to the cloud, rejects another,
-and cancels a job in the line and the render."""
+and cancels a job in the line and the render. Then the page against answers made up to attack
+it: markup in every field stays text, a slow read is not asked again before it answers, a
+refusal is shown with its message, and Enter in a reason field acts on nothing."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
+from spillway.client import SpillwayClient
+from spillway.console.app import Act, ActBody, ApiError, Console, create_app
+from spillway.console.people import People
+from spillway.console.sessions import Signer
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
 from tests.support.browser import Page
@@ -128,3 +136,155 @@ async def test_the_console_shows_the_line_and_a_person_approves_rejects_and_canc
             cancelled = await sw_.jobs.status(local.id)
             assert cancelled.cancelled_by is not None and cancelled.cancelled_by.by == "ana"
     assert sum(minimax.create_calls_by_prompt.values()) == 1
+
+
+# Markup a job id, team, reason or host name could carry: it must stay text.
+MARKUP = '<img src="x" id="injected"><b id="bold">bold</b>'
+
+# The most reads of /api/queue the page has had in flight at once, from now on.
+COUNT_READS = """(() => {
+  const fetched = window.fetch;
+  let now = 0;
+  window.mostReads = 0;
+  window.fetch = async (path, ...rest) => {
+    if (path !== "/api/queue") return fetched(path, ...rest);
+    window.mostReads = Math.max(window.mostReads, ++now);
+    try {
+      return await fetched(path, ...rest);
+    } finally {
+      now--;
+    }
+  };
+})()"""
+
+
+@dataclass
+class MadeUp(Console):
+    """A console whose reads and acts answer what the test says."""
+
+    slow_s: float = 0.0
+    problems: list[str] = field(default_factory=list)
+    acts: list[tuple[str, str, str]] = field(default_factory=list)
+
+    async def queue(self) -> dict[str, Any]:
+        await asyncio.sleep(self.slow_s)
+        host: dict[str, Any] = {
+            "name": MARKUP,
+            "max_jobs": 1,
+            "reachable": True,
+            "drained": None,
+            "places": [],
+        }
+        item = {
+            "position": 1,
+            "job_id": MARKUP,
+            "team": MARKUP,
+            "priority": 3,
+            "state": "queued",
+            "why": MARKUP,
+            "eta_s": None,
+            "since": None,
+        }
+        return {"pool": "running", "closed": None, "hosts": [host], "line": [item]}
+
+    async def board(self) -> dict[str, Any]:
+        recent = {
+            "job_id": MARKUP,
+            "state": MARKUP,
+            "route": None,
+            "host": None,
+            "started": None,
+            "link": "javascript:document.title='clicked'",
+        }
+        awaiting = {
+            "job_id": "job-1",
+            "team": MARKUP,
+            "reasons": [MARKUP],
+            "trigger": None,
+            "estimate_usd": 1.5,
+            "provider": MARKUP,
+            "day_remaining_usd": 10.0,
+        }
+        spend = {"teams": [], "days": [], "today_spent_usd": 0.0, "day_budget_usd": None}
+        return {
+            "recent": [recent],
+            "awaiting": [awaiting],
+            "renders": [],
+            "spend": spend,
+            "problems": self.problems,
+        }
+
+    async def act(self, act: Act, job_id: str, by: str, body: ActBody) -> dict[str, Any]:
+        self.acts.append((act, job_id, by))
+        await asyncio.sleep(1.0)
+        raise ApiError(409, f"job {job_id} is not awaiting approval (state: queued)")
+
+
+async def test_the_page_keeps_data_as_text_asks_one_read_at_a_time_and_shows_refusals(
+    browser: Page, tmp_path: Path
+):
+    people = People(tmp_path / "secrets")
+    console = MadeUp(
+        client=cast(SpillwayClient, None),  # every read and act is made up
+        people=people,
+        signer=Signer(b"console test key"),
+        open_read=True,
+        ui_url="http://ui.test:8233",
+        problems=["the ledger <i>did not</i> answer"],
+    )
+    token = people.add("ana")
+    async with serving_console(create_app(console)) as url:
+        await browser.goto(f"{url}/signin")
+        await browser.type("#token", token)
+        await browser.click("#signin")
+        await browser.until("document.getElementById('person')?.innerText === 'ana'")
+
+        # Markup from the API is shown as text, everywhere; a javascript: link is no link.
+        for section in ("hosts", "line", "awaiting", "recent"):
+            await browser.until(
+                f"document.getElementById({json.dumps(section)}).innerText.includes('<img')",
+                what=f"the markup as text in {section}",
+            )
+        assert await browser.js("document.querySelectorAll('#injected, #bold, main i').length") == 0
+        assert await browser.js("document.querySelector('#recent a')") is None
+
+        # A read's problem is shown while it lasts, and leaves once it has cleared.
+        problems = "document.getElementById('problems')"
+        await browser.until(f"!{problems}.hidden && {problems}.innerText.includes('<i>did not')")
+        console.problems = []
+        await browser.until(f"{problems}.hidden", what="the problem gone")
+
+        # Reads slower than the polling: each waits for the last, none stack up. Counted in the
+        # page: Chromium's cache would hold a second read of the URL until the first answers.
+        await browser.js(COUNT_READS)
+        console.slow_s = 4.0
+        await asyncio.sleep(7.0)
+        assert await browser.js("window.mostReads") == 1
+        console.slow_s = 0.0
+
+        # Enter in a reason field: implicit submission would click Approve, the first button.
+        reason = f"{row('awaiting', 'job-1')} input[name=reason]"
+        await browser.type(reason, "keep it local")
+        for kind in ("keyDown", "keyUp"):
+            await browser.call(
+                "Input.dispatchKeyEvent",
+                type=kind,
+                key="Enter",
+                code="Enter",
+                windowsVirtualKeyCode=13,
+                text="\r",
+            )
+        await asyncio.sleep(1.5)
+        assert console.acts == []
+
+        # Two quick clicks send one act (with the session's CSRF token, or the console would
+        # answer 403 before acting), and its refusal is shown with the API's message.
+        approve = json.dumps(f"{row('awaiting', 'job-1')} button[data-act=approve]")
+        await browser.js(f"document.querySelector({approve}).click()")
+        await browser.js(f"document.querySelector({approve})?.click()")
+        refused = "approve job-1 refused (409): job job-1 is not awaiting approval (state: queued)"
+        await browser.until(
+            f"document.getElementById('acted').innerText === {json.dumps(refused)}",
+            what="the refusal",
+        )
+        assert console.acts == [("approve", "job-1", "ana")]

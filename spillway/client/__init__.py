@@ -183,19 +183,26 @@ class SpillwayClient:
         return await presign_outputs(await jobs.status(self.temporal, job_id), self.settings)
 
     async def list(
-        self, state: JobState | None = None, team: str | None = None, limit: int | None = None
+        self,
+        state: JobState | None = None,
+        team: str | None = None,
+        limit: int | None = None,
+        task_queue: str | None = None,
     ) -> builtins.list[JobSummary]:
         """Jobs, newest first, optionally only those in `state` and of `team` (one the teams
         file names; the default team's include the jobs started without one); each with its
         id, state, route, start time, GPU host and priority (None for a job whose client set no
-        priority memo); `limit`: the newest that many only."""
+        priority memo); `limit`: the newest that many only; `task_queue`: only the jobs started
+        on that queue (None: the namespace's, whatever their queue, as `spillway list` shows)."""
         if state is not None and state not in get_args(JobState):
             raise ConfigError(f"unknown state {state!r}; one of {', '.join(get_args(JobState))}")
         default = False
         if team is not None:
             team, teams = known_team(team, self.settings)
             default = team == teams.default
-        return await jobs.list_jobs(self.temporal, state, team, default_team=default, limit=limit)
+        return await jobs.list_jobs(
+            self.temporal, state, team, default_team=default, limit=limit, task_queue=task_queue
+        )
 
     async def approve(
         self, job_id: str, by: str, reason: str = "", over_budget: bool = False

@@ -312,11 +312,15 @@ async def list_jobs(
     team: str | None = None,
     default_team: bool = False,
     limit: int | None = None,
+    task_queue: str | None = None,
 ) -> list[JobSummary]:
     """`team`: only its jobs; `default_team`: it is the default team, whose jobs include those
     started without a team (before the teams file, or by a client that set none); `limit`: the
-    newest that many only (the console's recent jobs, on a server holding thousands)."""
+    newest that many only (the console's recent jobs, on a server holding thousands);
+    `task_queue`: only the jobs started on it (a namespace may hold several spillways)."""
     query = f"WorkflowType = '{VIDEO_JOB}'"
+    if task_queue is not None:
+        query += f" AND TaskQueue = '{task_queue}'"
     if state is not None:
         query += f" AND {sa.STATE.name} = '{state}'"
     if team is not None:

@@ -162,7 +162,9 @@ class Console:
         }
 
     async def _recent(self) -> list[dict[str, Any]]:
-        found = await self.client.list(limit=RECENT)
+        # The page's pool and line are its task queue's, and so are its recent jobs: another
+        # spillway may share the namespace.
+        found = await self.client.list(limit=RECENT, task_queue=self.client.task_queue)
         return [j.model_dump(mode="json") | {"link": self.job_link(j.job_id)} for j in found]
 
     async def _awaiting(self) -> list[dict[str, Any]]:

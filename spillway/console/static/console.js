@@ -4,10 +4,14 @@
 "use strict";
 
 const POLL_MS = 1500; // the issue asks for changes on the page within 2 s
+// A read unanswered by then is given up: polling waits for each read, and one that never ends
+// would freeze the page without a word.
+const READ_MS = 15000;
 const root = document.getElementById("console");
 const csrf = root.dataset.csrf;
 const signedIn = root.dataset.signedIn === "yes";
 const drawn = {}; // each section's last data, so a section is redrawn only when it changed
+const sending = new Set(); // acts not answered yet: a second click does not send one again
 let busy = false;
 
 function el(tag, attrs, ...children) {
@@ -48,8 +52,11 @@ function table(headers, rows, empty) {
   return el("table", {}, el("thead", {}, head), el("tbody", {}, ...rows));
 }
 
+// Only a web address becomes a link: a javascript: one would run on a click.
+const WEB = /^https?:\/\//i;
+
 function jobLink(id, link) {
-  return link ? el("a", { href: link, target: "_blank", rel: "noopener", text: id }) : id;
+  return link && WEB.test(link) ? el("a", { href: link, target: "_blank", rel: "noopener", text: id }) : id;
 }
 
 // A form per thing acted on: it carries the session's CSRF token, a reason field where one is
@@ -59,7 +66,12 @@ function actForm(base, name, acts, withReason, priority) {
   const form = el("form", { class: "act", "data-for": name });
   form.append(el("input", { type: "hidden", name: "csrf", value: csrf }));
   if (withReason) {
-    form.append(el("input", { type: "text", name: "reason", placeholder: "reason", maxlength: "1000" }));
+    const reason = el("input", { type: "text", name: "reason", placeholder: "reason", maxlength: "1000" });
+    // Enter would submit with the form's first button, Approve or Drain: an act is a click.
+    reason.addEventListener("keydown", (event) => {
+      if (event.key === "Enter") event.preventDefault();
+    });
+    form.append(reason);
   }
   if (priority !== undefined) {
     const choice = el("select", { name: "priority", title: "priority: 1 first" });
@@ -84,11 +96,33 @@ function jobForm(jobId, acts, withReason, priority) {
   return actForm(`/api/jobs/${encodeURIComponent(jobId)}`, jobId, acts, withReason, priority);
 }
 
-async function send(path, what, body, token) {
-  const note = document.getElementById("problems");
+// An answer's JSON; null when it is none (a proxy's error page, a body cut short).
+async function answerOf(response) {
+  const text = await response.text();
+  try {
+    return JSON.parse(text);
+  } catch {
+    return null;
+  }
+}
+
+// What went wrong, in a line: the API's one-line error, else the status alone.
+function refusal(response, answer) {
+  const said = answer && typeof answer.error === "string" ? answer.error : "the answer is not the console's JSON";
+  return `(${response.status}): ${said}`;
+}
+
+function tell(className, text) {
+  const note = document.getElementById("acted");
   note.hidden = false;
-  note.className = "note";
-  note.textContent = `${what}…`;
+  note.className = className;
+  note.textContent = text;
+}
+
+async function send(path, what, body, token) {
+  if (sending.has(path)) return;
+  sending.add(path);
+  tell("note", `${what}…`);
   try {
     const response = await fetch(path, {
       method: "POST",
@@ -96,16 +130,16 @@ async function send(path, what, body, token) {
       body: JSON.stringify(body),
       credentials: "same-origin",
     });
-    const answer = await response.json();
-    if (response.ok) {
-      note.textContent = answer.state ? `${what}: now ${answer.state}` : `${what}: done`;
+    const answer = await answerOf(response);
+    if (response.ok && answer) {
+      tell("note", answer.state ? `${what}: now ${answer.state}` : `${what}: done`);
     } else {
-      note.className = "problem";
-      note.textContent = `${what} refused (${response.status}): ${answer.error}`;
+      tell("problem", `${what} refused ${refusal(response, answer)}`);
     }
   } catch (err) {
-    note.className = "problem";
-    note.textContent = `${what}: ${err}`;
+    tell("problem", `${what}: ${err.message || err}`);
+  } finally {
+    sending.delete(path);
   }
   refresh();
 }
@@ -259,16 +293,21 @@ function put(id, data, draw) {
   if (drawn[id] === key) return;
   // A form someone is typing a reason into is left alone until they send it.
   const target = document.getElementById(id);
-  const typing = ["INPUT", "SELECT"].includes(document.activeElement.tagName);
-  if (typing && target.contains(document.activeElement)) return;
+  const active = document.activeElement;
+  if (active && ["INPUT", "SELECT"].includes(active.tagName) && target.contains(active)) return;
   drawn[id] = key;
   target.replaceChildren(data === null ? el("p", { class: "empty", text: "not readable now" }) : draw(data));
 }
 
 async function getJson(path) {
-  const response = await fetch(path, { credentials: "same-origin" });
-  const body = await response.json();
-  if (!response.ok) throw new Error(body.error || response.statusText);
+  let response, body;
+  try {
+    response = await fetch(path, { credentials: "same-origin", signal: AbortSignal.timeout(READ_MS) });
+    body = await answerOf(response);
+  } catch (err) {
+    throw err.name === "TimeoutError" ? new Error(`${path} did not answer within ${READ_MS / 1000} s`) : err;
+  }
+  if (!response.ok || body === null) throw new Error(`${path} ${refusal(response, body)}`);
   return body;
 }
 
@@ -291,15 +330,15 @@ async function refresh() {
       problems.push(...b.problems);
     } else problems.push(String(board.reason.message || board.reason));
     document.getElementById("updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
+  } catch (err) {
+    problems.push(`the page could not draw an answer: ${err.message || err}`);
   } finally {
     busy = false;
   }
+  // The reads' problems as they are now: one that has cleared leaves the page.
   const note = document.getElementById("problems");
-  if (problems.length) {
-    note.hidden = false;
-    note.className = "problem";
-    note.textContent = problems.join("; ");
-  }
+  note.hidden = !problems.length;
+  note.textContent = problems.join("; ");
 }
 
 refresh();
