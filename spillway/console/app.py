@@ -162,13 +162,14 @@ class Console:
         }
 
     async def _recent(self) -> list[dict[str, Any]]:
-        # The page's pool and line are its task queue's, and so are its recent jobs: another
-        # spillway may share the namespace.
+        # The page's pool and line are its task queue's, and so are its recent jobs and those
+        # awaiting approval: another spillway may share the namespace.
         found = await self.client.list(limit=RECENT, task_queue=self.client.task_queue)
         return [j.model_dump(mode="json") | {"link": self.job_link(j.job_id)} for j in found]
 
     async def _awaiting(self) -> list[dict[str, Any]]:
-        found = await self.client.list("awaiting_approval", limit=50)
+        queue = self.client.task_queue
+        found = await self.client.list("awaiting_approval", limit=50, task_queue=queue)
         plans = await asyncio.gather(
             *(self.client.status(j.job_id) for j in found), return_exceptions=True
         )
