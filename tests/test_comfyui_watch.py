@@ -219,7 +219,7 @@ async def test_a_prompt_over_before_its_wait_follows_it_ends_the_wait_before_the
 ):
     # Rounds are at most five an interval: right after one, the next is poll_s / 5 away, and an
     # instant render's end came by the socket while nobody followed its prompt.
-    poll_s = 10.0
+    poll_s = 30.0  # the next round 6 s away: a loaded machine's delays stay well inside it
     comfyui.pause()
     acts = comfyui_activities(COMFYUI_HISTORY_POLL_S=poll_s)
     [first] = await submitted(acts, run_activity, 1)
@@ -239,7 +239,7 @@ async def test_a_prompt_over_before_its_wait_follows_it_ends_the_wait_before_the
 
     assert isinstance(result, ComfyUIFinished) and result.outcome == "success"
     assert comfyui.hits["GET /queue"] == rounds  # its end came without a round
-    assert took < poll_s / 5 / 2, took
+    assert took < 1.0, took
 
 
 async def test_many_new_waits_at_once_read_a_history_each_at_most_a_few_at_a_time(
