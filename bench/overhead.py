@@ -332,8 +332,8 @@ async def main(jobs: int, rounds: int, agent_apart: bool) -> None:
             for _ in range(ALONE):
                 for kind in lone:
                     lone[kind].append(await alone_s(kind))
-            # The agent's ComfyUI watcher looks at most five times per COMFYUI_HISTORY_POLL_S, so
-            # how soon a lone job follows the last one decides its comfyui_wait.
+            # A job right behind another was found slower than one after a pause, at every step
+            # (docs/performance.md, "A wait's first look"): both are printed, with the wait's part.
             paced: dict[str, list[tuple[float, float]]] = {}
             for label, idle_s in (("back to back", 0.0), ("1 s idle before each", 1.0)):
                 paced[label] = []

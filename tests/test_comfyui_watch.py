@@ -16,6 +16,7 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.comfyui.activities import ComfyUIActivities
 from activities.comfyui.models import ComfyUIFinished, ComfyUISubmit
+from activities.comfyui.watch import HISTORY_READS
 from spillway.core.models import Progress
 from spillway.sim.comfyui_run import Failure
 from tests.support.comfyui import ComfyUIDouble, submit_request, wait_request
@@ -211,6 +212,69 @@ async def test_a_wait_says_when_comfyui_went_silent_and_when_it_answers_again(
     del comfyui.faults["/queue"]
     result, _ = await asyncio.wait_for(back, 10)
     assert result == ComfyUIFinished(prompt_id=req.prompt_id, outcome="back")
+
+
+async def test_a_prompt_over_before_its_wait_follows_it_ends_the_wait_before_the_next_round(
+    comfyui: ComfyUIDouble, comfyui_activities, run_activity
+):
+    # Rounds are at most five an interval: right after one, the next is poll_s / 5 away, and an
+    # instant render's end came by the socket while nobody followed its prompt.
+    poll_s = 30.0  # the next round 6 s away: a loaded machine's delays stay well inside it
+    comfyui.pause()
+    acts = comfyui_activities(COMFYUI_HISTORY_POLL_S=poll_s)
+    [first] = await submitted(acts, run_activity, 1)
+    waiting = Waiting(acts)
+    waiting.start(first)
+    await until(lambda: waiting.all_seen("queued"), what="a round saw the first prompt queued")
+    comfyui.execution_s = 0
+    comfyui.resume()
+    await asyncio.wait_for(waiting.results(), 5)  # its end by the socket: no second round
+
+    [req] = await submitted(acts, run_activity, 1)
+    await comfyui.wait_until(req.prompt_id, "done")
+    rounds = comfyui.hits["GET /queue"]
+    started = asyncio.get_running_loop().time()
+    result, _ = await asyncio.wait_for(run_activity(acts.wait, wait_request(req)), poll_s)
+    took = asyncio.get_running_loop().time() - started
+
+    assert isinstance(result, ComfyUIFinished) and result.outcome == "success"
+    assert comfyui.hits["GET /queue"] == rounds  # its end came without a round
+    assert took < 1.0, took
+
+
+async def test_many_new_waits_at_once_read_a_history_each_at_most_a_few_at_a_time(
+    comfyui: ComfyUIDouble, comfyui_activities, run_activity
+):
+    comfyui.history_s = 0.05  # reads overlap, so the bound on them shows
+    acts = comfyui_activities(COMFYUI_HISTORY_POLL_S=POLL_S)
+    reqs = await submitted(acts, run_activity, 50)
+    comfyui.execution_s = 0
+    await comfyui.wait_until(reqs[-1].prompt_id, "done")
+    before = history_reads(comfyui.hits)
+    waiting = Waiting(acts)
+    for req in reqs:
+        waiting.start(req)
+    results = await asyncio.wait_for(waiting.results(), 20)
+
+    assert all(isinstance(r, ComfyUIFinished) and r.outcome == "success" for r in results.values())
+    assert history_reads(comfyui.hits) - before <= len(reqs) + HISTORY_READS
+    assert comfyui.most_history_reads <= HISTORY_READS
+
+
+async def test_a_prompt_comfyui_never_saw_is_lost_only_after_two_rounds_an_interval_apart(
+    comfyui: ComfyUIDouble, comfyui_activities, run_activity
+):
+    # The wait's first look reads `{}` at once; that alone never makes the prompt lost.
+    poll_s = 0.5
+    acts = comfyui_activities(COMFYUI_HISTORY_POLL_S=poll_s)
+    unknown = submit_request(f"job-{uuid.uuid4().hex[:8]}", VIDEO_GRAPH)
+    started = asyncio.get_running_loop().time()
+    result, _ = await run_activity(acts.wait, wait_request(unknown))
+    took = asyncio.get_running_loop().time() - started
+
+    assert result == ComfyUIFinished(prompt_id=unknown.prompt_id, outcome="lost")
+    assert took >= poll_s
+    assert comfyui.hits["GET /queue"] >= 2
 
 
 async def test_two_waits_on_one_prompt_both_see_its_end(

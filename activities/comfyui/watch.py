@@ -4,16 +4,20 @@
 A thousand jobs waiting on one busy GPU must cost one socket and about one `GET /queue` per
 COMFYUI_HISTORY_POLL_S, not a thousand of each. Each `comfyui_wait` registers its prompt here
 (`follow`) and reads what the watcher learns about it, progress and then the end, from a queue
-of its own.
+of its own. A new wait costs one `GET /history/{id}`, at once: its prompt may be over already,
+the socket having told its end before anyone followed it. While HISTORY_READS looks are pending a
+new wait gets none and the next round reads for it, so a thousand waits following at once (an
+agent restarting) read a few histories that way, not a thousand.
 
 - The socket, `/ws?clientId=<the agent's client id>`: ComfyUI sends a prompt's messages only to
   the client that submitted it, so `comfyui_submit` posts under this same id. Messages go to the
   waits of the prompt they name; the prompt-less `executing` ComfyUI sends after a reconnect goes
   to the prompt running. An end message makes the watcher read that prompt's history at once.
-- The poll, one round per interval (and one soon after new waits arrive, so a prompt that is over
-  already is seen at once): `GET /queue` once, then `GET /history/{id}` only for the prompts no
-  longer queued, a few at a time. The poll alone decides how a prompt ended, with the LOST rule
-  unchanged: `{}` in /history and not in /queue, twice, a full interval apart.
+- The poll, one round per interval (and one soon after new waits arrive, at most five an
+  interval): `GET /queue` once, then `GET /history/{id}` only for the prompts no longer queued,
+  a few at a time. Only the rounds decide that a prompt is LOST: `{}` in /history and not in
+  /queue, twice, a full interval apart; a look outside them (the socket's, a new wait's) only
+  finds an end.
 - A stalled or dropped socket (it reconnects) costs progress and speed, never an outcome.
 - A round whose `GET /queue` gets no answer tells every wait `Silent(since)`, so a host that went
   away mid-render is noticed (each wait decides when to say so); the first answered round after
@@ -127,12 +131,18 @@ class ComfyUIWatcher:
     async def follow(self, prompt_id: str, *, answers: bool = False) -> AsyncIterator[Following]:
         self.start()
         following = Following(prompt_id, answers=answers)
-        watched = self._watched.setdefault(prompt_id, _Watched())
+        watched = self._watched.get(prompt_id)
+        if watched is None:
+            watched = self._watched[prompt_id] = _Watched()
+            # Short prompts are often over before their wait follows them (the socket's end
+            # came while nobody watched), and the next round may be a fifth of an interval away.
+            if len(self._looks) < HISTORY_READS:  # beyond that, the round reads for them
+                self._look_now(prompt_id, watched)
         watched.followers.add(following)
         if watched.where is not None:
             following.tell(_place(watched.where))
-        # A first look soon: short prompts are often over already, and a silence is told only
-        # from a round this wait saw (an idle watcher's last round may be long past).
+        # A round soon all the same: it says where a prompt still queued is, and a silence is
+        # told only from a round this wait saw (an idle watcher's last round may be long past).
         self._wake.set()
         try:
             yield following
@@ -238,6 +248,12 @@ class ComfyUIWatcher:
             _log.warning("prompt %s is lost (ComfyUI restarted?)", prompt_id)
             self._end(prompt_id, prompt, Ended(None))
 
+    def _look_now(self, prompt_id: str, prompt: _Watched) -> None:
+        """Reads the prompt's history outside the rounds: a `{}` then never counts towards LOST."""
+        look = self._spawn(self._look_back(prompt_id, prompt, None))
+        self._looks.add(look)
+        look.add_done_callback(self._looks.discard)
+
     def _end(self, prompt_id: str, prompt: _Watched, ended: Ended) -> None:
         if prompt.ended:
             return
@@ -277,6 +293,4 @@ class ComfyUIWatcher:
             prompt.tell(news)
         elif news == "ended":
             # `executing {node: null}` comes after history is written: look now, not next round.
-            look = self._spawn(self._look_back(prompt_id, prompt, None))
-            self._looks.add(look)
-            look.add_done_callback(self._looks.discard)
+            self._look_now(prompt_id, prompt)

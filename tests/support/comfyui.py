@@ -38,13 +38,18 @@ class ComfyUIDouble(ComfyUISim):
     """Knobs: `late_prompt_posts` POSTs /prompt are queued (and answered) only `late_prompt_s`
     after their body arrived, as by a ComfyUI slow to validate: a client that gave up meanwhile
     never hears of it. `drop_sockets()` closes every WebSocket from ComfyUI's side. `jobs_api`:
-    answer `POST /api/jobs/{id}/cancel` as newer ComfyUI does (0.3.64, the default, answers 404)."""
+    answer `POST /api/jobs/{id}/cancel` as newer ComfyUI does (0.3.64, the default, answers 404).
+    `history_s`: each `GET /history/{id}` takes that long; `most_history_reads` is the most it
+    answered at once."""
 
     def __init__(self) -> None:
         super().__init__()
         self.late_prompt_posts = 0
         self.late_prompt_s = 0.0
         self.jobs_api = False
+        self.history_s = 0.0
+        self.most_history_reads = 0
+        self._history_reads = 0
 
     def add_routes(self, app: web.Application) -> None:
         super().add_routes(app)
@@ -60,6 +65,15 @@ class ComfyUIDouble(ComfyUISim):
             await request.read()  # ComfyUI has the whole request; the client waits for an answer
             await asyncio.sleep(self.late_prompt_s)
         return await super()._post_prompt(request)
+
+    async def _history_one(self, request: web.Request) -> web.Response:
+        self._history_reads += 1
+        self.most_history_reads = max(self.most_history_reads, self._history_reads)
+        try:
+            await asyncio.sleep(self.history_s)
+            return await super()._history_one(request)
+        finally:
+            self._history_reads -= 1
 
     async def _cancel_job(self, request: web.Request) -> web.Response:
         if not self.jobs_api:
