@@ -1,4 +1,4 @@
-"""Many waits, one ComfyUI: the agent's watcher (activities/comfyui_watch.py) keeps one WebSocket
+"""Many waits, one ComfyUI: the agent's watcher (activities/comfyui/watch.py) keeps one WebSocket
 and one poll loop for every `comfyui_wait`, counted at the ComfyUI double (docs/design.md, "GPU
 hosts and agents")."""
 
