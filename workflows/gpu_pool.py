@@ -86,10 +86,10 @@ class GpuPoolWorkflow:
         # Answers on their way, and the probe and the holder check under way: the pool goes on
         # taking asks and give-backs meanwhile (a host's agent that is down costs its probe 10 s).
         self._tasks: set[asyncio.Task[None]] = set()
-        # Temporal fails every workflow task of a run with 2,000 signals to other workflows
-        # pending, so at most the policy's pool_signals_in_flight answers are; the others wait
-        # here in the order they were given. Below the bound an answer goes at once, its commands
-        # exactly those of a pool without one.
+        # Temporal fails a workflow task that takes the run past 2,000 pending signals to other
+        # workflows (limit.numPendingSignals.error), and one task may answer a whole line: at
+        # most the policy's pool_signals_in_flight answers are in flight, the others wait here in
+        # the order they were given. Below the bound an answer goes out in the task that gave it.
         self._in_flight = 0
         self._turns: deque[asyncio.Future[None]] = deque()
         self._probing = self._checking = self._clearing = self._confirming = False
