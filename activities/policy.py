@@ -62,6 +62,7 @@ class PolicyActivities:
             pool_reprobe_s=s.SPILLWAY_POOL_REPROBE_S,
             pool_line_check_s=s.SPILLWAY_POOL_LINE_CHECK_S,
             pool_holder_check_s=s.SPILLWAY_POOL_HOLDER_CHECK_S,
+            pool_signals_in_flight=s.SPILLWAY_POOL_SIGNALS_IN_FLIGHT,
             pool_aging_s=s.SPILLWAY_POOL_AGING_S,
             pool_prefer_warm=s.SPILLWAY_POOL_PREFER_WARM,
             preempt=s.SPILLWAY_PREEMPT,

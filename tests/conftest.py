@@ -30,7 +30,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from spillway.temporal import installed_binary, register_search_attributes
 from tests.support import replay_guard
-from tests.support.cli import free_ports
+from tests.support.cli import free_ports, start_dev_server
 from tests.support.replay_guard import ServerGuard
 
 # The doubles that serve input images and receive callbacks listen on 127.0.0.1, which the
@@ -153,12 +153,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 async def _start_local(guard: ServerGuard) -> WorkflowEnvironment:
-    return await WorkflowEnvironment.start_local(
-        data_converter=pydantic_data_converter,
-        dev_server_existing_path=installed_binary("temporal"),
-        interceptors=[guard.interceptor],
-        port=free_ports(1)[0],
-    )
+    return await start_dev_server(guard.interceptor)
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,7 @@ place comes back) and continues as new with its places and line.
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Coroutine
 from datetime import timedelta
 from typing import Any
@@ -62,6 +63,7 @@ POLICY_EVERY = timedelta(minutes=5)  # the hosts and their places as the workers
 POLICY_AT_MOST = timedelta(seconds=10)  # read sooner when a job's policy shows other places
 DETAILS_HEAD = 20  # jobs of the line the UI's current details name
 IDLE_AT_LEAST = timedelta(milliseconds=100)  # a timer due now is a timer, not a busy loop
+SIGNALS_IN_FLIGHT = 500  # SPILLWAY_POOL_SIGNALS_IN_FLIGHT's default, until the policy is read
 
 
 @workflow.defn(name=names.GPU_POOL)
@@ -85,6 +87,12 @@ class GpuPoolWorkflow:
         # Answers on their way, and the probe and the holder check under way: the pool goes on
         # taking asks and give-backs meanwhile (a host's agent that is down costs its probe 10 s).
         self._tasks: set[asyncio.Task[None]] = set()
+        # Temporal fails a workflow task that takes the run past 2,000 pending signals to other
+        # workflows (limit.numPendingSignals.error), and one task may answer a whole line: at
+        # most the policy's pool_signals_in_flight answers are in flight, the others wait here in
+        # the order they were given. Below the bound an answer goes out in the task that gave it.
+        self._in_flight = 0
+        self._turns: deque[asyncio.Future[None]] = deque()
         self._probing = self._checking = self._clearing = self._confirming = False
         self._own_word = False  # OWN_WORD
         self._kept: dict[str, Any] | None = None  # the holders the memo shows
@@ -279,18 +287,43 @@ class GpuPoolWorkflow:
         self._start(self._signal(job_id, answer))
 
     async def _signal(self, job_id: str, answer: PoolAnswer) -> None:
+        await self._turn()
         try:
             handle = workflow.get_external_workflow_handle(job_id)
             await handle.signal(names.POOL_ANSWER, answer)
         except Exception as err:  # the job is gone: its place or its spot in line is free
             workflow.logger.info("gpu pool: job %s did not take its answer: %s", job_id, err)
             self._inbox.append(PoolLeave(job_id=job_id, asked_at=answer.asked_at))
+        finally:
+            self._in_flight -= 1
+            self._pass_turns()
+
+    async def _turn(self) -> None:
+        """Returns when this answer may be signalled: at once while fewer than the bound are in
+        flight and none wait before it, else when those before it have gone."""
+        if not self._turns and self._in_flight < self._signals_in_flight:
+            self._in_flight += 1
+            return
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._turns.append(turn)
+        await turn
+
+    def _pass_turns(self) -> None:
+        while self._turns and self._in_flight < self._signals_in_flight:
+            turn = self._turns.popleft()
+            if not turn.done():  # a waiting answer cancelled with the run holds no place
+                self._in_flight += 1
+                turn.set_result(None)
 
     # --- the hosts -----------------------------------------------------------------------------
 
     @property
     def _reprobe(self) -> timedelta:
         return timedelta(seconds=self._policy.pool_reprobe_s if self._policy else 2.0)
+
+    @property
+    def _signals_in_flight(self) -> int:
+        return self._policy.pool_signals_in_flight if self._policy else SIGNALS_IN_FLIGHT
 
     @property
     def _check_every(self) -> timedelta:
@@ -330,6 +363,7 @@ class GpuPoolWorkflow:
         self._book.preempt = policy.preempt
         self._book.preempt_max_run_s = policy.preempt_max_run_s
         self._book.set_teams(policy.team_shares, policy.default_team, policy.team_max_waiting)
+        self._pass_turns()  # a bound raised lets more go now
 
     async def _find_holders(self) -> None:
         """An earlier pool ended (an operator terminated it, say) while jobs held places: they

@@ -92,6 +92,7 @@ class Policy(BaseModel):
     pool_reprobe_s: float = 2.0  # SPILLWAY_POOL_REPROBE_S
     pool_line_check_s: float = 300.0  # SPILLWAY_POOL_LINE_CHECK_S
     pool_holder_check_s: float = 60.0  # SPILLWAY_POOL_HOLDER_CHECK_S
+    pool_signals_in_flight: int = 500  # SPILLWAY_POOL_SIGNALS_IN_FLIGHT
     pool_ask_again_s: float = 120.0  # SPILLWAY_POOL_ASK_AGAIN_S
     pool_aging_s: float = 0.0  # SPILLWAY_POOL_AGING_S (0: none; not read by 0.5.0 workers)
     # Jobs ask each host whether it can run their graph (comfyui_fit). False in what 0.5.0

@@ -137,6 +137,11 @@ class Settings(BaseSettings):
     # (checked again every half of it): a place whose job was terminated is free within 1.5 times
     # this, once its prompt is out of ComfyUI.
     SPILLWAY_POOL_HOLDER_CHECK_S: Annotated[float, Field(ge=2, le=3600)] = 60.0
+    # The GPU pool's answers (signals to the jobs) whose completion has not come back, at most;
+    # the rest wait their turn in order. Temporal fails the pool's workflow task once it has 2,000
+    # signals to other workflows pending (limit.numPendingSignals.error), and a line of
+    # thousands is answered at once.
+    SPILLWAY_POOL_SIGNALS_IN_FLIGHT: Annotated[int, Field(ge=1)] = 500
     # Aging in the GPU line: a waiting job's priority rises one step for every this many seconds
     # it has waited, so a job is passed only by jobs that asked less than (its priority - theirs)
     # times this after it, and a stream of urgent jobs never starves the rest. 0: strict priority.

@@ -97,6 +97,13 @@ class Spillway:
 def spillway_fixture(
     dev_env: WorkflowEnvironment, comfyui: ComfyUISim, minimax: MiniMaxSim, gpu: Any, tmp_path: Path
 ) -> Callable[..., Any]:
+    return spillway_on(dev_env, comfyui, minimax, gpu, tmp_path)
+
+
+def spillway_on(
+    env: WorkflowEnvironment, comfyui: ComfyUISim, minimax: MiniMaxSim, gpu: Any, tmp_path: Path
+) -> Callable[..., Any]:
+    """The `spillway` fixture's worker on `env`, a dev server of a test's own."""
     comfyui.execution_s = 1.0
 
     @asynccontextmanager
@@ -108,9 +115,9 @@ def spillway_fixture(
             values, **{"SPILLWAY_TASK_QUEUE": f"adm-{uuid.uuid4()}"} | overrides
         )
         async with serving(
-            dev_env.client, settings, load_tiers(settings.SPILLWAY_ROUTING_TIERS), gpu=gpu
+            env.client, settings, load_tiers(settings.SPILLWAY_ROUTING_TIERS), gpu=gpu
         ):
-            yield Spillway(dev_env.client, settings)
+            yield Spillway(env.client, settings)
 
     return run
 
