@@ -781,3 +781,47 @@ def test_a_new_ask_time_the_job_s_own_place_shows_takes_the_line_s_one():
         ("second", T0 + timedelta(seconds=2)),
         ("first", T0 + timedelta(seconds=30)),
     ]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_line_s_kept_estimate_is_the_estimate_from_the_head_whatever_happened_between(
+    seed: int,
+):
+    # The book keeps the line's estimate between answers (a burst lined at the end costs time
+    # linear in the line); after asks of any priority, shape and hosts, give-backs, leaves, time
+    # passing and renders learned, every start it gives is the one taken from the line's head.
+    rng = random.Random(seed)
+    b = book(("a40", 2), ("b", 1))
+    b.verify_leaves = False
+    now, asked = T0, 0
+    for step in range(120):
+        roll = rng.random()
+        if roll < 0.55:
+            asked += 1
+            hosts = rng.choice([["a40", "b"], ["a40"], ["b"]])
+            seen = [HostSeen(name=h, reachable=True, headroom=True) for h in hosts]
+            fields = {"priority": rng.randint(1, 5), "seen": seen}
+            if rng.random() < 0.5:
+                fields["shape"] = rng.choice(["aa" * 8, "bb" * 8])
+            if hosts != ["a40", "b"]:
+                fields["unfit"] = [h for h in ("a40", "b") if h not in hosts]
+            b.ask(ask(f"j{asked}", asked, **fields), now)
+        elif roll < 0.75 and b.holders:
+            held = rng.choice(list(b.holders.values()))
+            leave = PoolLeave(
+                job_id=held.job_id, asked_at=held.asked_at, render_s=rng.uniform(5, 90)
+            )
+            b.give_back(leave, now)
+            b.admit(now, freshness=SOON)
+        elif roll < 0.85 and b.line:
+            lined = rng.choice(b.line)
+            b.give_back(PoolLeave(job_id=lined.job_id, asked_at=lined.asked_at), now)
+        else:
+            now += timedelta(seconds=rng.choice([0, 1, 7, 30]))
+        fresh = b._etas(now, list(b.line))
+        assert b._line_etas(now, len(b.line)) == fresh, step
+        if b.line:
+            k = rng.randrange(len(b.line))
+            assert b._line_etas(now, k + 1)[-1] == fresh[k]
+            other = ask("quote", asked + 1, shape=rng.choice([None, "aa" * 8]))
+            assert b._eta_behind(now, k, other) == b._etas(now, [*b.line[:k], other])[-1]

@@ -12,6 +12,7 @@ place comes back) and continues as new with its places and line.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections import deque
 from collections.abc import Coroutine
 from datetime import timedelta
@@ -59,6 +60,8 @@ AGED_LINE = "gpu-pool-aged-line"
 # Runs of 0.6.0 keep no memo of their holders, take a lined job's changed mode or priority on
 # the ask's word, and count every place a running job claims when they start after a pool ended.
 OWN_WORD = "gpu-pool-own-word"
+# Runs of 0.6.0 send every answer at once, however many are in flight.
+BOUNDED_ANSWERS = "gpu-pool-bounded-answers"
 POLICY_EVERY = timedelta(minutes=5)  # the hosts and their places as the workers have them now
 POLICY_AT_MOST = timedelta(seconds=10)  # read sooner when a job's policy shows other places
 DETAILS_HEAD = 20  # jobs of the line the UI's current details name
@@ -93,6 +96,7 @@ class GpuPoolWorkflow:
         # the order they were given. Below the bound an answer goes out in the task that gave it.
         self._in_flight = 0
         self._turns: deque[asyncio.Future[None]] = deque()
+        self._bounded = False  # BOUNDED_ANSWERS
         self._probing = self._checking = self._clearing = self._confirming = False
         self._own_word = False  # OWN_WORD
         self._kept: dict[str, Any] | None = None  # the holders the memo shows
@@ -108,6 +112,7 @@ class GpuPoolWorkflow:
         book.verify_leaves = workflow.patched(VERIFIED_LEAVES)
         self._aged = workflow.patched(AGED_LINE)
         self._own_word = book.confirm_changes = workflow.patched(OWN_WORD)
+        self._bounded = workflow.patched(BOUNDED_ANSWERS)
         await self._read_policy()
         if not inp.continued and workflow.patched(FIND_HOLDERS):
             await self._find_holders()
@@ -322,7 +327,9 @@ class GpuPoolWorkflow:
         return timedelta(seconds=self._policy.pool_reprobe_s if self._policy else 2.0)
 
     @property
-    def _signals_in_flight(self) -> int:
+    def _signals_in_flight(self) -> float:
+        if not self._bounded:
+            return math.inf
         return self._policy.pool_signals_in_flight if self._policy else SIGNALS_IN_FLIGHT
 
     @property

@@ -8,7 +8,9 @@ in another.
 from __future__ import annotations
 
 import bisect
+import operator
 import statistics
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -33,7 +35,7 @@ from spillway.core.gpu_pool import (
     Reading,
     Sent,
 )
-from spillway.core.line_estimate import Waiter, frees_in, host_places, starts
+from spillway.core.line_estimate import Estimate, Waiter, frees_in, host_places
 from spillway.core.models import HostCapabilities, HostRef, JobPlace, QueueSpot
 from spillway.core.models import PlaceMode as Mode
 from spillway.core.pool_holders import CHECK_NOW
@@ -48,6 +50,21 @@ HEADROOM_WHY = "approval, or a host with headroom"
 
 def full_reason(host: str, taken: int, max_jobs: int) -> str:
     return f"gpu_places_full_{host}_{taken}of{max_jobs}"
+
+
+@dataclass
+class _KeptEstimate:
+    """The line's estimate as far as it was taken: valid for its key (the time, the places and
+    the recent renders) while the line begins with `asks`, the very same objects (an ask changed
+    is a new object)."""
+
+    key: tuple[Any, ...]
+    estimate: Estimate
+    asks: list[PoolAsk] = field(default_factory=list)
+
+    def heads(self, line: list[PoolAsk]) -> bool:
+        n = len(self.asks)
+        return len(line) >= n and all(map(operator.is_, line[:n], self.asks))
 
 
 class PoolBook(PreemptingBook):
@@ -90,6 +107,7 @@ class PoolBook(PreemptingBook):
         self.preempt_max_run_s = 120.0
         self.promised = dict(inp.promised)
         self.preemptions = inp.preemptions
+        self._kept: _KeptEstimate | None = None  # the line's estimate so far (`_line_estimate`)
         if inp.hosts:
             self.configure(inp.hosts)
 
@@ -218,7 +236,7 @@ class PoolBook(PreemptingBook):
                 asked_at=ask.asked_at,
                 full=full,
                 would_be=would_be,
-                eta_s=self._etas(now, [*self.line[: would_be - 1], ask])[-1],
+                eta_s=self._eta_behind(now, would_be - 1, ask),
             )
             return [(ask.job_id, answer)]
         # What the line carries across continue-as-new stays small: the probe it came with has
@@ -227,7 +245,7 @@ class PoolBook(PreemptingBook):
         position = bisect.bisect_left(self.line, self._key(ask), key=self._key) + 1
         self.line.insert(position - 1, ask)
         self._lined[ask.job_id] = ask
-        eta = self._etas(now, self.line[:position])[-1]
+        eta = self._line_etas(now, position)[-1]
         ask.told_late = self._late(ask, eta, now)
         in_line = PoolAnswer(
             asked_at=ask.asked_at,
@@ -254,7 +272,7 @@ class PoolBook(PreemptingBook):
             asked_at=ask.asked_at,
             position=i + 1,
             full=self.full_reasons(ask),
-            eta_s=self._etas(now, self.line[: i + 1])[-1],
+            eta_s=self._line_etas(now, i + 1)[-1],
             render_s=self._typical(ask.shape),
             late=ask.told_late,
             team_places=self._team_places(ask),
@@ -453,7 +471,7 @@ class PoolBook(PreemptingBook):
         patient = self._patient()
         if not patient:
             return []
-        etas = self._etas(now, self.line[: patient[-1] + 1])
+        etas = self._line_etas(now, patient[-1] + 1)
         sent: list[Sent] = []
         for i in patient:
             ask = self.line[i]
@@ -476,7 +494,7 @@ class PoolBook(PreemptingBook):
         patient = self._patient()
         if not patient or not self._holds():
             return None
-        etas = self._etas(now, self.line[: patient[-1] + 1])
+        etas = self._line_etas(now, patient[-1] + 1)
         due: list[datetime] = []
         for i in patient:
             ask, eta = self.line[i], etas[i]
@@ -524,7 +542,7 @@ class PoolBook(PreemptingBook):
         position = bisect.bisect_left(self.line, self._key(ask), key=self._key) + 1
         return Quoted(
             position=position,
-            eta_s=self._etas(now, [*self.line[: position - 1], ask])[-1],
+            eta_s=self._eta_behind(now, position - 1, ask),
             full=self.full_reasons(ask),
             render_s=self._typical(ask.shape),
         )
@@ -537,7 +555,7 @@ class PoolBook(PreemptingBook):
         return QueueSpot(
             position=i + 1,
             ahead=i,
-            eta_s=self._etas(now, self.line[: i + 1])[-1],
+            eta_s=self._line_etas(now, i + 1)[-1],
             waits_for=HEADROOM_WHY if ask.mode == "headroom" else self._waits_for(ask),
             team_places=self._team_places(ask),
         )
@@ -573,7 +591,7 @@ class PoolBook(PreemptingBook):
                 )
             )
         shown = self.line[:head]
-        etas = self._etas(now, shown)
+        etas = self._line_etas(now, len(shown))
         line = [
             InLine(
                 job_id=a.job_id,
@@ -742,7 +760,46 @@ class PoolBook(PreemptingBook):
         frees now. None for each before any render was seen."""
         if not self._holds():
             return [None] * len(asks)
-        places = {
+        return Estimate(self._places(now)).extend(self._waiters(asks))
+
+    def _line_etas(self, now: datetime, upto: int) -> list[float | None]:
+        """`_etas` of the line's first `upto` jobs. Kept between calls while the places, the
+        recent renders and the line before its tail stay as they were: a burst of asks lined at
+        the end is answered in time linear in the line, not quadratic."""
+        return self._line_estimate(now, upto).taken[:upto]
+
+    def _eta_behind(self, now: datetime, upto: int, ask: PoolAsk) -> float | None:
+        """`ask`'s estimated start were it behind the line's first `upto` jobs."""
+        if not self._holds():
+            return None
+        estimate = self._line_estimate(now, upto)
+        if self._kept is None or len(self._kept.asks) != upto:  # taken beyond: from the head
+            return self._etas(now, [*self.line[:upto], ask])[-1]
+        return estimate.copy().extend(self._waiters([ask]))[-1]
+
+    def _line_estimate(self, now: datetime, upto: int) -> Estimate:
+        if not self._holds():
+            estimate = Estimate({})
+            estimate.taken = [None] * upto
+            return estimate
+        places = self._places(now)
+        key = (
+            now,
+            tuple((n, tuple(p)) for n, p in places.items()),
+            tuple((n, tuple(v)) for n, v in self.holds_s.items()),
+            tuple((n, tuple(v)) for n, v in self.shape_holds.items()),
+        )
+        kept = self._kept
+        if kept is None or kept.key != key or not kept.heads(self.line):
+            kept = self._kept = _KeptEstimate(key, Estimate(places))
+        if upto > len(kept.asks):
+            more = self.line[len(kept.asks) : upto]
+            kept.estimate.extend(self._waiters(more))
+            kept.asks += more
+        return kept.estimate
+
+    def _places(self, now: datetime) -> dict[str, list[float]]:
+        return {
             name: host_places(
                 host.max_jobs,
                 [
@@ -755,14 +812,16 @@ class PoolBook(PreemptingBook):
             for name, host in self.hosts.items()
             if name not in self.drained and self._reachable(name)
         }
+
+    def _waiters(self, asks: list[PoolAsk]) -> list[Waiter]:
         typical: dict[str | None, float] = {}
         waiters = []
         for ask in asks:
             if ask.shape not in typical:
                 typical[ask.shape] = statistics.median(self._holds(ask.shape))
-            hosts = [n for n in places if self._can_use(ask, n)]
+            hosts = [n for n in self.hosts if self._can_use(ask, n)]
             waiters.append(Waiter(hosts=hosts, render_s=typical[ask.shape]))
-        return starts(places, waiters)
+        return waiters
 
     def _holds(self, shape: str | None = None) -> list[float]:
         """The recent renders of `shape` where the pool has seen some, else of every shape."""
