@@ -317,7 +317,7 @@ if __name__ == "__main__":
         type=int,
         action="append",
         help="the worker's SPILLWAY_MAX_CACHED_WORKFLOWS for the long line; repeat to compare "
-        "(default: 1000, the SDK's)",
+        "(default: 4000, the worker's)",
     )
     args = parser.parse_args()
-    run_main(main(args.jobs, args.line, args.armed, args.cache or [1000]))
+    run_main(main(args.jobs, args.line, args.armed, args.cache or [4000]))

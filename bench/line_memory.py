@@ -2,7 +2,7 @@
 holds the only place (its ComfyUI double paused), the worker in this process so that Python's
 allocation tracing sees it, the Temporal dev server.
 
-    .venv/bin/python bench/line_memory.py [--line 2000] [--cache 1000] [--gc-full-after 1000]
+    .venv/bin/python bench/line_memory.py [--line 2000] [--cache 4000] [--gc-full-after 1000]
                                           [--trace] [--by-line]
 
 Prints the worker's RSS growth per waiting job (from just before the line to the line formed),
@@ -127,7 +127,7 @@ async def main(line: int, cache: int, full_after: int, trace: bool, by_line: boo
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--line", type=int, default=2000)
-    parser.add_argument("--cache", type=int, default=1000, help="the workflow cache (1000)")
+    parser.add_argument("--cache", type=int, default=4000, help="the workflow cache (4000)")
     parser.add_argument("--gc-full-after", type=int, default=1000)
     parser.add_argument("--trace", action="store_true", help="Python's allocations by file")
     parser.add_argument("--by-line", action="store_true", help="with --trace: by line")

@@ -209,10 +209,12 @@ class Settings(BaseSettings):
     # Jobs one worker or agent follows at once while they wait (on ComfyUI, on MiniMax) or
     # download: a slot pool apart from probes, decisions and creates, so those never starve.
     SPILLWAY_MAX_WAITS: Annotated[int, Field(ge=1)] = 2000
-    # Job workflows a worker keeps in memory between their tasks (the SDK's default, 1,000): a
-    # job waiting in the GPU line that is not among them costs no memory, and replays its short
-    # history when it is admitted (bench/admission.py measures both).
-    SPILLWAY_MAX_CACHED_WORKFLOWS: Annotated[int, Field(ge=0)] = 1000
+    # Job workflows a worker keeps in memory between their tasks. Sized for the line: a waiting
+    # job evicted from a full cache replays its history at each of its timers and answers and
+    # leaves garbage for a full collection, so with 2,000 in line a cache of 1,000 (the SDK's)
+    # held twice the memory of one for all and cost the server six times the CPU
+    # (bench/admission.py, docs/performance.md "The cache sized for the line").
+    SPILLWAY_MAX_CACHED_WORKFLOWS: Annotated[int, Field(ge=0)] = 4000
     SPILLWAY_UI_URL: CheckedUrl = AnyHttpUrl("http://localhost:8233")  # links in notifications
     # `spillway console`: whether its page and GET API answer people who have not signed in.
     # Unset: open while it listens on 127.0.0.1 only (whoever reaches it is on this machine),
