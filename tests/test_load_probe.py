@@ -274,10 +274,8 @@ async def test_a_hung_nvml_holds_one_thread_of_its_own_and_later_probes_fail_fas
     first = await probe(http, settings, gpu)
     assert errors_of(first, "nvml") == ["nvml: no reading within 0.3s"]
 
-    started = time.monotonic()
     later = [await probe(http, settings, gpu) for _ in range(3)]
-    assert time.monotonic() - started < 0.6  # none waited for the hung read
-    for status in later:
+    for status in later:  # none waited for the hung read: that would say "no reading within"
         [nvml] = errors_of(status, "nvml")
         assert nvml.startswith("nvml: still busy")
         assert status.reachable and not status.overloaded and status.gpu_util_pct is None

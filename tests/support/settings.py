@@ -66,7 +66,7 @@ def comfyui_values(comfyui: ComfyUISim, outputs: Path) -> dict[str, Any]:
     return {
         "COMFYUI_URL": comfyui.url,
         "COMFYUI_HISTORY_POLL_S": COMFYUI_POLL_S,
-        "LOAD_PROBE_TIMEOUT_S": 1.0,  # a hanging source costs a second, not two
+        "LOAD_PROBE_TIMEOUT_S": 2.0,  # the default: a busy machine's doubles took over a second
         "SPILLWAY_OUTPUT_DIR": outputs,
     }
 
