@@ -83,7 +83,12 @@ async def test_300_armed_jobs_racing_for_a_budget_of_10_clips_make_exactly_10_cr
     assert summary.day.reserved_usd == 0
     assert summary.day.remaining_usd == pytest.approx(0)
     charged = [e for e in summary.entries if e.state == "charged"]
-    assert len(charged) == 10 and len(summary.entries) == 10
+    # A reservation whose create never began (its worker lost under 300 jobs on two cores; the
+    # job reserves again) is released unsent: an entry more, nothing sent, nothing spent.
+    others = [e for e in summary.entries if e.state != "charged"]
+    entries = "\n".join(e.model_dump_json() for e in summary.entries)
+    assert len(charged) == 10, entries
+    assert all(e.state == "released" and e.sent_at is None for e in others), entries
     assert {e.task_id for e in charged} == set(minimax.tasks)
     plans = await asyncio.gather(*map(jobs.status, ids))
     assert_spend_covers(summary, minimax, plans)
