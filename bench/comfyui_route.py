@@ -115,9 +115,9 @@ class Round:
     handles: list[WorkflowHandle[Any, Any]]
 
 
-async def main(jobs: int, rounds: int) -> None:
+async def main(jobs: int, rounds: int, server_defaults: bool) -> None:
     sims, urls = await start_doubles(execution_s=0)
-    env = await start_dev_server()
+    env = await start_dev_server(server_defaults)
     queue = f"bench-{uuid.uuid4()}"
     settings = Settings(
         SPILLWAY_TASK_QUEUE=queue,
@@ -241,5 +241,10 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--jobs", type=int, default=200, help="jobs of each kind per round")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--server-defaults",
+        action="store_true",
+        help="the dev server's own dynamic config (transfer queue read 20 times a second, not 100)",
+    )
     args = parser.parse_args()
-    run_main(main(args.jobs, args.rounds))
+    run_main(main(args.jobs, args.rounds, args.server_defaults))

@@ -29,7 +29,7 @@ from activities.comfyui.models import (
 )
 from spillway.core.settings import PROJECT_ROOT
 from spillway.sim.comfyui import ComfyUISim
-from spillway.temporal import installed_binary, register_search_attributes
+from spillway.temporal import DEV_SERVER_ARGS, installed_binary, register_search_attributes
 
 Process = asyncio.subprocess.Process
 
@@ -46,12 +46,14 @@ async def start_doubles(execution_s: float) -> tuple[Process, dict[str, str]]:
     return sims, urls
 
 
-async def start_dev_server() -> WorkflowEnvironment:
-    """The real `temporal` dev server, with spillway's search attributes (jobs publish their state
-    in them, and the benchmarks count jobs by it)."""
+async def start_dev_server(server_defaults: bool = False) -> WorkflowEnvironment:
+    """The real `temporal` dev server as `spillway dev` starts it (`server_defaults`: with the
+    server's own dynamic config instead), with spillway's search attributes (jobs publish their
+    state in them, and the benchmarks count jobs by it)."""
     env = await WorkflowEnvironment.start_local(
         data_converter=pydantic_data_converter,
         dev_server_existing_path=installed_binary("temporal"),
+        dev_server_extra_args=[] if server_defaults else list(DEV_SERVER_ARGS),
     )
     await register_search_attributes(env.client)
     return env

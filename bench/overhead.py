@@ -218,9 +218,9 @@ def print_table(columns: dict[str, dict[str, float]]) -> None:
         print(f"  {key:<{width}}{cells}")
 
 
-async def main(jobs: int, rounds: int, agent_apart: bool) -> None:
+async def main(jobs: int, rounds: int, agent_apart: bool, server_defaults: bool) -> None:
     sims, urls = await start_doubles(execution_s=0)
-    env = await start_dev_server()
+    env = await start_dev_server(server_defaults)
     client = env.client
     queue = f"overhead-{uuid.uuid4().hex[:8]}"
     pool = names.pool_id(queue)
@@ -441,5 +441,10 @@ if __name__ == "__main__":
         action="store_true",
         help="the GPU host's agent in a process of its own: the worker's CPU split in two",
     )
+    parser.add_argument(
+        "--server-defaults",
+        action="store_true",
+        help="the dev server's own dynamic config (transfer queue read 20 times a second, not 100)",
+    )
     args = parser.parse_args()
-    run_main(main(args.jobs, args.rounds, args.agent_apart))
+    run_main(main(args.jobs, args.rounds, args.agent_apart, args.server_defaults))

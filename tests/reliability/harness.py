@@ -26,7 +26,7 @@ from spillway.core.ledger import LedgerSummary
 from spillway.core.models import LoadStatus, Plan
 from spillway.sim.comfyui import ComfyUISim
 from spillway.sim.minimax import MiniMaxSim
-from spillway.temporal import installed_binary, register_search_attributes
+from spillway.temporal import DEV_SERVER_ARGS, installed_binary, register_search_attributes
 from tests.support.cli import decoded, free_ports, spillway
 from tests.support.comfyui import posts_for
 from tests.support.constants import CANARY_KEY, CLIP_USD
@@ -102,7 +102,7 @@ class DevServer:
         args = [
             "server", "start-dev", "--ip", "127.0.0.1", "--port", str(self.port),
             "--http-port", str(self.http_port), "--metrics-port", str(self.metrics_port),
-            "--db-filename", str(self.db), "--log-level", "warn",
+            "--db-filename", str(self.db), "--log-level", "warn", *DEV_SERVER_ARGS,
             *(["--ui-port", str(self.ui_port)] if self.ui else ["--headless"]),
         ]  # fmt: skip
         with self.db.with_suffix(".log").open("ab") as log:

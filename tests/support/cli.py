@@ -26,19 +26,20 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from spillway import cli
-from spillway.temporal import installed_binary
+from spillway.temporal import DEV_SERVER_ARGS, installed_binary
 
 SPILLWAY = str(Path(sys.executable).parent / "spillway")
 _ONE_AT_A_TIME = threading.Lock()  # the environment and stdout are the process's
 
 
 async def start_dev_server(interceptor: Interceptor, *server_args: str) -> WorkflowEnvironment:
-    """`temporal server start-dev` on a free port, `server_args` added (a dynamic config value,
-    say), its client with spillway's data converter and `interceptor` (a ServerGuard's)."""
+    """`temporal server start-dev` on a free port as `spillway dev` starts it, `server_args`
+    added (a dynamic config value, say), its client with spillway's data converter and
+    `interceptor` (a ServerGuard's)."""
     return await WorkflowEnvironment.start_local(
         data_converter=pydantic_data_converter,
         dev_server_existing_path=installed_binary("temporal"),
-        dev_server_extra_args=list(server_args),
+        dev_server_extra_args=[*DEV_SERVER_ARGS, *server_args],
         interceptors=[interceptor],
         port=free_ports(1)[0],
     )
