@@ -30,12 +30,15 @@ import statistics
 import sys
 import time
 import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 from temporalio.api.enums.v1 import EventType
+from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
@@ -44,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import itertools
 
-from bench.backlog import count, decision_s
+from bench.backlog import count
 from bench.bare_workflow import JobShapedWorkflow, noop
 from bench.common import (
     child_pid,
@@ -65,6 +68,18 @@ from tests.support.waiting import until
 from worker import POLLING, WORKFLOW_RUNNER
 
 ARMED = {"CLOUD_VIDEO_FALLBACK_ENABLED": "1", "MINIMAX_POLL_INTERVAL_S": "2"}
+
+
+def how_it_went(jobs: list[Decided], shaped: list[Decided]) -> str:
+    def both(part: Callable[[Decided], float], scale: float = 1000) -> str:
+        armed, bare = (statistics.median(part(d) for d in ds) * scale for ds in (jobs, shaped))
+        return f"{armed:.0f} / {bare:.0f}"
+
+    return (
+        f"workflow tasks {both(lambda d: d.tasks, 1)}; ms waiting to be matched "
+        f"{both(lambda d: d.matched_s)}, running {both(lambda d: d.running_s)}, on activities "
+        f"{both(lambda d: d.s - d.matched_s - d.running_s)}"
+    )
 
 
 def q(values: list[float]) -> tuple[float, float]:
@@ -165,7 +180,7 @@ async def backlog(env: WorkflowEnvironment, jobs: int) -> None:
     print(f"  card idle between two renders     p50 {g50:6.3f} s   p99 {g99:6.3f} s  ({len(gaps)})")
 
 
-async def armed_decisions(client: Client, queue: str, armed: int) -> list[float]:
+async def armed_decisions(client: Client, queue: str, armed: int) -> list[Decided]:
     """`armed` armed jobs at once; the seconds from each one's start to its decision."""
     cloud = CloudRequest(prompt="a lighthouse at dusk")
     ids = [f"armed-{n:03d}-{uuid.uuid4().hex[:6]}" for n in range(armed)]
@@ -181,10 +196,10 @@ async def armed_decisions(client: Client, queue: str, armed: int) -> list[float]
         if time.perf_counter() - started > 600:
             raise SystemExit("the armed jobs never reached the cloud")
         await asyncio.sleep(0.5)
-    return [await decision_s(client, i) for i in ids]
+    return [await decided_job(client, i) for i in ids]
 
 
-async def shaped_decisions(client: Client, n: int) -> list[float]:
+async def shaped_decisions(client: Client, n: int) -> list[Decided]:
     """`n` job-shaped workflows at once, run as the job's worker runs workflows, on queues of
     their own: from each one's start to its third step scheduled (a job decides after its
     policy read and its probe)."""
@@ -217,18 +232,59 @@ async def shaped_decisions(client: Client, n: int) -> list[float]:
             )
         )
         await asyncio.gather(*(h.result() for h in handles))
-    return [await third_step_s(client, h.id) for h in handles]
+    return [await decided_shaped(client, h.id) for h in handles]
 
 
-async def third_step_s(client: Client, workflow_id: str) -> float:
-    history = await client.get_workflow_handle(workflow_id).fetch_history()
-    started = history.events[0].event_time.ToDatetime()
-    scheduled = [
-        e.event_time.ToDatetime()
-        for e in history.events
-        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
-    ]
-    return (scheduled[2] - started).total_seconds()
+@dataclass
+class Decided:
+    """A workflow's start to its decision (a job's first `spend_reserve`, a job-shaped one's
+    third step), and how that time went: its workflow tasks waiting to be matched, running, and
+    the rest, waiting on its activities."""
+
+    s: float
+    tasks: int
+    matched_s: float
+    running_s: float
+
+
+def decided(events: Sequence[HistoryEvent], at_decision: Callable[[HistoryEvent], bool]) -> Decided:
+    start = events[0].event_time.ToDatetime()
+    scheduled = started = start
+    tasks, matched, running = 0, 0.0, 0.0
+    for e in events:
+        at = e.event_time.ToDatetime()
+        if at_decision(e):
+            return Decided((at - start).total_seconds(), tasks, matched, running)
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED:
+            scheduled = at
+        elif e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED:
+            matched += (at - scheduled).total_seconds()
+            started = at
+        elif e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
+            running += (at - started).total_seconds()
+            tasks += 1
+    raise SystemExit(f"{events[0]} never decided")
+
+
+async def decided_job(client: Client, job_id: str) -> Decided:
+    def reserve(e: HistoryEvent) -> bool:
+        return (
+            e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+            and e.activity_task_scheduled_event_attributes.activity_type.name == names.SPEND_RESERVE
+        )
+
+    return decided((await client.get_workflow_handle(job_id).fetch_history()).events, reserve)
+
+
+async def decided_shaped(client: Client, workflow_id: str) -> Decided:
+    steps = 0
+
+    def third(e: HistoryEvent) -> bool:
+        nonlocal steps
+        steps += e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+        return steps == 3
+
+    return decided((await client.get_workflow_handle(workflow_id).fetch_history()).events, third)
 
 
 async def long_line(env: WorkflowEnvironment, line: int, armed: int, cache: int) -> None:
@@ -289,17 +345,18 @@ async def long_line(env: WorkflowEnvironment, line: int, armed: int, cache: int)
         ("nobody in line", alone, shaped_alone),
         ("behind the line", decisions, shaped_behind),
     ):
-        j50, j99 = q(jobs)
-        s50, s99 = q(shaped)
+        j50, j99 = q([d.s for d in jobs])
+        s50, s99 = q([d.s for d in shaped])
         print(
             f"  {armed} at once, {where:15}  armed jobs' decision p50 {j50:5.2f} s  "
             f"p99 {j99:5.2f} s;  job-shaped third step p50 {s50:5.2f} s  p99 {s99:5.2f} s;  "
             f"p99 ratio {j99 / s99:4.2f}"
         )
+        print(f"    up to it, median of each (armed / job-shaped): {how_it_went(jobs, shaped)}")
 
 
-async def main(jobs: int, line: int, armed: int, caches: list[int]) -> None:
-    env = await start_dev_server()
+async def main(jobs: int, line: int, armed: int, caches: list[int], server_defaults: bool) -> None:
+    env = await start_dev_server(server_defaults)
     print(f"one worker (agent in process), {os.cpu_count()} cores, dev server")
     if jobs:
         await backlog(env, jobs)
@@ -319,5 +376,10 @@ if __name__ == "__main__":
         help="the worker's SPILLWAY_MAX_CACHED_WORKFLOWS for the long line; repeat to compare "
         "(default: 4000, the worker's)",
     )
+    parser.add_argument(
+        "--server-defaults",
+        action="store_true",
+        help="the dev server's own dynamic config (transfer queue read 20 times a second, not 100)",
+    )
     args = parser.parse_args()
-    run_main(main(args.jobs, args.line, args.armed, args.cache or [4000]))
+    run_main(main(args.jobs, args.line, args.armed, args.cache or [4000], args.server_defaults))

@@ -60,3 +60,24 @@ class JobShapedWorkflow:
                 queue, priority, TIMEOUT, start_to_close=call.start_to_close, retry=call.retry
             )
             await workflow.execute_activity(noop, step, **options)
+
+
+@workflow.defn(name="WaitingWorkflow")
+class WaitingWorkflow:
+    """A job's shape up to its wait in line (bench/line_memory.py's floor): an input the size of
+    a job's (`graph`), the three steps a job takes before it asks for a place (policy, probe,
+    fit) as no-op activities, then a wait for a signal beside a timer, as a job waits for the
+    pool's answer beside its ask-again timer."""
+
+    def __init__(self) -> None:
+        self.answered = False
+
+    @workflow.run
+    async def run(self, graph: dict[str, Any]) -> None:
+        for step in range(3):
+            await workflow.execute_activity(noop, step, start_to_close_timeout=TIMEOUT)
+        await workflow.wait_condition(lambda: self.answered, timeout=timedelta(hours=1))
+
+    @workflow.signal
+    def answer(self) -> None:
+        self.answered = True

@@ -3,7 +3,7 @@ holds the only place (its ComfyUI double paused), the worker in this process so 
 allocation tracing sees it, the Temporal dev server.
 
     .venv/bin/python bench/line_memory.py [--line 2000] [--cache 4000] [--gc-full-after 1000]
-                                          [--trace] [--by-line]
+                                          [--trace] [--by-line] [--floor]
 
 Prints the worker's RSS growth per waiting job (from just before the line to the line formed),
 the unreachable objects a full collection of Python's cyclic GC then finds (workflows the SDK
@@ -11,6 +11,11 @@ evicted from its cache, waiting for a full collection), and with `--trace` the P
 allocations per waiting job by file (`--by-line`: by the line that allocated them). The
 worker's GC is set up as `worker.py` sets it, with `--gc-full-after` collections of the middle
 generation before a full one (the worker's 1,000; Python's default is 10).
+
+`--floor` then measures the same way, in the same process, as many `WaitingWorkflow`s
+(bench/bare_workflow.py: a job's input, three no-op steps, a wait for a signal beside a timer)
+on a worker of their own with the same cache, pollers and runner: what the SDK holds for a
+waiting workflow of that shape, whatever spillway keeps.
 """
 
 from __future__ import annotations
@@ -27,6 +32,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from temporalio import activity
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from bench.bare_workflow import WaitingWorkflow
 from bench.common import run_main, start_dev_server
 from spillway.client.jobs import submit
 from spillway.client.queue import pool_view
@@ -39,7 +49,7 @@ from tests.support.constants import FREE_VRAM_PCT
 from tests.support.graphs import VIDEO_GRAPH
 from tests.support.settings import comfyui_values, make_settings
 from tests.support.waiting import until
-from worker import fewer_full_collections, serving
+from worker import POLLING, WORKFLOW_RUNNER, fewer_full_collections, serving
 
 
 def rss_mb() -> float:
@@ -49,7 +59,68 @@ def rss_mb() -> float:
     raise SystemExit("no VmRSS in /proc/self/status")
 
 
-async def main(line: int, cache: int, full_after: int, trace: bool, by_line: bool) -> None:
+steps_done: list[int] = [0, 0, 0]
+
+
+@activity.defn(name="bench_noop")
+async def counted_noop(step: int) -> int:
+    """bench/bare_workflow.py's no-op step, counted: the floor's workflows wait once each has
+    taken its third."""
+    steps_done[step] += 1
+    return step
+
+
+async def waiting_floor(client: Client, n: int, cache: int) -> None:
+    queue = f"floor-{uuid.uuid4()}"
+    worker = Worker(
+        client,
+        task_queue=queue,
+        workflows=[WaitingWorkflow],
+        activities=[counted_noop],
+        max_cached_workflows=cache,
+        workflow_runner=WORKFLOW_RUNNER,
+        **POLLING,
+    )
+
+    async def start(kind: str, count: int) -> None:
+        for at in range(0, count, 50):
+            await asyncio.gather(
+                *(
+                    client.start_workflow(
+                        WaitingWorkflow.run,
+                        VIDEO_GRAPH,
+                        id=f"{kind}-{i}-{uuid.uuid4().hex[:6]}",
+                        task_queue=queue,
+                    )
+                    for i in range(at, min(count, at + 50))
+                )
+            )
+
+    async def waiting() -> int:
+        return steps_done[2]
+
+    async with worker:
+        await start("warm", 20)
+        await until(waiting, lambda k: k == 20, timeout_s=120, what="the first 20 waiting")
+        await asyncio.sleep(3)
+        gc.collect()
+        before = rss_mb()
+        await start("floor", n)
+        await until(waiting, lambda k: k == 20 + n, timeout_s=1800, every_s=2, what="the floor")
+        await asyncio.sleep(3)  # each one's task after its third step completes
+        formed = rss_mb()
+        garbage = gc.collect()
+        print(f"{n} WaitingWorkflows waiting (the floor), max_cached_workflows={cache}")
+        print(
+            f"  worker RSS {before:6.1f} -> {formed:6.1f} MB: "
+            f"{(formed - before) * 1024 / n:6.1f} KiB a waiting workflow"
+        )
+        print(f"  a full collection then found {garbage} unreachable objects")
+
+
+async def main(
+    line: int, cache: int, full_after: int, trace: bool, by_line: bool, floor: bool
+) -> None:
     logging.disable(logging.ERROR)  # the worker's log: its figures only
     env = await start_dev_server()
     async with ComfyUIDouble() as comfyui:
@@ -121,6 +192,10 @@ async def main(line: int, cache: int, full_after: int, trace: bool, by_line: boo
                     name = frame.filename.split("site-packages/")[-1]
                     at = f":{frame.lineno}" if by_line else ""
                     print(f"    {s.size_diff / line / 1024:6.2f} KiB  {name}{at}")
+            if trace:
+                tracemalloc.stop()
+            if floor:
+                await waiting_floor(client, line, cache)
             comfyui.resume()
 
 
@@ -131,5 +206,10 @@ if __name__ == "__main__":
     parser.add_argument("--gc-full-after", type=int, default=1000)
     parser.add_argument("--trace", action="store_true", help="Python's allocations by file")
     parser.add_argument("--by-line", action="store_true", help="with --trace: by line")
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="then as many bare workflows waiting as a job waits, on a worker of their own",
+    )
     args = parser.parse_args()
-    run_main(main(args.line, args.cache, args.gc_full_after, args.trace, args.by_line))
+    run_main(main(args.line, args.cache, args.gc_full_after, args.trace, args.by_line, args.floor))

@@ -4,7 +4,7 @@ baseline of bench/comfyui_route.py (`JobShapedWorkflow`: the same five activitie
 host's queues with a LOCAL job's options, no pool, no publication), and the CPU seconds per job
 of each process.
 
-    .venv/bin/python bench/overhead.py [--jobs 50] [--rounds 2] [--agent-apart]
+    .venv/bin/python bench/overhead.py [--jobs 50] [--rounds 2] [--agent-apart] [--server-defaults]
 
 A real `python worker.py` (so that its CPU time is its own) with a place for every job
 (A40_MAX_JOBS = --jobs), the ComfyUI double rendering instantly in a process of its own, the
@@ -18,8 +18,9 @@ Prints, after ten unmeasured jobs of each kind:
    window are that job's) and the mean over `--jobs` started back to back, for the job, for the
    pool (the events its runs gained during the batch, divided by the jobs; the pool continues as
    new every 500 signals, so every run of its chain is read), and for the baseline;
-2. lone LOCAL jobs back to back and with 1 s idle before each: each one's history and its
-   comfyui_wait, in ms (the watcher's rate limit shows in the first);
+2. lone LOCAL jobs back to back and with 1 s idle before each: each one's history, its
+   comfyui_wait and the time its steps waited to be matched, in ms (with `--server-defaults`, the
+   server's transfer queue read 20 times a second shows in the first);
 3. CPU ms per job of the worker process, the dev server, the doubles and this process (the
    client, plus the baseline's workers when the baseline runs), median of `--rounds` interleaved
    batches. CPU seconds do not depend on the machine's load the way wall-clock does; the jobs/s
@@ -169,23 +170,34 @@ async def until_visible(client: Client, pool: str, run_ids: set[str]) -> None:
 
 async def total_and_wait_ms(
     client: Client, handle: WorkflowHandle[Any, Any]
-) -> tuple[float, float]:
-    """A job's start to completion and its comfyui_wait's scheduled to completed, from its
-    history."""
+) -> tuple[float, float, float]:
+    """From a job's history: its start to completion, its comfyui_wait's scheduled to completed,
+    and the time its workflow tasks and activities waited to be matched (scheduled to started,
+    summed), in ms."""
     events = (await client.get_workflow_handle(handle.id).fetch_history()).events
-    scheduled = {
-        e.event_id: e.event_time.ToDatetime()
+    at = {e.event_id: e.event_time.ToDatetime() for e in events}
+    waits = {
+        e.event_id
         for e in events
         if e.event_type == E.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
         and e.activity_task_scheduled_event_attributes.activity_type.name == names.COMFYUI_WAIT
     }
-    wait_ms = 0.0
+    wait_ms = matched_ms = 0.0
+    scheduled_wft = at[events[0].event_id]
     for e in events:
-        sid = e.activity_task_completed_event_attributes.scheduled_event_id
-        if e.event_type == E.EVENT_TYPE_ACTIVITY_TASK_COMPLETED and sid in scheduled:
-            wait_ms = (e.event_time.ToDatetime() - scheduled[sid]).total_seconds() * 1000
+        if e.event_type == E.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED:
+            scheduled_wft = at[e.event_id]
+        elif e.event_type == E.EVENT_TYPE_WORKFLOW_TASK_STARTED:
+            matched_ms += (at[e.event_id] - scheduled_wft).total_seconds() * 1000
+        elif e.event_type == E.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+            sid = e.activity_task_started_event_attributes.scheduled_event_id
+            matched_ms += (at[e.event_id] - at[sid]).total_seconds() * 1000
+        elif e.event_type == E.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+            sid = e.activity_task_completed_event_attributes.scheduled_event_id
+            if sid in waits:
+                wait_ms = (at[e.event_id] - at[sid]).total_seconds() * 1000
     total = events[-1].event_time.ToDatetime() - events[0].event_time.ToDatetime()
-    return total.total_seconds() * 1000, wait_ms
+    return total.total_seconds() * 1000, wait_ms, matched_ms
 
 
 def per(c: Counter[str], n: int) -> dict[str, float]:
@@ -332,9 +344,10 @@ async def main(jobs: int, rounds: int, agent_apart: bool, server_defaults: bool)
             for _ in range(ALONE):
                 for kind in lone:
                     lone[kind].append(await alone_s(kind))
-            # A job right behind another was found slower than one after a pause, at every step
-            # (docs/performance.md, "A wait's first look"): both are printed, with the wait's part.
-            paced: dict[str, list[tuple[float, float]]] = {}
+            # A job right behind another waited for the server's transfer queue at every step
+            # (docs/performance.md, "The server's transfer queue"): both are printed, with the
+            # wait's part and the time its steps waited to be matched.
+            paced: dict[str, list[tuple[float, float, float]]] = {}
             for label, idle_s in (("back to back", 0.0), ("1 s idle before each", 1.0)):
                 paced[label] = []
                 for _ in range(ALONE):
@@ -410,8 +423,11 @@ async def main(jobs: int, rounds: int, agent_apart: bool, server_defaults: bool)
         listed = "; ".join(f"{ms:.0f} {between}" for ms, between in gaps)
         print(f"    {total:5.0f}  {listed}")
     for label, runs in paced.items():
-        listed = ", ".join(f"{t:.0f} ({w:.0f})" for t, w in runs)
-        print(f"  LOCAL alone, {label}: history ms (of it comfyui_wait): {listed}")
+        listed = ", ".join(f"{t:.0f} ({w:.0f}, {m:.0f})" for t, w, m in runs)
+        print(
+            f"  LOCAL alone, {label}: history ms (of it comfyui_wait, its steps waiting to be "
+            f"matched): {listed}"
+        )
     print(f"CPU ms per job, median of {rounds} batches of {jobs} (each batch's):")
     print(f"  {'':<40}{'LOCAL':>22}{'shaped':>22}")
     for name in processes:
