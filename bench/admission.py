@@ -75,10 +75,21 @@ def how_it_went(jobs: list[Decided], shaped: list[Decided]) -> str:
         armed, bare = (statistics.median(part(d) for d in ds) * scale for ds in (jobs, shaped))
         return f"{armed:.0f} / {bare:.0f}"
 
+    def steps(ds: list[Decided]) -> str:
+        kinds = sorted({name for d in ds for name in d.activities})
+        return ", ".join(
+            f"{name} {statistics.median(d.activities.get(name, (0, 0))[0] for d in ds) * 1000:.0f}"
+            f" + {statistics.median(d.activities.get(name, (0, 0))[1] for d in ds) * 1000:.0f}"
+            for name in kinds
+        )
+
     return (
         f"workflow tasks {both(lambda d: d.tasks, 1)}; ms waiting to be matched "
         f"{both(lambda d: d.matched_s)}, running {both(lambda d: d.running_s)}, on activities "
-        f"{both(lambda d: d.s - d.matched_s - d.running_s)}"
+        f"and the pool {both(lambda d: d.s - d.matched_s - d.running_s)} (of it the pool's round "
+        f"trip {both(lambda d: d.pool_s)})\n"
+        f"    each activity, ms waiting to be matched + running: armed {steps(jobs)}; "
+        f"job-shaped {steps(shaped)}"
     )
 
 
@@ -239,23 +250,52 @@ async def shaped_decisions(client: Client, n: int) -> list[Decided]:
 class Decided:
     """A workflow's start to its decision (a job's first `spend_reserve`, a job-shaped one's
     third step), and how that time went: its workflow tasks waiting to be matched, running, and
-    the rest, waiting on its activities."""
+    the rest, waiting on its activities; and each activity's time waiting to be matched and
+    running, by its type (summed where a type ran more than once); and a job's round trip to
+    the GPU pool (its ask sent to the pool's answer received), which the rest includes."""
 
     s: float
     tasks: int
     matched_s: float
     running_s: float
+    activities: dict[str, tuple[float, float]]
+    pool_s: float = 0.0
 
 
 def decided(events: Sequence[HistoryEvent], at_decision: Callable[[HistoryEvent], bool]) -> Decided:
     start = events[0].event_time.ToDatetime()
     scheduled = started = start
     tasks, matched, running = 0, 0.0, 0.0
+    names_at: dict[int, tuple[str, datetime]] = {}
+    activities: dict[str, tuple[float, float]] = {}
+    began: dict[int, datetime] = {}
+    asked: datetime | None = None
+    pool = 0.0
     for e in events:
         at = e.event_time.ToDatetime()
         if at_decision(e):
-            return Decided((at - start).total_seconds(), tasks, matched, running)
-        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED:
+            return Decided((at - start).total_seconds(), tasks, matched, running, activities, pool)
+        if e.event_type == EventType.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED:
+            asked = at
+        elif e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED and asked:
+            pool += (at - asked).total_seconds()
+            asked = None
+        elif e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            names_at[e.event_id] = (
+                e.activity_task_scheduled_event_attributes.activity_type.name,
+                at,
+            )
+        elif e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+            began[e.activity_task_started_event_attributes.scheduled_event_id] = at
+        elif e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+            sid = e.activity_task_completed_event_attributes.scheduled_event_id
+            name, asked = names_at[sid]
+            was = activities.get(name, (0.0, 0.0))
+            activities[name] = (
+                was[0] + (began[sid] - asked).total_seconds(),
+                was[1] + (at - began[sid]).total_seconds(),
+            )
+        elif e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED:
             scheduled = at
         elif e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED:
             matched += (at - scheduled).total_seconds()

@@ -4,9 +4,11 @@ spillway dependency: no browser download, no driver binary, nothing from the net
 - `browser`: a fixture yielding a `Page` in a fresh Chromium with a profile of its own, killed
   when the test ends. It fails, never skips, when no Chromium is installed: scripts/test.sh
   installs it (CI runs that), and a browser test that is skipped proves nothing.
-- `Page`: `goto(url)`, `js(expression)` (its value), `text(selector)`, `click(selector)`,
-  `type(selector, text)` (focus, then keystrokes as text), `until(expression)` (a JS condition,
-  with a generous deadline; what the page showed when it never held), `screenshot()`.
+- `chromium_page()`: the same outside pytest (scripts/ui_screenshot.py).
+- `Page`: `goto(url)`, `js(expression)` (its value), `text(selector)`, `all_text()` (iframes
+  included), `click(selector)`, `click_label(text)`, `type(selector, text)` (focus, then
+  keystrokes as text), `until(expression)` (a JS condition, with a generous deadline; what the
+  page showed when it never held), `screenshot()`.
 """
 
 from __future__ import annotations
@@ -37,9 +39,11 @@ CHROMIUM_FLAGS = [
     "--disable-component-update",
     "--disable-sync",
     "--hide-scrollbars",
-    "--window-size=1400,1200",
 ]
 CHROMIUM_NAMES = ("chromium", "chromium-browser")
+
+
+NO_CHROMIUM = "no Chromium here: `apt-get install -y chromium` (scripts/test.sh installs it)"
 
 
 def chromium_path() -> str | None:
@@ -87,6 +91,21 @@ class Page:
         )
         return str(found or "")
 
+    async def all_text(self) -> str:
+        """The page's text with its iframes' (the Temporal UI renders markdown in iframes)."""
+        found = await self.js(
+            "[document, ...[...document.querySelectorAll('iframe')].map(f => f.contentDocument)]"
+            ".filter(d => d && d.body).map(d => d.body.innerText).join('\\n')"
+        )
+        return str(found or "")
+
+    async def click_label(self, label: str) -> None:
+        """Clicks the first tab, link or button whose text is `label`, if it is there yet."""
+        await self.js(
+            "(() => { const el = [...document.querySelectorAll('a,button,[role=tab]')]"
+            f".find(e => e.innerText.trim() === {json.dumps(label)}); if (el) el.click(); }})()"
+        )
+
     async def click(self, selector: str) -> None:
         """Clicks the element, which must be there (a button's click submits its form)."""
         clicked = await self.js(
@@ -119,17 +138,15 @@ class Page:
 
 
 @contextlib.asynccontextmanager
-async def chromium_page() -> AsyncIterator[Page]:
+async def chromium_page(window: str = "1400,1200") -> AsyncIterator[Page]:
+    """A page in a fresh headless Chromium of `window` pixels (width,height)."""
     chromium = chromium_path()
     if chromium is None:
-        pytest.fail(
-            "no Chromium here: `apt-get install -y chromium` (scripts/test.sh installs it); the "
-            "console's browser tests never skip"
-        )
+        raise RuntimeError(NO_CHROMIUM)
     [port] = free_ports(1)
     profile = tempfile.mkdtemp(prefix="spillway-chromium-")
     browser = await asyncio.create_subprocess_exec(
-        chromium, *CHROMIUM_FLAGS, f"--remote-debugging-port={port}",
+        chromium, *CHROMIUM_FLAGS, f"--window-size={window}", f"--remote-debugging-port={port}",
         f"--user-data-dir={profile}", "about:blank",
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
     )  # fmt: skip
@@ -158,5 +175,7 @@ async def chromium_page() -> AsyncIterator[Page]:
 
 @pytest.fixture
 async def browser() -> AsyncIterator[Page]:
+    if chromium_path() is None:
+        pytest.fail(f"{NO_CHROMIUM}; the console's browser tests never skip")
     async with chromium_page() as page:
         yield page
