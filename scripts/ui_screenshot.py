@@ -62,7 +62,10 @@ def main() -> None:
     page = args.job_id.startswith(("http://", "https://"))
     url = args.job_id if page else f"{args.ui}/namespaces/{args.namespace}/workflows/{args.job_id}"
     click = args.click if args.click or page else "User Metadata"
-    text = asyncio.run(screenshot(url, args.out, args.expect, click, args.timeout))
+    try:
+        text = asyncio.run(screenshot(url, args.out, args.expect, click, args.timeout))
+    except RuntimeError as failed:  # no Chromium, or it closed the DevTools connection
+        raise SystemExit(str(failed)) from None
     at = text.index(args.expect)
     print(f"saved {args.out}; the page shows:\n{text[max(0, at - 200) : at + 400]}")
     sys.stdout.flush()
