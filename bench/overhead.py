@@ -168,7 +168,7 @@ async def until_visible(client: Client, pool: str, run_ids: set[str]) -> None:
         run_ids = set(await pool_runs(client, pool))
 
 
-async def total_and_wait_ms(
+async def lone_job_ms(
     client: Client, handle: WorkflowHandle[Any, Any]
 ) -> tuple[float, float, float]:
     """From a job's history: its start to completion, its comfyui_wait's scheduled to completed,
@@ -354,7 +354,7 @@ async def main(jobs: int, rounds: int, agent_apart: bool, server_defaults: bool)
                     await asyncio.sleep(idle_s)
                     handle = await start("LOCAL")
                     await handle.result()
-                    paced[label].append(await total_and_wait_ms(client, handle))
+                    paced[label].append(await lone_job_ms(client, handle))
 
             cpu: dict[str, list[dict[str, float]]] = {"LOCAL": [], "shaped": []}
             rate: dict[str, list[float]] = {"LOCAL": [], "shaped": []}
